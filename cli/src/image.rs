@@ -1,0 +1,106 @@
+//! `hawser image …`: lock and fetch the inputs, build the image, show what is in it.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use hawser_image::inputs::{self, InputLock};
+use hawser_image::pipeline::{self, PipelineOptions};
+
+#[derive(Subcommand)]
+pub enum ImageCommand {
+    /// Build the UKI (hawser.efi) and initramfs from the locked inputs.
+    Build {
+        /// Output directory.
+        #[arg(long, default_value = "out")]
+        out: PathBuf,
+        /// Use this init binary instead of compiling one.
+        #[arg(long)]
+        init: Option<PathBuf>,
+        /// Replace the measured kernel command line.
+        #[arg(long, default_value = pipeline::DEFAULT_CMDLINE)]
+        cmdline: String,
+        /// Cargo target directory for the init binary.
+        #[arg(long)]
+        target_dir: Option<PathBuf>,
+    },
+    /// Download, verify and unpack the inputs named in inputs.lock.
+    Fetch,
+    /// Re-resolve the inputs against the Debian archive and rewrite inputs.lock.
+    Lock,
+}
+
+/// The workspace this CLI was built from, or the current directory's git top level.
+pub fn workspace() -> anyhow::Result<PathBuf> {
+    let here = std::env::current_dir()?;
+    for dir in here.ancestors() {
+        if dir.join("inputs.lock").is_file() && dir.join("init/Cargo.toml").is_file() {
+            return Ok(dir.to_owned());
+        }
+    }
+    anyhow::bail!(
+        "run hawser from inside the hawser source tree (no inputs.lock and init/ found above {})",
+        here.display()
+    )
+}
+
+pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
+    let ws = workspace()?;
+    let lock_path = ws.join("inputs.lock");
+    match cmd {
+        ImageCommand::Build {
+            out,
+            init,
+            cmdline,
+            target_dir,
+        } => {
+            let opts = PipelineOptions {
+                init_binary: init,
+                cmdline,
+                target_dir,
+                ..PipelineOptions::new(&ws, &out)
+            };
+            let (output, timeline) = pipeline::build_image(&opts)?;
+            print_build_summary(&output, &timeline);
+        }
+        ImageCommand::Fetch => {
+            let lock = InputLock::load(&lock_path)?;
+            let fetched = inputs::fetch(&lock, &inputs::cache_dir())?;
+            println!(
+                "inputs ready in {} (kernel {}, lock {})",
+                inputs::cache_dir().display(),
+                fetched.kernel_release,
+                &fetched.lock_digest[..16]
+            );
+        }
+        ImageCommand::Lock => {
+            let old = InputLock::load(&lock_path).ok();
+            let lock = inputs::resolve_lock(&inputs::cache_dir())?;
+            std::fs::write(&lock_path, lock.render())
+                .with_context(|| format!("writing {}", lock_path.display()))?;
+            for p in &lock.packages {
+                let before = old
+                    .as_ref()
+                    .and_then(|o| o.packages.iter().find(|q| q.role == p.role && q.name == p.name));
+                let change = match before {
+                    Some(b) if b.sha256 == p.sha256 => "unchanged".to_owned(),
+                    Some(b) => format!("was {}", b.version),
+                    None => "new".to_owned(),
+                };
+                println!("{:<40} {:<24} {change}", p.name, p.version);
+            }
+            println!("wrote {} (digest {})", lock_path.display(), &lock.digest()[..16]);
+        }
+    }
+    Ok(())
+}
+
+fn print_build_summary(output: &hawser_image::build::BuildOutput, timeline: &pipeline::PipelineTimeline) {
+    println!("{output}");
+    let steps: Vec<String> = timeline
+        .steps
+        .iter()
+        .map(|(name, d)| format!("{name} {:.1}s", d.as_secs_f64()))
+        .collect();
+    println!("timeline: {}", steps.join(", "));
+}

@@ -1,0 +1,47 @@
+//! `hawser`: the admin and image-developer CLI. Each subcommand is a thin layer over a library
+//! crate; this file only parses arguments, sets up logging and maps errors to exit codes.
+
+mod image;
+mod local;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "hawser", version, about = "Boot path of a confidential Kubernetes node")]
+struct Cli {
+    /// Log filter (tracing env-filter syntax), e.g. `debug` or `hawser_image=debug`.
+    #[arg(long, global = true, env = "HAWSER_LOG", default_value = "info")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build, fetch inputs for, and inspect the measured image.
+    #[command(subcommand)]
+    Image(image::ImageCommand),
+    /// Boot the image locally in QEMU with a software TPM.
+    #[command(subcommand)]
+    Local(local::LocalCommand),
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Image(cmd) => image::run(cmd),
+        Command::Local(cmd) => local::run(cmd),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

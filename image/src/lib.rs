@@ -1,0 +1,75 @@
+//! hawser-image: builds the measured boot artifacts of a hawser node, deterministically.
+//!
+//! The UKI (systemd-stub + Linux + initramfs + cmdline) is what firmware and stub measure into
+//! PCRs 4, 9 and 11, so a verifier can only predict those PCRs if the same inputs always give
+//! the same bytes. Everything here is a pure function of its inputs and `SOURCE_DATE_EPOCH`:
+//! no wall clock, no build-host paths, no host libraries, no host kernel modules.
+//!
+//! The pieces, in build order:
+//! - [`inputs`]: the input lock (trixie packages pinned by version and sha256) and their fetch;
+//! - [`closure`]: the init binary's shared-library closure, resolved in the unpacked packages;
+//! - [`initramfs`]: the newc archive ([`cpio`]) with /init, its libraries, the kernel modules
+//!   PID 1 loads, and the merged-/usr skeleton, zstd-compressed;
+//! - [`uki`]: the PE assembly of the unified kernel image;
+//! - [`build`]: the orchestration writing `hawser.efi`, `initrd.cpio.zst`, `vmlinuz`, `cmdline`
+//!   and `manifest.json`;
+//! - [`pipeline`]: fetch + compile PID 1 + build, as the CLI runs it.
+
+pub mod build;
+pub mod closure;
+pub mod cpio;
+pub mod initramfs;
+pub mod inputs;
+pub mod pipeline;
+pub mod uki;
+
+use std::path::PathBuf;
+
+pub use build::{BuildInputs, BuildOutput, build, default_os_release};
+
+/// Why an image could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// A file or directory could not be read or written.
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The initramfs archive refused an entry.
+    #[error("assembling the initramfs failed: {0}")]
+    Cpio(#[from] cpio::CpioError),
+    /// The init binary's libraries could not be resolved in the library roots.
+    #[error("resolving the init binary's shared libraries failed: {0}")]
+    Closure(#[from] closure::ClosureError),
+    /// The kernel modules PID 1 loads could not be resolved.
+    #[error("resolving kernel modules in {modules_dir} failed: {source}")]
+    Modules {
+        modules_dir: PathBuf,
+        #[source]
+        source: hawser_kmod::KmodError,
+    },
+    /// zstd compression failed.
+    #[error("compressing the initramfs with zstd failed: {0}")]
+    Compress(#[source] std::io::Error),
+    /// The UKI could not be assembled.
+    #[error("assembling the UKI failed: {0}")]
+    Uki(#[from] uki::UkiError),
+    /// The build inputs are inconsistent.
+    #[error("invalid build input: {0}")]
+    InvalidInput(String),
+}
+
+impl ImageError {
+    /// An I/O error on `path` while doing `action` ("read", "write", "create directory", …).
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| ImageError::Io {
+            action,
+            path,
+            source,
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The whole image build, as `hawser image build` and the end-to-end tests run it: fetch the
+//! locked inputs, compile PID 1 reproducibly, assemble initramfs and UKI.
+//!
+//! Reproducibility of the init binary: it is compiled with the `image` profile (one codegen
+//! unit, fat LTO, stripped) and every build-machine path that could end up in it is remapped
+//! (`--remap-path-prefix`) — the workspace, the cargo home and the target directory — so two
+//! checkouts in different directories produce the same bytes. `SOURCE_DATE_EPOCH` defaults to the
+//! time of the checked-out commit, never to the wall clock.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use crate::build::{self, BuildInputs, BuildOutput};
+use crate::inputs::{self, InputLock};
+
+/// What to build, and from where.
+#[derive(Debug, Clone)]
+pub struct PipelineOptions {
+    /// The hawser workspace (holds `inputs.lock` and the `init/` crate).
+    pub workspace: PathBuf,
+    /// Where the artifacts go.
+    pub out_dir: PathBuf,
+    /// Cargo target directory for the init binary; `None` = `$CARGO_TARGET_DIR` or `<workspace>/target`.
+    pub target_dir: Option<PathBuf>,
+    /// A prebuilt init binary instead of compiling one.
+    pub init_binary: Option<PathBuf>,
+    /// The measured kernel command line.
+    pub cmdline: String,
+    /// `None` = `$SOURCE_DATE_EPOCH`, else the commit time, else [`FALLBACK_EPOCH`].
+    pub source_date_epoch: Option<u64>,
+}
+
+/// Used when neither `SOURCE_DATE_EPOCH` nor git can say (a source tarball): 2026-01-01.
+pub const FALLBACK_EPOCH: u64 = 1_767_225_600;
+
+/// The kernel command line of the QEMU image: serial console, quiet kernel, and PID 1's
+/// defaults spelled out so they are visible in the measurements.
+pub const DEFAULT_CMDLINE: &str = "console=ttyS0 quiet panic=30 hawser.reboot_delay=30";
+
+impl PipelineOptions {
+    /// Defaults for building from `workspace` into `out_dir`.
+    pub fn new(workspace: &Path, out_dir: &Path) -> Self {
+        Self {
+            workspace: workspace.to_owned(),
+            out_dir: out_dir.to_owned(),
+            target_dir: None,
+            init_binary: None,
+            cmdline: DEFAULT_CMDLINE.to_owned(),
+            source_date_epoch: None,
+        }
+    }
+}
+
+/// Why the pipeline stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Inputs(#[from] inputs::InputError),
+    #[error(transparent)]
+    Build(#[from] crate::ImageError),
+    /// Compiling PID 1 failed; cargo's own output says why.
+    #[error("compiling the init binary failed: `{command}` exited with {status}")]
+    Compile { command: String, status: String },
+    #[error("cannot run cargo: {0}")]
+    Cargo(std::io::Error),
+}
+
+/// Timings of one pipeline run, for the summary line.
+#[derive(Debug, Clone, Default)]
+pub struct PipelineTimeline {
+    pub steps: Vec<(&'static str, std::time::Duration)>,
+}
+
+/// Runs the whole build; returns the builder's output and the timeline.
+pub fn build_image(opts: &PipelineOptions) -> Result<(BuildOutput, PipelineTimeline), PipelineError> {
+    let mut timeline = PipelineTimeline::default();
+    let epoch = opts
+        .source_date_epoch
+        .or_else(|| std::env::var("SOURCE_DATE_EPOCH").ok()?.parse().ok())
+        .or_else(|| commit_time(&opts.workspace))
+        .unwrap_or(FALLBACK_EPOCH);
+
+    let t = Instant::now();
+    let lock = InputLock::load(&opts.workspace.join("inputs.lock"))?;
+    let fetched = inputs::fetch(&lock, &inputs::cache_dir())?;
+    timeline.steps.push(("fetch inputs", t.elapsed()));
+
+    let t = Instant::now();
+    let init_binary = match &opts.init_binary {
+        Some(path) => path.clone(),
+        None => compile_init(opts, epoch)?,
+    };
+    timeline.steps.push(("compile init", t.elapsed()));
+
+    let t = Instant::now();
+    let output = build::build(
+        &BuildInputs {
+            init_binary,
+            kernel_image: fetched.kernel_image,
+            kernel_release: fetched.kernel_release,
+            modules_dir: fetched.modules_dir,
+            lib_roots: fetched.lib_roots,
+            stub: fetched.stub,
+            cmdline: opts.cmdline.clone(),
+            os_release: build::default_os_release(env!("CARGO_PKG_VERSION")),
+            source_date_epoch: epoch,
+        },
+        &opts.out_dir,
+    )?;
+    timeline.steps.push(("assemble image", t.elapsed()));
+    Ok((output, timeline))
+}
+
+/// The committer time of HEAD, if the workspace is a git checkout.
+fn commit_time(workspace: &Path) -> Option<u64> {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(workspace)
+        .args(["log", "-1", "--format=%ct"])
+        .output()
+        .ok()?;
+    String::from_utf8(out.stdout).ok()?.trim().parse().ok()
+}
+
+/// Compiles `hawser-init` with the `image` profile and remapped paths; returns the binary.
+fn compile_init(opts: &PipelineOptions, epoch: u64) -> Result<PathBuf, PipelineError> {
+    let target_dir = opts
+        .target_dir
+        .clone()
+        .or_else(|| std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from))
+        .unwrap_or_else(|| opts.workspace.join("target"));
+    let cargo_home = std::env::var_os("CARGO_HOME").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"),
+        PathBuf::from,
+    );
+    let absolute = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
+    let remaps = [
+        (absolute(&opts.workspace), "/hawser"),
+        (absolute(&cargo_home), "/cargo"),
+        (absolute(&target_dir), "/target"),
+    ];
+    let rustflags = remaps
+        .iter()
+        .map(|(from, to)| format!("--remap-path-prefix={}={to}", from.display()))
+        .collect::<Vec<_>>()
+        .join("\x1f");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(&opts.workspace)
+        .args(["build", "--locked", "--profile", "image", "-p", "hawser-init"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        .env("SOURCE_DATE_EPOCH", epoch.to_string())
+        .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
+        .env_remove("RUSTFLAGS");
+    tracing::info!("compiling the init binary (cargo build --profile image -p hawser-init)");
+    let status = cmd.status().map_err(PipelineError::Cargo)?;
+    if !status.success() {
+        return Err(PipelineError::Compile {
+            command: "cargo build --locked --profile image -p hawser-init".into(),
+            status: status.to_string(),
+        });
+    }
+    Ok(target_dir.join("image/hawser-init"))
+}

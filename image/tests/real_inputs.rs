@@ -1,0 +1,370 @@
+//! The image builder on the real trixie inputs from the input cache (`hawser image fetch`).
+//!
+//! Skipped, with the reason printed, when the cache is absent; with `HAWSER_REQUIRE_INPUTS=1`
+//! an absent cache is a failure instead (CI sets it after fetching).
+//!
+//! The init binary is a small C program built here that links the tss2 libraries PID 1 links and
+//! dlopens the device TCTI, as PID 1 does: it runs inside a chroot of the extracted initramfs, so
+//! the test shows the shipped closure is complete and that it is the trixie one, not the host's.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use hawser_image::build::{self, BuildInputs};
+use hawser_image::initramfs::{self, InitramfsSpec};
+use hawser_kmod::{BOOT_MODULES, ModuleIndex};
+
+/// Paths in the unpacked input cache.
+struct CachedInputs {
+    kernel_image: PathBuf,
+    kernel_release: String,
+    modules_dir: PathBuf,
+    lib_roots: Vec<PathBuf>,
+    stub: PathBuf,
+}
+
+fn cache_root() -> PathBuf {
+    std::env::var_os("HAWSER_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/hawser")
+        })
+        .join("inputs")
+}
+
+/// Finds the unpacked packages; `Err` says what is missing.
+fn find_inputs() -> Result<CachedInputs, String> {
+    let root = cache_root();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .map_err(|e| format!("cannot read the input cache {}: {e}", root.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    let name = |p: &Path| p.file_name().unwrap().to_string_lossy().into_owned();
+    let kernel_pkg = dirs
+        .iter()
+        .find(|p| name(p).starts_with("linux-image-"))
+        .ok_or_else(|| format!("no linux-image-* package in {}", root.display()))?;
+    let modules_dir = std::fs::read_dir(kernel_pkg.join("usr/lib/modules"))
+        .map_err(|e| format!("{}: {e}", kernel_pkg.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .next()
+        .ok_or_else(|| format!("no modules directory in {}", kernel_pkg.display()))?;
+    let kernel_release = name(&modules_dir);
+    let stub_pkg = dirs
+        .iter()
+        .find(|p| name(p).starts_with("systemd-boot-efi_"))
+        .ok_or_else(|| format!("no systemd-boot-efi package in {}", root.display()))?;
+    let lib_roots: Vec<PathBuf> = dirs
+        .iter()
+        .filter(|p| {
+            let n = name(p);
+            !n.starts_with("linux-image-") && !n.starts_with("systemd-boot-efi_")
+        })
+        .cloned()
+        .collect();
+    Ok(CachedInputs {
+        kernel_image: kernel_pkg.join(format!("boot/vmlinuz-{kernel_release}")),
+        kernel_release,
+        modules_dir,
+        lib_roots,
+        stub: stub_pkg.join("usr/lib/systemd/boot/efi/linuxx64.efi.stub"),
+    })
+}
+
+/// The cached inputs, or `None` after printing why the test is skipped.
+fn inputs_or_skip(test: &str) -> Option<CachedInputs> {
+    match find_inputs() {
+        Ok(inputs) => Some(inputs),
+        Err(reason) => {
+            assert!(
+                std::env::var("HAWSER_REQUIRE_INPUTS").as_deref() != Ok("1"),
+                "HAWSER_REQUIRE_INPUTS=1 but the image inputs are missing ({reason}); \
+                 run `hawser image fetch` first"
+            );
+            eprintln!("{test}: skipped: {reason} (run `hawser image fetch`)");
+            None
+        }
+    }
+}
+
+/// A host-built stand-in for PID 1 with PID 1's library needs: tss2 ESYS + TCTI loader, libcrypto,
+/// and a dlopen of the device TCTI at run time. Prints a marker and exits 0 on success.
+fn build_stand_in(dir: &Path) -> PathBuf {
+    let source = dir.join("stand_in.c");
+    std::fs::write(
+        &source,
+        r#"
+#include <dlfcn.h>
+#include <stdio.h>
+#include <tss2/tss2_esys.h>
+#include <tss2/tss2_mu.h>
+#include <tss2/tss2_tctildr.h>
+#include <openssl/crypto.h>
+int main(void) {
+    /* Keep every DT_NEEDED referenced. */
+    volatile void *refs[] = { (void *)Esys_Finalize, (void *)Tss2_TctiLdr_Finalize,
+                              (void *)Tss2_MU_UINT32_Marshal, (void *)OpenSSL_version_num };
+    (void)refs;
+    void *tcti = dlopen("libtss2-tcti-device.so.0", RTLD_NOW);
+    if (!tcti) { fprintf(stderr, "dlopen: %s\n", dlerror()); return 2; }
+    if (!dlsym(tcti, "Tss2_Tcti_Info")) { fprintf(stderr, "dlsym failed\n"); return 3; }
+    printf("stand-in init ok: %s\n", OpenSSL_version(OPENSSL_VERSION));
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let binary = dir.join("stand-in-init");
+    let status = Command::new("cc")
+        .arg("-O2")
+        .arg("-o")
+        .arg(&binary)
+        .arg(&source)
+        .args([
+            "-Wl,--no-as-needed",
+            "-ltss2-esys",
+            "-ltss2-tctildr",
+            "-ltss2-mu",
+            "-lcrypto",
+        ])
+        .status()
+        .expect("a C compiler (cc) is installed");
+    assert!(status.success(), "compiling the stand-in init failed");
+    binary
+}
+
+/// Extracts a compressed initramfs with the host's zstd and GNU cpio, as a person would.
+fn extract(compressed: &Path, into: &Path) -> String {
+    std::fs::create_dir_all(into).unwrap();
+    let output = Command::new("sh")
+        .arg("-c")
+        .arg("zstd -dc \"$1\" | cpio -idv --no-absolute-filenames 2>&1")
+        .arg("sh")
+        .arg(compressed)
+        .current_dir(into)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "extraction failed: {output:?}");
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn initramfs_from_real_inputs_is_complete_and_deterministic() {
+    let Some(inputs) = inputs_or_skip("initramfs_from_real_inputs_is_complete_and_deterministic")
+    else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let init = build_stand_in(work.path());
+    let spec = InitramfsSpec::for_hawser(
+        &init,
+        &inputs.lib_roots,
+        &inputs.modules_dir,
+        &inputs.kernel_release,
+        1_767_225_600,
+    );
+    let first = initramfs::build_initramfs(&spec).unwrap();
+    let second = initramfs::build_initramfs(&spec).unwrap();
+    assert!(
+        first.compressed == second.compressed,
+        "two builds of the same initramfs differ"
+    );
+    eprintln!(
+        "initramfs (tss2 stand-in init): {} entries, {} bytes uncompressed, {} bytes zstd-{}; \
+         {} modules",
+        first.manifest.len(),
+        first.uncompressed_size,
+        first.compressed.len(),
+        initramfs::ZSTD_LEVEL,
+        first.modules.len()
+    );
+
+    let archive = work.path().join("initrd.cpio.zst");
+    std::fs::write(&archive, &first.compressed).unwrap();
+    let root = work.path().join("root");
+    let listing = extract(&archive, &root);
+    for expected in [
+        "init",
+        "usr/lib64/ld-linux-x86-64.so.2",
+        "usr/lib/x86_64-linux-gnu/libtss2-tcti-device.so.0",
+        "usr/lib/x86_64-linux-gnu/libcrypto.so.3",
+        "dev/console",
+    ] {
+        assert!(
+            listing.lines().any(|l| l == expected),
+            "{expected} missing from:\n{listing}"
+        );
+    }
+    for link in ["lib", "lib64", "bin", "sbin"] {
+        assert_eq!(
+            std::fs::read_link(root.join(link)).unwrap(),
+            Path::new("usr").join(link)
+        );
+    }
+
+    // Libraries are trixie's, byte for byte, not the host's.
+    let libc_root = inputs
+        .lib_roots
+        .iter()
+        .find(|r| r.to_string_lossy().contains("libc6_"))
+        .unwrap();
+    assert_eq!(
+        std::fs::read(root.join("usr/lib/x86_64-linux-gnu/libc.so.6")).unwrap(),
+        std::fs::read(libc_root.join("usr/lib/x86_64-linux-gnu/libc.so.6")).unwrap()
+    );
+
+    // The shipped loader resolves every library of /init inside the tree.
+    let loader = root.join("usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2");
+    let libdir = root.join("usr/lib/x86_64-linux-gnu");
+    let list = Command::new(&loader)
+        .arg("--inhibit-cache")
+        .arg("--library-path")
+        .arg(&libdir)
+        .arg("--list")
+        .arg(root.join("init"))
+        .env_clear()
+        .output()
+        .unwrap();
+    let list_text = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success(), "ld.so --list failed: {list:?}");
+    for line in list_text.lines().filter(|l| l.contains("=>")) {
+        assert!(
+            line.contains(&*libdir.to_string_lossy()),
+            "resolved outside the initramfs: {line}\n{list_text}"
+        );
+    }
+
+    // As root, run /init inside the extracted tree: the kernel's view of it.
+    let chroot = ["/usr/sbin/chroot", "/usr/bin/chroot", "/sbin/chroot"]
+        .into_iter()
+        .find(|p| Path::new(p).exists());
+    if let (true, Some(chroot)) = (is_root(), chroot) {
+        let run = Command::new(chroot)
+            .arg(&root)
+            .arg("/init")
+            .env_clear()
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&run.stdout);
+        assert!(
+            run.status.success() && stdout.contains("stand-in init ok: OpenSSL 3.5"),
+            "the stand-in init failed in a chroot of the initramfs: {run:?}"
+        );
+        eprintln!("chroot run of /init: {}", stdout.trim());
+    } else {
+        eprintln!("not root or no chroot(8): skipped running /init in a chroot of the initramfs");
+    }
+
+    // Modules: the shipped modules.dep resolves every boot module to a shipped file, and the
+    // files are the package's.
+    let modules_base = root.join("usr/lib/modules").join(&inputs.kernel_release);
+    let dep = std::fs::read_to_string(modules_base.join("modules.dep")).unwrap();
+    let builtin = std::fs::read_to_string(modules_base.join("modules.builtin")).unwrap();
+    let index = ModuleIndex::parse(&dep, Some(&builtin)).unwrap();
+    let order = index.load_order(BOOT_MODULES).unwrap();
+    assert_eq!(order, first.modules);
+    assert!(order.iter().any(|p| p.ends_with("/dm-crypt.ko.xz")), "{order:?}");
+    for module in &order {
+        assert_eq!(
+            std::fs::read(modules_base.join(module)).unwrap(),
+            std::fs::read(inputs.modules_dir.join(module)).unwrap(),
+            "{module}"
+        );
+    }
+    let shipped_ko = listing.lines().filter(|l| l.ends_with(".ko.xz")).count();
+    assert_eq!(shipped_ko, order.len(), "exactly the needed modules are shipped");
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.trim_ascii() == b"0")
+        .unwrap_or(false)
+}
+
+#[test]
+fn missing_library_in_roots_names_soname() {
+    let Some(inputs) = inputs_or_skip("missing_library_in_roots_names_soname") else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let init = build_stand_in(work.path());
+    let roots: Vec<PathBuf> = inputs
+        .lib_roots
+        .iter()
+        .filter(|r| !r.to_string_lossy().contains("libssl3t64"))
+        .cloned()
+        .collect();
+    let spec = InitramfsSpec::for_hawser(
+        &init,
+        &roots,
+        &inputs.modules_dir,
+        &inputs.kernel_release,
+        0,
+    );
+    let err = initramfs::build_initramfs(&spec).unwrap_err().to_string();
+    assert!(err.contains("\"libcrypto.so.3\""), "{err}");
+}
+
+/// The whole build: outputs exist, the manifest matches them, and a rebuild is identical.
+#[test]
+fn full_build_from_real_inputs() {
+    let Some(inputs) = inputs_or_skip("full_build_from_real_inputs") else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let init = std::env::var_os("HAWSER_INIT_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| build_stand_in(work.path()));
+    let build_inputs = BuildInputs {
+        init_binary: init,
+        kernel_image: inputs.kernel_image.clone(),
+        kernel_release: inputs.kernel_release.clone(),
+        modules_dir: inputs.modules_dir.clone(),
+        lib_roots: inputs.lib_roots.clone(),
+        stub: inputs.stub.clone(),
+        cmdline: "console=ttyS0 quiet".into(),
+        os_release: build::default_os_release("0.1.0"),
+        source_date_epoch: 1_767_225_600,
+    };
+    let out_a = work.path().join("a");
+    let out_b = work.path().join("b");
+    let a = build::build(&build_inputs, &out_a).unwrap();
+    let b = build::build(&build_inputs, &out_b).unwrap();
+    for name in ["hawser.efi", "initrd.cpio.zst", "vmlinuz", "cmdline", "manifest.json"] {
+        assert_eq!(
+            std::fs::read(out_a.join(name)).unwrap(),
+            std::fs::read(out_b.join(name)).unwrap(),
+            "{name} differs between two builds"
+        );
+    }
+    assert_eq!(
+        std::fs::read(out_a.join("vmlinuz")).unwrap(),
+        std::fs::read(&inputs.kernel_image).unwrap()
+    );
+    assert_eq!(std::fs::read_to_string(out_a.join("cmdline")).unwrap(), "console=ttyS0 quiet");
+
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&a.manifest).unwrap()).unwrap();
+    assert_eq!(manifest["outputs"]["hawser.efi"]["sha256"], a.uki.sha256);
+    assert_eq!(manifest["outputs"]["initrd.cpio.zst"]["size"], a.initrd.size);
+    assert_eq!(manifest["uki_sections"][".initrd"]["size"], a.initrd.size);
+    assert_eq!(manifest["kernel_release"], inputs.kernel_release.as_str());
+    let entries = manifest["initramfs"]["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), a.initramfs_entries);
+    let init_entry = entries.iter().find(|e| e["path"] == "init").unwrap();
+    assert_eq!(init_entry["size"], std::fs::metadata(&build_inputs.init_binary).unwrap().len());
+    assert_eq!(a.uki.sha256, b.uki.sha256);
+    eprintln!(
+        "full build: UKI {} bytes, initrd {} bytes ({} uncompressed), {} modules",
+        a.uki.size,
+        a.initrd.size,
+        a.initramfs_uncompressed_size,
+        a.modules.len()
+    );
+}

@@ -1,0 +1,451 @@
+//! PID 1's configuration: measured kernel command line keys and unmeasured fw_cfg keys.
+//!
+//! The kernel command line is part of the measured UKI, so `hawser.*` keys there are trusted:
+//! an unknown key is worth a warning (a typo should be visible), a malformed value is fatal
+//! (booting with a setting the operator did not ask for is worse than not booting).
+//!
+//! QEMU's fw_cfg is not measured: the host can put anything there. Only the keys in
+//! [`FW_CFG_ALLOWED_KEYS`] are read from it, and each must be something an attacker gains
+//! nothing from choosing — today only the quote nonce, which a verifier checks against the
+//! nonce it sent.
+//!
+//! Everything here is pure: the callers read `/proc/cmdline` and sysfs.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tracing::level_filters::LevelFilter;
+
+/// The prefix of the kernel command line keys hawser reads.
+pub const CMDLINE_PREFIX: &str = "hawser.";
+/// Reboot delay when `hawser.reboot_delay` is not given.
+pub const DEFAULT_REBOOT_DELAY: Duration = Duration::from_secs(30);
+/// TPM device when `hawser.tpm` is not given (the kernel's resource-managed TPM node).
+pub const DEFAULT_TPM_DEVICE: &str = "/dev/tpmrm0";
+/// The fw_cfg keys (under `opt/hawser/`) hawser accepts from the unmeasured host.
+pub const FW_CFG_ALLOWED_KEYS: &[&str] = &["quote_nonce"];
+/// Longest accepted quote nonce: a TPM2B_DATA holds at most 64 bytes of qualifying data.
+pub const MAX_NONCE_LEN: usize = 64;
+
+/// A configuration value hawser cannot use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("kernel command line key {key} has malformed value {value:?}: {reason}")]
+    MalformedCmdline {
+        key: String,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("fw_cfg key opt/hawser/{key} has malformed value {value:?}: {reason}")]
+    MalformedFwCfg {
+        key: String,
+        value: String,
+        reason: &'static str,
+    },
+}
+
+/// What PID 1 does after a fatal error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RebootPolicy {
+    /// Reboot after this delay (time to read the console).
+    RebootAfter(Duration),
+    /// `hawser.reboot_delay=0`: stay halted forever, for debugging.
+    HaltForever,
+}
+
+impl Default for RebootPolicy {
+    fn default() -> Self {
+        RebootPolicy::RebootAfter(DEFAULT_REBOOT_DELAY)
+    }
+}
+
+/// The measured configuration from the kernel command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CmdlineConfig {
+    pub reboot_policy: RebootPolicy,
+    pub log_level: LevelFilter,
+    /// Absolute path of the TPM character device, e.g. `/dev/tpmrm0`.
+    pub tpm_device: PathBuf,
+    /// Things worth a warning line (unknown keys, repeated keys).
+    pub warnings: Vec<String>,
+}
+
+impl Default for CmdlineConfig {
+    fn default() -> Self {
+        CmdlineConfig {
+            reboot_policy: RebootPolicy::default(),
+            log_level: LevelFilter::INFO,
+            tpm_device: PathBuf::from(DEFAULT_TPM_DEVICE),
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// Splits a kernel command line into `(parameter, value)` pairs with the kernel's own rules
+/// (`lib/cmdline.c: next_arg`): parameters are separated by whitespace outside double quotes;
+/// a value starting with `"` has that quote and a trailing `"` removed, and so does a parameter
+/// that starts with `"` (`"a=b c"`). Quotes elsewhere are kept; there are no escapes.
+pub fn split_kernel_cmdline(cmdline: &str) -> Vec<(String, Option<String>)> {
+    let mut args = Vec::new();
+    let mut rest = cmdline.trim_start();
+    while !rest.is_empty() {
+        let (quoted, body) = match rest.strip_prefix('"') {
+            Some(body) => (true, body),
+            None => (false, rest),
+        };
+        let mut in_quote = quoted;
+        let mut end = body.len();
+        for (i, c) in body.char_indices() {
+            if c.is_ascii_whitespace() && !in_quote {
+                end = i;
+                break;
+            }
+            if c == '"' {
+                in_quote = !in_quote;
+            }
+        }
+        let token = &body[..end];
+        rest = body[end..].trim_start();
+        // The kernel removes at most one trailing quote: the value's closing quote if the value
+        // was quoted, otherwise the parameter's closing quote if the parameter was.
+        match token.split_once('=') {
+            None => {
+                let param = match quoted {
+                    true => token.strip_suffix('"').unwrap_or(token),
+                    false => token,
+                };
+                args.push((param.to_owned(), None));
+            }
+            Some((param, value)) => {
+                let value = match value.strip_prefix('"') {
+                    Some(inner) => inner.strip_suffix('"').unwrap_or(inner),
+                    None if quoted => value.strip_suffix('"').unwrap_or(value),
+                    None => value,
+                };
+                args.push((param.to_owned(), Some(value.to_owned())));
+            }
+        }
+    }
+    args
+}
+
+/// The `hawser.*` keys of the kernel command line with their raw values (the last occurrence
+/// wins, as for most kernel parameters), plus a warning for each key given more than once.
+fn hawser_keys(cmdline: &str) -> (BTreeMap<String, Option<String>>, Vec<String>) {
+    let mut keys = BTreeMap::new();
+    let mut warnings = Vec::new();
+    for (param, value) in split_kernel_cmdline(cmdline) {
+        let Some(key) = param.strip_prefix(CMDLINE_PREFIX) else {
+            continue;
+        };
+        if keys.insert(key.to_owned(), value).is_some() {
+            warnings.push(format!(
+                "kernel command line key {param} is given more than once; the last value is used"
+            ));
+        }
+    }
+    (keys, warnings)
+}
+
+fn malformed(key: &str, value: Option<&str>, reason: &'static str) -> ConfigError {
+    ConfigError::MalformedCmdline {
+        key: format!("{CMDLINE_PREFIX}{key}"),
+        value: value.unwrap_or_default().to_owned(),
+        reason,
+    }
+}
+
+fn parse_reboot_delay(value: Option<&str>) -> Result<RebootPolicy, ConfigError> {
+    const KEY: &str = "reboot_delay";
+    let text = value.ok_or_else(|| malformed(KEY, value, "expected whole seconds"))?;
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(malformed(KEY, value, "expected whole seconds"));
+    }
+    let seconds: u32 = text
+        .parse()
+        .map_err(|_| malformed(KEY, value, "more seconds than fit in 32 bits"))?;
+    Ok(match seconds {
+        0 => RebootPolicy::HaltForever,
+        s => RebootPolicy::RebootAfter(Duration::from_secs(u64::from(s))),
+    })
+}
+
+fn parse_log_level(value: Option<&str>) -> Result<LevelFilter, ConfigError> {
+    const REASON: &str = "expected one of error, warn, info, debug, trace";
+    match value {
+        Some("error") => Ok(LevelFilter::ERROR),
+        Some("warn") => Ok(LevelFilter::WARN),
+        Some("info") => Ok(LevelFilter::INFO),
+        Some("debug") => Ok(LevelFilter::DEBUG),
+        Some("trace") => Ok(LevelFilter::TRACE),
+        _ => Err(malformed("log", value, REASON)),
+    }
+}
+
+fn parse_tpm_device(value: Option<&str>) -> Result<PathBuf, ConfigError> {
+    const REASON: &str = "expected a device path under /dev/, such as /dev/tpmrm0";
+    let text = value.ok_or_else(|| malformed("tpm", value, REASON))?;
+    let name = text
+        .strip_prefix("/dev/")
+        .ok_or_else(|| malformed("tpm", value, REASON))?;
+    let valid = !name.is_empty()
+        && name
+            .split('/')
+            .all(|part| !part.is_empty() && part != "." && part != "..")
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/_-.".contains(&b));
+    if !valid {
+        return Err(malformed("tpm", value, REASON));
+    }
+    Ok(PathBuf::from(text))
+}
+
+/// The reboot policy of a kernel command line, falling back to the default when
+/// `hawser.reboot_delay` is absent or malformed. Used to decide what to do after a fatal
+/// configuration error (including a malformed `hawser.reboot_delay` itself).
+pub fn reboot_policy_or_default(cmdline: &str) -> RebootPolicy {
+    match hawser_keys(cmdline).0.get("reboot_delay") {
+        Some(value) => parse_reboot_delay(value.as_deref()).unwrap_or_default(),
+        None => RebootPolicy::default(),
+    }
+}
+
+/// Parses the `hawser.*` keys of a kernel command line (the contents of `/proc/cmdline`).
+pub fn parse_kernel_cmdline(cmdline: &str) -> Result<CmdlineConfig, ConfigError> {
+    let (keys, mut warnings) = hawser_keys(cmdline);
+    let mut config = CmdlineConfig::default();
+    for (key, value) in &keys {
+        let value = value.as_deref();
+        match key.as_str() {
+            "reboot_delay" => config.reboot_policy = parse_reboot_delay(value)?,
+            "log" => config.log_level = parse_log_level(value)?,
+            "tpm" => config.tpm_device = parse_tpm_device(value)?,
+            _ => warnings.push(format!(
+                "unknown kernel command line key {CMDLINE_PREFIX}{key} is ignored"
+            )),
+        }
+    }
+    config.warnings = warnings;
+    Ok(config)
+}
+
+/// The configuration accepted from fw_cfg.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FwCfgConfig {
+    /// Qualifying data for the boot quote, chosen by whoever starts the VM (a test harness).
+    pub quote_nonce: Option<Vec<u8>>,
+    /// Keys present but not allowed, each worth a warning.
+    pub warnings: Vec<String>,
+}
+
+/// Parses fw_cfg entries (`key` below `opt/hawser/`, raw contents). Keys outside
+/// [`FW_CFG_ALLOWED_KEYS`] are ignored with a warning.
+pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, ConfigError> {
+    let mut config = FwCfgConfig::default();
+    for (key, raw) in entries {
+        if !FW_CFG_ALLOWED_KEYS.contains(&key.as_str()) {
+            config.warnings.push(format!(
+                "fw_cfg key opt/hawser/{key} is not on the allowlist and is ignored"
+            ));
+            continue;
+        }
+        // FW_CFG_ALLOWED_KEYS has exactly one entry today.
+        config.quote_nonce = Some(parse_nonce(key, raw)?);
+    }
+    Ok(config)
+}
+
+fn parse_nonce(key: &str, raw: &[u8]) -> Result<Vec<u8>, ConfigError> {
+    let malformed = |reason| ConfigError::MalformedFwCfg {
+        key: key.to_owned(),
+        value: String::from_utf8_lossy(raw).into_owned(),
+        reason,
+    };
+    let text = std::str::from_utf8(raw)
+        .map_err(|_| malformed("expected hex digits"))?
+        .trim_ascii();
+    let nonce = hex::decode(text).map_err(|_| malformed("expected an even number of hex digits"))?;
+    if nonce.is_empty() || nonce.len() > MAX_NONCE_LEN {
+        return Err(malformed("expected 1 to 64 bytes"));
+    }
+    Ok(nonce)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(cmdline: &str) -> Vec<(String, Option<String>)> {
+        split_kernel_cmdline(cmdline)
+    }
+
+    fn p(param: &str, value: Option<&str>) -> (String, Option<String>) {
+        (param.to_owned(), value.map(str::to_owned))
+    }
+
+    #[test]
+    fn splits_like_the_kernel() {
+        assert_eq!(
+            pairs("console=ttyS0 quiet  ro\n"),
+            [p("console", Some("ttyS0")), p("quiet", None), p("ro", None)]
+        );
+        // A quoted value keeps its spaces and loses its quotes.
+        assert_eq!(
+            pairs(r#"a="b c" d"#),
+            [p("a", Some("b c")), p("d", None)]
+        );
+        // A quoted parameter loses both quotes.
+        assert_eq!(pairs(r#""a=b c" d"#), [p("a", Some("b c")), p("d", None)]);
+        // Quotes in the middle are kept, and still protect spaces.
+        assert_eq!(pairs(r#"a=b"c d""#), [p("a", Some(r#"b"c d""#))]);
+        // Empty value and the init separator.
+        assert_eq!(pairs("a= --"), [p("a", Some("")), p("--", None)]);
+        // Only the first '=' splits.
+        assert_eq!(pairs("root=PARTUUID=x"), [p("root", Some("PARTUUID=x"))]);
+        assert_eq!(pairs("   "), []);
+    }
+
+    #[test]
+    fn unclosed_quote_runs_to_the_end() {
+        assert_eq!(pairs(r#"a="b c"#), [p("a", Some("b c"))]);
+    }
+
+    #[test]
+    fn defaults_without_hawser_keys() {
+        let config = parse_kernel_cmdline("console=ttyS0 quiet").unwrap();
+        assert_eq!(config, CmdlineConfig::default());
+        assert_eq!(
+            config.reboot_policy,
+            RebootPolicy::RebootAfter(Duration::from_secs(30))
+        );
+        assert_eq!(config.tpm_device, PathBuf::from("/dev/tpmrm0"));
+        assert_eq!(config.log_level, LevelFilter::INFO);
+    }
+
+    #[test]
+    fn reads_all_known_keys() {
+        let config = parse_kernel_cmdline(
+            "console=ttyS0 hawser.reboot_delay=5 hawser.log=debug hawser.tpm=/dev/tpm0",
+        )
+        .unwrap();
+        assert_eq!(
+            config.reboot_policy,
+            RebootPolicy::RebootAfter(Duration::from_secs(5))
+        );
+        assert_eq!(config.log_level, LevelFilter::DEBUG);
+        assert_eq!(config.tpm_device, PathBuf::from("/dev/tpm0"));
+        assert!(config.warnings.is_empty());
+    }
+
+    #[test]
+    fn zero_delay_halts() {
+        let config = parse_kernel_cmdline("hawser.reboot_delay=0").unwrap();
+        assert_eq!(config.reboot_policy, RebootPolicy::HaltForever);
+    }
+
+    #[test]
+    fn quoted_values_are_unquoted() {
+        let config = parse_kernel_cmdline(r#"hawser.log="warn""#).unwrap();
+        assert_eq!(config.log_level, LevelFilter::WARN);
+    }
+
+    #[test]
+    fn unknown_and_repeated_keys_warn() {
+        let config =
+            parse_kernel_cmdline("hawser.colour=blue hawser.log=warn hawser.log=error").unwrap();
+        assert_eq!(config.log_level, LevelFilter::ERROR);
+        assert_eq!(
+            config.warnings,
+            [
+                "kernel command line key hawser.log is given more than once; the last value is used",
+                "unknown kernel command line key hawser.colour is ignored",
+            ]
+        );
+    }
+
+    #[test]
+    fn malformed_values_are_errors_naming_key_and_value() {
+        for (cmdline, key, value) in [
+            ("hawser.reboot_delay=soon", "hawser.reboot_delay", "soon"),
+            ("hawser.reboot_delay=-1", "hawser.reboot_delay", "-1"),
+            ("hawser.reboot_delay=", "hawser.reboot_delay", ""),
+            ("hawser.reboot_delay", "hawser.reboot_delay", ""),
+            ("hawser.reboot_delay=99999999999", "hawser.reboot_delay", "99999999999"),
+            ("hawser.log=loud", "hawser.log", "loud"),
+            ("hawser.log=INFO", "hawser.log", "INFO"),
+            ("hawser.tpm=tpmrm0", "hawser.tpm", "tpmrm0"),
+            ("hawser.tpm=/dev/../etc/shadow", "hawser.tpm", "/dev/../etc/shadow"),
+            ("hawser.tpm=/dev/", "hawser.tpm", "/dev/"),
+        ] {
+            let err = parse_kernel_cmdline(cmdline).unwrap_err();
+            let ConfigError::MalformedCmdline {
+                key: k, value: v, ..
+            } = &err
+            else {
+                panic!("{cmdline}: unexpected {err:?}");
+            };
+            assert_eq!((k.as_str(), v.as_str()), (key, value), "{cmdline}");
+            let message = err.to_string();
+            assert!(message.contains(key) && message.contains(&format!("{value:?}")), "{message}");
+        }
+    }
+
+    #[test]
+    fn reboot_policy_survives_other_malformed_keys_and_defaults_when_itself_malformed() {
+        assert_eq!(
+            reboot_policy_or_default("hawser.reboot_delay=7 hawser.log=loud"),
+            RebootPolicy::RebootAfter(Duration::from_secs(7))
+        );
+        assert_eq!(
+            reboot_policy_or_default("hawser.reboot_delay=soon"),
+            RebootPolicy::default()
+        );
+        assert_eq!(
+            reboot_policy_or_default("hawser.reboot_delay=0"),
+            RebootPolicy::HaltForever
+        );
+    }
+
+    fn fw(entries: &[(&str, &[u8])]) -> BTreeMap<String, Vec<u8>> {
+        entries
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn fw_cfg_nonce_is_hex_with_optional_newline() {
+        let config = parse_fw_cfg(&fw(&[("quote_nonce", b"00ff10\n")])).unwrap();
+        assert_eq!(config.quote_nonce, Some(vec![0x00, 0xff, 0x10]));
+        assert!(config.warnings.is_empty());
+        assert_eq!(parse_fw_cfg(&fw(&[])).unwrap(), FwCfgConfig::default());
+    }
+
+    #[test]
+    fn fw_cfg_keys_outside_the_allowlist_are_ignored_with_a_warning() {
+        let config = parse_fw_cfg(&fw(&[("reboot_delay", b"0"), ("quote_nonce", b"ab")])).unwrap();
+        assert_eq!(config.quote_nonce, Some(vec![0xab]));
+        assert_eq!(
+            config.warnings,
+            ["fw_cfg key opt/hawser/reboot_delay is not on the allowlist and is ignored"]
+        );
+    }
+
+    #[test]
+    fn fw_cfg_malformed_nonces_are_errors() {
+        let long = "ab".repeat(MAX_NONCE_LEN + 1);
+        for raw in [&b"xyz"[..], b"abc", b"", b"\xff\xfe", long.as_bytes()] {
+            let err = parse_fw_cfg(&fw(&[("quote_nonce", raw)])).unwrap_err();
+            assert!(
+                err.to_string()
+                    .starts_with("fw_cfg key opt/hawser/quote_nonce has malformed value"),
+                "{err}"
+            );
+        }
+        let max = "cd".repeat(MAX_NONCE_LEN);
+        let config = parse_fw_cfg(&fw(&[("quote_nonce", max.as_bytes())])).unwrap();
+        assert_eq!(config.quote_nonce.map(|n| n.len()), Some(MAX_NONCE_LEN));
+    }
+}

@@ -1,0 +1,253 @@
+//! Orderly shutdown: stop every process, sync, unmount in reverse order, power off or reboot.
+//!
+//! Used for a requested shutdown (SIGTERM, SIGINT, SIGPWR, the power button) and, with
+//! [`PowerAction::Reboot`], after a fatal error. The order of the steps is unit-tested through
+//! [`Syscalls`].
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::mounts::MountTable;
+use crate::syscalls::{PowerAction, Syscalls};
+
+/// How long processes get between SIGTERM and SIGKILL.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long to wait for processes to disappear after SIGKILL.
+pub const KILL_WAIT: Duration = Duration::from_secs(3);
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// The mounts made by PID 1, shared with the panic hook so that every way down unmounts them.
+pub static MOUNT_TABLE: Mutex<MountTable> = Mutex::new(MountTable::new());
+
+/// The global mount table (poison is ignored: the table stays consistent between calls).
+pub fn mount_table() -> MutexGuard<'static, MountTable> {
+    MOUNT_TABLE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What stopping the processes came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopOutcome {
+    /// No process was left after SIGTERM.
+    Terminated,
+    /// SIGKILL was needed, after which no process was left.
+    Killed,
+    /// Processes were still there after SIGKILL (stuck in the kernel, e.g. on I/O).
+    Stuck,
+}
+
+/// Sends SIGTERM to every process, waits up to `grace` for all of them to go, then SIGKILL
+/// and waits up to `kill_wait`. `processes_left` says whether any process other than PID 1 is
+/// still alive; `sleep` waits one poll interval. Blocking: the async shutdown runs it on a
+/// blocking thread so that the reaper and tokio's own child reaping keep running meanwhile.
+pub fn stop_all_processes(
+    sys: &dyn Syscalls,
+    grace: Duration,
+    kill_wait: Duration,
+    mut processes_left: impl FnMut() -> bool,
+    mut sleep: impl FnMut(Duration),
+) -> StopOutcome {
+    if !processes_left() {
+        return StopOutcome::Terminated;
+    }
+    if let Err(e) = sys.kill_all(Signal::SIGTERM) {
+        tracing::warn!("cannot send SIGTERM to all processes: {e}");
+    }
+    if wait_until_gone(grace, &mut processes_left, &mut sleep) {
+        return StopOutcome::Terminated;
+    }
+    tracing::warn!(
+        "processes still running {} s after SIGTERM; sending SIGKILL",
+        grace.as_secs()
+    );
+    if let Err(e) = sys.kill_all(Signal::SIGKILL) {
+        tracing::warn!("cannot send SIGKILL to all processes: {e}");
+    }
+    if wait_until_gone(kill_wait, &mut processes_left, &mut sleep) {
+        StopOutcome::Killed
+    } else {
+        StopOutcome::Stuck
+    }
+}
+
+fn wait_until_gone(
+    limit: Duration,
+    processes_left: &mut impl FnMut() -> bool,
+    sleep: &mut impl FnMut(Duration),
+) -> bool {
+    let start = Instant::now();
+    loop {
+        if !processes_left() {
+            return true;
+        }
+        if start.elapsed() >= limit {
+            return false;
+        }
+        sleep(POLL_INTERVAL);
+    }
+}
+
+/// The last steps: sync, detach the mounts in reverse order, sync, reboot(2). Returns the
+/// error of reboot(2) if it returned at all (it does not on success).
+pub fn power_down(
+    sys: &dyn Syscalls,
+    mounts: &mut MountTable,
+    action: PowerAction,
+) -> std::io::Error {
+    sys.sync();
+    for failure in mounts.unmount_all(sys) {
+        tracing::warn!(
+            "{failure}: {}",
+            failure.source
+        );
+    }
+    sys.sync();
+    match sys.reboot(action) {
+        Err(e) => e,
+        Ok(()) => std::io::Error::other("reboot(2) returned"),
+    }
+}
+
+/// Blocks the calling thread forever (a PID 1 that has nothing left to do must not exit).
+pub fn halt_forever() -> ! {
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// Whether any process other than this one is alive. Every process of the system descends from
+/// PID 1, and a process whose parent dies is re-parented to PID 1, so this is the same as having
+/// a child that is not a zombie.
+pub fn processes_left() -> bool {
+    crate::reaper::has_living_children()
+}
+
+/// [`stop_all_processes`] for paths where no runtime runs (panic hook, fatal error): reaps
+/// every child itself, since nobody else will.
+pub fn stop_all_processes_unsupervised(sys: &dyn Syscalls) -> StopOutcome {
+    stop_all_processes(
+        sys,
+        STOP_GRACE,
+        KILL_WAIT,
+        || {
+            crate::reaper::reap_all();
+            processes_left()
+        },
+        std::thread::sleep,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mounts::EARLY_MOUNTS;
+    use crate::syscalls::{Call, RecordingSyscalls};
+    use nix::mount::MntFlags;
+    use std::cell::Cell;
+    use std::path::PathBuf;
+
+    fn no_sleep(_: Duration) {}
+
+    #[test]
+    fn power_down_syncs_unmounts_in_reverse_and_powers_off() {
+        let mounter = RecordingSyscalls::new();
+        let mut table = MountTable::new();
+        table.mount_all(&mounter, &EARLY_MOUNTS).unwrap();
+        let sys = RecordingSyscalls::new();
+        let _ = power_down(&sys, &mut table, PowerAction::PowerOff);
+        let detach = |p: &str| Call::Unmount(PathBuf::from(p), MntFlags::MNT_DETACH);
+        assert_eq!(
+            sys.calls(),
+            [
+                Call::Sync,
+                detach("/sys/kernel/security"),
+                detach("/run"),
+                detach("/dev"),
+                detach("/sys"),
+                detach("/proc"),
+                Call::Sync,
+                Call::Reboot(PowerAction::PowerOff),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failed_reboot_is_reported() {
+        let sys = RecordingSyscalls::new();
+        sys.fail(Call::Reboot(PowerAction::Reboot), nix::errno::Errno::EPERM);
+        let err = power_down(&sys, &mut MountTable::new(), PowerAction::Reboot);
+        assert_eq!(err.raw_os_error(), Some(libc::EPERM));
+    }
+
+    #[test]
+    fn nothing_is_signalled_without_processes() {
+        let sys = RecordingSyscalls::new();
+        let outcome = stop_all_processes(
+            &sys,
+            STOP_GRACE,
+            KILL_WAIT,
+            || false,
+            no_sleep,
+        );
+        assert_eq!(outcome, StopOutcome::Terminated);
+        assert!(sys.calls().is_empty());
+    }
+
+    #[test]
+    fn sigterm_is_enough_when_processes_exit() {
+        let sys = RecordingSyscalls::new();
+        // Alive at the first two checks, gone afterwards.
+        let checks = Cell::new(0);
+        let outcome = stop_all_processes(
+            &sys,
+            STOP_GRACE,
+            KILL_WAIT,
+            || {
+                checks.set(checks.get() + 1);
+                checks.get() <= 2
+            },
+            no_sleep,
+        );
+        assert_eq!(outcome, StopOutcome::Terminated);
+        assert_eq!(sys.calls(), [Call::KillAll(Signal::SIGTERM)]);
+    }
+
+    #[test]
+    fn sigkill_follows_the_grace_period() {
+        let sys = RecordingSyscalls::new();
+        let killed = || sys.calls().contains(&Call::KillAll(Signal::SIGKILL));
+        let outcome = stop_all_processes(
+            &sys,
+            Duration::from_millis(30),
+            Duration::from_millis(30),
+            || !killed(),
+            std::thread::sleep,
+        );
+        assert_eq!(outcome, StopOutcome::Killed);
+        assert_eq!(
+            sys.calls(),
+            [
+                Call::KillAll(Signal::SIGTERM),
+                Call::KillAll(Signal::SIGKILL)
+            ]
+        );
+    }
+
+    #[test]
+    fn processes_that_survive_sigkill_are_reported_stuck() {
+        let sys = RecordingSyscalls::new();
+        let started = Instant::now();
+        let outcome = stop_all_processes(
+            &sys,
+            Duration::from_millis(30),
+            Duration::from_millis(30),
+            || true,
+            std::thread::sleep,
+        );
+        assert_eq!(outcome, StopOutcome::Stuck);
+        assert!(started.elapsed() >= Duration::from_millis(60));
+    }
+}
