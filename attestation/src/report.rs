@@ -133,7 +133,9 @@ pub enum VerifyError {
     )]
     SignatureScheme { sig_alg: u16, hash_alg: u16 },
     /// r or s is not a valid P-256 scalar.
-    #[error("the quote signature's r or s is not a valid P-256 scalar (r {r_len} bytes, s {s_len} bytes)")]
+    #[error(
+        "the quote signature's r or s is not a valid P-256 scalar (r {r_len} bytes, s {s_len} bytes)"
+    )]
     SignatureMalformed { r_len: usize, s_len: usize },
     /// The signature does not verify with the AK.
     #[error("the quote signature does not verify with the AK {ak_name} over the attest")]
@@ -328,12 +330,10 @@ impl QuoteEvidence {
                 hash_alg: signature.hash_alg,
             });
         }
-        let p256_signature = signature
-            .to_p256()
-            .ok_or(VerifyError::SignatureMalformed {
-                r_len: signature.r.len(),
-                s_len: signature.s.len(),
-            })?;
+        let p256_signature = signature.to_p256().ok_or(VerifyError::SignatureMalformed {
+            r_len: signature.r.len(),
+            s_len: signature.s.len(),
+        })?;
         if !tpm_types::verify_p256_sha256(&key, &attest_bytes, &p256_signature) {
             return Err(VerifyError::SignatureInvalid {
                 ak_name: hex::encode(&ak_name),
@@ -341,11 +341,11 @@ impl QuoteEvidence {
         }
 
         // The signer is this AK as an endorsement-hierarchy primary (not, say, a child key).
-        let expected_signer = ak
-            .primary_qualified_name(TPM_RH_ENDORSEMENT)
-            .ok_or(VerifyError::AkNameAlg {
-                actual: ak.name_alg,
-            })?;
+        let expected_signer =
+            ak.primary_qualified_name(TPM_RH_ENDORSEMENT)
+                .ok_or(VerifyError::AkNameAlg {
+                    actual: ak.name_alg,
+                })?;
         if attest.qualified_signer != expected_signer {
             return Err(VerifyError::QualifiedSigner {
                 expected: hex::encode(expected_signer),
@@ -476,10 +476,9 @@ impl BootReport {
             });
         }
         let before = decode_32("pcr11_before_phase".into(), &self.pcr11_before_phase)?;
-        let replayed = self
-            .phases_extended
-            .iter()
-            .fold(before, |pcr, phase| extend_sha256(&pcr, &phase_digest(phase)));
+        let replayed = self.phases_extended.iter().fold(before, |pcr, phase| {
+            extend_sha256(&pcr, &phase_digest(phase))
+        });
         if replayed != pcr11 {
             return Err(VerifyError::Pcr11Replay {
                 before: hex::encode(before),
@@ -499,7 +498,10 @@ impl BootReport {
 
     /// The console line for this report: [`BOOT_REPORT_MARKER`] followed by compact JSON.
     pub fn to_console_line(&self) -> Result<String, serde_json::Error> {
-        Ok(format!("{BOOT_REPORT_MARKER}{}", serde_json::to_string(self)?))
+        Ok(format!(
+            "{BOOT_REPORT_MARKER}{}",
+            serde_json::to_string(self)?
+        ))
     }
 
     /// The last boot report in a console log, if any. The marker may be preceded by other text
@@ -602,7 +604,8 @@ mod tests {
         let line = report.to_console_line().expect("serialises");
         assert!(line.starts_with("HAWSER_BOOT_REPORT {"));
         assert!(!line.contains('\n'));
-        let log = format!("[    7.1] random kernel line\nnoise {line}\r\nhawser: boot complete; idle\n");
+        let log =
+            format!("[    7.1] random kernel line\nnoise {line}\r\nhawser: boot complete; idle\n");
         let parsed = BootReport::find_in_console(&log)
             .expect("marker found")
             .expect("JSON parses");
@@ -631,7 +634,10 @@ mod tests {
         ] {
             assert!(value.get(key).is_some(), "missing {key}");
         }
-        assert!(value["pcrs"].get("11").is_some(), "PCR map keyed by decimal index");
+        assert!(
+            value["pcrs"].get("11").is_some(),
+            "PCR map keyed by decimal index"
+        );
         for key in ["ak_public", "attest", "signature", "pcr_selection"] {
             assert!(value["quote"].get(key).is_some(), "missing quote.{key}");
         }
@@ -657,7 +663,9 @@ mod tests {
 
         let mut r = tpm2_tools_report();
         r.nonce = "aa".repeat(16);
-        let err = r.verify(None).expect_err("report nonce differs from attest");
+        let err = r
+            .verify(None)
+            .expect_err("report nonce differs from attest");
         assert!(matches!(err, VerifyError::NonceMismatch { .. }), "{err}");
 
         let mut r = tpm2_tools_report();
@@ -684,7 +692,9 @@ mod tests {
 
         let mut r = tpm2_tools_report();
         r.phases_extended = vec!["enter-initrd".into(), "leave-initrd".into()];
-        let err = r.verify(None).expect_err("claims a phase that was not extended");
+        let err = r
+            .verify(None)
+            .expect_err("claims a phase that was not extended");
         assert!(matches!(err, VerifyError::Pcr11Replay { .. }), "{err}");
 
         let mut r = tpm2_tools_report();

@@ -22,7 +22,7 @@
 //! |---|---|
 //! | type | `TPM_ALG_ECC` |
 //! | nameAlg | `TPM_ALG_SHA256` |
-//! | objectAttributes | `fixedTPM | fixedParent | sensitiveDataOrigin | userWithAuth | restricted | sign` (0x00050072) |
+//! | objectAttributes | fixedTPM, fixedParent, sensitiveDataOrigin, userWithAuth, restricted, sign (0x00050072) |
 //! | authPolicy | empty |
 //! | symmetric | `TPM_ALG_NULL` |
 //! | scheme | `TPM_ALG_ECDSA` with `TPM_ALG_SHA256` |
@@ -146,8 +146,8 @@ impl Inner {
     }
 }
 
-/// A connection to a TPM. Cheap to share: clones of the handle are not provided, but the type
-/// is `Send + Sync` and every method takes `&self`.
+/// A connection to a TPM. It is `Send + Sync` and every method takes `&self`, serialising on an
+/// internal lock, so one connection can be shared (in an `Arc`) by the PID 1's blocking tasks.
 pub struct Tpm {
     inner: Arc<Mutex<Inner>>,
     tcti: String,
@@ -267,9 +267,8 @@ impl Tpm {
             .get_selections()
             .iter()
             .filter(|selection| {
-                (0..PCR_COUNT).all(|pcr| {
-                    pcr_slot(pcr).is_ok_and(|slot| selection.is_selected(slot))
-                })
+                (0..PCR_COUNT)
+                    .all(|pcr| pcr_slot(pcr).is_ok_and(|slot| selection.is_selected(slot)))
             })
             .map(|selection| selection.hashing_algorithm())
             .collect();
@@ -323,10 +322,9 @@ impl Tpm {
             for selection in read.get_selections() {
                 for slot in selection.selected() {
                     let Some(digest) = digests.next() else {
-                        return Err(inner.unexpected(
-                            CALL,
-                            "fewer digests than selected PCRs".to_string(),
-                        ));
+                        return Err(
+                            inner.unexpected(CALL, "fewer digests than selected PCRs".to_string())
+                        );
                     };
                     let pcr = slot_index(slot);
                     if selection.hashing_algorithm() == bank && pending.remove(&pcr) {
@@ -580,7 +578,9 @@ impl Drop for AttestationKey {
         let mut inner = lock(&self.tpm);
         match inner.context.flush_context(ObjectHandle::from(self.handle)) {
             Ok(()) => tracing::debug!("flushed attestation key"),
-            Err(err) => tracing::warn!(tcti = %inner.tcti, %err, "TPM2_FlushContext of the attestation key failed"),
+            Err(err) => {
+                tracing::warn!(tcti = %inner.tcti, %err, "TPM2_FlushContext of the attestation key failed")
+            }
         }
     }
 }

@@ -113,7 +113,9 @@ pub enum ParseError {
         max: usize,
     },
     /// Bytes follow the end of the structure (or of a sized inner structure).
-    #[error("{structure}: {count} unexpected bytes after the end of the structure at offset {offset}")]
+    #[error(
+        "{structure}: {count} unexpected bytes after the end of the structure at offset {offset}"
+    )]
     TrailingBytes {
         structure: &'static str,
         offset: usize,
@@ -600,7 +602,9 @@ impl Attest {
                     max: MAX_PCR_SELECT,
                 });
             }
-            let select = r.bytes(size, "attested.quote.pcrSelect.pcrSelect")?.to_vec();
+            let select = r
+                .bytes(size, "attested.quote.pcrSelect.pcrSelect")?
+                .to_vec();
             pcr_selections.push(PcrSelection { hash_alg, select });
         }
         let pcr_digest = r.tpm2b("attested.quote.pcrDigest", MAX_DIGEST)?.to_vec();
@@ -755,7 +759,10 @@ mod tests {
         assert_eq!(attest.firmware_version, 0x2019_1023_0016_3636);
         assert_eq!(attest.pcr_selections.len(), 1);
         assert_eq!(attest.pcr_selections[0].hash_alg, TPM_ALG_SHA256);
-        assert_eq!(attest.pcr_selections[0].indices(), (0..=23).collect::<Vec<u8>>());
+        assert_eq!(
+            attest.pcr_selections[0].indices(),
+            (0..=23).collect::<Vec<u8>>()
+        );
         assert_eq!(attest.pcr_digest.len(), 32);
     }
 
@@ -776,12 +783,16 @@ mod tests {
             assert!(!verify_p256_sha256(&key, &other, &p256_sig));
         }
         let high_s = EccSignature::parse(&unhex(SIG_HIGH_S)).expect("valid");
-        assert!(high_s.to_p256().and_then(|s| s.normalize_s()).is_some(), "s is high");
+        assert!(
+            high_s.to_p256().and_then(|s| s.normalize_s()).is_some(),
+            "s is high"
+        );
     }
 
     #[test]
     fn every_truncation_is_an_error_not_a_panic() {
-        let cases: [(&str, fn(&[u8]) -> Result<(), ParseError>); 3] = [
+        type Parser = fn(&[u8]) -> Result<(), ParseError>;
+        let cases: [(&str, Parser); 3] = [
             (AK_PUB, |b| EccPublic::parse(b).map(drop)),
             (ATTEST, |b| Attest::parse(b).map(drop)),
             (SIG, |b| EccSignature::parse(b).map(drop)),
@@ -867,6 +878,13 @@ mod tests {
         let mut sig = unhex(SIG);
         sig[1] = 0x14; // TPM_ALG_RSASSA
         let err = EccSignature::parse(&sig).expect_err("RSA");
-        assert!(matches!(err, ParseError::Unexpected { field: "sigAlg", offset: 0, .. }));
+        assert!(matches!(
+            err,
+            ParseError::Unexpected {
+                field: "sigAlg",
+                offset: 0,
+                ..
+            }
+        ));
     }
 }

@@ -44,7 +44,9 @@ fn cat(a: &[u8], b: &[u8]) -> Vec<u8> {
 
 /// What the PID 1 does: PCR 11 before, extend enter-initrd, read the bank, quote it all.
 fn boot_report(tpm: &Tpm, nonce: &[u8]) -> BootReport {
-    let before = tpm.read_pcrs_sha256([PCR_KERNEL_BOOT]).expect("read PCR 11")[&PCR_KERNEL_BOOT];
+    let before = tpm
+        .read_pcrs_sha256([PCR_KERNEL_BOOT])
+        .expect("read PCR 11")[&PCR_KERNEL_BOOT];
     tpm.extend_phase(PCR_KERNEL_BOOT, PHASE_ENTER_INITRD)
         .expect("extend enter-initrd");
     let pcrs = tpm.read_pcrs_sha256(ALL_PCRS).expect("read sha256 bank");
@@ -102,18 +104,25 @@ fn extend_phase_changes_pcr11_in_every_bank_as_predicted() {
             let after = tpm.read_pcrs(bank, [11]).expect("read")[&11].clone();
             let expected = match bank {
                 HashingAlgorithm::Sha1 => sha1sum(&cat(old, &sha1sum(phase.as_bytes()))),
-                HashingAlgorithm::Sha256 => Sha256::digest(cat(old, &Sha256::digest(phase))).to_vec(),
-                HashingAlgorithm::Sha384 => Sha384::digest(cat(old, &Sha384::digest(phase))).to_vec(),
-                HashingAlgorithm::Sha512 => Sha512::digest(cat(old, &Sha512::digest(phase))).to_vec(),
+                HashingAlgorithm::Sha256 => {
+                    Sha256::digest(cat(old, &Sha256::digest(phase))).to_vec()
+                }
+                HashingAlgorithm::Sha384 => {
+                    Sha384::digest(cat(old, &Sha384::digest(phase))).to_vec()
+                }
+                HashingAlgorithm::Sha512 => {
+                    Sha512::digest(cat(old, &Sha512::digest(phase))).to_vec()
+                }
                 other => panic!("unexpected bank {other:?}"),
             };
-            assert_eq!(hex::encode(after), hex::encode(expected), "{bank:?} after {phase}");
+            assert_eq!(
+                hex::encode(after),
+                hex::encode(expected),
+                "{bank:?} after {phase}"
+            );
         }
         // The pure prediction agrees with the TPM for the sha256 bank.
-        let old: [u8; 32] = before[1]
-            .clone()
-            .try_into()
-            .expect("32 bytes");
+        let old: [u8; 32] = before[1].clone().try_into().expect("32 bytes");
         assert_eq!(
             tpm.read_pcrs_sha256([11]).expect("read")[&11],
             extend_sha256(&old, &phase_digest(phase))
@@ -122,7 +131,10 @@ fn extend_phase_changes_pcr11_in_every_bank_as_predicted() {
     // Other PCRs are untouched.
     assert_eq!(tpm.read_pcrs_sha256([10, 12]).expect("read")[&12], [0; 32]);
 
-    assert!(matches!(tpm.extend_phase(11, ""), Err(TpmError::EmptyPhase)));
+    assert!(matches!(
+        tpm.extend_phase(11, ""),
+        Err(TpmError::EmptyPhase)
+    ));
     assert!(matches!(
         tpm.extend_phase(24, PHASE_ENTER_INITRD),
         Err(TpmError::PcrIndex { pcr: 24 })
@@ -134,13 +146,18 @@ fn reads_all_24_pcrs_despite_the_8_per_call_limit() {
     let swtpm = Swtpm::start();
     let tpm = Tpm::open(&swtpm.tcti()).expect("open swtpm");
     let pcrs = tpm.read_pcrs_sha256(ALL_PCRS).expect("read");
-    assert_eq!(pcrs.keys().copied().collect::<Vec<_>>(), ALL_PCRS.collect::<Vec<_>>());
+    assert_eq!(
+        pcrs.keys().copied().collect::<Vec<_>>(),
+        ALL_PCRS.collect::<Vec<_>>()
+    );
     // After TPM2_Startup(CLEAR) PCRs 17..=22 (locality-4 PCRs) are all-ones, the rest zero.
     for (pcr, value) in &pcrs {
         let fill = if (17..=22).contains(pcr) { 0xff } else { 0 };
         assert_eq!(value, &[fill; 32], "PCR {pcr}");
     }
-    let sha1 = tpm.read_pcrs(HashingAlgorithm::Sha1, ALL_PCRS).expect("sha1");
+    let sha1 = tpm
+        .read_pcrs(HashingAlgorithm::Sha1, ALL_PCRS)
+        .expect("sha1");
     assert!(sha1.values().all(|v| v.len() == 20));
     assert!(matches!(
         tpm.read_pcrs_sha256([3, 24]),
@@ -154,7 +171,9 @@ fn attestation_key_is_deterministic_and_matches_tpm2_tools_template() {
     let (first_public, first_name) = {
         let tpm = Tpm::open(&swtpm.tcti()).expect("open swtpm");
         let a = tpm.create_attestation_key().expect("AK 1");
-        let b = tpm.create_attestation_key().expect("AK 2 while AK 1 is loaded");
+        let b = tpm
+            .create_attestation_key()
+            .expect("AK 2 while AK 1 is loaded");
         assert_eq!(a.public_tpm2b(), b.public_tpm2b());
         assert_eq!(a.name(), b.name());
         drop((a, b));
@@ -173,19 +192,34 @@ fn attestation_key_is_deterministic_and_matches_tpm2_tools_template() {
     let out = swtpm.tpm2_tool(
         "tpm2_createprimary",
         &[
-            "-C", "e", "-G", "ecc256:ecdsa-sha256:null", "-g", "sha256", "-a",
+            "-C",
+            "e",
+            "-G",
+            "ecc256:ecdsa-sha256:null",
+            "-g",
+            "sha256",
+            "-a",
             "fixedtpm|fixedparent|sensitivedataorigin|userwithauth|restricted|sign",
-            "-c", "ak.ctx",
+            "-c",
+            "ak.ctx",
         ],
         dir.path(),
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = swtpm.tpm2_tool(
         "tpm2_readpublic",
         &["-c", "ak.ctx", "-f", "tss", "-o", "ak.pub", "-n", "ak.name"],
         dir.path(),
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     swtpm.tpm2_tool("tpm2_flushcontext", &["-t"], dir.path());
     let tools_public = std::fs::read(dir.path().join("ak.pub")).expect("ak.pub");
     let tools_name = std::fs::read(dir.path().join("ak.name")).expect("ak.name");
@@ -211,7 +245,11 @@ fn transient_handles_are_flushed() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let out = swtpm.tpm2_tool("tpm2_getcap", &["handles-transient"], dir.path());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         "",
@@ -245,7 +283,10 @@ fn quote_becomes_a_boot_report_that_verifies() {
     );
     assert!(verified.quote.clock_info.safe);
     assert_ne!(verified.quote.firmware_version, 0);
-    assert_eq!(verified.quote.ak_fingerprint, <[u8; 32]>::from(Sha256::digest(verified.quote.ak_public_point)));
+    assert_eq!(
+        verified.quote.ak_fingerprint,
+        <[u8; 32]>::from(Sha256::digest(verified.quote.ak_public_point))
+    );
 
     // A second quote with another nonce verifies with that nonce only.
     let nonce2 = tpm.get_random(32).expect("nonce 2");
@@ -253,7 +294,9 @@ fn quote_becomes_a_boot_report_that_verifies() {
     let mut report2 = report.clone();
     report2.quote = tpm.quote(&ak, &nonce2, &all).expect("quote 2");
     report2.nonce = hex::encode(&nonce2);
-    let verified2 = report2.verify(Some(&nonce2)).expect("second quote verifies");
+    let verified2 = report2
+        .verify(Some(&nonce2))
+        .expect("second quote verifies");
     // Same boot of the TPM: same reset count, a clock that did not go backwards.
     let (c1, c2) = (verified.quote.clock_info, verified2.quote.clock_info);
     assert_eq!(c1.reset_count, c2.reset_count);
@@ -271,7 +314,9 @@ fn tampered_reports_are_refused_with_the_reason() {
     let tpm = Tpm::open(&swtpm.tcti()).expect("open swtpm");
     let nonce = tpm.get_random(32).expect("nonce");
     let report = boot_report(&tpm, &nonce);
-    report.verify(Some(&nonce)).expect("untampered report verifies");
+    report
+        .verify(Some(&nonce))
+        .expect("untampered report verifies");
 
     // A PCR value that is not what the TPM quoted.
     let mut r = report.clone();
@@ -299,7 +344,10 @@ fn tampered_reports_are_refused_with_the_reason() {
     let other_ak = {
         let other = Tpm::open(&other_swtpm.tcti()).expect("open other swtpm");
         let ak = other.create_attestation_key().expect("other AK");
-        assert!(matches!(tpm.quote(&ak, &nonce, &[11]), Err(TpmError::ForeignKey)));
+        assert!(matches!(
+            tpm.quote(&ak, &nonce, &[11]),
+            Err(TpmError::ForeignKey)
+        ));
         hex::encode(ak.public_tpm2b())
     };
     assert_ne!(other_ak, report.quote.ak_public);
@@ -323,7 +371,13 @@ fn tampered_reports_are_refused_with_the_reason() {
     r.quote.attest = hex::encode(&attest[..attest.len() - 5]);
     let err = r.verify(Some(&nonce)).expect_err("truncated attest");
     assert!(
-        matches!(err, VerifyError::Parse { field: "quote.attest", .. }),
+        matches!(
+            err,
+            VerifyError::Parse {
+                field: "quote.attest",
+                ..
+            }
+        ),
         "{err}"
     );
     assert!(err.to_string().contains("pcrDigest"), "{err}");
@@ -356,7 +410,16 @@ fn tpm2_checkquote_accepts_our_quote() {
     }
     let checkquote = |qualification: &str| {
         Command::new("tpm2_checkquote")
-            .args(["-u", "ak.pub", "-m", "attest.bin", "-s", "sig.bin", "-g", "sha256"])
+            .args([
+                "-u",
+                "ak.pub",
+                "-m",
+                "attest.bin",
+                "-s",
+                "sig.bin",
+                "-g",
+                "sha256",
+            ])
             .args(["-q", qualification])
             .current_dir(dir.path())
             .output()
@@ -384,6 +447,23 @@ fn get_random_returns_the_requested_length() {
         tpm.get_random(32).expect("a"),
         tpm.get_random(32).expect("b")
     );
+}
+
+#[test]
+fn handles_can_move_to_blocking_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Tpm>();
+    assert_send_sync::<hawser_attestation::AttestationKey>();
+
+    let swtpm = Swtpm::start();
+    let tpm = std::sync::Arc::new(Tpm::open(&swtpm.tcti()).expect("open swtpm"));
+    let ak = tpm.create_attestation_key().expect("AK");
+    let worker = {
+        let tpm = std::sync::Arc::clone(&tpm);
+        std::thread::spawn(move || tpm.quote(&ak, b"from another thread", &[11]))
+    };
+    let quote = worker.join().expect("thread").expect("quote");
+    quote.verify(b"from another thread").expect("verifies");
 }
 
 #[test]

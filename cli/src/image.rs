@@ -79,9 +79,11 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
             std::fs::write(&lock_path, lock.render())
                 .with_context(|| format!("writing {}", lock_path.display()))?;
             for p in &lock.packages {
-                let before = old
-                    .as_ref()
-                    .and_then(|o| o.packages.iter().find(|q| q.role == p.role && q.name == p.name));
+                let before = old.as_ref().and_then(|o| {
+                    o.packages
+                        .iter()
+                        .find(|q| q.role == p.role && q.name == p.name)
+                });
                 let change = match before {
                     Some(b) if b.sha256 == p.sha256 => "unchanged".to_owned(),
                     Some(b) => format!("was {}", b.version),
@@ -89,13 +91,20 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
                 };
                 println!("{:<40} {:<24} {change}", p.name, p.version);
             }
-            println!("wrote {} (digest {})", lock_path.display(), &lock.digest()[..16]);
+            println!(
+                "wrote {} (digest {})",
+                lock_path.display(),
+                &lock.digest()[..16]
+            );
         }
     }
     Ok(())
 }
 
-fn print_build_summary(output: &hawser_image::build::BuildOutput, timeline: &pipeline::PipelineTimeline) {
+fn print_build_summary(
+    output: &hawser_image::build::BuildOutput,
+    timeline: &pipeline::PipelineTimeline,
+) {
     println!("{output}");
     let steps: Vec<String> = timeline
         .steps

@@ -1,2 +1,7 @@
-pub fn run(_: LocalCommand) -> anyhow::Result<()> { Ok(()) }
-#[derive(clap::Subcommand)] pub enum LocalCommand { Up }
+pub fn run(_: LocalCommand) -> anyhow::Result<()> {
+    Ok(())
+}
+#[derive(clap::Subcommand)]
+pub enum LocalCommand {
+    Up,
+}

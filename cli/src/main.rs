@@ -7,7 +7,11 @@ mod local;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hawser", version, about = "Boot path of a confidential Kubernetes node")]
+#[command(
+    name = "hawser",
+    version,
+    about = "Boot path of a confidential Kubernetes node"
+)]
 struct Cli {
     /// Log filter (tracing env-filter syntax), e.g. `debug` or `hawser_image=debug`.
     #[arg(long, global = true, env = "HAWSER_LOG", default_value = "info")]

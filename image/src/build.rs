@@ -123,9 +123,7 @@ struct InitramfsSummary<'a> {
 
 /// The `.osrel` content for a hawser image of `version`.
 pub fn default_os_release(version: &str) -> String {
-    format!(
-        "ID=hawser\nNAME=\"hawser\"\nVERSION_ID={version}\nPRETTY_NAME=\"hawser {version}\"\n"
-    )
+    format!("ID=hawser\nNAME=\"hawser\"\nVERSION_ID={version}\nPRETTY_NAME=\"hawser {version}\"\n")
 }
 
 /// Builds the image from `inputs` into `out_dir` (created if missing).
@@ -329,10 +327,8 @@ mod tests {
     #[test]
     fn os_release_names_hawser_and_version() {
         let text = default_os_release("0.1.0");
-        let fields: BTreeMap<&str, &str> = text
-            .lines()
-            .map(|l| l.split_once('=').unwrap())
-            .collect();
+        let fields: BTreeMap<&str, &str> =
+            text.lines().map(|l| l.split_once('=').unwrap()).collect();
         assert_eq!(fields["ID"], "hawser");
         assert_eq!(fields["NAME"], "\"hawser\"");
         assert_eq!(fields["VERSION_ID"], "0.1.0");
@@ -344,14 +340,22 @@ mod tests {
         assert!(check_inputs(&inputs()).is_ok());
         let mut long = inputs();
         long.cmdline = "x".repeat(3000);
-        assert!(check_inputs(&long).unwrap_err().to_string().contains("3000 bytes"));
+        assert!(
+            check_inputs(&long)
+                .unwrap_err()
+                .to_string()
+                .contains("3000 bytes")
+        );
         let mut newline = inputs();
         newline.cmdline = "a\nb".into();
         assert!(check_inputs(&newline).is_err());
         let mut other = inputs();
         other.kernel_release = "6.1.0-28-cloud-amd64".into();
         let err = check_inputs(&other).unwrap_err().to_string();
-        assert!(err.contains("not for kernel release 6.1.0-28-cloud-amd64"), "{err}");
+        assert!(
+            err.contains("not for kernel release 6.1.0-28-cloud-amd64"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -363,7 +367,10 @@ mod tests {
         image[0x300..0x300 + version.len()].copy_from_slice(version);
         assert_eq!(bzimage_release(&image), Some("6.12.117+deb13-cloud-amd64"));
         let err = check_kernel_release(Path::new("vmlinuz"), &image, "6.1.0").unwrap_err();
-        assert!(err.to_string().contains("is kernel release 6.12.117+deb13-cloud-amd64"));
+        assert!(
+            err.to_string()
+                .contains("is kernel release 6.12.117+deb13-cloud-amd64")
+        );
         image[0x202] = b'X';
         assert_eq!(bzimage_release(&image), None);
     }

@@ -58,14 +58,18 @@ pub enum ClosureError {
     #[error("{path} has no PT_INTERP: it is not a dynamically linked executable")]
     NotDynamic { path: PathBuf },
     /// No root provides a soname.
-    #[error("shared library {soname:?} (needed by {needed_by}) is in none of the library roots; searched {searched}")]
+    #[error(
+        "shared library {soname:?} (needed by {needed_by}) is in none of the library roots; searched {searched}"
+    )]
     MissingLibrary {
         soname: String,
         needed_by: String,
         searched: String,
     },
     /// The interpreter is in no root.
-    #[error("the ELF interpreter {interpreter:?} of {path} is in none of the library roots; searched {searched}")]
+    #[error(
+        "the ELF interpreter {interpreter:?} of {path} is in none of the library roots; searched {searched}"
+    )]
     MissingInterpreter {
         interpreter: String,
         path: PathBuf,
@@ -141,9 +145,12 @@ pub fn resolve(
     dlopened: &[&str],
 ) -> Result<LibraryClosure, ClosureError> {
     let exe = read_elf(executable)?;
-    let interpreter = exe.interpreter.clone().ok_or_else(|| ClosureError::NotDynamic {
-        path: executable.to_owned(),
-    })?;
+    let interpreter = exe
+        .interpreter
+        .clone()
+        .ok_or_else(|| ClosureError::NotDynamic {
+            path: executable.to_owned(),
+        })?;
     let mut builder = Builder::default();
 
     // The interpreter: the kernel opens it by its absolute path.
@@ -193,13 +200,11 @@ pub fn resolve(
                 name: soname,
             });
         }
-        let found = find_library(roots, &soname)?.ok_or_else(
-            || ClosureError::MissingLibrary {
-                soname: soname.clone(),
-                needed_by: needed_by.clone(),
-                searched: describe_search(roots),
-            },
-        )?;
+        let found = find_library(roots, &soname)?.ok_or_else(|| ClosureError::MissingLibrary {
+            soname: soname.clone(),
+            needed_by: needed_by.clone(),
+            searched: describe_search(roots),
+        })?;
         let real_name = file_name(&found.real)?;
         builder.add_file(&real_name, &found.real)?;
         // Chain of names: soname -> ... -> real name, flattened into the library directory.
@@ -268,7 +273,7 @@ fn resolve_in_root(root: &Path, rel: &Path) -> Result<Option<Resolved>, ClosureE
         let meta = match fs::symlink_metadata(&path) {
             Ok(meta) => meta,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) if e.raw_os_error() == Some(20) => return Ok(None), // ENOTDIR
+            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => return Ok(None),
             Err(source) => return Err(ClosureError::Read { path, source }),
         };
         if meta.file_type().is_symlink() {
@@ -586,7 +591,10 @@ mod tests {
             dests.contains(&"usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
             "{dests:?}"
         );
-        assert!(dests.iter().any(|d| d.contains("libselinux.so.1")), "{dests:?}");
+        assert!(
+            dests.iter().any(|d| d.contains("libselinux.so.1")),
+            "{dests:?}"
+        );
         // libc names the interpreter as DT_NEEDED; it must not be shipped twice.
         assert_eq!(
             dests.iter().filter(|d| d.contains("ld-linux")).count(),
@@ -598,20 +606,33 @@ mod tests {
             .iter()
             .find(|l| l.dest == "usr/lib64/ld-linux-x86-64.so.2")
             .expect("the PT_INTERP path is a symlink into the library directory");
-        assert_eq!(interp.target, "../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2");
+        assert_eq!(
+            interp.target,
+            "../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+        );
         for file in &closure.files {
-            assert!(file.dest.starts_with("usr/lib/x86_64-linux-gnu/"), "{file:?}");
+            assert!(
+                file.dest.starts_with("usr/lib/x86_64-linux-gnu/"),
+                "{file:?}"
+            );
             assert!(file.source.is_file(), "{file:?}");
             assert!(!file.source.is_symlink(), "{file:?}");
         }
         // Exactly the closure: compare with what ldd resolves (ldd lists linux-vdso too).
-        let ldd = std::process::Command::new("ldd").arg("/bin/ls").output().unwrap();
+        let ldd = std::process::Command::new("ldd")
+            .arg("/bin/ls")
+            .output()
+            .unwrap();
         let ldd = String::from_utf8(ldd.stdout).unwrap();
         let expected = ldd
             .lines()
             .filter(|l| l.contains("=>") || l.contains("ld-linux"))
             .count();
-        assert_eq!(closure.files.len(), expected, "ldd says:\n{ldd}\nwe say {dests:?}");
+        assert_eq!(
+            closure.files.len(),
+            expected,
+            "ldd says:\n{ldd}\nwe say {dests:?}"
+        );
     }
 
     #[test]
@@ -638,22 +659,31 @@ mod tests {
         fs::create_dir_all(root.join("usr/lib/x86_64-linux-gnu")).unwrap();
         fs::create_dir_all(root.join("usr/lib64")).unwrap();
         let host_interp = fs::canonicalize("/lib64/ld-linux-x86-64.so.2").unwrap();
-        fs::copy(&host_interp, root.join("usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"))
-            .unwrap();
+        fs::copy(
+            &host_interp,
+            root.join("usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
+        )
+        .unwrap();
         symlink(
             "../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
             root.join("usr/lib64/ld-linux-x86-64.so.2"),
         )
         .unwrap();
-        let err = resolve(Path::new("/bin/ls"), &[root.clone()], &[]).unwrap_err();
+        let err = resolve(Path::new("/bin/ls"), std::slice::from_ref(&root), &[]).unwrap_err();
         let message = err.to_string();
-        assert!(matches!(err, ClosureError::MissingLibrary { .. }), "{message}");
+        assert!(
+            matches!(err, ClosureError::MissingLibrary { .. }),
+            "{message}"
+        );
         assert!(message.contains("\"libselinux.so.1\""), "{message}");
         assert!(message.contains(&root.display().to_string()), "{message}");
 
         let empty = tempfile::tempdir().unwrap();
         let err = resolve(Path::new("/bin/ls"), &[empty.path().to_owned()], &[]).unwrap_err();
-        assert!(matches!(err, ClosureError::MissingInterpreter { .. }), "{err}");
+        assert!(
+            matches!(err, ClosureError::MissingInterpreter { .. }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -665,7 +695,11 @@ mod tests {
         fs::write(lib.join("libfoo.so.1.2.3"), b"x").unwrap();
         symlink("libfoo.so.1.2.3", lib.join("libfoo.so.1")).unwrap();
         // An absolute target is re-rooted, not taken from the host.
-        symlink("/usr/lib/x86_64-linux-gnu/libfoo.so.1", lib.join("libbar.so.0")).unwrap();
+        symlink(
+            "/usr/lib/x86_64-linux-gnu/libfoo.so.1",
+            lib.join("libbar.so.0"),
+        )
+        .unwrap();
         symlink("../../../../etc/passwd", lib.join("libevil.so.0")).unwrap();
         symlink("libloop.so.0", lib.join("libloop.so.0")).unwrap();
 

@@ -47,7 +47,9 @@ pub enum CpioError {
         new: EntryKindName,
     },
     /// An entry whose parent path is already something other than a directory.
-    #[error("cannot add {path:?} to the cpio archive: its parent {parent:?} is a {existing}, not a directory")]
+    #[error(
+        "cannot add {path:?} to the cpio archive: its parent {parent:?} is a {existing}, not a directory"
+    )]
     ParentNotDirectory {
         path: String,
         parent: String,
@@ -88,21 +90,10 @@ impl fmt::Display for EntryKindName {
 /// One archive entry's content.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Entry {
-    Directory {
-        mode: u32,
-    },
-    File {
-        mode: u32,
-        data: Vec<u8>,
-    },
-    Symlink {
-        target: String,
-    },
-    CharDevice {
-        mode: u32,
-        major: u32,
-        minor: u32,
-    },
+    Directory { mode: u32 },
+    File { mode: u32, data: Vec<u8> },
+    Symlink { target: String },
+    CharDevice { mode: u32, major: u32, minor: u32 },
 }
 
 impl Entry {
@@ -188,7 +179,9 @@ impl CpioArchive {
 
     /// The entries in output order (sorted by path), parents before children.
     pub fn entries(&self) -> impl Iterator<Item = (&str, &Entry)> {
-        self.entries.iter().map(|(path, entry)| (path.as_str(), entry))
+        self.entries
+            .iter()
+            .map(|(path, entry)| (path.as_str(), entry))
     }
 
     /// The entry at `path`, if any.
@@ -269,9 +262,9 @@ impl CpioArchive {
     fn insert(&mut self, path: &str, entry: Entry) -> Result<(), CpioError> {
         validate_path(path)?;
         let mode = match &entry {
-            Entry::Directory { mode } | Entry::File { mode, .. } | Entry::CharDevice { mode, .. } => {
-                Some(*mode)
-            }
+            Entry::Directory { mode }
+            | Entry::File { mode, .. }
+            | Entry::CharDevice { mode, .. } => Some(*mode),
             Entry::Symlink { .. } => None,
         };
         if let Some(mode) = mode
@@ -561,7 +554,10 @@ mod tests {
             std::fs::read(out.join("usr/bin/hello")).unwrap(),
             b"#!/bin/sh\necho hi\n"
         );
-        assert_eq!(std::fs::read_link(out.join("bin")).unwrap().to_str(), Some("usr/bin"));
+        assert_eq!(
+            std::fs::read_link(out.join("bin")).unwrap().to_str(),
+            Some("usr/bin")
+        );
         assert_eq!(std::fs::read(out.join("bin/hello")).unwrap().len(), 18);
         assert!(out.join("proc").is_dir());
     }
@@ -589,7 +585,9 @@ mod tests {
         let mut archive = CpioArchive::new();
         archive.add_symlink("lib", "usr/lib").unwrap();
         archive.add_symlink("lib", "usr/lib").unwrap();
-        let err = archive.add_file("lib/libc.so.6", 0o755, vec![1]).unwrap_err();
+        let err = archive
+            .add_file("lib/libc.so.6", 0o755, vec![1])
+            .unwrap_err();
         assert!(matches!(err, CpioError::ParentNotDirectory { .. }), "{err}");
         assert!(err.to_string().contains("\"lib\" is a symlink"), "{err}");
         let err = archive.add_dir("lib", 0o755).unwrap_err();

@@ -166,7 +166,15 @@ pub fn assemble(
 
 /// The merged-/usr skeleton, mount points and /dev/console.
 fn add_skeleton(archive: &mut CpioArchive) -> Result<(), ImageError> {
-    for dir in ["usr/bin", "usr/sbin", "usr/lib", "usr/lib64", "dev", "run", "etc"] {
+    for dir in [
+        "usr/bin",
+        "usr/sbin",
+        "usr/lib",
+        "usr/lib64",
+        "dev",
+        "run",
+        "etc",
+    ] {
         archive.add_dir(dir, 0o755)?;
     }
     archive.add_dir("proc", 0o555)?;
@@ -220,15 +228,18 @@ fn add_modules(archive: &mut CpioArchive, spec: &InitramfsSpec) -> Result<Vec<St
         0o644,
         index.render_subset(&order).into_bytes(),
     )?;
-    archive.add_file(&format!("{base}/modules.builtin"), 0o644, builtin.into_bytes())?;
+    archive.add_file(
+        &format!("{base}/modules.builtin"),
+        0o644,
+        builtin.into_bytes(),
+    )?;
     Ok(order)
 }
 
 /// zstd at [`ZSTD_LEVEL`], one thread, with the content size and a content checksum in the
 /// frame header (no timestamps exist in the zstd format).
 pub fn compress(data: &[u8]) -> Result<Vec<u8>, ImageError> {
-    let mut compressor =
-        zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(ImageError::Compress)?;
+    let mut compressor = zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(ImageError::Compress)?;
     compressor
         .include_checksum(true)
         .map_err(ImageError::Compress)?;
@@ -316,7 +327,9 @@ mod tests {
 
     #[test]
     fn compression_is_deterministic_and_round_trips() {
-        let data: Vec<u8> = (0..200_000u32).flat_map(|i| (i % 251).to_le_bytes()).collect();
+        let data: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect();
         let a = compress(&data).unwrap();
         let b = compress(&data).unwrap();
         assert_eq!(a, b);

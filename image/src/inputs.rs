@@ -41,6 +41,9 @@ pub const WANTED: &[(&str, Role)] = &[
     ("libc6", Role::Library),
     ("libgcc-s1", Role::Library),
     ("libssl3t64", Role::Library),
+    // libcrypto.so.3 needs these two.
+    ("zlib1g", Role::Library),
+    ("libzstd1", Role::Library),
     ("libtss2-esys-3.0.2-0t64", Role::Library),
     ("libtss2-sys1t64", Role::Library),
     ("libtss2-mu-4.0.1-0t64", Role::Library),
@@ -95,7 +98,9 @@ pub enum InputError {
         reason: String,
     },
     /// A downloaded file's sha256 differs from the lock.
-    #[error("{name} {version}: sha256 {actual} does not match the locked {expected}; the file was discarded")]
+    #[error(
+        "{name} {version}: sha256 {actual} does not match the locked {expected}; the file was discarded"
+    )]
     Checksum {
         name: String,
         version: String,
@@ -155,7 +160,10 @@ impl InputLock {
         let lock: Self = toml::from_str(text).map_err(|e| e.to_string())?;
         for p in &lock.packages {
             if p.sha256.len() != 64 || !p.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(format!("package {} has a malformed sha256 {:?}", p.name, p.sha256));
+                return Err(format!(
+                    "package {} has a malformed sha256 {:?}",
+                    p.name, p.sha256
+                ));
             }
         }
         Ok(lock)
@@ -233,7 +241,11 @@ pub fn fetch(lock: &InputLock, cache: &Path) -> Result<FetchedInputs, InputError
                 pkg.version,
                 pkg.size as f64 / 1048576.0
             );
-            let deb = debs.join(format!("{}_{}.deb", pkg.name, pkg.version.replace(':', "%3a")));
+            let deb = debs.join(format!(
+                "{}_{}.deb",
+                pkg.name,
+                pkg.version.replace(':', "%3a")
+            ));
             download_verified(pkg, &deb)?;
             unpack(pkg, &deb, &root)?;
             std::fs::write(&stamp, &pkg.sha256).map_err(io_err(&stamp))?;
@@ -256,7 +268,15 @@ fn download_verified(pkg: &LockedPackage, deb: &Path) -> Result<(), InputError> 
     }
     let partial = deb.with_extension("deb.partial");
     let status = Command::new("curl")
-        .args(["--fail", "--location", "--silent", "--show-error", "--retry", "3", "--output"])
+        .args([
+            "--fail",
+            "--location",
+            "--silent",
+            "--show-error",
+            "--retry",
+            "3",
+            "--output",
+        ])
         .arg(&partial)
         .arg(&pkg.url)
         .status()
@@ -305,14 +325,21 @@ fn unpack(pkg: &LockedPackage, deb: &Path, root: &Path) -> Result<(), InputError
         return Err(InputError::Tool {
             command: format!("dpkg-deb -x {}", deb.display()),
             package: "dpkg",
-            reason: format!("{} ({})", String::from_utf8_lossy(&out.stderr).trim(), pkg.name),
+            reason: format!(
+                "{} ({})",
+                String::from_utf8_lossy(&out.stderr).trim(),
+                pkg.name
+            ),
         });
     }
     std::fs::rename(&tmp, root).map_err(io_err(root))
 }
 
 /// Finds kernel, modules and stub in the unpacked trees.
-fn locate(lock: &InputLock, roots: Vec<(Role, String, PathBuf)>) -> Result<FetchedInputs, InputError> {
+fn locate(
+    lock: &InputLock,
+    roots: Vec<(Role, String, PathBuf)>,
+) -> Result<FetchedInputs, InputError> {
     let find = |role: Role| {
         roots
             .iter()
@@ -380,7 +407,10 @@ impl PrivateApt {
         for (url, suite) in [
             ("http://deb.debian.org/debian", SUITE.to_owned()),
             ("http://deb.debian.org/debian", format!("{SUITE}-updates")),
-            ("http://deb.debian.org/debian-security", format!("{SUITE}-security")),
+            (
+                "http://deb.debian.org/debian-security",
+                format!("{SUITE}-security"),
+            ),
         ] {
             let _ = writeln!(sources, "deb [signed-by={keyring}] {url} {suite} main");
         }
@@ -413,11 +443,15 @@ impl PrivateApt {
     }
 
     fn run(&self, tool: &str, args: &[&str]) -> Result<String, InputError> {
-        let out = self.command(tool).args(args).output().map_err(|e| InputError::Tool {
-            command: tool.into(),
-            package: "apt",
-            reason: e.to_string(),
-        })?;
+        let out = self
+            .command(tool)
+            .args(args)
+            .output()
+            .map_err(|e| InputError::Tool {
+                command: tool.into(),
+                package: "apt",
+                reason: e.to_string(),
+            })?;
         if !out.status.success() {
             return Err(InputError::Tool {
                 command: format!("{tool} {}", args.join(" ")),
@@ -432,7 +466,10 @@ impl PrivateApt {
 /// Resolves [`WANTED`] against the current archive and returns a fresh lock.
 pub fn resolve_lock(cache: &Path) -> Result<InputLock, InputError> {
     let apt = PrivateApt::new(cache)?;
-    tracing::info!("updating the private {SUITE} package index under {}", apt.dir.display());
+    tracing::info!(
+        "updating the private {SUITE} package index under {}",
+        apt.dir.display()
+    );
     apt.run("apt-get", &["-qq", "update"])?;
     let mut packages = Vec::new();
     for (wanted, role) in WANTED {
@@ -458,7 +495,10 @@ pub fn resolve_lock(cache: &Path) -> Result<InputLock, InputError> {
             suite: SUITE.into(),
             reason: reason.into(),
         };
-        let line = uris.lines().next().ok_or_else(|| resolve_err("no download URI"))?;
+        let line = uris
+            .lines()
+            .next()
+            .ok_or_else(|| resolve_err("no download URI"))?;
         packages.push(parse_print_uris(line, &name, *role).ok_or_else(|| resolve_err(line))?);
     }
     Ok(InputLock {
@@ -502,7 +542,10 @@ mod tests {
         assert_eq!(p.size, 2458176);
         assert!(p.url.ends_with("libssl3t64_3.5.7-1%7edeb13u3_amd64.deb"));
         assert_eq!(p.sha256.len(), 64);
-        assert!(parse_print_uris(LINE, "libssl3", Role::Library).is_none(), "name must match the file");
+        assert!(
+            parse_print_uris(LINE, "libssl3", Role::Library).is_none(),
+            "name must match the file"
+        );
         assert!(parse_print_uris("'u' f.deb x SHA256:00", "f", Role::Library).is_none());
     }
 
@@ -516,7 +559,11 @@ mod tests {
         assert_eq!(InputLock::parse(&text).unwrap(), lock);
         assert_eq!(lock.digest(), InputLock::parse(&text).unwrap().digest());
         let broken = text.replace("ff16bc04", "zz16bc04");
-        assert!(InputLock::parse(&broken).unwrap_err().contains("malformed sha256"));
+        assert!(
+            InputLock::parse(&broken)
+                .unwrap_err()
+                .contains("malformed sha256")
+        );
     }
 
     #[test]

@@ -64,7 +64,10 @@ pub enum ImageError {
 
 impl ImageError {
     /// An I/O error on `path` while doing `action` ("read", "write", "create directory", …).
-    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
         move |source| ImageError::Io {
             action,

@@ -73,7 +73,9 @@ pub struct PipelineTimeline {
 }
 
 /// Runs the whole build; returns the builder's output and the timeline.
-pub fn build_image(opts: &PipelineOptions) -> Result<(BuildOutput, PipelineTimeline), PipelineError> {
+pub fn build_image(
+    opts: &PipelineOptions,
+) -> Result<(BuildOutput, PipelineTimeline), PipelineError> {
     let mut timeline = PipelineTimeline::default();
     let epoch = opts
         .source_date_epoch
@@ -148,7 +150,14 @@ fn compile_init(opts: &PipelineOptions, epoch: u64) -> Result<PathBuf, PipelineE
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(&opts.workspace)
-        .args(["build", "--locked", "--profile", "image", "-p", "hawser-init"])
+        .args([
+            "build",
+            "--locked",
+            "--profile",
+            "image",
+            "-p",
+            "hawser-init",
+        ])
         .arg("--target-dir")
         .arg(&target_dir)
         .env("SOURCE_DATE_EPOCH", epoch.to_string())

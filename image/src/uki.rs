@@ -12,10 +12,13 @@
 //!
 //! # What ukify 257 does, and what this module does
 //!
-//! Source: `src/ukify/ukify.py` of systemd v257.13 (the version Debian trixie ships as
-//! 257.13-1~deb13u1), functions `make_uki()` (section list, around line 1190) and
-//! `pe_add_sections()` (around line 865), and `merge_sbat()` (line 1012):
-//! <https://github.com/systemd/systemd/blob/v257.13/src/ukify/ukify.py>.
+//! Source: `src/ukify/ukify.py` of systemd v257.13, the version Debian trixie ships as
+//! 257.13-1~deb13u1 (read from Debian's source package, which carries no patches to it):
+//! `make_uki()`'s section list
+//! (<https://github.com/systemd/systemd/blob/v257.13/src/ukify/ukify.py#L1205-L1226>),
+//! `pe_add_sections()` (<https://github.com/systemd/systemd/blob/v257.13/src/ukify/ukify.py#L865-L1009>),
+//! `merge_sbat()` and `STUB_SBAT`
+//! (<https://github.com/systemd/systemd/blob/v257.13/src/ukify/ukify.py#L1012-L1121>).
 //!
 //! 1. **Order.** Sections are appended in `make_uki()`'s fixed order `.osrel`, `.cmdline`, `.dtb`,
 //!    `.dtbauto`, `.hwids`, `.uname`, `.splash`, `.pcrpkey`, `.linux`, `.initrd`, `.ucode`, then
@@ -60,7 +63,9 @@
 //!
 //! # What systemd-stub checks
 //!
-//! `src/boot/pe.c` (`pe_locate_sections_internal()`): the stub finds sections by their
+//! `src/boot/pe.c` (`pe_locate_sections_internal()`,
+//! <https://github.com/systemd/systemd/blob/v257.13/src/boot/pe.c#L198-L282>): the stub finds
+//! sections by their
 //! (≤ 8-byte) name, the first match wins, and it uses `VirtualAddress`/`VirtualSize` of the
 //! image as loaded by the firmware, so every section must lie within `SizeOfImage` (which the
 //! firmware's loader enforces) and names longer than 8 bytes cannot be used. There is no

@@ -267,7 +267,10 @@ fn initramfs_from_real_inputs_is_complete_and_deterministic() {
     let index = ModuleIndex::parse(&dep, Some(&builtin)).unwrap();
     let order = index.load_order(BOOT_MODULES).unwrap();
     assert_eq!(order, first.modules);
-    assert!(order.iter().any(|p| p.ends_with("/dm-crypt.ko.xz")), "{order:?}");
+    assert!(
+        order.iter().any(|p| p.ends_with("/dm-crypt.ko.xz")),
+        "{order:?}"
+    );
     for module in &order {
         assert_eq!(
             std::fs::read(modules_base.join(module)).unwrap(),
@@ -276,7 +279,11 @@ fn initramfs_from_real_inputs_is_complete_and_deterministic() {
         );
     }
     let shipped_ko = listing.lines().filter(|l| l.ends_with(".ko.xz")).count();
-    assert_eq!(shipped_ko, order.len(), "exactly the needed modules are shipped");
+    assert_eq!(
+        shipped_ko,
+        order.len(),
+        "exactly the needed modules are shipped"
+    );
 }
 
 fn is_root() -> bool {
@@ -336,7 +343,13 @@ fn full_build_from_real_inputs() {
     let out_b = work.path().join("b");
     let a = build::build(&build_inputs, &out_a).unwrap();
     let b = build::build(&build_inputs, &out_b).unwrap();
-    for name in ["hawser.efi", "initrd.cpio.zst", "vmlinuz", "cmdline", "manifest.json"] {
+    for name in [
+        "hawser.efi",
+        "initrd.cpio.zst",
+        "vmlinuz",
+        "cmdline",
+        "manifest.json",
+    ] {
         assert_eq!(
             std::fs::read(out_a.join(name)).unwrap(),
             std::fs::read(out_b.join(name)).unwrap(),
@@ -347,18 +360,27 @@ fn full_build_from_real_inputs() {
         std::fs::read(out_a.join("vmlinuz")).unwrap(),
         std::fs::read(&inputs.kernel_image).unwrap()
     );
-    assert_eq!(std::fs::read_to_string(out_a.join("cmdline")).unwrap(), "console=ttyS0 quiet");
+    assert_eq!(
+        std::fs::read_to_string(out_a.join("cmdline")).unwrap(),
+        "console=ttyS0 quiet"
+    );
 
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&a.manifest).unwrap()).unwrap();
     assert_eq!(manifest["outputs"]["hawser.efi"]["sha256"], a.uki.sha256);
-    assert_eq!(manifest["outputs"]["initrd.cpio.zst"]["size"], a.initrd.size);
+    assert_eq!(
+        manifest["outputs"]["initrd.cpio.zst"]["size"],
+        a.initrd.size
+    );
     assert_eq!(manifest["uki_sections"][".initrd"]["size"], a.initrd.size);
     assert_eq!(manifest["kernel_release"], inputs.kernel_release.as_str());
     let entries = manifest["initramfs"]["entries"].as_array().unwrap();
     assert_eq!(entries.len(), a.initramfs_entries);
     let init_entry = entries.iter().find(|e| e["path"] == "init").unwrap();
-    assert_eq!(init_entry["size"], std::fs::metadata(&build_inputs.init_binary).unwrap().len());
+    assert_eq!(
+        init_entry["size"],
+        std::fs::metadata(&build_inputs.init_binary).unwrap().len()
+    );
     assert_eq!(a.uki.sha256, b.uki.sha256);
     eprintln!(
         "full build: UKI {} bytes, initrd {} bytes ({} uncompressed), {} modules",

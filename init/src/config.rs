@@ -266,7 +266,8 @@ fn parse_nonce(key: &str, raw: &[u8]) -> Result<Vec<u8>, ConfigError> {
     let text = std::str::from_utf8(raw)
         .map_err(|_| malformed("expected hex digits"))?
         .trim_ascii();
-    let nonce = hex::decode(text).map_err(|_| malformed("expected an even number of hex digits"))?;
+    let nonce =
+        hex::decode(text).map_err(|_| malformed("expected an even number of hex digits"))?;
     if nonce.is_empty() || nonce.len() > MAX_NONCE_LEN {
         return Err(malformed("expected 1 to 64 bytes"));
     }
@@ -292,10 +293,7 @@ mod tests {
             [p("console", Some("ttyS0")), p("quiet", None), p("ro", None)]
         );
         // A quoted value keeps its spaces and loses its quotes.
-        assert_eq!(
-            pairs(r#"a="b c" d"#),
-            [p("a", Some("b c")), p("d", None)]
-        );
+        assert_eq!(pairs(r#"a="b c" d"#), [p("a", Some("b c")), p("d", None)]);
         // A quoted parameter loses both quotes.
         assert_eq!(pairs(r#""a=b c" d"#), [p("a", Some("b c")), p("d", None)]);
         // Quotes in the middle are kept, and still protect spaces.
@@ -372,11 +370,19 @@ mod tests {
             ("hawser.reboot_delay=-1", "hawser.reboot_delay", "-1"),
             ("hawser.reboot_delay=", "hawser.reboot_delay", ""),
             ("hawser.reboot_delay", "hawser.reboot_delay", ""),
-            ("hawser.reboot_delay=99999999999", "hawser.reboot_delay", "99999999999"),
+            (
+                "hawser.reboot_delay=99999999999",
+                "hawser.reboot_delay",
+                "99999999999",
+            ),
             ("hawser.log=loud", "hawser.log", "loud"),
             ("hawser.log=INFO", "hawser.log", "INFO"),
             ("hawser.tpm=tpmrm0", "hawser.tpm", "tpmrm0"),
-            ("hawser.tpm=/dev/../etc/shadow", "hawser.tpm", "/dev/../etc/shadow"),
+            (
+                "hawser.tpm=/dev/../etc/shadow",
+                "hawser.tpm",
+                "/dev/../etc/shadow",
+            ),
             ("hawser.tpm=/dev/", "hawser.tpm", "/dev/"),
         ] {
             let err = parse_kernel_cmdline(cmdline).unwrap_err();
@@ -388,7 +394,10 @@ mod tests {
             };
             assert_eq!((k.as_str(), v.as_str()), (key, value), "{cmdline}");
             let message = err.to_string();
-            assert!(message.contains(key) && message.contains(&format!("{value:?}")), "{message}");
+            assert!(
+                message.contains(key) && message.contains(&format!("{value:?}")),
+                "{message}"
+            );
         }
     }
 

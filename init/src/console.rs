@@ -118,7 +118,11 @@ pub fn attach_kmsg() -> Option<String> {
         .open("/dev/kmsg")
     {
         Ok(file) => sinks().kmsg = Some(file),
-        Err(e) => warning = Some(format!("cannot open /dev/kmsg ({e}); logging to the console only")),
+        Err(e) => {
+            warning = Some(format!(
+                "cannot open /dev/kmsg ({e}); logging to the console only"
+            ))
+        }
     }
     warning
 }

@@ -19,8 +19,9 @@ use crate::console;
 use crate::shutdown::{self, halt_forever};
 use crate::syscalls::{LinuxSyscalls, PowerAction};
 
-static REBOOT_POLICY: Mutex<RebootPolicy> =
-    Mutex::new(RebootPolicy::RebootAfter(crate::config::DEFAULT_REBOOT_DELAY));
+static REBOOT_POLICY: Mutex<RebootPolicy> = Mutex::new(RebootPolicy::RebootAfter(
+    crate::config::DEFAULT_REBOOT_DELAY,
+));
 static FATAL_IN_PROGRESS: AtomicBool = AtomicBool::new(false);
 
 /// Sets the policy applied by [`fatal`] and the panic hook.

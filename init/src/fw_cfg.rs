@@ -92,7 +92,11 @@ mod tests {
     #[test]
     fn no_fw_cfg_means_no_entries() {
         let root = tempfile::tempdir().unwrap();
-        assert!(read_entries(&root.path().join("absent")).unwrap().is_empty());
+        assert!(
+            read_entries(&root.path().join("absent"))
+                .unwrap()
+                .is_empty()
+        );
     }
 
     #[test]

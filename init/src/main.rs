@@ -1,1 +1,5 @@
-fn main() {}
+//! `/init` of the hawser initramfs. All logic lives in the library; see `hawser_init::boot`.
+
+fn main() {
+    hawser_init::boot::run()
+}

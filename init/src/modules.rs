@@ -160,15 +160,29 @@ kernel/drivers/block/virtio_blk.ko:
     #[test]
     fn loads_dependencies_first_each_once_with_the_compressed_flag() {
         let index = ModuleIndex::parse(DEP, Some(BUILTIN)).unwrap();
-        let paths = plan(&index, &dir(), &["dm_crypt", "dm-mod", "virtio_blk", "virtio"]).unwrap();
+        let paths = plan(
+            &index,
+            &dir(),
+            &["dm_crypt", "dm-mod", "virtio_blk", "virtio"],
+        )
+        .unwrap();
         let sys = RecordingSyscalls::new();
         let outcomes = load_all(&sys, &paths).unwrap();
         assert_eq!(
             loaded(&sys),
             [
-                ("/usr/lib/modules/6.12.0-test/kernel/drivers/md/dm-mod.ko.xz".into(), true),
-                ("/usr/lib/modules/6.12.0-test/kernel/drivers/md/dm-crypt.ko.xz".into(), true),
-                ("/usr/lib/modules/6.12.0-test/kernel/drivers/block/virtio_blk.ko".into(), false),
+                (
+                    "/usr/lib/modules/6.12.0-test/kernel/drivers/md/dm-mod.ko.xz".into(),
+                    true
+                ),
+                (
+                    "/usr/lib/modules/6.12.0-test/kernel/drivers/md/dm-crypt.ko.xz".into(),
+                    true
+                ),
+                (
+                    "/usr/lib/modules/6.12.0-test/kernel/drivers/block/virtio_blk.ko".into(),
+                    false
+                ),
             ]
         );
         let names: Vec<_> = outcomes.iter().map(|(name, _)| name.as_str()).collect();

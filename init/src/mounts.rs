@@ -71,8 +71,10 @@ pub struct MountTable {
 }
 
 impl MountTable {
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        Self {
+            mounted: Vec::new(),
+        }
     }
 
     /// The mounts, in the order they were made.

@@ -15,6 +15,7 @@ use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
 /// The input device name the ACPI button driver gives the power button.
@@ -56,13 +57,16 @@ pub fn find_power_buttons(sysfs: &Path, dev: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// Waits until a power button reports a key press. Never returns if no event file can be read.
+/// Waits until the power button behind `event_file` reports a key press; an error if the file
+/// cannot be opened or read.
 pub async fn wait_for_press(event_file: &Path) -> io::Result<()> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(event_file)?;
-    let fd = AsyncFd::new(file)?;
+    // SAFETY: the `File` owns its descriptor, keeps it open for as long as the AsyncFd owns the
+    // File, and always returns the same descriptor from as_raw_fd.
+    let fd = unsafe { AsyncFd::register_with_interest(file, Interest::READABLE) }?;
     loop {
         let mut guard = fd.readable().await?;
         match guard.try_io(|inner| read_events(inner.get_ref())) {

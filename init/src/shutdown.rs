@@ -99,10 +99,7 @@ pub fn power_down(
 ) -> std::io::Error {
     sys.sync();
     for failure in mounts.unmount_all(sys) {
-        tracing::warn!(
-            "{failure}: {}",
-            failure.source
-        );
+        tracing::warn!("{failure}: {}", failure.source);
     }
     sys.sync();
     match sys.reboot(action) {
@@ -185,13 +182,7 @@ mod tests {
     #[test]
     fn nothing_is_signalled_without_processes() {
         let sys = RecordingSyscalls::new();
-        let outcome = stop_all_processes(
-            &sys,
-            STOP_GRACE,
-            KILL_WAIT,
-            || false,
-            no_sleep,
-        );
+        let outcome = stop_all_processes(&sys, STOP_GRACE, KILL_WAIT, || false, no_sleep);
         assert_eq!(outcome, StopOutcome::Terminated);
         assert!(sys.calls().is_empty());
     }

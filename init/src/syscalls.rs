@@ -19,7 +19,7 @@ use nix::sys::signal::Signal;
 
 /// `MODULE_INIT_COMPRESSED_FILE` from `<linux/module.h>`: the kernel decompresses the module
 /// itself (needs `CONFIG_MODULE_DECOMPRESS`). nix does not name this flag.
-pub const MODULE_INIT_COMPRESSED_FILE: libc::c_int = 4;
+pub const MODULE_INIT_COMPRESSED_FILE: libc::c_uint = 4;
 
 /// One filesystem mount, as passed to mount(2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,7 +177,9 @@ impl RecordingSyscalls {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Syscalls for RecordingSyscalls {

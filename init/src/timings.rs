@@ -92,7 +92,10 @@ mod tests {
         assert_eq!(answer, 42);
         let phases = timer.phases();
         assert_eq!(phases.len(), 2);
-        assert_eq!((phases[0].name.as_str(), phases[1].name.as_str()), ("first", "second"));
+        assert_eq!(
+            (phases[0].name.as_str(), phases[1].name.as_str()),
+            ("first", "second")
+        );
         assert!(phases[0].duration_ms >= 20.0 && phases[0].duration_ms < 2000.0);
         assert!(phases[1].start_ms >= phases[0].start_ms + phases[0].duration_ms);
         assert!(timer.started_at_boottime_ms() > 0.0);

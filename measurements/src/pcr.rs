@@ -102,7 +102,10 @@ mod tests {
         // extend(x, d) = SHA256(x || d), checked against the definition directly.
         let mut cat = Vec::from([0u8; 32]);
         cat.extend_from_slice(&a);
-        assert_eq!(extend_sha256(&[0; 32], &a), <[u8; 32]>::from(Sha256::digest(&cat)));
+        assert_eq!(
+            extend_sha256(&[0; 32], &a),
+            <[u8; 32]>::from(Sha256::digest(&cat))
+        );
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! ESP disk images: a GPT disk holding one EFI System Partition (FAT), built in pure Rust.
+//! ESP disk images: a GPT disk holding one EFI System Partition (FAT32).
 //!
 //! OVMF boots it like a real disk: it finds the ESP by its partition type, and with no boot
 //! entries in a fresh variable store it boots the removable-media path
@@ -6,16 +6,23 @@
 //! disk is partitioned, and OVMF measures the GPT into PCR 5, so the test platform should
 //! look like the real one.
 //!
-//! The image is deterministic: fixed disk and partition GUIDs, a fixed FAT volume id, and
-//! FAT timestamps at the FAT epoch (no clock is read). The same files give the same bytes,
-//! hence the same PCR 5 from boot to boot.
+//! The GPT is written here (a few fixed structures); the FAT is made by the reference tools,
+//! `mkfs.vfat` (dosfstools) and `mcopy` (mtools), working at the partition's offset. (The
+//! pure-Rust `fatfs` 0.3 writes long-name entries for `.` and `..`, which `fsck.fat` rejects.)
+//!
+//! The image is deterministic: fixed disk and partition GUIDs, a fixed FAT volume id,
+//! `--invariant` formatting and file times pinned with `SOURCE_DATE_EPOCH`. The same files
+//! give the same bytes, hence the same PCR 5 from boot to boot.
 
+use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 use crate::QemuError;
+use crate::host::find_binary;
 
 const SECTOR: u64 = 512;
 /// The partition starts at 1 MiB, as partitioning tools align it.
@@ -26,8 +33,11 @@ const GPT_ENTRY_COUNT: u32 = 128;
 const GPT_ENTRY_SIZE: u32 = 128;
 const GPT_ENTRY_SECTORS: u64 = (GPT_ENTRY_COUNT as u64 * GPT_ENTRY_SIZE as u64) / SECTOR;
 const MIB: u64 = 1024 * 1024;
-/// The smallest partition built (FAT needs some room for its own structures).
-const MIN_PARTITION_BYTES: u64 = 16 * MIB;
+/// The smallest partition built: FAT32 needs 65525 clusters (32 MiB with 512-byte clusters).
+/// The image is sparse, so unused room costs nothing.
+const MIN_PARTITION_BYTES: u64 = 64 * MIB;
+/// 1980-01-01T00:00:00Z, the FAT epoch: the time stamped on every ESP file and directory.
+const FAT_EPOCH: &str = "315532800";
 
 /// The EFI System Partition type, C12A7328-F81F-11D2-BA4B-00A0C93EC93B.
 pub const ESP_TYPE_GUID: [u8; 16] = guid(
@@ -51,7 +61,7 @@ const PARTITION_GUID: [u8; 16] = guid(
     [0x80, 0x01, 0x45, 0x53, 0x50, 0x50, 0x41, 0x52],
 );
 /// The FAT volume id ("HAWS").
-const VOLUME_ID: u32 = 0x4841_5753;
+const VOLUME_ID: &str = "48415753";
 
 /// A GUID in its on-disk (mixed-endian) form.
 const fn guid(d1: u32, d2: u16, d3: u16, d4: [u8; 8]) -> [u8; 16] {
@@ -145,7 +155,11 @@ pub fn build_esp_image(image: &Path, files: &[EspFile]) -> Result<u64, QemuError
     let partition_sectors = partition_bytes / SECTOR;
     let total_sectors = PARTITION_START_LBA + partition_sectors + TAIL_SECTORS;
 
-    let mut disk = OpenOptions::new()
+    let mkfs = find_binary(Path::new("mkfs.vfat"))?;
+    let mcopy = find_binary(Path::new("mcopy"))?;
+    let mmd = find_binary(Path::new("mmd"))?;
+
+    let disk = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
@@ -156,62 +170,90 @@ pub fn build_esp_image(image: &Path, files: &[EspFile]) -> Result<u64, QemuError
         .map_err(|e| QemuError::io("size", image, e))?;
     write_gpt(&disk, total_sectors, partition_sectors)
         .map_err(|e| QemuError::io("write the partition table of", image, e))?;
-
-    let mut partition = Slice {
-        file: &mut disk,
-        start: PARTITION_START_LBA * SECTOR,
-        length: partition_bytes,
-        position: 0,
-    };
-    fatfs::format_volume(
-        &mut partition,
-        fatfs::FormatVolumeOptions::new()
-            .volume_id(VOLUME_ID)
-            .volume_label(*b"HAWSER ESP "),
-    )
-    .map_err(|e| esp_error(format!("formatting the FAT partition failed: {e}")))?;
-    let fs = fatfs::FileSystem::new(partition, fatfs::FsOptions::new())
-        .map_err(|e| esp_error(format!("mounting the new FAT partition failed: {e}")))?;
-    for file in files {
-        copy_into(&fs, file).map_err(|e| {
-            esp_error(format!(
-                "copying {} to {} failed: {e}",
-                file.source.display(),
-                file.path
-            ))
-        })?;
-    }
-    fs.unmount()
-        .map_err(|e| esp_error(format!("flushing the FAT partition failed: {e}")))?;
     disk.sync_all()
         .map_err(|e| QemuError::io("sync", image, e))?;
+    drop(disk);
+
+    let mut format = Command::new(&mkfs);
+    format
+        .args([
+            "-F",
+            "32",
+            "--invariant",
+            "-i",
+            VOLUME_ID,
+            "-n",
+            "HAWSER ESP",
+        ])
+        .arg(format!("--offset={PARTITION_START_LBA}"))
+        .arg(image)
+        .arg((partition_bytes / 1024).to_string());
+    run_tool(format, image)?;
+
+    // mtools addresses the partition as `image@@offset`; the image has no CHS geometry, so
+    // its geometry check is skipped, and no user or system mtools.conf may change the result.
+    let mut target = image.as_os_str().to_owned();
+    target.push(format!("@@{}", PARTITION_START_LBA * SECTOR));
+    let mtools = |binary: &Path| {
+        let mut command = Command::new(binary);
+        command
+            .env("MTOOLS_SKIP_CHECK", "1")
+            .env("MTOOLSRC", "/dev/null")
+            .env("SOURCE_DATE_EPOCH", FAT_EPOCH)
+            .env("TZ", "UTC")
+            .arg("-i")
+            .arg(&target);
+        command
+    };
+    let mut made_dirs = BTreeSet::new();
+    for file in files {
+        let parts = esp_components(&file.path)
+            .ok_or_else(|| esp_error(format!("{:?} is not a valid path on the ESP", file.path)))?;
+        for depth in 1..parts.len() {
+            let dir = parts[..depth].join("/");
+            if made_dirs.insert(dir.clone()) {
+                let mut command = mtools(&mmd);
+                command.arg(format!("::{dir}"));
+                run_tool(command, image)?;
+            }
+        }
+        let mut command = mtools(&mcopy);
+        command
+            .arg("-o")
+            .arg(&file.source)
+            .arg(format!("::{}", parts.join("/")));
+        run_tool(command, image)?;
+    }
     tracing::debug!(image = %image.display(), bytes = total_sectors * SECTOR, files = files.len(), "built ESP image");
     Ok(total_sectors * SECTOR)
 }
 
-fn copy_into<T: fatfs::ReadWriteSeek>(fs: &fatfs::FileSystem<T>, file: &EspFile) -> io::Result<()> {
-    let parts = esp_components(&file.path)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "invalid ESP path"))?;
-    let (name, dirs) = parts
-        .split_last()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty ESP path"))?;
-    let mut dir = fs.root_dir();
-    for part in dirs {
-        // create_dir opens the directory if it exists already.
-        dir = dir.create_dir(part)?;
+/// Runs a dosfstools/mtools command; a failure carries its stderr.
+fn run_tool(mut command: Command, image: &Path) -> Result<(), QemuError> {
+    let program = command.get_program().to_string_lossy().into_owned();
+    let output = command
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| QemuError::Spawn {
+            binary: program.clone(),
+            source,
+        })?;
+    if output.status.success() {
+        return Ok(());
     }
-    let mut target = dir.create_file(name)?;
-    target.truncate()?;
-    let mut source = File::open(&file.source)?;
-    let mut buffer = vec![0u8; 1024 * 1024];
-    loop {
-        let read = source.read(&mut buffer)?;
-        if read == 0 {
-            break;
-        }
-        target.write_all(&buffer[..read])?;
-    }
-    target.flush()
+    let args: Vec<String> = command
+        .get_args()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect();
+    Err(QemuError::Esp {
+        image: image.to_path_buf(),
+        reason: format!(
+            "`{program} {}` failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ),
+    })
 }
 
 fn write_gpt(disk: &File, total_sectors: u64, partition_sectors: u64) -> io::Result<()> {
@@ -263,72 +305,6 @@ fn write_gpt(disk: &File, total_sectors: u64, partition_sectors: u64) -> io::Res
     disk.write_all_at(&entries, backup_entries_lba * SECTOR)?;
     disk.write_all_at(&header(last_lba, 1, backup_entries_lba), last_lba * SECTOR)?;
     Ok(())
-}
-
-/// A byte range of a file as a stream (the FAT partition inside the disk image).
-struct Slice<'a> {
-    file: &'a mut File,
-    start: u64,
-    length: u64,
-    position: u64,
-}
-
-impl Read for Slice<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let available = self.length.saturating_sub(self.position);
-        let want = buf
-            .len()
-            .min(usize::try_from(available).unwrap_or(usize::MAX));
-        let read = self
-            .file
-            .read_at(&mut buf[..want], self.start + self.position)?;
-        self.position += read as u64;
-        Ok(read)
-    }
-}
-
-impl Write for Slice<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let available = self.length.saturating_sub(self.position);
-        if available == 0 && !buf.is_empty() {
-            return Err(io::Error::new(
-                io::ErrorKind::WriteZero,
-                "write past the end of the partition",
-            ));
-        }
-        let want = buf
-            .len()
-            .min(usize::try_from(available).unwrap_or(usize::MAX));
-        let written = self
-            .file
-            .write_at(&buf[..want], self.start + self.position)?;
-        self.position += written as u64;
-        Ok(written)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.file.flush()
-    }
-}
-
-impl Seek for Slice<'_> {
-    fn seek(&mut self, pos: SeekFrom) -> io::Result<u64> {
-        let target = match pos {
-            SeekFrom::Start(offset) => Some(offset),
-            SeekFrom::End(delta) => self.length.checked_add_signed(delta),
-            SeekFrom::Current(delta) => self.position.checked_add_signed(delta),
-        };
-        match target {
-            Some(target) if target <= self.length => {
-                self.position = target;
-                Ok(target)
-            }
-            _ => Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "seek outside the partition",
-            )),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -431,41 +407,60 @@ mod tests {
             );
         }
 
-        // The FAT inside the partition has the files with their contents.
+        // The FAT inside the partition passes fsck and has the files with their contents.
         let first = u64_at(&disk[1024..], 32);
         let last = u64_at(&disk[1024..], 40);
-        let mut file = File::open(&image).expect("open");
-        let partition = Slice {
-            file: &mut file,
-            start: first * SECTOR,
-            length: (last - first + 1) * SECTOR,
-            position: 0,
+        let partition_image = dir.path().join("partition.img");
+        std::fs::write(
+            &partition_image,
+            &disk[(first * SECTOR) as usize..((last + 1) * SECTOR) as usize],
+        )
+        .expect("write partition");
+        let fsck = Command::new("fsck.vfat")
+            .arg("-n")
+            .arg(&partition_image)
+            .output()
+            .expect("run fsck.vfat (dosfstools)");
+        assert!(
+            fsck.status.success(),
+            "fsck.vfat: {}{}",
+            String::from_utf8_lossy(&fsck.stdout),
+            String::from_utf8_lossy(&fsck.stderr)
+        );
+        let read_back = |path: &str| {
+            let output = Command::new("mtype")
+                .env("MTOOLSRC", "/dev/null")
+                .env("MTOOLS_SKIP_CHECK", "1")
+                .arg("-i")
+                .arg(&partition_image)
+                .arg(format!("::{path}"))
+                .output()
+                .expect("run mtype (mtools)");
+            assert!(
+                output.status.success(),
+                "mtype {path}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            output.stdout
         };
-        let fs = fatfs::FileSystem::new(partition, fatfs::FsOptions::new()).expect("mount FAT");
-        let mut read_back = Vec::new();
-        fs.root_dir()
-            .open_file("efi/boot/bootx64.efi")
-            .expect("BOOTX64.EFI")
-            .read_to_end(&mut read_back)
-            .expect("read");
-        assert!(read_back == loader_bytes, "BOOTX64.EFI content differs");
-        let mut text = String::new();
-        fs.root_dir()
-            .open_file("loader/loader.conf")
-            .expect("loader.conf")
-            .read_to_string(&mut text)
-            .expect("read");
-        assert_eq!(text, "timeout 0\n");
+        assert!(
+            read_back("EFI/BOOT/BOOTX64.EFI") == loader_bytes,
+            "BOOTX64.EFI content differs"
+        );
+        assert_eq!(read_back("loader/loader.conf"), b"timeout 0\n");
     }
 
     #[test]
     fn esp_image_is_reproducible() {
+        // Built at different times, from files with different mtimes.
         let dir = tempfile::tempdir().expect("tempdir");
         let loader = dir.path().join("a.efi");
         std::fs::write(&loader, b"MZ not really a PE").expect("write");
         let first = dir.path().join("1.img");
         let second = dir.path().join("2.img");
         build_esp_image(&first, &[EspFile::default_boot_loader(&loader)]).expect("build 1");
+        std::thread::sleep(std::time::Duration::from_millis(2100));
+        std::fs::write(&loader, b"MZ not really a PE").expect("rewrite");
         build_esp_image(&second, &[EspFile::default_boot_loader(&loader)]).expect("build 2");
         let (first, second) = (
             std::fs::read(first).expect("read"),

@@ -18,15 +18,23 @@ impl Swtpm {
     /// (TPM2_Startup(CLEAR)), and waits until it accepts connections.
     pub fn start() -> Swtpm {
         for _attempt in 0..20 {
-            let Some(port) = free_port_pair() else { continue };
+            let Some(port) = free_port_pair() else {
+                continue;
+            };
             let state = tempfile::tempdir().expect("temporary state directory");
             let state_dir = state.path().canonicalize().expect("absolute state path");
             let log = std::fs::File::create(state_dir.join("swtpm.log")).expect("log file");
             let mut child = Command::new("swtpm")
                 .arg("socket")
                 .arg("--tpm2")
-                .args(["--server", &format!("type=tcp,port={port},bindaddr=127.0.0.1")])
-                .args(["--ctrl", &format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1)])
+                .args([
+                    "--server",
+                    &format!("type=tcp,port={port},bindaddr=127.0.0.1"),
+                ])
+                .args([
+                    "--ctrl",
+                    &format!("type=tcp,port={},bindaddr=127.0.0.1", port + 1),
+                ])
                 .args(["--tpmstate", &format!("dir={}", state_dir.display())])
                 .args(["--flags", "not-need-init,startup-clear"])
                 .stdin(Stdio::null())

@@ -1,0 +1,466 @@
+//! The PID 1 sequence: bring-up, measurement, attestation, boot report, idle, shutdown.
+//!
+//! ```text
+//! /init ─ fds 0-2, console log, panic hook
+//!       ─ mounts (/proc first, before the runtime)              [mounts]
+//!       ─ tokio current_thread runtime; reaper; SIGTERM/SIGINT/SIGPWR
+//!       ─ /proc/cmdline → hawser.* keys, reboot policy, log level [cmdline]
+//!       ─ kernel modules in modules.dep order                    [modules]
+//!       ─ power button watcher; fw_cfg keys                      [fw-cfg]
+//!       ─ wait for the TPM node; open it                         [tpm-wait, tpm-open]
+//!       ─ seed the kernel pool from TPM2_GetRandom               [entropy]
+//!       ─ PCR 11 before; extend "enter-initrd"; read PCRs 0-23   [measure]
+//!       ─ AK; quote PCRs 0-15 with the nonce                     [attest]
+//!       ─ boot report line; "hawser: boot complete; idle"
+//!       ─ shutdown request → stop processes, unmount, power off
+//! ```
+//!
+//! A shutdown request is honoured at any point, also during the bring-up. Every error of the
+//! bring-up is fatal ([`crate::fatal`]).
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hawser_attestation::report::{BootReport, QuoteEvidence, REPORT_VERSION};
+use hawser_attestation::tpm::{Tpm, TpmError};
+use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::config::{self, ConfigError, RebootPolicy};
+use crate::fatal::{self, fatal, fatal_error};
+use crate::fw_cfg::{self, FwCfgError};
+use crate::modules::{self, ModuleError};
+use crate::mounts::EARLY_MOUNTS;
+use crate::reaper::{self, ChildRegistry};
+use crate::shutdown::{self, KILL_WAIT, STOP_GRACE};
+use crate::syscalls::{LinuxSyscalls, PowerAction, Syscalls};
+use crate::timings::PhaseTimer;
+use crate::{console, entropy, power_button};
+
+/// How long to wait for the TPM device node: devtmpfs creates it when the TIS/CRB driver has
+/// probed, which can lag behind /init on a slow (TCG) VM.
+pub const TPM_WAIT: Duration = Duration::from_secs(5);
+/// The PCRs the boot quote covers: everything up to the hawser-owned PCR 15.
+pub const QUOTED_PCRS: std::ops::RangeInclusive<u8> = 0..=15;
+/// The PCRs read for the report.
+pub const REPORTED_PCRS: std::ops::RangeInclusive<u8> = 0..=23;
+/// Random bytes credited to the kernel pool (256 bits, a full CRNG seed).
+pub const ENTROPY_BYTES: usize = 32;
+/// Length of a nonce PID 1 makes itself when fw_cfg gives none.
+pub const GENERATED_NONCE_BYTES: usize = 32;
+
+static LINUX: LinuxSyscalls = LinuxSyscalls;
+
+/// A bring-up step that failed. The message reads as the reason of a `FATAL:` line.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("cannot read the kernel command line from /proc/cmdline")]
+    ReadCmdline(#[source] io::Error),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Modules(#[from] ModuleError),
+    #[error(transparent)]
+    FwCfg(#[from] FwCfgError),
+    #[error("no TPM device: {} did not appear within {} s", path.display(), waited.as_secs())]
+    NoTpm { path: PathBuf, waited: Duration },
+    #[error("cannot {step}")]
+    Tpm {
+        step: &'static str,
+        #[source]
+        source: TpmError,
+    },
+    #[error("cannot encode the boot report")]
+    Report(#[source] serde_json::Error),
+    #[error("a blocking task of the bring-up failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// Why the machine goes down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownRequest {
+    Signal(&'static str),
+    PowerButton,
+}
+
+impl std::fmt::Display for ShutdownRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShutdownRequest::Signal(name) => write!(f, "{name}"),
+            ShutdownRequest::PowerButton => f.write_str("the power button"),
+        }
+    }
+}
+
+/// PID 1's entry point. Never returns.
+pub fn run() -> ! {
+    let mut timer = PhaseTimer::start();
+    console::ensure_std_fds();
+    console::open_console();
+    fatal::install_panic_hook();
+    console::init_tracing();
+    if std::process::id() != 1 {
+        // Not PID 1 (someone ran the binary on a workstation): mounting over /dev and powering
+        // off would be a very bad surprise.
+        console::emit(
+            Some(tracing::Level::ERROR),
+            "hawser-init must run as PID 1 (the /init of the hawser initramfs); refusing to start",
+        );
+        std::process::exit(2);
+    }
+    info!(
+        "hawser {} starting; kernel handed over {:.3} s after boot",
+        env!("CARGO_PKG_VERSION"),
+        timer.started_at_boottime_ms() / 1e3
+    );
+
+    // /proc before the runtime: tokio and the standard library read it.
+    let mounted = timer.time("mounts", || {
+        shutdown::mount_table().mount_all(&LINUX, &EARLY_MOUNTS)
+    });
+    if let Err(e) = mounted {
+        fatal_error(&e);
+    }
+    if let Some(warning) = console::attach_kmsg() {
+        warn!("{warning}");
+    }
+    if let Err(e) = LINUX.disable_ctrl_alt_del() {
+        warn!("cannot route Ctrl-Alt-Del to PID 1 (reboot(RB_DISABLE_CAD): {e})");
+    }
+
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => fatal(&format!("cannot start the tokio runtime: {e}")),
+    };
+    runtime.block_on(supervise(timer));
+    fatal("the PID 1 event loop ended");
+}
+
+/// Runs the bring-up and then idles; both end only in a shutdown.
+async fn supervise(timer: PhaseTimer) {
+    let registry = ChildRegistry::new();
+    tokio::spawn({
+        let registry = registry.clone();
+        async move {
+            if let Err(e) = reaper::run(registry).await {
+                fatal(&format!("cannot reap orphaned processes: {e}"));
+            }
+        }
+    });
+    let (requests, mut requested) = mpsc::channel(4);
+    if let Err(e) = listen_for_signals(&requests) {
+        fatal(&format!("cannot install signal handlers: {e}"));
+    }
+
+    tokio::select! {
+        result = bring_up(timer, requests.clone()) => match result {
+            Ok(()) => info!("boot complete; idle"),
+            Err(e) => fatal_error(&e),
+        },
+        Some(request) = requested.recv() => shutdown(request).await,
+    }
+    match requested.recv().await {
+        Some(request) => shutdown(request).await,
+        None => fatal("every source of shutdown requests is gone"),
+    }
+}
+
+fn listen_for_signals(requests: &mpsc::Sender<ShutdownRequest>) -> io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    for (kind, name) in [
+        (SignalKind::terminate(), "SIGTERM"),
+        (SignalKind::interrupt(), "SIGINT"),
+        (SignalKind::from_raw(libc::SIGPWR), "SIGPWR"),
+    ] {
+        let mut stream = signal(kind)?;
+        let requests = requests.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                let _ = requests.send(ShutdownRequest::Signal(name)).await;
+            }
+        });
+    }
+    Ok(())
+}
+
+fn watch_power_buttons(requests: &mpsc::Sender<ShutdownRequest>) -> Option<String> {
+    let buttons = power_button::find_power_buttons(Path::new("/sys"), Path::new("/dev"));
+    if buttons.is_empty() {
+        return Some(
+            "no ACPI power button input device found; power-button shutdown requests are ignored"
+                .to_owned(),
+        );
+    }
+    for button in buttons {
+        let requests = requests.clone();
+        tokio::spawn(async move {
+            match power_button::wait_for_press(&button).await {
+                Ok(()) => {
+                    let _ = requests.send(ShutdownRequest::PowerButton).await;
+                }
+                Err(e) => warn!("stopped watching power button {}: {e}", button.display()),
+            }
+        });
+    }
+    None
+}
+
+/// Stops everything and powers off. Never returns.
+async fn shutdown(request: ShutdownRequest) -> ! {
+    info!("shutdown requested by {request}");
+    let stopped = tokio::task::spawn_blocking(|| {
+        shutdown::stop_all_processes(
+            &LINUX,
+            STOP_GRACE,
+            KILL_WAIT,
+            shutdown::processes_left,
+            std::thread::sleep,
+        )
+    })
+    .await;
+    if let Ok(shutdown::StopOutcome::Stuck) = stopped {
+        warn!("some processes survived SIGKILL; powering off anyway");
+    }
+    info!("powering off");
+    let error = shutdown::power_down(&LINUX, &mut shutdown::mount_table(), PowerAction::PowerOff);
+    fatal(&format!("cannot power off: reboot(2) failed: {error}"));
+}
+
+/// Runs blocking TPM (or other) work off the event loop.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, BootError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(BootError::Task)
+}
+
+fn tpm_step(step: &'static str) -> impl FnOnce(TpmError) -> BootError {
+    move |source| BootError::Tpm { step, source }
+}
+
+async fn bring_up(
+    mut timer: PhaseTimer,
+    requests: mpsc::Sender<ShutdownRequest>,
+) -> Result<(), BootError> {
+    let mut warnings = Vec::new();
+
+    // The measured configuration.
+    let start = timer.elapsed_ms();
+    let cmdline = std::fs::read_to_string("/proc/cmdline").map_err(BootError::ReadCmdline)?;
+    let config = match config::parse_kernel_cmdline(&cmdline) {
+        Ok(config) => config,
+        Err(e) => {
+            fatal::set_reboot_policy(config::reboot_policy_or_default(&cmdline));
+            return Err(e.into());
+        }
+    };
+    fatal::set_reboot_policy(config.reboot_policy);
+    console::set_level(config.log_level);
+    if config.reboot_policy == RebootPolicy::HaltForever {
+        info!("hawser.reboot_delay=0: a fatal error halts the machine forever");
+    }
+    for warning in &config.warnings {
+        warn!("{warning}");
+    }
+    warnings.extend(config.warnings.iter().cloned());
+    timer.record("cmdline", start);
+
+    let kernel_release = nix::sys::utsname::uname()
+        .map(|uts| uts.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+
+    // Kernel modules (decompressing .ko.xz takes a while: off the event loop).
+    let start = timer.elapsed_ms();
+    let dir = modules::modules_dir(&kernel_release);
+    let loaded = blocking(move || -> Result<usize, ModuleError> {
+        let index = modules::read_index(&dir)?;
+        let paths = modules::plan(&index, &dir, hawser_kmod::BOOT_MODULES)?;
+        Ok(modules::load_all(&LINUX, &paths)?.len())
+    })
+    .await??;
+    timer.record("modules", start);
+    info!("loaded {loaded} kernel modules");
+
+    if let Some(warning) = watch_power_buttons(&requests) {
+        warn!("{warning}");
+        warnings.push(warning);
+    }
+
+    // Unmeasured configuration.
+    let start = timer.elapsed_ms();
+    let fw_cfg =
+        config::parse_fw_cfg(&fw_cfg::read_entries(Path::new(fw_cfg::FW_CFG_HAWSER_DIR))?)?;
+    for warning in &fw_cfg.warnings {
+        warn!("{warning}");
+    }
+    warnings.extend(fw_cfg.warnings.iter().cloned());
+    timer.record("fw-cfg", start);
+
+    // The TPM.
+    let tpm_device = config.tpm_device.clone();
+    let start = timer.elapsed_ms();
+    wait_for_device(&tpm_device, TPM_WAIT).await?;
+    timer.record("tpm-wait", start);
+
+    let start = timer.elapsed_ms();
+    let tcti = format!("device:{}", tpm_device.display());
+    let tpm = Arc::new(
+        blocking(move || Tpm::open(&tcti))
+            .await?
+            .map_err(tpm_step("open the TPM"))?,
+    );
+    timer.record("tpm-open", start);
+
+    // Entropy before anything (libcrypto's session nonces) calls a blocking getrandom.
+    let start = timer.elapsed_ms();
+    let crng_was_ready = entropy::crng_ready();
+    let seed = {
+        let tpm = Arc::clone(&tpm);
+        blocking(move || tpm.get_random(ENTROPY_BYTES)).await?
+    }
+    .map_err(tpm_step("get random bytes from the TPM"))?;
+    if let Err(e) = entropy::add_entropy(&seed) {
+        let warning = format!(
+            "cannot seed the kernel's random pool: {}",
+            fatal::error_chain(&e)
+        );
+        warn!("{warning}");
+        warnings.push(warning);
+    }
+    timer.record("entropy", start);
+    info!(
+        "seeded the kernel random pool with {ENTROPY_BYTES} bytes from the TPM (CRNG was {}ready before)",
+        if crng_was_ready { "" } else { "not " }
+    );
+
+    let (nonce, nonce_source) = match fw_cfg.quote_nonce {
+        Some(nonce) => (nonce, "fw_cfg"),
+        None => {
+            let tpm = Arc::clone(&tpm);
+            let nonce = blocking(move || tpm.get_random(GENERATED_NONCE_BYTES))
+                .await?
+                .map_err(tpm_step("get a nonce from the TPM"))?;
+            (nonce, "generated")
+        }
+    };
+
+    // Measure: PCR 11 before and after the phase word.
+    let start = timer.elapsed_ms();
+    let (pcr11_before, pcrs) = {
+        let tpm = Arc::clone(&tpm);
+        blocking(move || -> Result<_, BootError> {
+            let before = tpm
+                .read_pcrs_sha256([PCR_KERNEL_BOOT])
+                .map_err(tpm_step("read PCR 11"))?;
+            tpm.extend_phase(PCR_KERNEL_BOOT, PHASE_ENTER_INITRD)
+                .map_err(tpm_step("extend PCR 11 with the enter-initrd phase"))?;
+            let pcrs = tpm
+                .read_pcrs_sha256(REPORTED_PCRS)
+                .map_err(tpm_step("read the sha256 PCR bank"))?;
+            Ok((before.get(&PCR_KERNEL_BOOT).copied(), pcrs))
+        })
+        .await??
+    };
+    timer.record("measure", start);
+    let pcr11_before = pcr11_before.ok_or_else(|| BootError::Tpm {
+        step: "read PCR 11",
+        source: TpmError::PcrIndex {
+            pcr: PCR_KERNEL_BOOT,
+        },
+    })?;
+    info!("measured phase {PHASE_ENTER_INITRD} into PCR {PCR_KERNEL_BOOT}");
+
+    // Attest: the AK and a quote over the boot PCRs.
+    let start = timer.elapsed_ms();
+    let quote = {
+        let tpm = Arc::clone(&tpm);
+        let nonce = nonce.clone();
+        blocking(move || -> Result<QuoteEvidence, TpmError> {
+            // The AK guard flushes the key when it goes out of scope, errors included.
+            let ak = tpm.create_attestation_key()?;
+            let quoted: Vec<u8> = QUOTED_PCRS.collect();
+            tpm.quote(&ak, &nonce, &quoted)
+        })
+        .await?
+        .map_err(tpm_step("quote the boot PCRs"))?
+    };
+    timer.record("attest", start);
+    drop(tpm);
+
+    let report = BootReport {
+        report_version: REPORT_VERSION,
+        hawser_version: env!("CARGO_PKG_VERSION").to_owned(),
+        kernel_release,
+        tpm_device: tpm_device.display().to_string(),
+        nonce: hex::encode(&nonce),
+        nonce_source: nonce_source.to_owned(),
+        pcr11_before_phase: hex::encode(pcr11_before),
+        phases_extended: vec![PHASE_ENTER_INITRD.to_owned()],
+        pcrs: hex_pcrs(&pcrs),
+        quote,
+        timings: timer.phases().to_vec(),
+        init_started_at_ms: timer.started_at_boottime_ms(),
+        warnings,
+    };
+    let line = report.to_console_line().map_err(BootError::Report)?;
+    console::emit_raw_console_line(&line);
+    info!(
+        "boot report printed ({} bytes); bring-up took {:.1} ms",
+        line.len(),
+        timer.elapsed_ms()
+    );
+    Ok(())
+}
+
+fn hex_pcrs(pcrs: &BTreeMap<u8, [u8; 32]>) -> BTreeMap<u8, String> {
+    pcrs.iter()
+        .map(|(pcr, value)| (*pcr, hex::encode(value)))
+        .collect()
+}
+
+/// Waits until `path` exists (devtmpfs creates TPM nodes when the driver probes).
+pub async fn wait_for_device(path: &Path, limit: Duration) -> Result<(), BootError> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if path.exists() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(BootError::NoTpm {
+                path: path.to_owned(),
+                waited: limit,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_missing_tpm_is_reported_with_its_path_after_the_wait() {
+        let err = wait_for_device(Path::new("/dev/tpm-does-not-exist"), TPM_WAIT)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no TPM device: /dev/tpm-does-not-exist did not appear within 5 s"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_existing_device_is_found_at_once() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        wait_for_device(file.path(), Duration::ZERO).await.unwrap();
+    }
+}

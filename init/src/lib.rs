@@ -1,0 +1,34 @@
+//! hawser-init: the PID 1 of a hawser node, installed as `/init` in the measured initramfs.
+//!
+//! This scope is the bring-up and the first measurement (see [`boot`] for the sequence):
+//! API filesystems, logging to the console and the kernel log, kernel modules, entropy from the
+//! TPM, configuration from the measured kernel command line (and the few unmeasured fw_cfg keys
+//! allowed), PCR 11 ← `enter-initrd`, a TPM quote in a one-line boot report, and then an idle
+//! PID 1 that reaps orphans and shuts down cleanly on SIGTERM, SIGINT, SIGPWR or the ACPI power
+//! button.
+//!
+//! Two rules shape the code:
+//!
+//! - **PID 1 never exits.** A panic or a return from `main` would be a kernel panic that hides
+//!   its reason. Every failure becomes one `FATAL:` line and the reboot policy ([`fatal`]).
+//! - **Decisions are testable without root.** Mounting, module loading, signalling and reboot go
+//!   through the [`syscalls::Syscalls`] trait (youki's lesson), configuration parsing is pure
+//!   ([`config`]), so the plans — what is mounted and unmounted in which order, which modules
+//!   are loaded in which order, what the configuration means — are unit-tested on the host.
+//!   Only [`syscalls::LinuxSyscalls`] and the TPM need the VM (or swtpm).
+//!
+//! `main.rs` only calls [`boot::run`].
+
+pub mod boot;
+pub mod config;
+pub mod console;
+pub mod entropy;
+pub mod fatal;
+pub mod fw_cfg;
+pub mod modules;
+pub mod mounts;
+pub mod power_button;
+pub mod reaper;
+pub mod shutdown;
+pub mod syscalls;
+pub mod timings;
