@@ -85,6 +85,33 @@ pub struct BuildOutput {
     pub initramfs_entries: usize,
     /// Kernel modules shipped, in load order (paths relative to the modules directory).
     pub modules: Vec<String>,
+    /// `uname -r` of the kernel in the image.
+    pub kernel_release: String,
+}
+
+impl std::fmt::Display for BuildOutput {
+    /// The build summary `hawser image build` prints.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |n: u64| n as f64 / (1024.0 * 1024.0);
+        writeln!(f, "kernel   {}", self.kernel_release)?;
+        writeln!(
+            f,
+            "initrd   {:>7.2} MiB zstd ({:.2} MiB, {} entries, {} modules)  {}",
+            mib(self.initrd.size),
+            mib(self.initramfs_uncompressed_size),
+            self.initramfs_entries,
+            self.modules.len(),
+            self.initrd.path.display()
+        )?;
+        writeln!(
+            f,
+            "UKI      {:>7.2} MiB  {}",
+            mib(self.uki.size),
+            self.uki.path.display()
+        )?;
+        writeln!(f, "sha256   {}  hawser.efi", self.uki.sha256)?;
+        write!(f, "manifest {}", self.manifest.display())
+    }
 }
 
 /// Size and digest of a section's content.
@@ -224,6 +251,7 @@ pub fn build(inputs: &BuildInputs, out_dir: &Path) -> Result<BuildOutput, ImageE
         initramfs_uncompressed_size: initrd.uncompressed_size,
         initramfs_entries: initrd.manifest.len(),
         modules: initrd.modules,
+        kernel_release: inputs.kernel_release.clone(),
     })
 }
 

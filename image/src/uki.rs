@@ -30,8 +30,8 @@
 //!    first section's file-aligned data is unused), never grown further; each new 40-byte section
 //!    header goes right after the last one and must end within `SizeOfHeaders`, otherwise ukify
 //!    fails with "Not enough header space" and so does [`assemble_uki`]
-//!    ([`UkiError::NoRoomForSectionHeader`]). Debian's stub has `SizeOfHeaders` 0x600 with room
-//!    for 6 more headers after its own 6, enough for the 5 hawser adds.
+//!    ([`UkiError::NoRoomForSectionHeader`]). Debian's stub has `SizeOfHeaders` 0x600 and its 6
+//!    headers end at 0x238: room for 24 more, hawser adds 5.
 //! 3. **File layout.** New data starts at the end of the file rounded up to `FileAlignment`;
 //!    `SizeOfRawData` is the data length rounded up to `FileAlignment`, zero-padded;
 //!    `VirtualSize` is the exact data length (so the stub, which reads `VirtualSize` bytes,
@@ -41,8 +41,8 @@
 //!    the last section's end rounded up to `SectionAlignment`.
 //! 5. **Flags.** `.linux` gets `IMAGE_SCN_CNT_CODE | IMAGE_SCN_MEM_READ` (0x4000_0020), all
 //!    others `IMAGE_SCN_CNT_INITIALIZED_DATA | IMAGE_SCN_MEM_READ` (0x4000_0040). If `.linux` is
-//!    a PE without `NX_COMPAT`, the UKI's `NX_COMPAT` is cleared too (the firmware applies the
-//!    outer image's flag to the inner kernel). `NumberOfSections` is incremented and
+//!    a PE without `NX_COMPAT`, the UKI's `NX_COMPAT` is cleared too (ukify: both must agree, or
+//!    firmware that enforces the flag will fail to boot the kernel). `NumberOfSections` is incremented and
 //!    `SizeOfInitializedData` grows by each new section's `VirtualSize` (`.linux` included);
 //!    `SizeOfCode` is left alone.
 //! 6. **SBAT.** ukify replaces the stub's `.sbat` section in place with the merge of the stub's
@@ -52,9 +52,9 @@
 //! 7. **Refusals.** A signed stub (certificate table present) is refused, as ukify does: the
 //!    signature could not cover the new sections. A COFF symbol table at the end of the file is
 //!    stripped as ukify does (old stubs). ukify would also re-align stubs whose sections' file
-//!    offsets or sizes are not multiples of `FileAlignment` (stubs stripped by old binutils);
-//!    this module refuses them instead ([`UkiError::UnalignedStubSection`]): every stub from
-//!    systemd 254 on is aligned, and a silent re-layout would only hide a wrong input.
+//!    offsets or sizes are not multiples of `FileAlignment` (old stubs that were stripped);
+//!    this module refuses them instead ([`UkiError::UnalignedStubSection`]): Debian's 257 stub
+//!    is aligned, and a silent re-layout would only hide a wrong input.
 //!
 //! **The one difference:** ukify writes `CheckSum = 0`; this module writes the PE checksum
 //! (the `IMAGHLP` `CheckSumMappedFile` algorithm, see [`pe_checksum`]). UEFI firmware ignores the
@@ -65,8 +65,7 @@
 //!
 //! `src/boot/pe.c` (`pe_locate_sections_internal()`,
 //! <https://github.com/systemd/systemd/blob/v257.13/src/boot/pe.c#L198-L282>): the stub finds
-//! sections by their
-//! (≤ 8-byte) name, the first match wins, and it uses `VirtualAddress`/`VirtualSize` of the
+//! sections by their (≤ 8-byte) name, the first match wins, and it uses `VirtualAddress`/`VirtualSize` of the
 //! image as loaded by the firmware, so every section must lie within `SizeOfImage` (which the
 //! firmware's loader enforces) and names longer than 8 bytes cannot be used. There is no
 //! ordering requirement; `.linux` only has to exist. What the stub measures from these sections
