@@ -10,7 +10,7 @@
 //!       ─ wait for the TPM node; open it                         [tpm-wait, tpm-open]
 //!       ─ seed the kernel pool from TPM2_GetRandom               [entropy]
 //!       ─ PCR 11 before; extend "enter-initrd"; read PCRs 0-23   [measure]
-//!       ─ AK; quote PCRs 0-15 with the nonce                     [attest]
+//!       ─ AK; quote PCRs 0-23 with the nonce                     [attest]
 //!       ─ boot report line; "hawser: boot complete; idle"
 //!       ─ shutdown request → stop processes, unmount, power off
 //! ```
@@ -44,9 +44,9 @@ use crate::{console, entropy, power_button};
 /// How long to wait for the TPM device node: devtmpfs creates it when the TIS/CRB driver has
 /// probed, which can lag behind /init on a slow (TCG) VM.
 pub const TPM_WAIT: Duration = Duration::from_secs(5);
-/// The PCRs the boot quote covers: everything up to the hawser-owned PCR 15.
-pub const QUOTED_PCRS: std::ops::RangeInclusive<u8> = 0..=15;
-/// The PCRs read for the report.
+/// The sha256-bank PCRs read for the report and covered by its quote: all of them. Every value in
+/// the report is signed (the verifier refuses unquoted values), and quoting 24 PCRs costs the
+/// same single TPM2_Quote as quoting 16.
 pub const REPORTED_PCRS: std::ops::RangeInclusive<u8> = 0..=23;
 /// Random bytes credited to the kernel pool (256 bits, a full CRNG seed).
 pub const ENTROPY_BYTES: usize = 32;
@@ -386,7 +386,7 @@ async fn bring_up(
         blocking(move || -> Result<QuoteEvidence, TpmError> {
             // The AK guard flushes the key when it goes out of scope, errors included.
             let ak = tpm.create_attestation_key()?;
-            let quoted: Vec<u8> = QUOTED_PCRS.collect();
+            let quoted: Vec<u8> = REPORTED_PCRS.collect();
             tpm.quote(&ak, &nonce, &quoted)
         })
         .await?

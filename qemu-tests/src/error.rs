@@ -10,7 +10,10 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 /// What went wrong while preparing, running or talking to a VM.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` prints the same text as `Display` (plus the source chain), so that a test's
+/// `.expect()` shows the console tail as lines, not as a struct dump.
+#[derive(thiserror::Error)]
 pub enum QemuError {
     /// A host binary the harness runs is not installed.
     #[error("`{binary}` was not found in PATH; install the Debian package `{package}`")]
@@ -104,6 +107,18 @@ pub enum QemuError {
     /// The ESP image could not be built.
     #[error("could not build the ESP image {image}: {reason}")]
     Esp { image: PathBuf, reason: String },
+}
+
+impl fmt::Debug for QemuError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)?;
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            write!(f, "\ncaused by: {cause}")?;
+            source = cause.source();
+        }
+        Ok(())
+    }
 }
 
 impl QemuError {

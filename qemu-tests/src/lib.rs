@@ -12,6 +12,23 @@
 //!   ([`Vm::wait_for_line`]), talks QMP ([`Qmp`]), records a [`Timeline`], and on drop kills
 //!   everything it started and removes its temporary files.
 //!
+//! ```no_run
+//! use std::time::Duration;
+//! use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
+//!
+//! let vm = Vm::start(
+//!     VmConfig::uefi("target/image/hawser.efi")
+//!         .name("node-1")
+//!         .tpm(TpmConfig::default())
+//!         .fw_cfg_string("quote_nonce", "00112233"),
+//! )?;
+//! vm.wait_for_marker("kernel started", "Linux version", Duration::from_secs(120))?;
+//! vm.wait_for_marker("PID 1 idle", "hawser: boot complete; idle", Duration::from_secs(120))?;
+//! vm.shutdown(Duration::from_secs(60))?;
+//! print!("{}", format_timeline(&vm.timeline()));
+//! # Ok::<(), hawser_qemu::QemuError>(())
+//! ```
+//!
 //! Children never outlive the test process: they are killed on drop, and they carry
 //! `PR_SET_PDEATHSIG = SIGKILL` for the cases where no destructor runs.
 //!

@@ -141,12 +141,13 @@ impl Supervised {
 
     /// Polls until the child exits or `timeout` passes.
     pub(crate) fn wait_timeout(&self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
+        // No representable end (e.g. Duration::MAX): wait without one.
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             if let Some(status) = self.try_wait() {
                 return Some(status);
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|end| Instant::now() >= end) {
                 return None;
             }
             thread::sleep(Duration::from_millis(10));

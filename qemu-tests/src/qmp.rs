@@ -100,13 +100,13 @@ impl Qmp {
     /// Connects to `socket` (retrying until it exists or `timeout` passes), reads the greeting
     /// and negotiates capabilities.
     pub fn connect(socket: &Path, timeout: Duration) -> Result<Qmp, QemuError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now().checked_add(timeout);
         let stream = loop {
             match UnixStream::connect(socket) {
                 Ok(stream) => break stream,
                 Err(e)
                     if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused)
-                        && Instant::now() < deadline =>
+                        && deadline.is_none_or(|end| Instant::now() < end) =>
                 {
                     std::thread::sleep(Duration::from_millis(10));
                 }

@@ -32,6 +32,25 @@ const QMP_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `sun_path` is 108 bytes including the NUL.
 const UNIX_SOCKET_PATH_MAX: usize = 107;
 
+/// The end of a wait; `Duration::MAX` (or anything past the clock's range) waits forever.
+struct Deadline(Option<Instant>);
+
+impl Deadline {
+    fn after(timeout: Duration) -> Self {
+        Deadline(Instant::now().checked_add(timeout))
+    }
+
+    /// The time left, `None` once it has passed. Without an end, an hour (waits re-check).
+    fn remaining(&self) -> Option<Duration> {
+        match self.0 {
+            Some(end) => end
+                .checked_duration_since(Instant::now())
+                .filter(|left| !left.is_zero()),
+            None => Some(Duration::from_secs(3600)),
+        }
+    }
+}
+
 /// Labelled points in time since [`Vm::start`] was called, in order.
 pub type Timeline = Vec<(String, Duration)>;
 
@@ -40,13 +59,13 @@ pub type Timeline = Vec<(String, Duration)>;
 /// Implemented for substrings (`&str`, `String`) and for predicates (`Fn(&str) -> bool`).
 pub trait LineMatcher {
     /// Whether `line` (one console line without its line ending) matches.
-    fn matches(&self, line: &str) -> bool;
+    fn is_match(&self, line: &str) -> bool;
     /// What is being waited for, for errors and the timeline.
     fn describe(&self) -> String;
 }
 
 impl LineMatcher for &str {
-    fn matches(&self, line: &str) -> bool {
+    fn is_match(&self, line: &str) -> bool {
         line.contains(*self)
     }
 
@@ -56,7 +75,7 @@ impl LineMatcher for &str {
 }
 
 impl LineMatcher for String {
-    fn matches(&self, line: &str) -> bool {
+    fn is_match(&self, line: &str) -> bool {
         line.contains(self.as_str())
     }
 
@@ -66,7 +85,7 @@ impl LineMatcher for String {
 }
 
 impl<F: Fn(&str) -> bool> LineMatcher for F {
-    fn matches(&self, line: &str) -> bool {
+    fn is_match(&self, line: &str) -> bool {
         self(line)
     }
 
@@ -278,13 +297,13 @@ impl Vm {
         matcher: impl LineMatcher,
         timeout: Duration,
     ) -> Result<String, QemuError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let mut state = self.shared.lock();
         loop {
             while state.cursor < state.lines.len() {
                 let line = state.lines[state.cursor].clone();
                 state.cursor += 1;
-                if matcher.matches(&line.text) {
+                if matcher.is_match(&line.text) {
                     drop(state);
                     self.record_at(label, line.at);
                     return Ok(line.text);
@@ -313,8 +332,7 @@ impl Vm {
                     diagnostics: Box::new(self.diagnostics()),
                 });
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let Some(remaining) = deadline.remaining() else {
                 drop(state);
                 return Err(QemuError::Timeout {
                     vm: self.name.clone(),
@@ -322,11 +340,11 @@ impl Vm {
                     timeout,
                     diagnostics: Box::new(self.diagnostics()),
                 });
-            }
+            };
             state = self
                 .shared
                 .changed
-                .wait_timeout(state, deadline - now)
+                .wait_timeout(state, remaining)
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .0;
         }
@@ -334,14 +352,13 @@ impl Vm {
 
     /// Waits until QEMU exits (the guest powered off, or rebooted with `no_reboot`).
     pub fn wait_for_exit(&self, timeout: Duration) -> Result<ExitStatus, QemuError> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Deadline::after(timeout);
         let mut state = self.shared.lock();
         loop {
             if let Some((status, _)) = state.exited {
                 return Ok(status);
             }
-            let now = Instant::now();
-            if now >= deadline {
+            let Some(remaining) = deadline.remaining() else {
                 drop(state);
                 return Err(QemuError::Timeout {
                     vm: self.name.clone(),
@@ -349,11 +366,11 @@ impl Vm {
                     timeout,
                     diagnostics: Box::new(self.diagnostics()),
                 });
-            }
+            };
             state = self
                 .shared
                 .changed
-                .wait_timeout(state, deadline - now)
+                .wait_timeout(state, remaining)
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .0;
         }
@@ -574,5 +591,33 @@ impl Drop for Vm {
             self.keep_logs(&dir);
         }
         self.swtpm.take();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn substrings_and_predicates_match_lines() {
+        assert!("boot complete".is_match("hawser: boot complete; idle"));
+        assert!(!"boot complete".is_match("hawser: booting"));
+        assert_eq!(
+            String::from("FATAL:").describe(),
+            "a console line containing \"FATAL:\""
+        );
+        let predicate = |line: &str| line.starts_with("HAWSER_BOOT_REPORT ");
+        assert!(predicate.is_match("HAWSER_BOOT_REPORT {}"));
+        assert!(!predicate.is_match("x HAWSER_BOOT_REPORT {}"));
+    }
+
+    #[test]
+    fn deadlines_expire_and_unbounded_waits_do_not_overflow() {
+        assert_eq!(Deadline::after(Duration::ZERO).remaining(), None);
+        assert!(Deadline::after(Duration::MAX).remaining().is_some());
+        let left = Deadline::after(Duration::from_secs(60))
+            .remaining()
+            .expect("not expired");
+        assert!(left <= Duration::from_secs(60) && left > Duration::from_secs(59));
     }
 }

@@ -40,7 +40,8 @@ fn image() -> &'static BuildOutput {
     static IMAGE: OnceLock<BuildOutput> = OnceLock::new();
     IMAGE.get_or_init(|| {
         let opts = PipelineOptions::new(&workspace(), &scratch("image"));
-        let (output, timeline) = pipeline::build_image(&opts).unwrap_or_else(|e| panic!("image build failed: {e}"));
+        let (output, timeline) =
+            pipeline::build_image(&opts).unwrap_or_else(|e| panic!("image build failed: {e}"));
         eprintln!("image built: {timeline:?}");
         output
     })
@@ -84,16 +85,25 @@ fn uefi_boot_reports_a_verified_quote_and_powers_off_cleanly() {
         .verify(Some(&nonce))
         .unwrap_or_else(|e| panic!("the boot report does not verify: {e}"));
 
-    assert_eq!(report.nonce_source, "fw_cfg", "the host's nonce must be the one quoted");
+    assert_eq!(
+        report.nonce_source, "fw_cfg",
+        "the host's nonce must be the one quoted"
+    );
     assert_eq!(report.phases_extended, ["enter-initrd"]);
     assert_eq!(report.tpm_device, "/dev/tpmrm0");
     assert_eq!(report.kernel_release, image.kernel_release);
     // Firmware, the Linux EFI stub and systemd-stub all measured something: a UEFI boot.
     for pcr in [0u8, 4, 9, 11] {
-        assert_ne!(verified.pcrs[&pcr], [0u8; 32], "PCR {pcr} is zero: not a measured UEFI boot");
+        assert_ne!(
+            verified.pcrs[&pcr], [0u8; 32],
+            "PCR {pcr} is zero: not a measured UEFI boot"
+        );
     }
     // systemd-stub measured the UKI's sections before hawser's phase word.
-    assert_ne!(verified.pcr11_before_phase, [0u8; 32], "systemd-stub measured nothing into PCR 11");
+    assert_ne!(
+        verified.pcr11_before_phase, [0u8; 32],
+        "systemd-stub measured nothing into PCR 11"
+    );
     for phase in ["mounts", "modules", "tpm"] {
         assert!(
             report.timings.iter().any(|t| t.name.contains(phase)),
@@ -102,15 +112,24 @@ fn uefi_boot_reports_a_verified_quote_and_powers_off_cleanly() {
         );
     }
 
-    vm.wait_for_line("boot complete", Duration::from_secs(30)).expect("PID 1 reaches idle");
+    vm.wait_for_line("boot complete", Duration::from_secs(30))
+        .expect("PID 1 reaches idle");
     vm.powerdown().expect("ACPI power button");
     vm.wait_for_line("powering off", Duration::from_secs(60))
         .expect("PID 1 shuts down on the ACPI power button");
-    let status = vm.wait_for_exit(Duration::from_secs(60)).expect("QEMU exits after power-off");
+    let status = vm
+        .wait_for_exit(Duration::from_secs(60))
+        .expect("QEMU exits after power-off");
     assert!(status.success(), "QEMU exit status {status}");
     let console = vm.console_lines().join("\n");
-    assert!(!console.contains("FATAL"), "fatal error during boot:\n{console}");
-    assert!(!console.contains("Kernel panic"), "kernel panic:\n{console}");
+    assert!(
+        !console.contains("FATAL"),
+        "fatal error during boot:\n{console}"
+    );
+    assert!(
+        !console.contains("Kernel panic"),
+        "kernel panic:\n{console}"
+    );
     eprintln!("timeline:\n{}", format_timeline(&vm.timeline()));
 }
 
@@ -130,12 +149,23 @@ fn no_tpm_is_fatal_and_names_the_device_unknown_keys_warn() {
     let warning = vm
         .wait_for_line("hawser.frobnicate", BOOT_TIMEOUT)
         .expect("unknown key is reported");
-    assert!(warning.contains("WARN"), "unknown key must be a warning: {warning}");
-    let fatal = vm.wait_for_line("FATAL", BOOT_TIMEOUT).expect("missing TPM is fatal");
-    assert!(fatal.contains("/dev/tpmrm0"), "the fatal error must name the device: {fatal}");
+    assert!(
+        warning.contains("WARN"),
+        "unknown key must be a warning: {warning}"
+    );
+    let fatal = vm
+        .wait_for_line("FATAL", BOOT_TIMEOUT)
+        .expect("missing TPM is fatal");
+    assert!(
+        fatal.contains("/dev/tpmrm0"),
+        "the fatal error must name the device: {fatal}"
+    );
     vm.wait_for_line("halt", Duration::from_secs(30))
         .expect("reboot_delay=0 halts for debugging");
-    assert!(vm.exit_status().is_none(), "a halted node stays up for inspection");
+    assert!(
+        vm.exit_status().is_none(),
+        "a halted node stays up for inspection"
+    );
 }
 
 /// A malformed value of a measured key is fatal, and the reboot policy is applied: the VM
@@ -150,7 +180,9 @@ fn malformed_value_is_fatal_then_reboots_by_policy() {
             .name("e2e-malformed"),
     )
     .expect("start VM");
-    let fatal = vm.wait_for_line("FATAL", BOOT_TIMEOUT).expect("malformed value is fatal");
+    let fatal = vm
+        .wait_for_line("FATAL", BOOT_TIMEOUT)
+        .expect("malformed value is fatal");
     assert!(
         fatal.contains("hawser.log") && fatal.contains("loudest"),
         "the error names key and value: {fatal}"
@@ -176,7 +208,13 @@ fn image_is_reproducible_across_build_directories() {
     let files = std::process::Command::new("git")
         .arg("-C")
         .arg(workspace())
-        .args(["ls-files", "-z", "--cached", "--others", "--exclude-standard"])
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
         .output()
         .expect("git ls-files");
     for file in files.stdout.split(|b| *b == 0).filter(|f| !f.is_empty()) {
@@ -202,7 +240,8 @@ fn image_is_reproducible_across_build_directories() {
         source_date_epoch: epoch,
         ..PipelineOptions::new(&src, &copy.path().join("out"))
     };
-    let (second, _) = pipeline::build_image(&opts).unwrap_or_else(|e| panic!("second build failed: {e}"));
+    let (second, _) =
+        pipeline::build_image(&opts).unwrap_or_else(|e| panic!("second build failed: {e}"));
 
     let pairs = [
         ("initrd", &first.initrd.path, &second.initrd.path),
