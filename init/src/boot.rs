@@ -18,18 +18,17 @@
 //! A shutdown request is honoured at any point, also during the bring-up. Every error of the
 //! bring-up is fatal ([`crate::fatal`]).
 
-use std::collections::BTreeMap;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hawser_attestation::report::{BootReport, QuoteEvidence, REPORT_VERSION};
 use hawser_attestation::tpm::{Tpm, TpmError};
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use crate::attest::{self, Attestation, NonceSource, ReportContext, TpmStepError};
 use crate::config::{self, ConfigError, RebootPolicy};
 use crate::fatal::{self, fatal, fatal_error};
 use crate::fw_cfg::{self, FwCfgError};
@@ -44,10 +43,6 @@ use crate::{console, entropy, power_button};
 /// How long to wait for the TPM device node: devtmpfs creates it when the TIS/CRB driver has
 /// probed, which can lag behind /init on a slow (TCG) VM.
 pub const TPM_WAIT: Duration = Duration::from_secs(5);
-/// The sha256-bank PCRs read for the report and covered by its quote: all of them. Every value in
-/// the report is signed (the verifier refuses unquoted values), and quoting 24 PCRs costs the
-/// same single TPM2_Quote as quoting 16.
-pub const REPORTED_PCRS: std::ops::RangeInclusive<u8> = 0..=23;
 /// Random bytes credited to the kernel pool (256 bits, a full CRNG seed).
 pub const ENTROPY_BYTES: usize = 32;
 /// Length of a nonce PID 1 makes itself when fw_cfg gives none.
@@ -68,12 +63,8 @@ pub enum BootError {
     FwCfg(#[from] FwCfgError),
     #[error("no TPM device: {} did not appear within {} s", path.display(), waited.as_secs())]
     NoTpm { path: PathBuf, waited: Duration },
-    #[error("cannot {step}")]
-    Tpm {
-        step: &'static str,
-        #[source]
-        source: TpmError,
-    },
+    #[error(transparent)]
+    Tpm(#[from] TpmStepError),
     #[error("cannot encode the boot report")]
     Report(#[source] serde_json::Error),
     #[error("a blocking task of the bring-up failed")]
@@ -99,24 +90,24 @@ impl std::fmt::Display for ShutdownRequest {
 /// PID 1's entry point. Never returns.
 pub fn run() -> ! {
     let mut timer = PhaseTimer::start();
+    if std::process::id() != 1 {
+        // Someone ran the binary on a workstation: mounting over /dev and powering off would be
+        // a very bad surprise. Checked before the panic hook exists, which reboots.
+        eprintln!(
+            "hawser-init must run as PID 1 (the /init of the hawser initramfs); refusing to start"
+        );
+        std::process::exit(2);
+    }
     console::ensure_std_fds();
     console::open_console();
     fatal::install_panic_hook();
     console::init_tracing();
-    if std::process::id() != 1 {
-        // Not PID 1 (someone ran the binary on a workstation): mounting over /dev and powering
-        // off would be a very bad surprise.
-        console::emit(
-            Some(tracing::Level::ERROR),
-            "hawser-init must run as PID 1 (the /init of the hawser initramfs); refusing to start",
-        );
-        std::process::exit(2);
-    }
     info!(
         "hawser {} starting; kernel handed over {:.3} s after boot",
         env!("CARGO_PKG_VERSION"),
         timer.started_at_boottime_ms() / 1e3
     );
+    let mut warnings = Vec::new();
 
     // /proc before the runtime: tokio and the standard library read it.
     let mounted = timer.time("mounts", || {
@@ -127,9 +118,12 @@ pub fn run() -> ! {
     }
     if let Some(warning) = console::attach_kmsg() {
         warn!("{warning}");
+        warnings.push(warning);
     }
     if let Err(e) = LINUX.disable_ctrl_alt_del() {
-        warn!("cannot route Ctrl-Alt-Del to PID 1 (reboot(RB_DISABLE_CAD): {e})");
+        let warning = format!("cannot route Ctrl-Alt-Del to PID 1 (reboot(RB_DISABLE_CAD): {e})");
+        warn!("{warning}");
+        warnings.push(warning);
     }
 
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -139,12 +133,12 @@ pub fn run() -> ! {
         Ok(runtime) => runtime,
         Err(e) => fatal(&format!("cannot start the tokio runtime: {e}")),
     };
-    runtime.block_on(supervise(timer));
+    runtime.block_on(supervise(timer, warnings));
     fatal("the PID 1 event loop ended");
 }
 
 /// Runs the bring-up and then idles; both end only in a shutdown.
-async fn supervise(timer: PhaseTimer) {
+async fn supervise(timer: PhaseTimer, warnings: Vec<String>) {
     let registry = ChildRegistry::new();
     tokio::spawn({
         let registry = registry.clone();
@@ -160,7 +154,7 @@ async fn supervise(timer: PhaseTimer) {
     }
 
     tokio::select! {
-        result = bring_up(timer, requests.clone()) => match result {
+        result = bring_up(timer, warnings, requests.clone()) => match result {
             Ok(()) => info!("boot complete; idle"),
             Err(e) => fatal_error(&e),
         },
@@ -172,7 +166,9 @@ async fn supervise(timer: PhaseTimer) {
     }
 }
 
-fn listen_for_signals(requests: &mpsc::Sender<ShutdownRequest>) -> io::Result<()> {
+/// Turns SIGTERM, SIGINT (also Ctrl-Alt-Del, see [`Syscalls::disable_ctrl_alt_del`]) and SIGPWR
+/// into shutdown requests. Must run inside the runtime.
+pub fn listen_for_signals(requests: &mpsc::Sender<ShutdownRequest>) -> io::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     for (kind, name) in [
         (SignalKind::terminate(), "SIGTERM"),
@@ -242,16 +238,15 @@ async fn blocking<T: Send + 'static>(
         .map_err(BootError::Task)
 }
 
-fn tpm_step(step: &'static str) -> impl FnOnce(TpmError) -> BootError {
-    move |source| BootError::Tpm { step, source }
+fn tpm_step(step: &'static str) -> impl FnOnce(TpmError) -> TpmStepError {
+    move |source| TpmStepError { step, source }
 }
 
 async fn bring_up(
     mut timer: PhaseTimer,
+    mut warnings: Vec<String>,
     requests: mpsc::Sender<ShutdownRequest>,
 ) -> Result<(), BootError> {
-    let mut warnings = Vec::new();
-
     // The measured configuration.
     let start = timer.elapsed_ms();
     let cmdline = std::fs::read_to_string("/proc/cmdline").map_err(BootError::ReadCmdline)?;
@@ -342,74 +337,43 @@ async fn bring_up(
     );
 
     let (nonce, nonce_source) = match fw_cfg.quote_nonce {
-        Some(nonce) => (nonce, "fw_cfg"),
+        Some(nonce) => (nonce, NonceSource::FwCfg),
         None => {
             let tpm = Arc::clone(&tpm);
             let nonce = blocking(move || tpm.get_random(GENERATED_NONCE_BYTES))
                 .await?
                 .map_err(tpm_step("get a nonce from the TPM"))?;
-            (nonce, "generated")
+            (nonce, NonceSource::Generated)
         }
     };
 
-    // Measure: PCR 11 before and after the phase word.
     let start = timer.elapsed_ms();
-    let (pcr11_before, pcrs) = {
+    let measurement = {
         let tpm = Arc::clone(&tpm);
-        blocking(move || -> Result<_, BootError> {
-            let before = tpm
-                .read_pcrs_sha256([PCR_KERNEL_BOOT])
-                .map_err(tpm_step("read PCR 11"))?;
-            tpm.extend_phase(PCR_KERNEL_BOOT, PHASE_ENTER_INITRD)
-                .map_err(tpm_step("extend PCR 11 with the enter-initrd phase"))?;
-            let pcrs = tpm
-                .read_pcrs_sha256(REPORTED_PCRS)
-                .map_err(tpm_step("read the sha256 PCR bank"))?;
-            Ok((before.get(&PCR_KERNEL_BOOT).copied(), pcrs))
-        })
-        .await??
+        blocking(move || attest::measure_enter_initrd(&tpm)).await??
     };
     timer.record("measure", start);
-    let pcr11_before = pcr11_before.ok_or_else(|| BootError::Tpm {
-        step: "read PCR 11",
-        source: TpmError::PcrIndex {
-            pcr: PCR_KERNEL_BOOT,
-        },
-    })?;
     info!("measured phase {PHASE_ENTER_INITRD} into PCR {PCR_KERNEL_BOOT}");
 
-    // Attest: the AK and a quote over the boot PCRs.
     let start = timer.elapsed_ms();
     let quote = {
-        let tpm = Arc::clone(&tpm);
         let nonce = nonce.clone();
-        blocking(move || -> Result<QuoteEvidence, TpmError> {
-            // The AK guard flushes the key when it goes out of scope, errors included.
-            let ak = tpm.create_attestation_key()?;
-            let quoted: Vec<u8> = REPORTED_PCRS.collect();
-            tpm.quote(&ak, &nonce, &quoted)
-        })
-        .await?
-        .map_err(tpm_step("quote the boot PCRs"))?
+        blocking(move || attest::quote_boot(&tpm, &nonce)).await??
     };
     timer.record("attest", start);
-    drop(tpm);
 
-    let report = BootReport {
-        report_version: REPORT_VERSION,
-        hawser_version: env!("CARGO_PKG_VERSION").to_owned(),
-        kernel_release,
-        tpm_device: tpm_device.display().to_string(),
-        nonce: hex::encode(&nonce),
-        nonce_source: nonce_source.to_owned(),
-        pcr11_before_phase: hex::encode(pcr11_before),
-        phases_extended: vec![PHASE_ENTER_INITRD.to_owned()],
-        pcrs: hex_pcrs(&pcrs),
+    let attestation = Attestation {
+        nonce,
+        nonce_source,
+        measurement,
         quote,
-        timings: timer.phases().to_vec(),
-        init_started_at_ms: timer.started_at_boottime_ms(),
-        warnings,
     };
+    let report = attestation.into_report(ReportContext {
+        kernel_release: &kernel_release,
+        tpm_device: &tpm_device.display().to_string(),
+        timer: &timer,
+        warnings,
+    });
     let line = report.to_console_line().map_err(BootError::Report)?;
     console::emit_raw_console_line(&line);
     info!(
@@ -418,12 +382,6 @@ async fn bring_up(
         timer.elapsed_ms()
     );
     Ok(())
-}
-
-fn hex_pcrs(pcrs: &BTreeMap<u8, [u8; 32]>) -> BTreeMap<u8, String> {
-    pcrs.iter()
-        .map(|(pcr, value)| (*pcr, hex::encode(value)))
-        .collect()
 }
 
 /// Waits until `path` exists (devtmpfs creates TPM nodes when the driver probes).

@@ -1,7 +1,9 @@
 //! Logging for PID 1: every line goes to `/dev/console` and to `/dev/kmsg`.
 //!
 //! Console lines carry a CLOCK_MONOTONIC timestamp in the kernel's own style
-//! (`[   12.345678] hawser: ...`), so they sort with the kernel's messages on a serial console.
+//! (`[   12.345678] hawser: ...`), so they read alongside the kernel's messages on a serial
+//! console. (printk stamps with the scheduler clock, which can drift from CLOCK_MONOTONIC by
+//! some milliseconds on a VM: the order of nearby lines is not exact.)
 //!
 //! The copy in the kernel log (`dmesg`, and whatever collects it) is written with priority 7
 //! (`KERN_DEBUG`). The kernel echoes a kmsg record to the console only when its level is below
@@ -19,7 +21,7 @@
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::Write as _;
-use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd};
+use std::os::fd::{BorrowedFd, IntoRawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::{Mutex, OnceLock};
 
@@ -261,11 +263,6 @@ pub fn set_level(level: LevelFilter) {
     if let Some(handle) = LEVEL_HANDLE.get() {
         let _ = handle.modify(|filter| *filter = level);
     }
-}
-
-/// The file descriptor of the console sink, for tests and diagnostics.
-pub fn console_fd() -> Option<i32> {
-    sinks().console.as_ref().map(AsRawFd::as_raw_fd)
 }
 
 #[cfg(test)]

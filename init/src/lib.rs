@@ -19,6 +19,7 @@
 //!
 //! `main.rs` only calls [`boot::run`].
 
+pub mod attest;
 pub mod boot;
 pub mod config;
 pub mod console;

@@ -101,7 +101,6 @@ pub fn modinfo_depends(path: &Path) -> Result<Vec<String>, KmodError> {
         .filter_map(|field| field.strip_prefix(b"depends="))
         .flat_map(|deps| {
             String::from_utf8_lossy(deps)
-                .into_owned()
                 .split(',')
                 .map(str::to_owned)
                 .collect::<Vec<_>>()

@@ -1,0 +1,133 @@
+//! The TPM half of the bring-up: measure the `enter-initrd` phase, quote, assemble the report.
+//!
+//! Blocking calls over [`hawser_attestation::tpm::Tpm`] (the boot runs them on
+//! `spawn_blocking`); tested against a real swtpm, and the report they produce is checked with
+//! the verifier of `hawser-attestation`, as a user of the report would check it.
+
+use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
+
+use hawser_attestation::report::{BootReport, QuoteEvidence, REPORT_VERSION};
+use hawser_attestation::tpm::{Tpm, TpmError};
+use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
+
+use crate::timings::PhaseTimer;
+
+/// The sha256-bank PCRs read for the report and covered by its quote: all of them. Every value
+/// in the report is signed (the verifier refuses unquoted values), and quoting 24 PCRs costs the
+/// same single TPM2_Quote as quoting 16.
+pub const REPORTED_PCRS: RangeInclusive<u8> = 0..=23;
+
+/// A TPM step of the bring-up failed.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot {step}")]
+pub struct TpmStepError {
+    /// What PID 1 was doing, as a verb phrase ("extend PCR 11 with the enter-initrd phase").
+    pub step: &'static str,
+    #[source]
+    pub source: TpmError,
+}
+
+fn step(step: &'static str) -> impl FnOnce(TpmError) -> TpmStepError {
+    move |source| TpmStepError { step, source }
+}
+
+/// Where the quote's nonce came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NonceSource {
+    /// The verifier's, through fw_cfg.
+    FwCfg,
+    /// The node's own, from the TPM's random number generator.
+    Generated,
+}
+
+impl NonceSource {
+    /// The report's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NonceSource::FwCfg => "fw_cfg",
+            NonceSource::Generated => "generated",
+        }
+    }
+}
+
+/// PCR 11 before the phase extension, and the sha256 bank after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Measurement {
+    pub pcr11_before: [u8; 32],
+    pub pcrs: BTreeMap<u8, [u8; 32]>,
+}
+
+/// Reads PCR 11, extends it with `enter-initrd` (like systemd-pcrphase) and reads the bank.
+pub fn measure_enter_initrd(tpm: &Tpm) -> Result<Measurement, TpmStepError> {
+    const READ_11: &str = "read PCR 11";
+    let before = tpm
+        .read_pcrs_sha256([PCR_KERNEL_BOOT])
+        .map_err(step(READ_11))?;
+    let pcr11_before = *before.get(&PCR_KERNEL_BOOT).ok_or(TpmStepError {
+        step: READ_11,
+        source: TpmError::PcrIndex {
+            pcr: PCR_KERNEL_BOOT,
+        },
+    })?;
+    tpm.extend_phase(PCR_KERNEL_BOOT, PHASE_ENTER_INITRD)
+        .map_err(step("extend PCR 11 with the enter-initrd phase"))?;
+    let pcrs = tpm
+        .read_pcrs_sha256(REPORTED_PCRS)
+        .map_err(step("read the sha256 PCR bank"))?;
+    Ok(Measurement { pcr11_before, pcrs })
+}
+
+/// Creates the AK and quotes [`REPORTED_PCRS`] with `nonce`. The AK is flushed on return.
+pub fn quote_boot(tpm: &Tpm, nonce: &[u8]) -> Result<QuoteEvidence, TpmStepError> {
+    let ak = tpm
+        .create_attestation_key()
+        .map_err(step("create the attestation key"))?;
+    let pcrs: Vec<u8> = REPORTED_PCRS.collect();
+    tpm.quote(&ak, nonce, &pcrs)
+        .map_err(step("quote the boot PCRs"))
+}
+
+/// Everything the TPM contributed to the boot report.
+#[derive(Debug, Clone)]
+pub struct Attestation {
+    pub nonce: Vec<u8>,
+    pub nonce_source: NonceSource,
+    pub measurement: Measurement,
+    pub quote: QuoteEvidence,
+}
+
+/// The rest of the boot report: who wrote it and how the boot went.
+#[derive(Debug, Clone)]
+pub struct ReportContext<'a> {
+    pub kernel_release: &'a str,
+    pub tpm_device: &'a str,
+    pub timer: &'a PhaseTimer,
+    pub warnings: Vec<String>,
+}
+
+impl Attestation {
+    /// The boot report (printed by the caller as [`BootReport::to_console_line`]).
+    pub fn into_report(self, context: ReportContext<'_>) -> BootReport {
+        BootReport {
+            report_version: REPORT_VERSION,
+            hawser_version: env!("CARGO_PKG_VERSION").to_owned(),
+            kernel_release: context.kernel_release.to_owned(),
+            tpm_device: context.tpm_device.to_owned(),
+            nonce: hex::encode(&self.nonce),
+            nonce_source: self.nonce_source.as_str().to_owned(),
+            pcr11_before_phase: hex::encode(self.measurement.pcr11_before),
+            phases_extended: vec![PHASE_ENTER_INITRD.to_owned()],
+            pcrs: self
+                .measurement
+                .pcrs
+                .iter()
+                .map(|(pcr, value)| (*pcr, hex::encode(value)))
+                .collect(),
+            quote: self.quote,
+            timings: context.timer.phases().to_vec(),
+            init_started_at_ms: context.timer.started_at_boottime_ms(),
+            warnings: context.warnings,
+        }
+    }
+}
