@@ -28,6 +28,11 @@ use crate::tpm_types::{
 /// The console line carrying a boot report is this marker followed by one JSON object.
 pub const BOOT_REPORT_MARKER: &str = "HAWSER_BOOT_REPORT ";
 
+/// The console line carrying the firmware's TCG event log (base64 of securityfs
+/// `binary_bios_measurements`) is this marker followed by the encoding. Diagnostics only: a
+/// verifier trusts it only as far as it replays to quoted PCR values.
+pub const EVENT_LOG_MARKER: &str = "HAWSER_EVENT_LOG ";
+
 /// The report format this crate writes and verifies.
 pub const REPORT_VERSION: u32 = 1;
 

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hawser_attestation::report::EVENT_LOG_MARKER;
 use hawser_attestation::tpm::{Tpm, TpmError};
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
 use tokio::sync::mpsc;
@@ -381,7 +382,26 @@ async fn bring_up(
         line.len(),
         timer.elapsed_ms()
     );
+    emit_event_log();
     Ok(())
+}
+
+/// Where the kernel exposes the firmware's TCG event log (securityfs, mounted at bring-up).
+const EVENT_LOG: &str = "/sys/kernel/security/tpm0/binary_bios_measurements";
+
+/// Prints the firmware's TCG event log as one console line, so a host can explain PCR values
+/// that differ from the prediction. Unmeasured diagnostics: nothing trusts it without replaying
+/// it against the quoted PCRs. A direct-kernel boot has no firmware and no log.
+fn emit_event_log() {
+    use base64::Engine as _;
+    match std::fs::read(EVENT_LOG) {
+        Ok(log) => {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(&log);
+            console::emit_raw_console_line(&format!("{EVENT_LOG_MARKER}{encoded}"));
+            info!("firmware event log printed ({} bytes)", log.len());
+        }
+        Err(e) => info!("no firmware event log at {EVENT_LOG} ({e}); not a UEFI boot"),
+    }
 }
 
 /// Waits until `path` exists (devtmpfs creates TPM nodes when the driver probes).

@@ -49,14 +49,6 @@ impl PhaseTimer {
         output
     }
 
-    /// Runs the future `f` as phase `name`.
-    pub async fn time_async<T>(&mut self, name: &str, f: impl Future<Output = T>) -> T {
-        let start_ms = self.elapsed_ms();
-        let output = f.await;
-        self.record(name, start_ms);
-        output
-    }
-
     /// Records phase `name` from `start_ms` until now.
     pub fn record(&mut self, name: &str, start_ms: f64) {
         let duration_ms = self.elapsed_ms() - start_ms;

@@ -16,7 +16,8 @@ use std::collections::{BTreeMap, BTreeSet};
 /// - `qemu_fw_cfg`: unmeasured per-boot configuration from the VMM;
 /// - `dm_mod`, `dm_crypt`, `dm_verity`, `dm_integrity`: the state disk and the rootfs;
 /// - `tun`, `wireguard`: the node mesh;
-/// - `erofs`, `overlay`: the immutable rootfs and its writable overlays.
+/// - `erofs`, `overlay`: the immutable rootfs and its writable overlays;
+/// - `button`, `evdev`: the ACPI power button, read by PID 1 for orderly power-off.
 pub const BOOT_MODULES: &[&str] = &[
     "virtio_blk",
     "virtio_net",
@@ -29,6 +30,10 @@ pub const BOOT_MODULES: &[&str] = &[
     "tun",
     "erofs",
     "overlay",
+    // The ACPI power button as an input device: PID 1 reads KEY_POWER from it, so that
+    // `system_powerdown` and cloud "stop" requests shut the node down in order.
+    "button",
+    "evdev",
 ];
 
 /// Why a module set could not be resolved.

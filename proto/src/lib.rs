@@ -34,7 +34,11 @@ mod tests {
 
     #[test]
     fn garbage_is_a_decode_error_not_a_panic() {
-        for garbage in [&b"\xff\xff\xff\xff"[..], b"\x0a\x80", b"\x1a\xff\xff\xff\xff\x0f"] {
+        for garbage in [
+            &b"\xff\xff\xff\xff"[..],
+            b"\x0a\x80",
+            b"\x1a\xff\xff\xff\xff\x0f",
+        ] {
             assert!(Evidence::decode(garbage).is_err());
         }
     }

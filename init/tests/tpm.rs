@@ -1,0 +1,78 @@
+//! The TPM step of the bring-up against a real swtpm, checked with the report verifier of
+//! hawser-attestation the way the test harness and the CLI check a guest's report.
+
+// The attestation crate's swtpm fixture (one private swtpm per test), shared rather than copied.
+#[allow(dead_code)]
+#[path = "../../attestation/tests/common/mod.rs"]
+mod common;
+
+use hawser_attestation::tpm::Tpm;
+use hawser_init::attest::{self, Attestation, NonceSource, REPORTED_PCRS, ReportContext};
+use hawser_init::timings::PhaseTimer;
+use hawser_measurements::{PCR_KERNEL_BOOT, extend_sha256, phase_digest};
+
+fn report(tpm: &Tpm, nonce: &[u8], timer: &PhaseTimer) -> hawser_attestation::BootReport {
+    let measurement = attest::measure_enter_initrd(tpm).unwrap();
+    let quote = attest::quote_boot(tpm, nonce).unwrap();
+    Attestation {
+        nonce: nonce.to_vec(),
+        nonce_source: NonceSource::FwCfg,
+        measurement,
+        quote,
+    }
+    .into_report(ReportContext {
+        kernel_release: "6.12.0-test",
+        tpm_device: "swtpm",
+        timer,
+        warnings: vec!["a warning".into()],
+    })
+}
+
+#[test]
+fn the_boot_report_verifies_and_replays_pcr_11() {
+    let swtpm = common::Swtpm::start();
+    let tpm = Tpm::open(&swtpm.tcti()).unwrap();
+    let mut timer = PhaseTimer::start();
+    timer.time("measure", || ());
+    let nonce = [0x5a; 32];
+
+    let first = report(&tpm, &nonce, &timer);
+    let verified = first.verify(Some(&nonce)).unwrap();
+    // A fresh TPM: PCR 11 was zero, and is now extend(0, H("enter-initrd")).
+    assert_eq!(first.pcr11_before_phase, "00".repeat(32));
+    assert_eq!(
+        verified.pcrs[&PCR_KERNEL_BOOT],
+        extend_sha256(&[0; 32], &phase_digest("enter-initrd"))
+    );
+    assert_eq!(
+        first.pcrs.keys().copied().collect::<Vec<_>>(),
+        REPORTED_PCRS.collect::<Vec<_>>()
+    );
+    assert_eq!(first.nonce_source, "fw_cfg");
+    assert_eq!(first.timings[0].name, "measure");
+    assert_eq!(first.warnings, ["a warning"]);
+
+    // The report is bound to its nonce.
+    assert!(first.verify(Some(&[0xa5; 32])).is_err());
+
+    // A second measurement starts from where the first left PCR 11.
+    let second = report(&tpm, &nonce, &timer);
+    assert_eq!(second.pcr11_before_phase, first.pcrs[&PCR_KERNEL_BOOT]);
+    second.verify(Some(&nonce)).unwrap();
+}
+
+#[test]
+fn the_report_round_trips_through_a_console_line() {
+    let swtpm = common::Swtpm::start();
+    let tpm = Tpm::open(&swtpm.tcti()).unwrap();
+    let timer = PhaseTimer::start();
+    let line = report(&tpm, b"nonce", &timer).to_console_line().unwrap();
+    assert!(!line.contains('\n'), "one console line");
+    let console = format!(
+        "[    1.000000] hawser: something\n{line}\n[    2.0] hawser: boot complete; idle\n"
+    );
+    let parsed = hawser_attestation::BootReport::find_in_console(&console)
+        .unwrap()
+        .unwrap();
+    parsed.verify(Some(b"nonce")).unwrap();
+}
