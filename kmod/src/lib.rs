@@ -101,6 +101,7 @@ impl ModuleIndex {
     }
 
     /// An index from already-resolved entries: (module path, dependency paths).
+    #[cfg(feature = "scan")]
     fn from_entries(
         entries: impl IntoIterator<Item = (String, Vec<String>)>,
         builtin: BTreeSet<String>,

@@ -1,0 +1,482 @@
+//! A bounds-checked reader for the parts of a PE/COFF image that measured boot depends on.
+//!
+//! Two consumers need the same facts about a PE file: the Authenticode hash (which firmware
+//! extends into PCR 4) needs the header size, the `CheckSum` and certificate-table fields and
+//! every section's file range; systemd-stub's PCR 11 measurements need each section's name,
+//! `VirtualSize` and file data. The UKI and the kernel inside its `.linux` section are both
+//! untrusted input here (a file given on the command line), so every offset is checked and every
+//! failure is a [`PeError`] that says which structure lies where, never a panic.
+//!
+//! Format reference: Microsoft "PE Format" (PE/COFF specification), sections "MS-DOS Stub",
+//! "Signature", "COFF File Header", "Optional Header", "Section Table".
+
+use std::fmt;
+
+/// Why a file is not a usable PE image.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PeError {
+    /// The file does not start like a PE image at all.
+    #[error("the {image} is not a PE image: {reason}")]
+    NotPe { image: String, reason: String },
+    /// A structure extends past the end of the file.
+    #[error(
+        "the {image} is truncated: {what} needs bytes {offset:#x}..{end:#x} but the file has only {len:#x} bytes"
+    )]
+    Truncated {
+        image: String,
+        what: String,
+        offset: u64,
+        end: u64,
+        len: usize,
+    },
+    /// The headers contradict each other or the PE format.
+    #[error("the {image} is malformed: {reason}")]
+    Malformed { image: String, reason: String },
+}
+
+/// Optional header magic of a PE32 image.
+pub const MAGIC_PE32: u16 = 0x10b;
+/// Optional header magic of a PE32+ image.
+pub const MAGIC_PE32_PLUS: u16 = 0x20b;
+
+const DOS_E_LFANEW: usize = 0x3c;
+const COFF_HEADER_SIZE: usize = 20;
+const SECTION_HEADER_SIZE: usize = 40;
+/// Index of the certificate table ("security directory") among the data directories.
+const DATA_DIRECTORY_SECURITY: u32 = 4;
+/// Offset of `CheckSum` in the optional header (PE32 and PE32+ alike).
+const OPT_CHECKSUM: usize = 64;
+const OPT_SIZE_OF_HEADERS: usize = 60;
+const OPT_SUBSYSTEM: usize = 68;
+
+/// One entry of the section table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SectionHeader {
+    /// The name with trailing NULs removed (lossy UTF-8; section names are ASCII in practice).
+    pub name: String,
+    /// `VirtualSize`: the size of the section once loaded.
+    pub virtual_size: u32,
+    /// `VirtualAddress`: the section's RVA.
+    pub virtual_address: u32,
+    /// `SizeOfRawData`: the size of the section's data in the file.
+    pub size_of_raw_data: u32,
+    /// `PointerToRawData`: the file offset of the section's data.
+    pub pointer_to_raw_data: u32,
+    /// `Characteristics` (`IMAGE_SCN_*`).
+    pub characteristics: u32,
+}
+
+/// A parsed PE image borrowing the file's bytes.
+#[derive(Debug, Clone)]
+pub struct PeImage<'a> {
+    data: &'a [u8],
+    label: String,
+    /// Optional header magic: [`MAGIC_PE32`] or [`MAGIC_PE32_PLUS`].
+    pub magic: u16,
+    /// COFF `Machine`.
+    pub machine: u16,
+    /// Optional header `Subsystem` (10 = EFI application).
+    pub subsystem: u16,
+    /// File offset of the optional header's `CheckSum` field.
+    pub checksum_offset: usize,
+    /// `NumberOfRvaAndSizes`.
+    pub number_of_rva_and_sizes: u32,
+    /// File offset of the certificate-table data directory entry, if the optional header has
+    /// one (`NumberOfRvaAndSizes > 4`).
+    pub security_directory_offset: Option<usize>,
+    /// The certificate table's (file offset, size) from that entry; (0, 0) if absent.
+    pub security_directory: (u32, u32),
+    /// `SizeOfHeaders`.
+    pub size_of_headers: u32,
+    /// The section table, in table order.
+    pub sections: Vec<SectionHeader>,
+}
+
+impl<'a> PeImage<'a> {
+    /// Parses `data`; `label` names the file in errors (e.g. `UKI out/hawser.efi`).
+    ///
+    /// Checks that every header lies within the file, that `SizeOfHeaders` does, and that the
+    /// file data of every section does.
+    pub fn parse(data: &'a [u8], label: impl Into<String>) -> Result<Self, PeError> {
+        let label = label.into();
+        let r = Reader {
+            data,
+            label: &label,
+        };
+        if data.len() < 2 || &data[..2] != b"MZ" {
+            return Err(PeError::NotPe {
+                image: label.clone(),
+                reason: if data.is_empty() {
+                    "the file is empty".to_owned()
+                } else {
+                    "there is no MZ signature at offset 0".to_owned()
+                },
+            });
+        }
+        let pe = r.u32(DOS_E_LFANEW, "the DOS header's e_lfanew field")? as usize;
+        if r.bytes(pe, 4, "the PE signature")? != b"PE\0\0" {
+            return Err(PeError::NotPe {
+                image: label.clone(),
+                reason: format!("there is no PE\\0\\0 signature at offset {pe:#x} (e_lfanew)"),
+            });
+        }
+        let coff = pe + 4;
+        r.bytes(coff, COFF_HEADER_SIZE, "the COFF file header")?;
+        let machine = r.u16(coff, "the COFF header")?;
+        let number_of_sections = usize::from(r.u16(coff + 2, "the COFF header")?);
+        let size_of_optional_header = usize::from(r.u16(coff + 16, "the COFF header")?);
+        let opt = coff + COFF_HEADER_SIZE;
+        r.bytes(opt, size_of_optional_header, "the optional header")?;
+        let magic = r.u16(opt, "the optional header")?;
+        let (rva_count_at, directories_at) = match magic {
+            MAGIC_PE32 => (92, 96),
+            MAGIC_PE32_PLUS => (108, 112),
+            other => {
+                return Err(PeError::NotPe {
+                    image: label.clone(),
+                    reason: format!(
+                        "its optional header magic is {other:#06x}, neither PE32 (0x010b) nor PE32+ (0x020b)"
+                    ),
+                });
+            }
+        };
+        if size_of_optional_header < directories_at {
+            return Err(PeError::Malformed {
+                image: label.clone(),
+                reason: format!(
+                    "SizeOfOptionalHeader is {size_of_optional_header:#x}, too small for the {directories_at:#x} fixed bytes of its optional header"
+                ),
+            });
+        }
+        let size_of_headers = r.u32(opt + OPT_SIZE_OF_HEADERS, "the optional header")?;
+        let subsystem = r.u16(opt + OPT_SUBSYSTEM, "the optional header")?;
+        let number_of_rva_and_sizes = r.u32(opt + rva_count_at, "the optional header")?;
+        let directories_fit = (size_of_optional_header - directories_at) / 8;
+        if (number_of_rva_and_sizes as usize) > directories_fit {
+            return Err(PeError::Malformed {
+                image: label.clone(),
+                reason: format!(
+                    "NumberOfRvaAndSizes is {number_of_rva_and_sizes} but SizeOfOptionalHeader {size_of_optional_header:#x} has room for {directories_fit} data directories"
+                ),
+            });
+        }
+        let (security_directory_offset, security_directory) =
+            if number_of_rva_and_sizes > DATA_DIRECTORY_SECURITY {
+                let at = opt + directories_at + DATA_DIRECTORY_SECURITY as usize * 8;
+                let entry = (
+                    r.u32(at, "the certificate table entry")?,
+                    r.u32(at + 4, "the certificate table entry")?,
+                );
+                (Some(at), entry)
+            } else {
+                (None, (0, 0))
+            };
+
+        let table = opt + size_of_optional_header;
+        let table_len = number_of_sections * SECTION_HEADER_SIZE;
+        r.bytes(table, table_len, "the section table")?;
+        if (size_of_headers as usize) < table + table_len {
+            return Err(PeError::Malformed {
+                image: label.clone(),
+                reason: format!(
+                    "SizeOfHeaders {size_of_headers:#x} ends before the section table does ({:#x})",
+                    table + table_len
+                ),
+            });
+        }
+        r.bytes(0, size_of_headers as usize, "SizeOfHeaders")?;
+
+        let mut sections = Vec::with_capacity(number_of_sections);
+        for i in 0..number_of_sections {
+            let at = table + i * SECTION_HEADER_SIZE;
+            let raw = r.bytes(at, SECTION_HEADER_SIZE, "a section header")?;
+            let end = raw[..8].iter().position(|&b| b == 0).unwrap_or(8);
+            let name = String::from_utf8_lossy(&raw[..end]).into_owned();
+            let field = |o: usize| u32::from_le_bytes([raw[o], raw[o + 1], raw[o + 2], raw[o + 3]]);
+            let section = SectionHeader {
+                name,
+                virtual_size: field(8),
+                virtual_address: field(12),
+                size_of_raw_data: field(16),
+                pointer_to_raw_data: field(20),
+                characteristics: field(36),
+            };
+            if section.size_of_raw_data > 0 {
+                r.bytes(
+                    section.pointer_to_raw_data as usize,
+                    section.size_of_raw_data as usize,
+                    &format!("the data of section {:?}", section.name),
+                )?;
+            }
+            sections.push(section);
+        }
+        Ok(PeImage {
+            data,
+            magic,
+            machine,
+            subsystem,
+            checksum_offset: opt + OPT_CHECKSUM,
+            number_of_rva_and_sizes,
+            security_directory_offset,
+            security_directory,
+            size_of_headers,
+            sections,
+            label,
+        })
+    }
+
+    /// The whole file.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// The name used for this image in errors.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The first section called `name`: systemd-stub's lookup (`pe_locate_sections()`: the
+    /// first match wins).
+    pub fn section(&self, name: &str) -> Option<&SectionHeader> {
+        self.sections.iter().find(|s| s.name == name)
+    }
+
+    /// A section's data as the loader copies it from the file: `min(SizeOfRawData,
+    /// VirtualSize)` bytes. The loaded section continues with zeros up to `VirtualSize`.
+    pub fn file_data(&self, section: &SectionHeader) -> &'a [u8] {
+        let len = section.size_of_raw_data.min(section.virtual_size) as usize;
+        let start = section.pointer_to_raw_data as usize;
+        // `parse` checked that pointer..pointer+SizeOfRawData is inside the file, and len is at
+        // most SizeOfRawData; a zero-length section may point anywhere.
+        self.data.get(start..start + len).unwrap_or(&[])
+    }
+
+    /// A section as loaded: its file data followed by zeros up to `VirtualSize` bytes.
+    pub fn loaded(&self, section: &SectionHeader) -> Loaded<'a> {
+        let data = self.file_data(section);
+        Loaded {
+            data,
+            zeros: (section.virtual_size as usize).saturating_sub(data.len()),
+        }
+    }
+
+    pub(crate) fn malformed(&self, reason: impl Into<String>) -> PeError {
+        PeError::Malformed {
+            image: self.label.clone(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The contents of a loaded section without copying it: file bytes, then `zeros` zero bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Loaded<'a> {
+    /// The bytes from the file.
+    pub data: &'a [u8],
+    /// How many zero bytes follow them in memory.
+    pub zeros: usize,
+}
+
+impl Loaded<'_> {
+    /// Total length in memory (`VirtualSize`).
+    pub fn len(&self) -> usize {
+        self.data.len() + self.zeros
+    }
+
+    /// Whether the loaded section is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Feeds the loaded bytes to `update` (in a few chunks, without allocating the whole).
+    pub fn feed(&self, mut update: impl FnMut(&[u8])) {
+        update(self.data);
+        const ZEROS: [u8; 4096] = [0; 4096];
+        let mut left = self.zeros;
+        while left > 0 {
+            let n = left.min(ZEROS.len());
+            update(&ZEROS[..n]);
+            left -= n;
+        }
+    }
+
+    /// The loaded bytes, copied.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.len());
+        self.feed(|b| v.extend_from_slice(b));
+        v
+    }
+}
+
+struct Reader<'a> {
+    data: &'a [u8],
+    label: &'a str,
+}
+
+impl<'a> Reader<'a> {
+    fn bytes(&self, offset: usize, len: usize, what: &str) -> Result<&'a [u8], PeError> {
+        let end = offset.checked_add(len);
+        end.and_then(|end| self.data.get(offset..end))
+            .ok_or_else(|| PeError::Truncated {
+                image: self.label.to_owned(),
+                what: what.to_owned(),
+                offset: offset as u64,
+                end: end.map_or(u64::MAX, |e| e as u64),
+                len: self.data.len(),
+            })
+    }
+
+    fn u16(&self, offset: usize, what: &str) -> Result<u16, PeError> {
+        let b = self.bytes(offset, 2, what)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&self, offset: usize, what: &str) -> Result<u32, PeError> {
+        let b = self.bytes(offset, 4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+impl fmt::Display for SectionHeader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (VirtualSize {:#x}, SizeOfRawData {:#x} at {:#x})",
+            self.name, self.virtual_size, self.size_of_raw_data, self.pointer_to_raw_data
+        )
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A minimal PE32+ image: headers of 0x200 bytes, then the given sections' data, each
+    /// file-aligned to 0x200. Returns the file.
+    pub(crate) fn tiny_pe(sections: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut f = vec![0u8; 0x200];
+        f[..2].copy_from_slice(b"MZ");
+        f[0x3c..0x40].copy_from_slice(&0x80u32.to_le_bytes());
+        f[0x80..0x84].copy_from_slice(b"PE\0\0");
+        let coff = 0x84;
+        f[coff..coff + 2].copy_from_slice(&0x8664u16.to_le_bytes());
+        f[coff + 2..coff + 4].copy_from_slice(&(sections.len() as u16).to_le_bytes());
+        let opt_size: u16 = 112 + 16 * 8;
+        f[coff + 16..coff + 18].copy_from_slice(&opt_size.to_le_bytes());
+        let opt = coff + 20;
+        f[opt..opt + 2].copy_from_slice(&MAGIC_PE32_PLUS.to_le_bytes());
+        f[opt + 32..opt + 36].copy_from_slice(&0x1000u32.to_le_bytes());
+        f[opt + 36..opt + 40].copy_from_slice(&0x200u32.to_le_bytes());
+        f[opt + 60..opt + 64].copy_from_slice(&0x200u32.to_le_bytes());
+        f[opt + 64..opt + 68].copy_from_slice(&0xdeadbeefu32.to_le_bytes());
+        f[opt + 68..opt + 70].copy_from_slice(&10u16.to_le_bytes());
+        f[opt + 108..opt + 112].copy_from_slice(&16u32.to_le_bytes());
+        let table = opt + usize::from(opt_size);
+        let mut va = 0x1000u32;
+        for (i, (name, data)) in sections.iter().enumerate() {
+            let pointer = f.len() as u32;
+            let raw = data.len().div_ceil(0x200) * 0x200;
+            f.extend_from_slice(data);
+            f.resize(pointer as usize + raw, 0);
+            let h = table + i * 40;
+            f[h..h + name.len()].copy_from_slice(name.as_bytes());
+            f[h + 8..h + 12].copy_from_slice(&(data.len() as u32).to_le_bytes());
+            f[h + 12..h + 16].copy_from_slice(&va.to_le_bytes());
+            f[h + 16..h + 20].copy_from_slice(&(raw as u32).to_le_bytes());
+            f[h + 20..h + 24].copy_from_slice(&pointer.to_le_bytes());
+            f[h + 36..h + 40].copy_from_slice(&0x4000_0040u32.to_le_bytes());
+            va += (data.len() as u32).div_ceil(0x1000).max(1) * 0x1000;
+        }
+        f
+    }
+
+    #[test]
+    fn parses_sections_and_directories() {
+        let pe = tiny_pe(&[(".osrel", b"ID=x\n"), (".linux", &[7u8; 0x300])]);
+        let image = PeImage::parse(&pe, "test image").expect("valid");
+        assert_eq!(image.magic, MAGIC_PE32_PLUS);
+        assert_eq!(image.subsystem, 10);
+        assert_eq!(image.size_of_headers, 0x200);
+        assert_eq!(image.number_of_rva_and_sizes, 16);
+        assert_eq!(image.security_directory, (0, 0));
+        let names: Vec<&str> = image.sections.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, [".osrel", ".linux"]);
+        let osrel = image.section(".osrel").expect("present");
+        assert_eq!(image.file_data(osrel), b"ID=x\n");
+        assert_eq!(image.loaded(osrel).to_vec(), b"ID=x\n");
+        assert!(image.section(".initrd").is_none());
+    }
+
+    #[test]
+    fn loaded_section_is_zero_filled_to_virtual_size() {
+        let mut pe = tiny_pe(&[(".data", b"abc")]);
+        let image = PeImage::parse(&pe, "t").expect("valid");
+        let header_at = image.checksum_offset - 64 + 112 + 16 * 8;
+        // VirtualSize 8 > data 3 bytes (SizeOfRawData is 0x200, the file has zeros after "abc",
+        // so make the raw size 3 to see the loader's zero fill rather than file padding).
+        pe[header_at + 8..header_at + 12].copy_from_slice(&8u32.to_le_bytes());
+        pe[header_at + 16..header_at + 20].copy_from_slice(&3u32.to_le_bytes());
+        let image = PeImage::parse(&pe, "t").expect("valid");
+        let s = image.section(".data").expect("present");
+        assert_eq!(image.file_data(s), b"abc");
+        let loaded = image.loaded(s);
+        assert_eq!(loaded.len(), 8);
+        assert_eq!(loaded.to_vec(), b"abc\0\0\0\0\0");
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_pe() {
+        let err = PeImage::parse(b"", "UKI x.efi").unwrap_err();
+        assert!(err.to_string().contains("empty"), "{err}");
+        let err = PeImage::parse(b"\x7fELF\x02\x01\x01", "UKI x.efi").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("the UKI x.efi is not a PE image: there is no MZ signature"),
+            "{err}"
+        );
+        let mut pe = tiny_pe(&[]);
+        pe[0x80] = b'X';
+        let err = PeImage::parse(&pe, "UKI").unwrap_err();
+        assert!(err.to_string().contains("no PE\\0\\0 signature at offset 0x80"), "{err}");
+        let mut pe = tiny_pe(&[]);
+        pe[0x98..0x9a].copy_from_slice(&0x107u16.to_le_bytes());
+        let err = PeImage::parse(&pe, "UKI").unwrap_err();
+        assert!(err.to_string().contains("magic is 0x0107"), "{err}");
+    }
+
+    #[test]
+    fn truncation_anywhere_is_an_error_naming_the_structure() {
+        let pe = tiny_pe(&[(".linux", &[1u8; 0x400])]);
+        // Every prefix of the file either parses (no: the section data ends at the file end)
+        // or fails cleanly; none panics.
+        for len in 0..pe.len() {
+            assert!(
+                PeImage::parse(&pe[..len], "UKI").is_err(),
+                "a {len}-byte prefix parsed"
+            );
+        }
+        let err = PeImage::parse(&pe[..pe.len() - 1], "UKI").unwrap_err();
+        assert!(
+            matches!(&err, PeError::Truncated { what, .. } if what.contains(".linux")),
+            "{err}"
+        );
+        assert!(err.to_string().starts_with("the UKI is truncated"), "{err}");
+        let err = PeImage::parse(&pe[..0x60], "UKI").unwrap_err();
+        assert!(err.to_string().contains("PE signature"), "{err}");
+    }
+
+    #[test]
+    fn bogus_offsets_do_not_overflow() {
+        let mut pe = tiny_pe(&[(".linux", b"k")]);
+        pe[0x3c..0x40].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(matches!(
+            PeImage::parse(&pe, "UKI"),
+            Err(PeError::Truncated { .. })
+        ));
+        let mut pe = tiny_pe(&[(".linux", b"k")]);
+        let table = 0x84 + 20 + 112 + 128;
+        pe[table + 20..table + 24].copy_from_slice(&u32::MAX.to_le_bytes());
+        let err = PeImage::parse(&pe, "UKI").unwrap_err();
+        assert!(err.to_string().contains("section \".linux\""), "{err}");
+    }
+}
