@@ -28,10 +28,8 @@ use crate::tpm_types::{
 /// The console line carrying a boot report is this marker followed by one JSON object.
 pub const BOOT_REPORT_MARKER: &str = "HAWSER_BOOT_REPORT ";
 
-/// The console line carrying the firmware's TCG event log (base64 of securityfs
-/// `binary_bios_measurements`) is this marker followed by the encoding. Diagnostics only: a
-/// verifier trusts it only as far as it replays to quoted PCR values.
-pub const EVENT_LOG_MARKER: &str = "HAWSER_EVENT_LOG ";
+/// The console line carrying the firmware's TCG event log (defined with its parser).
+pub use hawser_measurements::eventlog::EVENT_LOG_MARKER;
 
 /// The report format this crate writes and verifies.
 pub const REPORT_VERSION: u32 = 1;
@@ -159,7 +157,7 @@ pub enum VerifyError {
     UnexpectedNonce { expected: String, actual: String },
     /// The attest selects PCRs other than exactly the declared sha256 PCRs.
     #[error(
-        "the quote's PCR selection is {attest}, but quote.pcr_selection declares sha256 {declared:?}"
+        "the quote's PCR selection is {attest}, but the evidence declares sha256 PCRs {declared:?}"
     )]
     PcrSelection { declared: Vec<u8>, attest: String },
     /// A quoted PCR has no value in the report.
@@ -265,141 +263,181 @@ impl QuoteEvidence {
         let ak_bytes = decode_hex("quote.ak_public", &self.ak_public)?;
         let attest_bytes = decode_hex("quote.attest", &self.attest)?;
         let signature_bytes = decode_hex("quote.signature", &self.signature)?;
-        let ak = EccPublic::parse(&ak_bytes).map_err(|source| VerifyError::Parse {
-            field: "quote.ak_public",
-            source,
-        })?;
-        let attest = Attest::parse(&attest_bytes).map_err(|source| VerifyError::Parse {
-            field: "quote.attest",
-            source,
-        })?;
-        let signature =
-            EccSignature::parse(&signature_bytes).map_err(|source| VerifyError::Parse {
-                field: "quote.signature",
-                source,
+        verify_quote(
+            QuoteParts {
+                ak_public: &ak_bytes,
+                attest: &attest_bytes,
+                signature: &signature_bytes,
+            },
+            &REPORT_FIELDS,
+            &self.pcr_selection,
+            nonce,
+        )
+    }
+}
+
+/// The three marshalled TPM structures of a quote.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QuoteParts<'a> {
+    pub ak_public: &'a [u8],
+    pub attest: &'a [u8],
+    pub signature: &'a [u8],
+}
+
+/// How the caller's format names the three structures, for error messages.
+pub(crate) struct FieldNames {
+    pub ak_public: &'static str,
+    pub attest: &'static str,
+    pub signature: &'static str,
+}
+
+const REPORT_FIELDS: FieldNames = FieldNames {
+    ak_public: "quote.ak_public",
+    attest: "quote.attest",
+    signature: "quote.signature",
+};
+
+/// The quote checks of [`QuoteEvidence::verify`] on raw bytes (shared with the aTLS evidence).
+pub(crate) fn verify_quote(
+    parts: QuoteParts<'_>,
+    fields: &FieldNames,
+    pcr_selection: &[u8],
+    nonce: &[u8],
+) -> Result<VerifiedQuote, VerifyError> {
+    let attest_bytes = parts.attest;
+    let ak = EccPublic::parse(parts.ak_public).map_err(|source| VerifyError::Parse {
+        field: fields.ak_public,
+        source,
+    })?;
+    let attest = Attest::parse(attest_bytes).map_err(|source| VerifyError::Parse {
+        field: fields.attest,
+        source,
+    })?;
+    let signature = EccSignature::parse(parts.signature).map_err(|source| VerifyError::Parse {
+        field: fields.signature,
+        source,
+    })?;
+
+    // The AK: only a restricted signing key's signature over a TPM_GENERATED_VALUE structure
+    // proves the TPM produced it; a non-restricted key could sign a forged TPMS_ATTEST.
+    if ak.name_alg != TPM_ALG_SHA256 {
+        return Err(VerifyError::AkNameAlg {
+            actual: ak.name_alg,
+        });
+    }
+    let attrs = ak.object_attributes;
+    let problem = if attrs & object_attributes::RESTRICTED == 0 {
+        Some("not restricted")
+    } else if attrs & object_attributes::SIGN_ENCRYPT == 0 {
+        Some("not a signing key")
+    } else if attrs & object_attributes::FIXED_TPM == 0 {
+        Some("not fixedTPM")
+    } else if attrs & object_attributes::DECRYPT != 0 {
+        Some("also a decryption key")
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        return Err(VerifyError::AkAttributes {
+            actual: attrs,
+            problem,
+        });
+    }
+    if ak.scheme.scheme != TPM_ALG_ECDSA || ak.scheme.hash_alg != Some(TPM_ALG_SHA256) {
+        return Err(VerifyError::AkScheme {
+            scheme: ak.scheme.scheme,
+            hash: ak.scheme.hash_alg,
+        });
+    }
+    if ak.curve != TPM_ECC_NIST_P256 {
+        return Err(VerifyError::AkKey {
+            reason: format!("curve is {:#06x}, expected NIST P-256 (0x0003)", ak.curve),
+        });
+    }
+    let (Some(point), Some(key)) = (ak.p256_sec1_point(), ak.p256_verifying_key()) else {
+        return Err(VerifyError::AkKey {
+            reason: format!(
+                "the point (x {} bytes, y {} bytes) is not on the curve",
+                ak.x.len(),
+                ak.y.len()
+            ),
+        });
+    };
+    let ak_name = ak.name().ok_or(VerifyError::AkNameAlg {
+        actual: ak.name_alg,
+    })?;
+
+    // The signature, before anything inside the attest is believed.
+    if signature.sig_alg != TPM_ALG_ECDSA || signature.hash_alg != TPM_ALG_SHA256 {
+        return Err(VerifyError::SignatureScheme {
+            sig_alg: signature.sig_alg,
+            hash_alg: signature.hash_alg,
+        });
+    }
+    let p256_signature = signature.to_p256().ok_or(VerifyError::SignatureMalformed {
+        r_len: signature.r.len(),
+        s_len: signature.s.len(),
+    })?;
+    if !tpm_types::verify_p256_sha256(&key, attest_bytes, &p256_signature) {
+        return Err(VerifyError::SignatureInvalid {
+            ak_name: hex::encode(&ak_name),
+        });
+    }
+
+    // The signer is this AK as an endorsement-hierarchy primary (not, say, a child key).
+    let expected_signer =
+        ak.primary_qualified_name(TPM_RH_ENDORSEMENT)
+            .ok_or(VerifyError::AkNameAlg {
+                actual: ak.name_alg,
+            })?;
+    if attest.qualified_signer != expected_signer {
+        return Err(VerifyError::QualifiedSigner {
+            expected: hex::encode(expected_signer),
+            actual: hex::encode(&attest.qualified_signer),
+        });
+    }
+
+    if attest.extra_data != nonce {
+        return Err(VerifyError::UnexpectedNonce {
+            expected: hex::encode(nonce),
+            actual: hex::encode(&attest.extra_data),
+        });
+    }
+
+    let mut declared = pcr_selection.to_vec();
+    declared.sort_unstable();
+    declared.dedup();
+    let selection_matches = match attest.pcr_selections.as_slice() {
+        [only] => only.hash_alg == TPM_ALG_SHA256 && only.indices() == declared,
+        _ => false,
+    };
+    if !selection_matches || declared != pcr_selection {
+        return Err(VerifyError::PcrSelection {
+            declared: pcr_selection.to_vec(),
+            attest: describe_selections(&attest.pcr_selections),
+        });
+    }
+    let pcr_digest: [u8; 32] =
+        attest
+            .pcr_digest
+            .clone()
+            .try_into()
+            .map_err(|d: Vec<u8>| VerifyError::Length {
+                field: "quote.attest pcrDigest".into(),
+                expected: 32,
+                actual: d.len(),
             })?;
 
-        // The AK: only a restricted signing key's signature over a TPM_GENERATED_VALUE structure
-        // proves the TPM produced it; a non-restricted key could sign a forged TPMS_ATTEST.
-        if ak.name_alg != TPM_ALG_SHA256 {
-            return Err(VerifyError::AkNameAlg {
-                actual: ak.name_alg,
-            });
-        }
-        let attrs = ak.object_attributes;
-        let problem = if attrs & object_attributes::RESTRICTED == 0 {
-            Some("not restricted")
-        } else if attrs & object_attributes::SIGN_ENCRYPT == 0 {
-            Some("not a signing key")
-        } else if attrs & object_attributes::FIXED_TPM == 0 {
-            Some("not fixedTPM")
-        } else if attrs & object_attributes::DECRYPT != 0 {
-            Some("also a decryption key")
-        } else {
-            None
-        };
-        if let Some(problem) = problem {
-            return Err(VerifyError::AkAttributes {
-                actual: attrs,
-                problem,
-            });
-        }
-        if ak.scheme.scheme != TPM_ALG_ECDSA || ak.scheme.hash_alg != Some(TPM_ALG_SHA256) {
-            return Err(VerifyError::AkScheme {
-                scheme: ak.scheme.scheme,
-                hash: ak.scheme.hash_alg,
-            });
-        }
-        if ak.curve != TPM_ECC_NIST_P256 {
-            return Err(VerifyError::AkKey {
-                reason: format!("curve is {:#06x}, expected NIST P-256 (0x0003)", ak.curve),
-            });
-        }
-        let (Some(point), Some(key)) = (ak.p256_sec1_point(), ak.p256_verifying_key()) else {
-            return Err(VerifyError::AkKey {
-                reason: format!(
-                    "the point (x {} bytes, y {} bytes) is not on the curve",
-                    ak.x.len(),
-                    ak.y.len()
-                ),
-            });
-        };
-        let ak_name = ak.name().ok_or(VerifyError::AkNameAlg {
-            actual: ak.name_alg,
-        })?;
-
-        // The signature, before anything inside the attest is believed.
-        if signature.sig_alg != TPM_ALG_ECDSA || signature.hash_alg != TPM_ALG_SHA256 {
-            return Err(VerifyError::SignatureScheme {
-                sig_alg: signature.sig_alg,
-                hash_alg: signature.hash_alg,
-            });
-        }
-        let p256_signature = signature.to_p256().ok_or(VerifyError::SignatureMalformed {
-            r_len: signature.r.len(),
-            s_len: signature.s.len(),
-        })?;
-        if !tpm_types::verify_p256_sha256(&key, &attest_bytes, &p256_signature) {
-            return Err(VerifyError::SignatureInvalid {
-                ak_name: hex::encode(&ak_name),
-            });
-        }
-
-        // The signer is this AK as an endorsement-hierarchy primary (not, say, a child key).
-        let expected_signer =
-            ak.primary_qualified_name(TPM_RH_ENDORSEMENT)
-                .ok_or(VerifyError::AkNameAlg {
-                    actual: ak.name_alg,
-                })?;
-        if attest.qualified_signer != expected_signer {
-            return Err(VerifyError::QualifiedSigner {
-                expected: hex::encode(expected_signer),
-                actual: hex::encode(&attest.qualified_signer),
-            });
-        }
-
-        if attest.extra_data != nonce {
-            return Err(VerifyError::UnexpectedNonce {
-                expected: hex::encode(nonce),
-                actual: hex::encode(&attest.extra_data),
-            });
-        }
-
-        let mut declared = self.pcr_selection.clone();
-        declared.sort_unstable();
-        declared.dedup();
-        let selection_matches = match attest.pcr_selections.as_slice() {
-            [only] => only.hash_alg == TPM_ALG_SHA256 && only.indices() == declared,
-            _ => false,
-        };
-        if !selection_matches || declared != self.pcr_selection {
-            return Err(VerifyError::PcrSelection {
-                declared: self.pcr_selection.clone(),
-                attest: describe_selections(&attest.pcr_selections),
-            });
-        }
-        let pcr_digest: [u8; 32] =
-            attest
-                .pcr_digest
-                .clone()
-                .try_into()
-                .map_err(|d: Vec<u8>| VerifyError::Length {
-                    field: "quote.attest pcrDigest".into(),
-                    expected: 32,
-                    actual: d.len(),
-                })?;
-
-        Ok(VerifiedQuote {
-            ak_fingerprint: Sha256::digest(point).into(),
-            ak_public_point: point,
-            ak_name,
-            nonce: attest.extra_data,
-            clock_info: attest.clock_info,
-            firmware_version: attest.firmware_version,
-            pcr_selection: declared,
-            pcr_digest,
-        })
-    }
+    Ok(VerifiedQuote {
+        ak_fingerprint: Sha256::digest(point).into(),
+        ak_public_point: point,
+        ak_name,
+        nonce: attest.extra_data,
+        clock_info: attest.clock_info,
+        firmware_version: attest.firmware_version,
+        pcr_selection: declared,
+        pcr_digest,
+    })
 }
 
 impl VerifiedQuote {

@@ -53,11 +53,12 @@ use tss_esapi::{
     Context, TctiNameConf,
     attributes::ObjectAttributesBuilder,
     constants::CapabilityType,
-    handles::{KeyHandle, ObjectHandle, PcrHandle},
+    handles::{KeyHandle, NvIndexHandle, NvIndexTpmHandle, ObjectHandle, PcrHandle, TpmHandle},
     interface_types::{
         algorithm::{EccSchemeAlgorithm, PublicAlgorithm},
         ecc::EccCurve,
-        resource_handles::Hierarchy,
+        resource_handles::{Hierarchy, NvAuth},
+        session_handles::AuthSession,
     },
     structures::{
         CapabilityData, Data, Digest, DigestValues, EccPoint, EccScheme, HashScheme,
@@ -79,6 +80,11 @@ const PCR_COUNT: u8 = 24;
 const PCRS_PER_READ: usize = 8;
 /// Bytes asked for per TPM2_GetRandom (a TPM returns at most its largest digest size).
 const RANDOM_PER_CALL: usize = 32;
+/// Bytes asked for per TPM2_NV_Read: every TPM supports at least this (TPM2_MAX_NV_BUFFER_SIZE
+/// is 1024 on swtpm and most hardware, never below 512).
+const NV_READ_CHUNK: u16 = 512;
+/// The largest NV index this module reads (TPM NV indices are a few KiB at most).
+const NV_MAX_READ: usize = 16 * 1024;
 
 /// A TPM operation that failed. Each variant names the TPM command and the TCTI.
 #[derive(Debug, Error)]
@@ -115,6 +121,9 @@ pub enum TpmError {
     /// An [`AttestationKey`] was used with another [`Tpm`] connection than the one that made it.
     #[error("the attestation key was created through another TPM connection")]
     ForeignKey,
+    /// The NV index is not defined.
+    #[error("NV index {index:#010x} is not defined on TPM {tcti}")]
+    NvIndexMissing { index: u32, tcti: String },
 }
 
 struct Inner {
@@ -481,6 +490,26 @@ impl Tpm {
         nonce: &[u8],
         pcrs: &[u8],
     ) -> Result<QuoteEvidence, TpmError> {
+        let quote = self.quote_marshalled(ak, nonce, pcrs)?;
+        Ok(QuoteEvidence {
+            ak_public: hex::encode(&ak.public_tpm2b),
+            attest: hex::encode(quote.attest),
+            signature: hex::encode(quote.signature),
+            pcr_selection: quote.pcr_selection,
+        })
+    }
+
+    /// [`Tpm::quote`] returning the marshalled `TPMS_ATTEST` and `TPMT_SIGNATURE` as bytes.
+    ///
+    /// The AK is authorised with a password session (its auth value is empty), not an HMAC
+    /// session: that saves the TPM2_StartAuthSession and TPM2_FlushContext round trips of a
+    /// session per quote, which are most of a quote's latency on swtpm.
+    pub fn quote_marshalled(
+        &self,
+        ak: &AttestationKey,
+        nonce: &[u8],
+        pcrs: &[u8],
+    ) -> Result<MarshalledQuote, TpmError> {
         const CALL: &str = "TPM2_Quote";
         if !Arc::ptr_eq(&self.inner, &ak.tpm) {
             return Err(TpmError::ForeignKey);
@@ -506,7 +535,7 @@ impl Tpm {
         let handle = ak.handle;
         let (attest, signature) = inner
             .context
-            .execute_with_nullauth_session(|ctx| {
+            .execute_with_session(Some(AuthSession::Password), |ctx| {
                 ctx.quote(handle, qualifying_data, scheme, selection)
             })
             .map_err(inner.call_err(CALL))?;
@@ -516,12 +545,75 @@ impl Tpm {
         let signature = signature
             .marshall()
             .map_err(inner.call_err("Tss2_MU_TPMT_SIGNATURE_Marshal"))?;
-        Ok(QuoteEvidence {
-            ak_public: hex::encode(&ak.public_tpm2b),
-            attest: hex::encode(attest),
-            signature: hex::encode(signature),
+        Ok(MarshalledQuote {
+            attest,
+            signature,
             pcr_selection: selected.into_iter().collect(),
         })
+    }
+
+    /// Reads the whole content of NV index `index` (TPM2_NV_Read in chunks), authorising with
+    /// the index's own empty auth value (TPMA_NV_AUTHREAD), as a provider-written certificate
+    /// index allows.
+    pub fn read_nv(&self, index: u32) -> Result<Vec<u8>, TpmError> {
+        const CALL: &str = "TPM2_NV_Read";
+        let mut inner = lock(&self.inner);
+        let (data, _more) = inner
+            .context
+            .execute_without_session(|ctx| ctx.get_capability(CapabilityType::Handles, index, 1))
+            .map_err(inner.call_err("TPM2_GetCapability(TPM_CAP_HANDLES)"))?;
+        let defined = matches!(&data, CapabilityData::Handles(list)
+            if list.iter().next().is_some_and(|h| u32::from(*h) == index));
+        if !defined {
+            return Err(TpmError::NvIndexMissing {
+                index,
+                tcti: inner.tcti.clone(),
+            });
+        }
+        let tpm_handle = NvIndexTpmHandle::new(index).map_err(inner.call_err(CALL))?;
+        let mut object = inner
+            .context
+            .execute_without_session(|ctx| ctx.tr_from_tpm_public(TpmHandle::NvIndex(tpm_handle)))
+            .map_err(inner.call_err("Esys_TR_FromTPMPublic"))?;
+        let result = Self::read_nv_locked(&mut inner, NvIndexHandle::from(object));
+        // Releases only the ESYS bookkeeping for the index; the index itself stays.
+        if let Err(err) = inner.context.tr_close(&mut object) {
+            tracing::warn!(tcti = %inner.tcti, %err, "Esys_TR_Close of an NV index failed");
+        }
+        result
+    }
+
+    fn read_nv_locked(inner: &mut Inner, handle: NvIndexHandle) -> Result<Vec<u8>, TpmError> {
+        const CALL: &str = "TPM2_NV_Read";
+        let (public, _name) = inner
+            .context
+            .execute_without_session(|ctx| ctx.nv_read_public(handle))
+            .map_err(inner.call_err("TPM2_NV_ReadPublic"))?;
+        let size = public.data_size();
+        if size > NV_MAX_READ {
+            return Err(inner.unexpected(
+                "TPM2_NV_ReadPublic",
+                format!("an NV index of {size} bytes (more than {NV_MAX_READ})"),
+            ));
+        }
+        let mut data = Vec::with_capacity(size);
+        while data.len() < size {
+            // Both fit in u16: size <= NV_MAX_READ < 65536.
+            let offset = data.len() as u16;
+            let want = (size - data.len()).min(usize::from(NV_READ_CHUNK)) as u16;
+            let chunk = inner
+                .context
+                .execute_with_session(Some(AuthSession::Password), |ctx| {
+                    ctx.nv_read(NvAuth::NvIndex(handle), handle, want, offset)
+                })
+                .map_err(inner.call_err(CALL))?;
+            if chunk.value().is_empty() {
+                return Err(inner.unexpected(CALL, format!("0 bytes at offset {offset}")));
+            }
+            data.extend_from_slice(chunk.value());
+        }
+        data.truncate(size);
+        Ok(data)
     }
 
     /// `n` bytes from the TPM's random number generator (TPM2_GetRandom, repeated as needed).
@@ -543,6 +635,17 @@ impl Tpm {
         }
         Ok(out)
     }
+}
+
+/// A quote as the TPM marshalled it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarshalledQuote {
+    /// The signed `TPMS_ATTEST`.
+    pub attest: Vec<u8>,
+    /// The `TPMT_SIGNATURE` over `attest`.
+    pub signature: Vec<u8>,
+    /// The quoted sha256-bank PCRs, ascending.
+    pub pcr_selection: Vec<u8>,
 }
 
 /// The loaded attestation key. Dropping it flushes the transient object from the TPM.
@@ -582,5 +685,20 @@ impl Drop for AttestationKey {
                 tracing::warn!(tcti = %inner.tcti, %err, "TPM2_FlushContext of the attestation key failed")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn template_marshals_to_the_documented_bytes() {
+        let template = attestation_key_template().expect("template builds");
+        let marshalled = template.marshall().expect("marshals");
+        assert_eq!(
+            hex::encode(marshalled),
+            hex::encode(crate::tpm_types::AK_TEMPLATE)
+        );
     }
 }

@@ -15,7 +15,6 @@
 //!   firmwareVersion and `TPMS_QUOTE_INFO` (`TPML_PCR_SELECTION`, pcrDigest);
 //! - `TPMT_SIGNATURE` of the ECC family ([`EccSignature`]): sigAlg, hash, r, s.
 
-use p256::ecdsa::signature::Verifier;
 use sha2::{Digest, Sha256, Sha384, Sha512};
 use thiserror::Error;
 
@@ -50,6 +49,33 @@ const SYMMETRIC_BLOCK_CIPHERS: [u16; 3] = [0x0006, 0x0013, 0x0026];
 pub const TPM_ECC_NIST_P256: u16 = 0x0003;
 /// `TPM_RH_ENDORSEMENT`: the endorsement hierarchy's handle, which is also its qualified name.
 pub const TPM_RH_ENDORSEMENT: u32 = 0x4000_000b;
+
+/// The attestation key's template, a marshalled `TPMT_PUBLIC`: ECC NIST P-256, nameAlg SHA-256,
+/// objectAttributes fixedTPM | fixedParent | sensitiveDataOrigin | userWithAuth | restricted |
+/// sign (0x00050072), empty authPolicy, symmetric NULL, scheme ECDSA with SHA-256, kdf NULL,
+/// empty unique. TPM2_CreatePrimary in the endorsement hierarchy with this template gives the
+/// same key on the same TPM every time, so the issuer (module `tpm`) and a provider certifying
+/// the key before boot (the QEMU harness) derive the same AK. The `tpm` module's tests check
+/// that tss-esapi's template marshals to exactly these bytes.
+pub const AK_TEMPLATE: [u8; 24] = [
+    0x00, 0x23, // type: TPM_ALG_ECC
+    0x00, 0x0b, // nameAlg: TPM_ALG_SHA256
+    0x00, 0x05, 0x00, 0x72, // objectAttributes
+    0x00, 0x00, // authPolicy: empty
+    0x00, 0x10, // parameters.symmetric: TPM_ALG_NULL
+    0x00, 0x18, 0x00, 0x0b, // parameters.scheme: TPM_ALG_ECDSA, hashAlg TPM_ALG_SHA256
+    0x00, 0x03, // parameters.curveID: TPM_ECC_NIST_P256
+    0x00, 0x10, // parameters.kdf: TPM_ALG_NULL
+    0x00, 0x00, // unique.x: empty
+    0x00, 0x00, // unique.y: empty
+];
+
+/// The NV index holding the AK certificate (DER, followed by any intermediate certificates
+/// towards the provider CA, concatenated). It is the index Google Compute Engine's vTPM uses
+/// for its ECC AK certificate (the platform range 0x01C1_xxxx of the TCG handle registry); the
+/// QEMU harness, playing the provider, defines it with the platform hierarchy before boot, so
+/// the guest can read but never rewrite or delete it.
+pub const AK_CERT_NV_INDEX: u32 = 0x01c1_0002;
 
 /// `TPMA_OBJECT` bits (TPM 2.0 Part 2, 8.3).
 pub mod object_attributes {
@@ -681,13 +707,18 @@ impl EccSignature {
 }
 
 /// Verifies an ECDSA P-256 signature over `SHA256(message)`. High-S signatures are accepted:
-/// TPMs do not normalise s.
+/// TPMs do not normalise s. The arithmetic is ring's (several times faster than the pure-Rust
+/// curve, which matters at handshake rates); p256 only carries the validated key.
 pub fn verify_p256_sha256(
     key: &p256::ecdsa::VerifyingKey,
     message: &[u8],
     signature: &p256::ecdsa::Signature,
 ) -> bool {
-    key.verify(message, signature).is_ok()
+    use p256::elliptic_curve::sec1::ToEncodedPoint as _;
+    let point = key.as_affine().to_encoded_point(false);
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_FIXED, point)
+        .verify(message, &signature.to_bytes())
+        .is_ok()
 }
 
 #[cfg(test)]

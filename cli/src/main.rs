@@ -3,6 +3,7 @@
 
 mod image;
 mod local;
+mod measurements;
 
 use clap::{Parser, Subcommand};
 
@@ -28,6 +29,10 @@ enum Command {
     /// Boot the image locally in QEMU with a software TPM.
     #[command(subcommand)]
     Local(local::LocalCommand),
+    /// Predict PCR values from a UKI, check them against the committed reference, explain an
+    /// event log.
+    #[command(subcommand)]
+    Measurements(measurements::MeasurementsCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -40,6 +45,7 @@ fn main() -> std::process::ExitCode {
     let result = match cli.command {
         Command::Image(cmd) => image::run(cmd),
         Command::Local(cmd) => local::run(cmd),
+        Command::Measurements(cmd) => measurements::run(cmd),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

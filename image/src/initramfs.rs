@@ -6,6 +6,7 @@
 //! bin -> usr/bin   sbin -> usr/sbin   lib -> usr/lib   lib64 -> usr/lib64
 //! init                                   PID 1 (hawser-init)
 //! usr/lib/x86_64-linux-gnu/…             its shared-library closure (closure.rs)
+//! usr/sbin/mke2fs                        programs PID 1 runs (PROGRAMS), and their closures
 //! usr/lib64/ld-linux-x86-64.so.2         -> ../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
 //! usr/lib/modules/<kver>/kernel/….ko.xz  the modules of hawser_kmod::BOOT_MODULES + dependencies
 //! usr/lib/modules/<kver>/modules.dep     of exactly the shipped modules (PID 1 reads it)
@@ -35,6 +36,10 @@ use crate::cpio::{CpioArchive, Entry};
 /// device TCTI by soname at run time.
 pub const DLOPENED_LIBRARIES: &[&str] = &["libtss2-tcti-device.so.0"];
 
+/// Programs PID 1 runs, as paths inside the package roots; each is installed at the same path
+/// with its library closure. mke2fs creates the state disk's filesystem.
+pub const PROGRAMS: &[&str] = &["usr/sbin/mke2fs"];
+
 /// zstd level of the initramfs: the smallest output the kernel still decompresses quickly.
 pub const ZSTD_LEVEL: i32 = 19;
 
@@ -50,6 +55,9 @@ pub struct InitramfsSpec {
     pub lib_roots: Vec<PathBuf>,
     /// Sonames loaded with dlopen, resolved like DT_NEEDED.
     pub dlopened: Vec<String>,
+    /// Programs (paths relative to a root in `lib_roots`) installed at the same path, with
+    /// their libraries.
+    pub programs: Vec<String>,
     /// The kernel package's modules directory (`usr/lib/modules/<kver>`).
     pub modules_dir: PathBuf,
     /// `uname -r` of the kernel: the directory name under /usr/lib/modules.
@@ -61,7 +69,8 @@ pub struct InitramfsSpec {
 }
 
 impl InitramfsSpec {
-    /// The spec for hawser's PID 1: [`DLOPENED_LIBRARIES`] and [`hawser_kmod::BOOT_MODULES`].
+    /// The spec for hawser's PID 1: [`DLOPENED_LIBRARIES`], [`PROGRAMS`] and
+    /// [`hawser_kmod::BOOT_MODULES`].
     pub fn for_hawser(
         init_binary: &Path,
         lib_roots: &[PathBuf],
@@ -73,6 +82,7 @@ impl InitramfsSpec {
             init_binary: init_binary.to_owned(),
             lib_roots: lib_roots.to_vec(),
             dlopened: DLOPENED_LIBRARIES.iter().map(|s| (*s).to_owned()).collect(),
+            programs: PROGRAMS.iter().map(|s| (*s).to_owned()).collect(),
             modules_dir: modules_dir.to_owned(),
             kernel_release: kernel_release.to_owned(),
             modules: hawser_kmod::BOOT_MODULES
@@ -160,8 +170,42 @@ pub fn assemble(
         archive.add_symlink(&link.dest, &link.target)?;
     }
 
+    for program in &spec.programs {
+        add_program(&mut archive, spec, program)?;
+    }
+
     let modules = add_modules(&mut archive, spec)?;
     Ok((archive, closure, modules))
+}
+
+/// Adds `program` from the first root that has it, at the same path, and its library closure
+/// (libraries shared with /init are the same files and are stored once).
+fn add_program(
+    archive: &mut CpioArchive,
+    spec: &InitramfsSpec,
+    program: &str,
+) -> Result<(), ImageError> {
+    let source = spec
+        .lib_roots
+        .iter()
+        .map(|root| root.join(program))
+        .find(|path| path.is_file())
+        .ok_or_else(|| {
+            ImageError::InvalidInput(format!(
+                "program {program} is in none of the {} package roots",
+                spec.lib_roots.len()
+            ))
+        })?;
+    tracing::info!(program, source = %source.display(), "adding a program");
+    archive.add_file(program, 0o755, read(&source)?)?;
+    let closure = closure::resolve(&source, &spec.lib_roots, &[])?;
+    for file in &closure.files {
+        archive.add_file(&file.dest, 0o755, read(&file.source)?)?;
+    }
+    for link in &closure.symlinks {
+        archive.add_symlink(&link.dest, &link.target)?;
+    }
+    Ok(())
 }
 
 /// The merged-/usr skeleton, mount points and /dev/console.

@@ -49,6 +49,14 @@ pub const WANTED: &[(&str, Role)] = &[
     ("libtss2-mu-4.0.1-0t64", Role::Library),
     ("libtss2-tctildr0t64", Role::Library),
     ("libtss2-tcti-device0t64", Role::Library),
+    // mke2fs, which PID 1 runs to create the state disk's filesystem (issue 6), and its
+    // libraries. e2fsprogs is a program package; it is a library root all the same: the
+    // initramfs builder finds programs and libraries in the same unpacked trees.
+    ("e2fsprogs", Role::Library),
+    ("libext2fs2t64", Role::Library),
+    ("libcom-err2", Role::Library),
+    ("libblkid1", Role::Library),
+    ("libuuid1", Role::Library),
 ];
 
 /// One pinned package.
@@ -67,6 +75,10 @@ pub struct LockedPackage {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputLock {
     pub suite: String,
+    /// `SOURCE_DATE_EPOCH` of the image: every timestamp in it. Pinned here, not taken from
+    /// the commit or the clock, so that the committed reference measurements stay valid across
+    /// commits that do not change the image; `hawser image lock` sets it to the time of locking.
+    pub source_date_epoch: u64,
     #[serde(rename = "package")]
     pub packages: Vec<LockedPackage>,
 }
@@ -501,8 +513,13 @@ pub fn resolve_lock(cache: &Path) -> Result<InputLock, InputError> {
             .ok_or_else(|| resolve_err("no download URI"))?;
         packages.push(parse_print_uris(line, &name, *role).ok_or_else(|| resolve_err(line))?);
     }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     Ok(InputLock {
         suite: SUITE.into(),
+        // Whole days: the epoch only needs to be fixed, not precise.
+        source_date_epoch: now - now % 86_400,
         packages,
     })
 }
@@ -553,6 +570,7 @@ mod tests {
     fn lock_round_trips_and_rejects_bad_digests() {
         let lock = InputLock {
             suite: SUITE.into(),
+            source_date_epoch: 1_767_225_600,
             packages: vec![parse_print_uris(LINE, "libssl3t64", Role::Library).unwrap()],
         };
         let text = lock.render();

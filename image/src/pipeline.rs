@@ -5,7 +5,8 @@
 //! unit, fat LTO, stripped) and every build-machine path that could end up in it is remapped
 //! (`--remap-path-prefix`) — the workspace, the cargo home and the target directory — so two
 //! checkouts in different directories produce the same bytes. `SOURCE_DATE_EPOCH` defaults to the
-//! time of the checked-out commit, never to the wall clock.
+//! epoch pinned in `inputs.lock`, never to the wall clock or the commit time (either would change
+//! the measurements of an unchanged image).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,12 +28,9 @@ pub struct PipelineOptions {
     pub init_binary: Option<PathBuf>,
     /// The measured kernel command line.
     pub cmdline: String,
-    /// `None` = `$SOURCE_DATE_EPOCH`, else the commit time, else [`FALLBACK_EPOCH`].
+    /// `None` = `$SOURCE_DATE_EPOCH`, else the epoch pinned in `inputs.lock`.
     pub source_date_epoch: Option<u64>,
 }
-
-/// Used when neither `SOURCE_DATE_EPOCH` nor git can say (a source tarball): 2026-01-01.
-pub const FALLBACK_EPOCH: u64 = 1_767_225_600;
 
 /// The kernel command line of the QEMU image: serial console, quiet kernel, and PID 1's
 /// defaults spelled out so they are visible in the measurements.
@@ -77,14 +75,12 @@ pub fn build_image(
     opts: &PipelineOptions,
 ) -> Result<(BuildOutput, PipelineTimeline), PipelineError> {
     let mut timeline = PipelineTimeline::default();
+    let t = Instant::now();
+    let lock = InputLock::load(&opts.workspace.join("inputs.lock"))?;
     let epoch = opts
         .source_date_epoch
         .or_else(|| std::env::var("SOURCE_DATE_EPOCH").ok()?.parse().ok())
-        .or_else(|| commit_time(&opts.workspace))
-        .unwrap_or(FALLBACK_EPOCH);
-
-    let t = Instant::now();
-    let lock = InputLock::load(&opts.workspace.join("inputs.lock"))?;
+        .unwrap_or(lock.source_date_epoch);
     let fetched = inputs::fetch(&lock, &inputs::cache_dir())?;
     timeline.steps.push(("fetch inputs", t.elapsed()));
 
@@ -112,17 +108,6 @@ pub fn build_image(
     )?;
     timeline.steps.push(("assemble image", t.elapsed()));
     Ok((output, timeline))
-}
-
-/// The committer time of HEAD, if the workspace is a git checkout.
-fn commit_time(workspace: &Path) -> Option<u64> {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(workspace)
-        .args(["log", "-1", "--format=%ct"])
-        .output()
-        .ok()?;
-    String::from_utf8(out.stdout).ok()?.trim().parse().ok()
 }
 
 /// Compiles `hawser-init` with the `image` profile and remapped paths; returns the binary.

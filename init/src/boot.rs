@@ -11,6 +11,7 @@
 //!       ─ seed the kernel pool from TPM2_GetRandom               [entropy]
 //!       ─ PCR 11 before; extend "enter-initrd"; read PCRs 0-23   [measure]
 //!       ─ AK; quote PCRs 0-23 with the nonce                     [attest]
+//!       ─ state disk: find, format or open, map, mount           [state-disk-*]
 //!       ─ boot report line; "hawser: boot complete; idle"
 //!       ─ shutdown request → stop processes, unmount, power off
 //! ```
@@ -31,6 +32,7 @@ use tracing::{info, warn};
 
 use crate::attest::{self, Attestation, NonceSource, ReportContext, TpmStepError};
 use crate::config::{self, ConfigError, RebootPolicy};
+use crate::disk::{self, DiskError};
 use crate::fatal::{self, fatal, fatal_error};
 use crate::fw_cfg::{self, FwCfgError};
 use crate::modules::{self, ModuleError};
@@ -66,6 +68,8 @@ pub enum BootError {
     NoTpm { path: PathBuf, waited: Duration },
     #[error(transparent)]
     Tpm(#[from] TpmStepError),
+    #[error(transparent)]
+    Disk(#[from] DiskError),
     #[error("cannot encode the boot report")]
     Report(#[source] serde_json::Error),
     #[error("a blocking task of the bring-up failed")]
@@ -155,7 +159,7 @@ async fn supervise(timer: PhaseTimer, warnings: Vec<String>) {
     }
 
     tokio::select! {
-        result = bring_up(timer, warnings, requests.clone()) => match result {
+        result = bring_up(timer, warnings, requests.clone(), &registry) => match result {
             Ok(()) => info!("boot complete; idle"),
             Err(e) => fatal_error(&e),
         },
@@ -247,6 +251,7 @@ async fn bring_up(
     mut timer: PhaseTimer,
     mut warnings: Vec<String>,
     requests: mpsc::Sender<ShutdownRequest>,
+    registry: &ChildRegistry,
 ) -> Result<(), BootError> {
     // The measured configuration.
     let start = timer.elapsed_ms();
@@ -292,8 +297,13 @@ async fn bring_up(
 
     // Unmeasured configuration.
     let start = timer.elapsed_ms();
-    let fw_cfg =
-        config::parse_fw_cfg(&fw_cfg::read_entries(Path::new(fw_cfg::FW_CFG_HAWSER_DIR))?)?;
+    let mut fw_cfg_entries = fw_cfg::read_entries(Path::new(fw_cfg::FW_CFG_HAWSER_DIR))?;
+    let parsed = config::parse_fw_cfg(&fw_cfg_entries);
+    // The raw entries may hold key material (the development state disk key).
+    fw_cfg_entries
+        .values_mut()
+        .for_each(zeroize::Zeroize::zeroize);
+    let mut fw_cfg = parsed?;
     for warning in &fw_cfg.warnings {
         warn!("{warning}");
     }
@@ -362,6 +372,15 @@ async fn bring_up(
         blocking(move || attest::quote_boot(&tpm, &nonce)).await??
     };
     timer.record("attest", start);
+
+    let timer = disk::bring_up(
+        &config.state_disk,
+        fw_cfg.state_disk_key.take(),
+        registry,
+        timer,
+        &mut warnings,
+    )
+    .await?;
 
     let attestation = Attestation {
         nonce,

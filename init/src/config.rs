@@ -6,8 +6,10 @@
 //!
 //! QEMU's fw_cfg is not measured: the host can put anything there. Only the keys in
 //! [`FW_CFG_ALLOWED_KEYS`] are read from it, and each must be something an attacker gains
-//! nothing from choosing — today only the quote nonce, which a verifier checks against the
-//! nonce it sent.
+//! nothing from choosing — the quote nonce, which a verifier checks against the nonce it sent —
+//! or something the *measured* command line explicitly opted into: the state disk key is used
+//! only with `hawser.state_disk_key_source=fw_cfg-insecure-dev`, a development setting that is
+//! visible in PCR measurements and warned about on every boot (see [`crate::disk`]).
 //!
 //! Everything here is pure: the callers read `/proc/cmdline` and sysfs.
 
@@ -16,6 +18,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use tracing::level_filters::LevelFilter;
+use zeroize::Zeroizing;
+
+use crate::disk::StateDiskConfig;
+use crate::disk::device::DiskSelector;
+use crate::disk::key::{KeySourceKind, VolumeKey};
+use crate::disk::luks2::Integrity;
 
 /// The prefix of the kernel command line keys hawser reads.
 pub const CMDLINE_PREFIX: &str = "hawser.";
@@ -24,9 +32,11 @@ pub const DEFAULT_REBOOT_DELAY: Duration = Duration::from_secs(30);
 /// TPM device when `hawser.tpm` is not given (the kernel's resource-managed TPM node).
 pub const DEFAULT_TPM_DEVICE: &str = "/dev/tpmrm0";
 /// The fw_cfg keys (under `opt/hawser/`) hawser accepts from the unmeasured host.
-pub const FW_CFG_ALLOWED_KEYS: &[&str] = &["quote_nonce"];
+pub const FW_CFG_ALLOWED_KEYS: &[&str] = &["quote_nonce", "state_disk_key"];
 /// Longest accepted quote nonce: a TPM2B_DATA holds at most 64 bytes of qualifying data.
 pub const MAX_NONCE_LEN: usize = 64;
+/// Longest accepted state disk key: XTS and HMAC keys (see [`Integrity::key_len`]).
+pub const MAX_STATE_DISK_KEY_LEN: usize = 96;
 
 /// A configuration value hawser cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -67,6 +77,8 @@ pub struct CmdlineConfig {
     pub log_level: LevelFilter,
     /// Absolute path of the TPM character device, e.g. `/dev/tpmrm0`.
     pub tpm_device: PathBuf,
+    /// The encrypted state disk (`hawser.state_disk*`).
+    pub state_disk: StateDiskConfig,
     /// Things worth a warning line (unknown keys, repeated keys).
     pub warnings: Vec<String>,
 }
@@ -77,6 +89,7 @@ impl Default for CmdlineConfig {
             reboot_policy: RebootPolicy::default(),
             log_level: LevelFilter::INFO,
             tpm_device: PathBuf::from(DEFAULT_TPM_DEVICE),
+            state_disk: StateDiskConfig::default(),
             warnings: Vec::new(),
         }
     }
@@ -202,6 +215,55 @@ fn parse_tpm_device(value: Option<&str>) -> Result<PathBuf, ConfigError> {
     Ok(PathBuf::from(text))
 }
 
+fn parse_state_disk(value: Option<&str>) -> Result<DiskSelector, ConfigError> {
+    const REASON: &str =
+        "expected serial:<serial> (1 to 64 ASCII letters, digits, '-', '_' or '.')";
+    value
+        .and_then(DiskSelector::parse)
+        .ok_or_else(|| malformed("state_disk", value, REASON))
+}
+
+fn parse_key_source(value: Option<&str>) -> Result<KeySourceKind, ConfigError> {
+    const REASON: &str = "expected one of none, fw_cfg-insecure-dev, join-service";
+    value
+        .and_then(KeySourceKind::from_cmdline)
+        .ok_or_else(|| malformed("state_disk_key_source", value, REASON))
+}
+
+fn parse_integrity(value: Option<&str>) -> Result<Integrity, ConfigError> {
+    match value {
+        Some("none") => Ok(Integrity::None),
+        Some("hmac-sha256") => Ok(Integrity::HmacSha256),
+        _ => Err(malformed(
+            "state_disk_integrity",
+            value,
+            "expected none or hmac-sha256",
+        )),
+    }
+}
+
+/// A disk without a key source, or a key source without a disk, is a configuration mistake:
+/// refusing to boot beats silently ignoring (or guessing) the disk.
+fn check_state_disk(
+    config: &StateDiskConfig,
+    keys: &BTreeMap<String, Option<String>>,
+) -> Result<(), ConfigError> {
+    let raw = |key: &str| keys.get(key).cloned().flatten();
+    match (config.key_source, &config.disk) {
+        (KeySourceKind::None, Some(_)) => Err(malformed(
+            "state_disk",
+            raw("state_disk").as_deref(),
+            "a state disk needs hawser.state_disk_key_source (fw_cfg-insecure-dev or join-service)",
+        )),
+        (KeySourceKind::FwCfgInsecureDev | KeySourceKind::JoinService, None) => Err(malformed(
+            "state_disk_key_source",
+            raw("state_disk_key_source").as_deref(),
+            "a key source needs hawser.state_disk=serial:<serial>",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The reboot policy of a kernel command line, falling back to the default when
 /// `hawser.reboot_delay` is absent or malformed. Used to decide what to do after a fatal
 /// configuration error (including a malformed `hawser.reboot_delay` itself).
@@ -222,11 +284,15 @@ pub fn parse_kernel_cmdline(cmdline: &str) -> Result<CmdlineConfig, ConfigError>
             "reboot_delay" => config.reboot_policy = parse_reboot_delay(value)?,
             "log" => config.log_level = parse_log_level(value)?,
             "tpm" => config.tpm_device = parse_tpm_device(value)?,
+            "state_disk" => config.state_disk.disk = Some(parse_state_disk(value)?),
+            "state_disk_key_source" => config.state_disk.key_source = parse_key_source(value)?,
+            "state_disk_integrity" => config.state_disk.integrity = parse_integrity(value)?,
             _ => warnings.push(format!(
                 "unknown kernel command line key {CMDLINE_PREFIX}{key} is ignored"
             )),
         }
     }
+    check_state_disk(&config.state_disk, &keys)?;
     config.warnings = warnings;
     Ok(config)
 }
@@ -236,6 +302,8 @@ pub fn parse_kernel_cmdline(cmdline: &str) -> Result<CmdlineConfig, ConfigError>
 pub struct FwCfgConfig {
     /// Qualifying data for the boot quote, chosen by whoever starts the VM (a test harness).
     pub quote_nonce: Option<Vec<u8>>,
+    /// The development state disk key (see [`KeySourceKind::FwCfgInsecureDev`]).
+    pub state_disk_key: Option<VolumeKey>,
     /// Keys present but not allowed, each worth a warning.
     pub warnings: Vec<String>,
 }
@@ -251,10 +319,32 @@ pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, 
             ));
             continue;
         }
-        // FW_CFG_ALLOWED_KEYS has exactly one entry today.
-        config.quote_nonce = Some(parse_nonce(key, raw)?);
+        match key.as_str() {
+            "state_disk_key" => config.state_disk_key = Some(parse_state_disk_key(raw)?),
+            _ => config.quote_nonce = Some(parse_nonce(key, raw)?),
+        }
     }
     Ok(config)
+}
+
+/// Hex key material. The error never repeats the value: it may be (most of) a key.
+fn parse_state_disk_key(raw: &[u8]) -> Result<VolumeKey, ConfigError> {
+    let malformed = |reason| ConfigError::MalformedFwCfg {
+        key: "state_disk_key".to_owned(),
+        value: "(not shown: key material)".to_owned(),
+        reason,
+    };
+    let text = std::str::from_utf8(raw)
+        .map_err(|_| malformed("expected hex digits"))?
+        .trim_ascii();
+    let mut key = Zeroizing::new(vec![0u8; text.len() / 2]);
+    if text.len() % 2 != 0 || hex::decode_to_slice(text, &mut key).is_err() {
+        return Err(malformed("expected an even number of hex digits"));
+    }
+    if key.is_empty() || key.len() > MAX_STATE_DISK_KEY_LEN {
+        return Err(malformed("expected 64 or 96 bytes"));
+    }
+    Ok(VolumeKey::new(key))
 }
 
 fn parse_nonce(key: &str, raw: &[u8]) -> Result<Vec<u8>, ConfigError> {
@@ -335,6 +425,78 @@ mod tests {
         assert_eq!(config.log_level, LevelFilter::DEBUG);
         assert_eq!(config.tpm_device, PathBuf::from("/dev/tpm0"));
         assert!(config.warnings.is_empty());
+    }
+
+    #[test]
+    fn state_disk_keys_are_read_and_checked_together() {
+        let config = parse_kernel_cmdline(
+            "hawser.state_disk=serial:hawser-state hawser.state_disk_key_source=fw_cfg-insecure-dev \
+             hawser.state_disk_integrity=hmac-sha256",
+        )
+        .unwrap();
+        assert_eq!(
+            config.state_disk,
+            StateDiskConfig {
+                key_source: KeySourceKind::FwCfgInsecureDev,
+                disk: Some(DiskSelector::Serial("hawser-state".into())),
+                integrity: Integrity::HmacSha256,
+            }
+        );
+        assert!(config.warnings.is_empty());
+        assert_eq!(
+            parse_kernel_cmdline("console=ttyS0").unwrap().state_disk,
+            StateDiskConfig::default()
+        );
+        for (cmdline, key, reason) in [
+            (
+                "hawser.state_disk=serial:x",
+                "hawser.state_disk",
+                "needs hawser.state_disk_key_source",
+            ),
+            (
+                "hawser.state_disk_key_source=join-service",
+                "hawser.state_disk_key_source",
+                "needs hawser.state_disk=serial",
+            ),
+            (
+                "hawser.state_disk=/dev/vdb",
+                "hawser.state_disk",
+                "expected serial:",
+            ),
+            (
+                "hawser.state_disk_key_source=tpm",
+                "hawser.state_disk_key_source",
+                "expected one of",
+            ),
+            (
+                "hawser.state_disk_integrity=aead",
+                "hawser.state_disk_integrity",
+                "expected none",
+            ),
+        ] {
+            let err = parse_kernel_cmdline(cmdline).unwrap_err().to_string();
+            assert!(
+                err.contains(key) && err.contains(reason),
+                "{cmdline}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_fw_cfg_state_disk_key_is_hex_and_never_echoed() {
+        let hex_key = "a5".repeat(64);
+        let config = parse_fw_cfg(&fw(&[(
+            "state_disk_key",
+            format!("{hex_key}\n").as_bytes(),
+        )]))
+        .unwrap();
+        assert_eq!(config.state_disk_key.unwrap().as_bytes(), [0xa5; 64]);
+        for raw in ["a5".repeat(97), "a5x".into(), "a5a".into(), String::new()] {
+            let err = parse_fw_cfg(&fw(&[("state_disk_key", raw.as_bytes())])).unwrap_err();
+            let message = err.to_string();
+            assert!(message.contains("not shown: key material"), "{message}");
+            assert!(raw.is_empty() || !message.contains(&raw), "{message}");
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod attest;
 pub mod boot;
 pub mod config;
 pub mod console;
+pub mod disk;
 pub mod entropy;
 pub mod fatal;
 pub mod fw_cfg;

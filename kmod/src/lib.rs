@@ -15,6 +15,10 @@ use std::collections::{BTreeMap, BTreeSet};
 /// - `virtio_*`: the QEMU and cloud block, net and entropy devices;
 /// - `qemu_fw_cfg`: unmeasured per-boot configuration from the VMM;
 /// - `dm_mod`, `dm_crypt`, `dm_verity`, `dm_integrity`: the state disk and the rootfs;
+/// - `xts`, `aesni_intel`, `authenc`: the ciphers dm-crypt asks the crypto API for (it would
+///   `request_module` them, and there is no modprobe): `xts(aes)` for aes-xts-plain64 (AES-NI,
+///   which every confidential-computing CPU has; `aes_generic` is built in), `authenc` for
+///   `authenc(hmac(sha256),xts(aes))` with dm-integrity (`hmac` and `sha256` are built in);
 /// - `tun`, `wireguard`: the node mesh;
 /// - `erofs`, `overlay`: the immutable rootfs and its writable overlays;
 /// - `button`, `evdev`: the ACPI power button, read by PID 1 for orderly power-off.
@@ -27,6 +31,9 @@ pub const BOOT_MODULES: &[&str] = &[
     "dm_crypt",
     "dm_verity",
     "dm_integrity",
+    "xts",
+    "aesni_intel",
+    "authenc",
     "tun",
     "erofs",
     "overlay",

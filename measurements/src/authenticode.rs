@@ -106,7 +106,7 @@ pub fn authenticode_sha256(pe: &PeImage<'_>) -> Result<[u8; 32], PeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pe::tests::tiny_pe;
+    use crate::pe::tests::{TINY_HEADERS as H, tiny_pe};
 
     fn sha256(parts: &[&[u8]]) -> [u8; 32] {
         let mut h = Sha256::new();
@@ -126,9 +126,9 @@ mod tests {
         let expected = sha256(&[
             &file[..c],
             &file[c + 4..e],
-            &file[e + 8..0x200],
-            &file[0x200..0x400],
-            &file[0x400..0x800],
+            &file[e + 8..H],
+            &file[H..H + 0x200],
+            &file[H + 0x200..H + 0x600],
         ]);
         assert_eq!(authenticode_sha256(&pe).expect("hash"), expected);
 
@@ -165,9 +165,9 @@ mod tests {
         let expected = sha256(&[
             &swapped[..c],
             &swapped[c + 4..e],
-            &swapped[e + 8..0x200],
-            &swapped[0x200..0x400],
-            &swapped[0x400..0x600],
+            &swapped[e + 8..H],
+            &swapped[H..H + 0x200],
+            &swapped[H + 0x200..H + 0x400],
         ]);
         assert_eq!(authenticode_sha256(&pe2).expect("hash"), expected);
         assert_ne!(expected, base);
@@ -184,7 +184,7 @@ mod tests {
         let with_trailer = sha256(&[
             &file[..c],
             &file[c + 4..e],
-            &file[e + 8..0x400],
+            &file[e + 8..H + 0x200],
             b"trailer!",
         ]);
         assert_eq!(authenticode_sha256(&pe).expect("hash"), with_trailer);

@@ -1,14 +1,42 @@
-//! hawser-measurements: what the PCRs of a hawser node should contain.
+//! hawser-measurements: what the PCRs of a hawser node should contain, and why they do not.
 //!
 //! The verifier trusts expected PCR values, not the code that produced them; this crate is
-//! where those values are computed. It is pure arithmetic over bytes (no TPM, no I/O), shared
-//! by the image builder that predicts measurements, the PID 1 that extends them and the
-//! verifier that replays them.
+//! where those values are computed, from the built artifacts alone, and where a real boot's
+//! event log is held against them. It is pure computation over bytes (no TPM, no I/O), shared by
+//! the image tooling that predicts measurements, the PID 1 that extends them and the verifier
+//! that replays them.
 //!
 //! - [`pcr`]: the sha256 extend operation and the systemd-compatible boot-phase words.
+//! - [`pe`], [`authenticode`]: a bounds-checked PE reader and the Authenticode hash firmware
+//!   extends into PCR 4.
+//! - [`stub`]: what systemd-stub 257 and the Linux 6.12 EFI stub do with a UKI's sections.
+//! - [`predict`]: the predicted events and values of PCRs 4, 9, 11 (per boot phase), 12, 13, 15.
+//! - [`eventlog`]: the firmware's TCG event log (crypto-agile), its replay, and the console
+//!   line PID 1 prints it in.
+//! - [`explain`]: a real boot's event log lined up with the prediction, event by event.
+//! - [`reference`](mod@reference): reference measurement files (Constellation's JSON shape plus metadata) and
+//!   the diff that names the input that changed.
+//!
+//! The rules and where they come from are in `docs/measurements.md` and
+//! `docs/research/systemd-stub-257-measurements.md`.
 
+pub mod authenticode;
+pub mod eventlog;
+pub mod explain;
 pub mod pcr;
+pub mod pe;
+pub mod predict;
+pub mod reference;
+pub mod stub;
 
 pub use pcr::{
     PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, extend_sha256, phase_digest,
 };
+pub use predict::{PREDICTED_PCRS, Phase, PredictError, Prediction};
+
+/// Serializes 32-byte digests as lowercase hex strings.
+pub(crate) mod hex_serde {
+    pub fn serialize<S: serde::Serializer>(v: &[u8; 32], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&hex::encode(v))
+    }
+}

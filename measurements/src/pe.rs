@@ -46,7 +46,12 @@ const SECTION_HEADER_SIZE: usize = 40;
 const DATA_DIRECTORY_SECURITY: u32 = 4;
 /// Offset of `CheckSum` in the optional header (PE32 and PE32+ alike).
 const OPT_CHECKSUM: usize = 64;
+const OPT_SIZE_OF_IMAGE: usize = 56;
 const OPT_SIZE_OF_HEADERS: usize = 60;
+
+/// The largest `SizeOfImage` accepted: 1 GiB, far beyond any bootable UKI (the firmware must
+/// allocate that much memory to load it). Bounds what a hostile file can make us hash.
+pub const MAX_SIZE_OF_IMAGE: u32 = 1 << 30;
 const OPT_SUBSYSTEM: usize = 68;
 
 /// One entry of the section table.
@@ -88,6 +93,8 @@ pub struct PeImage<'a> {
     pub security_directory: (u32, u32),
     /// `SizeOfHeaders`.
     pub size_of_headers: u32,
+    /// `SizeOfImage`: the size of the image once loaded.
+    pub size_of_image: u32,
     /// The section table, in table order.
     pub sections: Vec<SectionHeader>,
 }
@@ -149,6 +156,15 @@ impl<'a> PeImage<'a> {
             });
         }
         let size_of_headers = r.u32(opt + OPT_SIZE_OF_HEADERS, "the optional header")?;
+        let size_of_image = r.u32(opt + OPT_SIZE_OF_IMAGE, "the optional header")?;
+        if size_of_image > MAX_SIZE_OF_IMAGE {
+            return Err(PeError::Malformed {
+                image: label.clone(),
+                reason: format!(
+                    "SizeOfImage is {size_of_image:#x}, more than the {MAX_SIZE_OF_IMAGE:#x} bytes any bootable image needs"
+                ),
+            });
+        }
         let subsystem = r.u16(opt + OPT_SUBSYSTEM, "the optional header")?;
         let number_of_rva_and_sizes = r.u32(opt + rva_count_at, "the optional header")?;
         let directories_fit = (size_of_optional_header - directories_at) / 8;
@@ -201,6 +217,18 @@ impl<'a> PeImage<'a> {
                 pointer_to_raw_data: field(20),
                 characteristics: field(36),
             };
+            // What a loader (EDK II's PeCoffLoaderLoadImage) enforces: the section lies within
+            // the loaded image.
+            let end = u64::from(section.virtual_address) + u64::from(section.virtual_size);
+            if end > u64::from(size_of_image) {
+                return Err(PeError::Malformed {
+                    image: label.clone(),
+                    reason: format!(
+                        "section {:?} ends at RVA {end:#x}, beyond SizeOfImage {size_of_image:#x}",
+                        section.name
+                    ),
+                });
+            }
             if section.size_of_raw_data > 0 {
                 r.bytes(
                     section.pointer_to_raw_data as usize,
@@ -220,6 +248,7 @@ impl<'a> PeImage<'a> {
             security_directory_offset,
             security_directory,
             size_of_headers,
+            size_of_image,
             sections,
             label,
         })
@@ -351,10 +380,13 @@ impl fmt::Display for SectionHeader {
 pub(crate) mod tests {
     use super::*;
 
-    /// A minimal PE32+ image: headers of 0x200 bytes, then the given sections' data, each
-    /// file-aligned to 0x200. Returns the file.
+    /// Size of [`tiny_pe`]'s headers.
+    pub(crate) const TINY_HEADERS: usize = 0x400;
+
+    /// A minimal PE32+ image: headers of [`TINY_HEADERS`] bytes, then the given sections' data,
+    /// each file-aligned to 0x200. Returns the file.
     pub(crate) fn tiny_pe(sections: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut f = vec![0u8; 0x200];
+        let mut f = vec![0u8; TINY_HEADERS];
         f[..2].copy_from_slice(b"MZ");
         f[0x3c..0x40].copy_from_slice(&0x80u32.to_le_bytes());
         f[0x80..0x84].copy_from_slice(b"PE\0\0");
@@ -367,7 +399,7 @@ pub(crate) mod tests {
         f[opt..opt + 2].copy_from_slice(&MAGIC_PE32_PLUS.to_le_bytes());
         f[opt + 32..opt + 36].copy_from_slice(&0x1000u32.to_le_bytes());
         f[opt + 36..opt + 40].copy_from_slice(&0x200u32.to_le_bytes());
-        f[opt + 60..opt + 64].copy_from_slice(&0x200u32.to_le_bytes());
+        f[opt + 60..opt + 64].copy_from_slice(&(TINY_HEADERS as u32).to_le_bytes());
         f[opt + 64..opt + 68].copy_from_slice(&0xdeadbeefu32.to_le_bytes());
         f[opt + 68..opt + 70].copy_from_slice(&10u16.to_le_bytes());
         f[opt + 108..opt + 112].copy_from_slice(&16u32.to_le_bytes());
@@ -387,6 +419,7 @@ pub(crate) mod tests {
             f[h + 36..h + 40].copy_from_slice(&0x4000_0040u32.to_le_bytes());
             va += (data.len() as u32).div_ceil(0x1000).max(1) * 0x1000;
         }
+        f[opt + 56..opt + 60].copy_from_slice(&va.to_le_bytes());
         f
     }
 
@@ -396,7 +429,7 @@ pub(crate) mod tests {
         let image = PeImage::parse(&pe, "test image").expect("valid");
         assert_eq!(image.magic, MAGIC_PE32_PLUS);
         assert_eq!(image.subsystem, 10);
-        assert_eq!(image.size_of_headers, 0x200);
+        assert_eq!(image.size_of_headers, TINY_HEADERS as u32);
         assert_eq!(image.number_of_rva_and_sizes, 16);
         assert_eq!(image.security_directory, (0, 0));
         let names: Vec<&str> = image.sections.iter().map(|s| s.name.as_str()).collect();
@@ -414,7 +447,7 @@ pub(crate) mod tests {
         let header_at = image.checksum_offset - 64 + 112 + 16 * 8;
         // VirtualSize 8 > data 3 bytes (SizeOfRawData is 0x200, the file has zeros after "abc",
         // so make the raw size 3 to see the loader's zero fill rather than file padding).
-        pe[header_at + 8..header_at + 12].copy_from_slice(&8u32.to_le_bytes());
+        pe[header_at + 8..header_at + 12].copy_from_slice(&8u32.to_le_bytes()); // within SizeOfImage
         pe[header_at + 16..header_at + 20].copy_from_slice(&3u32.to_le_bytes());
         let image = PeImage::parse(&pe, "t").expect("valid");
         let s = image.section(".data").expect("present");
@@ -437,7 +470,11 @@ pub(crate) mod tests {
         let mut pe = tiny_pe(&[]);
         pe[0x80] = b'X';
         let err = PeImage::parse(&pe, "UKI").unwrap_err();
-        assert!(err.to_string().contains("no PE\\0\\0 signature at offset 0x80"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("no PE\\0\\0 signature at offset 0x80"),
+            "{err}"
+        );
         let mut pe = tiny_pe(&[]);
         pe[0x98..0x9a].copy_from_slice(&0x107u16.to_le_bytes());
         let err = PeImage::parse(&pe, "UKI").unwrap_err();
@@ -478,5 +515,22 @@ pub(crate) mod tests {
         pe[table + 20..table + 24].copy_from_slice(&u32::MAX.to_le_bytes());
         let err = PeImage::parse(&pe, "UKI").unwrap_err();
         assert!(err.to_string().contains("section \".linux\""), "{err}");
+    }
+
+    #[test]
+    fn sections_beyond_size_of_image_and_huge_images_are_refused() {
+        let mut pe = tiny_pe(&[(".linux", b"k")]);
+        let opt = 0x84 + 20;
+        let table = opt + 112 + 128;
+        pe[table + 8..table + 12].copy_from_slice(&0x10_0000u32.to_le_bytes());
+        let err = PeImage::parse(&pe, "UKI").unwrap_err();
+        assert!(err.to_string().contains("beyond SizeOfImage"), "{err}");
+        let mut pe = tiny_pe(&[(".linux", b"k")]);
+        pe[opt + 56..opt + 60].copy_from_slice(&u32::MAX.to_le_bytes());
+        let err = PeImage::parse(&pe, "UKI").unwrap_err();
+        assert!(
+            err.to_string().contains("SizeOfImage is 0xffffffff"),
+            "{err}"
+        );
     }
 }

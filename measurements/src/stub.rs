@@ -200,7 +200,10 @@ mod tests {
             load_options_utf16(b"console=ttyS0 quiet"),
             utf16("console=ttyS0 quiet")
         );
-        assert_eq!(effective_cmdline(b"console=ttyS0 quiet"), "console=ttyS0 quiet");
+        assert_eq!(
+            effective_cmdline(b"console=ttyS0 quiet"),
+            "console=ttyS0 quiet"
+        );
     }
 
     #[test]
@@ -254,8 +257,20 @@ mod tests {
         let trailer = &cpio[284..];
         assert_eq!(trailer.len(), 124);
         let expected = concat!(
-            "070701", "00000000", "00000000", "00000000", "00000000", "00000001", "00000000",
-            "00000000", "00000000", "00000000", "00000000", "00000000", "0000000B", "00000000",
+            "070701",
+            "00000000",
+            "00000000",
+            "00000000",
+            "00000000",
+            "00000001",
+            "00000000",
+            "00000000",
+            "00000000",
+            "00000000",
+            "00000000",
+            "00000000",
+            "0000000B",
+            "00000000",
             "TRAILER!!!\0\0\0\0"
         );
         assert_eq!(trailer, expected.as_bytes());

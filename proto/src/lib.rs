@@ -25,6 +25,8 @@ mod tests {
             pcrs_sha256: (0..24).map(|i| (i, vec![i as u8; 32])).collect(),
             ak_cert_chain: vec![vec![0xDD; 600]],
             user_data: Vec::new(),
+            nonce: vec![0xEE; 32],
+            tls_key_hash: vec![0xFF; 32],
         };
         let bytes = evidence.encode_to_vec();
         assert_eq!(Evidence::decode(bytes.as_slice()).unwrap(), evidence);

@@ -50,6 +50,7 @@ mod error;
 mod esp;
 mod host;
 mod process;
+pub mod provider;
 mod qmp;
 mod swtpm;
 mod vm;
@@ -64,6 +65,7 @@ pub use config::{
 pub use error::{Diagnostics, QemuError};
 pub use esp::{ESP_TYPE_GUID, EspFile, build_esp_image};
 pub use host::{OVMF_CODE, OVMF_VARS, QEMU_BINARY, SWTPM_BINARY, debian_package_for, find_binary};
+pub use provider::{ProviderCa, ProviderError, ProvisionedAk};
 pub use qmp::{Qmp, QmpMessage, parse_message as parse_qmp_message};
 pub use swtpm::{Swtpm, SwtpmOptions, SwtpmTransport};
 pub use vm::{LineMatcher, Timeline, Vm};

@@ -1,0 +1,331 @@
+//! Expected measurements: the sha256 PCR values a verifier accepts, per PCR, as released with
+//! an image.
+//!
+//! The file format is Constellation's, a JSON object keyed by decimal PCR index:
+//!
+//! ```json
+//! { "4":  { "expected": "<64 hex digits>", "warnOnly": false },
+//!   "0":  { "expected": "<64 hex digits>", "warnOnly": true } }
+//! ```
+//!
+//! Keys that are not decimal numbers are metadata (an image name, a version, a comment) and
+//! are ignored, as are fields of an entry other than `expected` and `warnOnly`. A missing
+//! `warnOnly` means `false`: a PCR is enforced unless the file says otherwise.
+//!
+//! Semantics of [`ExpectedMeasurements::check`]: every enforced PCR must be present and equal
+//! to its expected value (an exact match, no alternatives); a `warnOnly` PCR that differs or is
+//! missing only produces a [`MeasurementWarning`], which the verifier logs and returns. PCRs the
+//! evidence carries but the file does not mention are not judged.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use thiserror::Error;
+
+/// The highest PCR index of a PC-client TPM.
+const MAX_PCR: u8 = 23;
+
+/// The expectation for one PCR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpectedPcr {
+    /// The sha256-bank value.
+    pub expected: [u8; 32],
+    /// A difference is logged but not refused.
+    pub warn_only: bool,
+}
+
+/// The expected sha256 PCR values of an image (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExpectedMeasurements {
+    pcrs: BTreeMap<u8, ExpectedPcr>,
+}
+
+/// A measurements file that cannot be used.
+#[derive(Debug, Error)]
+pub enum MeasurementsError {
+    /// The file cannot be read.
+    #[error("cannot read expected measurements from {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The text is not JSON.
+    #[error("expected measurements are not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The top level is not an object.
+    #[error("expected measurements must be a JSON object keyed by PCR index")]
+    NotAnObject,
+    /// A numeric key that is not a PCR index.
+    #[error("expected measurements name PCR {key}, but a TPM has PCRs 0 to 23")]
+    PcrIndex { key: String },
+    /// An entry without a usable `expected` or `warnOnly` field.
+    #[error("expected measurement for PCR {pcr} is malformed: {reason}")]
+    Entry { pcr: u8, reason: String },
+}
+
+/// A PCR that differs from its expectation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PcrMismatch {
+    /// The PCR index.
+    pub pcr: u8,
+    /// The expected value.
+    pub expected: [u8; 32],
+    /// The value in the evidence; `None` if the evidence does not quote this PCR.
+    pub actual: Option<[u8; 32]>,
+}
+
+impl std::fmt::Display for PcrMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.actual {
+            Some(actual) => write!(
+                f,
+                "PCR {} expected {} actual {}",
+                self.pcr,
+                hex::encode(self.expected),
+                hex::encode(actual)
+            ),
+            None => write!(
+                f,
+                "PCR {} expected {} but it is not quoted",
+                self.pcr,
+                hex::encode(self.expected)
+            ),
+        }
+    }
+}
+
+/// A `warnOnly` PCR that differs: logged and reported, not refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeasurementWarning(pub PcrMismatch);
+
+impl std::fmt::Display for MeasurementWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (warnOnly)", self.0)
+    }
+}
+
+/// Enforced PCRs that differ from their expectation.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("measurements differ from the expected ones: {}", join(.mismatches))]
+pub struct MeasurementMismatch {
+    /// Every enforced PCR that differs, ascending.
+    pub mismatches: Vec<PcrMismatch>,
+}
+
+fn join(mismatches: &[PcrMismatch]) -> String {
+    mismatches
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl ExpectedMeasurements {
+    /// No expectations (add them with [`ExpectedMeasurements::insert`]).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Parses the JSON format described in the module docs.
+    pub fn from_json(text: &str) -> Result<Self, MeasurementsError> {
+        let value: serde_json::Value = serde_json::from_str(text)?;
+        let object = value.as_object().ok_or(MeasurementsError::NotAnObject)?;
+        let mut pcrs = BTreeMap::new();
+        for (key, entry) in object {
+            if key.is_empty() || !key.bytes().all(|b| b.is_ascii_digit()) {
+                continue; // metadata
+            }
+            let pcr = key
+                .parse::<u8>()
+                .ok()
+                .filter(|pcr| *pcr <= MAX_PCR)
+                .ok_or_else(|| MeasurementsError::PcrIndex { key: key.clone() })?;
+            pcrs.insert(pcr, parse_entry(pcr, entry)?);
+        }
+        Ok(Self { pcrs })
+    }
+
+    /// Reads and parses a measurements file.
+    pub fn from_json_file(path: &Path) -> Result<Self, MeasurementsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| MeasurementsError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_json(&text)
+    }
+
+    /// Sets the expectation for `pcr` (replacing any previous one).
+    pub fn insert(&mut self, pcr: u8, expected: ExpectedPcr) -> &mut Self {
+        self.pcrs.insert(pcr, expected);
+        self
+    }
+
+    /// The expectation for `pcr`.
+    pub fn get(&self, pcr: u8) -> Option<&ExpectedPcr> {
+        self.pcrs.get(&pcr)
+    }
+
+    /// All expectations, by ascending PCR index.
+    pub fn iter(&self) -> impl Iterator<Item = (u8, &ExpectedPcr)> {
+        self.pcrs.iter().map(|(pcr, e)| (*pcr, e))
+    }
+
+    /// The PCRs whose difference is refused.
+    pub fn enforced(&self) -> impl Iterator<Item = u8> + '_ {
+        self.iter()
+            .filter(|(_, e)| !e.warn_only)
+            .map(|(pcr, _)| pcr)
+    }
+
+    /// Compares `actual` (sha256 PCR values from verified evidence) with the expectations:
+    /// `Err` naming every enforced PCR that differs or is missing, else the warnings for
+    /// `warnOnly` PCRs that differ.
+    pub fn check(
+        &self,
+        actual: &BTreeMap<u8, [u8; 32]>,
+    ) -> Result<Vec<MeasurementWarning>, MeasurementMismatch> {
+        let mut mismatches = Vec::new();
+        let mut warnings = Vec::new();
+        for (pcr, expected) in self.iter() {
+            let value = actual.get(&pcr).copied();
+            if value == Some(expected.expected) {
+                continue;
+            }
+            let mismatch = PcrMismatch {
+                pcr,
+                expected: expected.expected,
+                actual: value,
+            };
+            if expected.warn_only {
+                warnings.push(MeasurementWarning(mismatch));
+            } else {
+                mismatches.push(mismatch);
+            }
+        }
+        if mismatches.is_empty() {
+            Ok(warnings)
+        } else {
+            Err(MeasurementMismatch { mismatches })
+        }
+    }
+}
+
+fn parse_entry(pcr: u8, entry: &serde_json::Value) -> Result<ExpectedPcr, MeasurementsError> {
+    let malformed = |reason: String| MeasurementsError::Entry { pcr, reason };
+    let object = entry
+        .as_object()
+        .ok_or_else(|| malformed(format!("{entry} is not an object")))?;
+    let expected = object
+        .get("expected")
+        .ok_or_else(|| malformed("it has no \"expected\" field".into()))?
+        .as_str()
+        .ok_or_else(|| malformed("\"expected\" is not a string".into()))?;
+    let bytes =
+        hex::decode(expected).map_err(|e| malformed(format!("\"expected\" is not hex: {e}")))?;
+    let len = bytes.len();
+    let expected: [u8; 32] = bytes.try_into().map_err(|_| {
+        malformed(format!(
+            "\"expected\" holds {len} bytes, a sha256 PCR holds 32"
+        ))
+    })?;
+    let warn_only = match object.get("warnOnly") {
+        None => false,
+        Some(value) => value
+            .as_bool()
+            .ok_or_else(|| malformed(format!("\"warnOnly\" is {value}, not a boolean")))?,
+    };
+    Ok(ExpectedPcr {
+        expected,
+        warn_only,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+    fn measurements() -> ExpectedMeasurements {
+        ExpectedMeasurements::from_json(&format!(
+            r#"{{
+                "4": {{"expected": "{A}", "warnOnly": false}},
+                "11": {{"expected": "{A}"}},
+                "0": {{"expected": "{B}", "warnOnly": true, "description": "firmware"}},
+                "image": "hawser-0.1.0",
+                "measurementSalt": "ignored too"
+            }}"#
+        ))
+        .expect("parses")
+    }
+
+    #[test]
+    fn parses_constellation_format_and_ignores_metadata() {
+        let m = measurements();
+        assert_eq!(m.iter().map(|(pcr, _)| pcr).collect::<Vec<_>>(), [0, 4, 11]);
+        assert!(m.get(0).expect("PCR 0").warn_only);
+        assert!(!m.get(4).expect("PCR 4").warn_only);
+        assert!(
+            !m.get(11).expect("PCR 11").warn_only,
+            "absent warnOnly enforces"
+        );
+        assert_eq!(m.get(4).expect("PCR 4").expected, [0xaa; 32]);
+        assert_eq!(m.enforced().collect::<Vec<_>>(), [4, 11]);
+    }
+
+    #[test]
+    fn exact_match_with_warn_only_semantics() {
+        let m = measurements();
+        let mut actual: BTreeMap<u8, [u8; 32]> = [
+            (0, [0xbb; 32]),
+            (4, [0xaa; 32]),
+            (11, [0xaa; 32]),
+            (12, [1; 32]),
+        ]
+        .into();
+        assert_eq!(m.check(&actual), Ok(vec![]), "PCR 12 is not judged");
+
+        actual.insert(0, [0xcc; 32]);
+        let warnings = m.check(&actual).expect("warnOnly difference is accepted");
+        assert_eq!(warnings.len(), 1);
+        assert_eq!(
+            warnings[0].to_string(),
+            format!("PCR 0 expected {B} actual {} (warnOnly)", "cc".repeat(32))
+        );
+
+        actual.insert(4, [0xdd; 32]);
+        actual.remove(&11);
+        let err = m.check(&actual).expect_err("enforced PCRs differ");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "measurements differ from the expected ones: PCR 4 expected {A} actual {}; \
+                 PCR 11 expected {A} but it is not quoted",
+                "dd".repeat(32)
+            )
+        );
+    }
+
+    #[test]
+    fn malformed_files_name_the_problem() {
+        let cases = [
+            ("[]", "must be a JSON object"),
+            ("{\"24\": {\"expected\": \"00\"}}", "PCR 24"),
+            ("{\"300\": {}}", "PCR 300"),
+            ("{\"4\": \"aa\"}", "PCR 4 is malformed"),
+            ("{\"4\": {}}", "no \"expected\" field"),
+            ("{\"4\": {\"expected\": \"zz\"}}", "not hex"),
+            ("{\"4\": {\"expected\": \"aabb\"}}", "holds 2 bytes"),
+            (
+                &format!("{{\"4\": {{\"expected\": \"{A}\", \"warnOnly\": \"yes\"}}}}"),
+                "not a boolean",
+            ),
+            ("{", "not valid JSON"),
+        ];
+        for (text, needle) in cases {
+            let err = ExpectedMeasurements::from_json(text).expect_err(text);
+            assert!(err.to_string().contains(needle), "{text}: {err}");
+        }
+    }
+}

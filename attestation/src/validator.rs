@@ -1,0 +1,615 @@
+//! The pure-Rust evidence validator: what the join service, the CLI and a node verifying its
+//! peer run. No libtss2, no TPM.
+//!
+//! [`Validator::validate`] accepts evidence only if all of these hold, checked in this order
+//! so that the first refusal is the most specific one:
+//!
+//! 1. it decodes, within [`MAX_EVIDENCE_LEN`], with a known version and variant, and its PCR
+//!    map holds 32-byte values for PCRs 0 to 23;
+//! 2. the quote is a TPM-generated quote (`TPM_GENERATED_VALUE`, `TPM_ST_ATTEST_QUOTE`) signed
+//!    with ECDSA P-256/SHA-256 by the AK in the evidence, a restricted signing key that is a
+//!    primary of the endorsement hierarchy (see [`crate::report`]);
+//! 3. its qualifying data is the binding of this verifier's nonce, the attester's TLS key and
+//!    the user data (see [`crate::evidence`]); when it is not, the unauthenticated hint fields
+//!    tell a stale nonce from another TLS key for the error message;
+//! 4. the AK is trusted: its certificate chains to a configured provider CA (webpki, EKU
+//!    tcg-kp-AIKCertificate 2.23.133.8.3) and certifies exactly the quote's AK;
+//! 5. the PCR values hash to the quoted digest, and they match the expected measurements
+//!    (exact match; `warnOnly` PCRs are logged and returned as warnings).
+
+use std::collections::BTreeMap;
+
+use prost::Message as _;
+use rustls_pki_types::TrustAnchor;
+use rustls_pki_types::{CertificateDer, UnixTime, pem::PemObject as _};
+use thiserror::Error;
+use webpki::{EndEntityCert, KeyUsage};
+use x509_parser::prelude::{FromDer as _, X509Certificate};
+
+use crate::evidence::{Binding, EVIDENCE_VERSION, Evidence, MAX_EVIDENCE_LEN, Variant};
+use crate::measurements::{ExpectedMeasurements, MeasurementMismatch, MeasurementWarning};
+use crate::report::{FieldNames, QuoteParts, VerifyError, verify_quote};
+use crate::tpm_types::ClockInfo;
+
+/// `tcg-kp-AIKCertificate` (2.23.133.8.3), DER content octets: the extended key usage an AK
+/// certificate must carry (TCG EK Credential Profile).
+pub const TCG_KP_AIK_CERTIFICATE: &[u8] = &[0x67, 0x81, 0x05, 0x08, 0x03];
+
+/// The PCRs of a PC-client TPM.
+const MAX_PCR: u32 = 23;
+
+const EVIDENCE_FIELDS: FieldNames = FieldNames {
+    ak_public: "ak_public",
+    attest: "quote",
+    signature: "signature",
+};
+
+/// Signature algorithms accepted on AK certificate chains.
+static CHAIN_ALGORITHMS: &[&dyn rustls_pki_types::SignatureVerificationAlgorithm] = &[
+    webpki::ring::ECDSA_P256_SHA256,
+    webpki::ring::ECDSA_P384_SHA384,
+    webpki::ring::ECDSA_P256_SHA384,
+    webpki::ring::ECDSA_P384_SHA256,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA256,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA384,
+    webpki::ring::RSA_PKCS1_2048_8192_SHA512,
+    webpki::ring::RSA_PSS_2048_8192_SHA256_LEGACY_KEY,
+    webpki::ring::RSA_PSS_2048_8192_SHA384_LEGACY_KEY,
+    webpki::ring::RSA_PSS_2048_8192_SHA512_LEGACY_KEY,
+];
+
+/// A provider CA certificate that cannot be a trust anchor.
+#[derive(Debug, Error)]
+pub enum AkTrustError {
+    /// The PEM text holds no certificate.
+    #[error("the provider CA file holds no PEM certificate")]
+    NoCertificates,
+    /// The PEM text does not parse.
+    #[error("the provider CA file is not valid PEM: {0}")]
+    Pem(String),
+    /// A certificate that webpki cannot use as an anchor.
+    #[error("provider CA certificate #{index} cannot be a trust anchor: {source}")]
+    Anchor { index: usize, source: webpki::Error },
+}
+
+/// The roots an AK certificate must chain to: the provider CAs (the QEMU harness's local CA;
+/// a cloud's AK CA).
+#[derive(Debug, Clone)]
+pub struct AkTrust {
+    anchors: Vec<TrustAnchor<'static>>,
+}
+
+impl AkTrust {
+    /// Trusts the given DER CA certificates.
+    pub fn from_der<I, C>(certificates: I) -> Result<Self, AkTrustError>
+    where
+        I: IntoIterator<Item = C>,
+        C: AsRef<[u8]>,
+    {
+        let mut anchors = Vec::new();
+        for (index, der) in certificates.into_iter().enumerate() {
+            let der = CertificateDer::from(der.as_ref());
+            let anchor = webpki::anchor_from_trusted_cert(&der)
+                .map_err(|source| AkTrustError::Anchor { index, source })?;
+            anchors.push(anchor.to_owned());
+        }
+        if anchors.is_empty() {
+            return Err(AkTrustError::NoCertificates);
+        }
+        Ok(Self { anchors })
+    }
+
+    /// Trusts every certificate in a PEM file's text.
+    pub fn from_pem(pem: &str) -> Result<Self, AkTrustError> {
+        let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| AkTrustError::Pem(e.to_string()))?;
+        Self::from_der(certs)
+    }
+
+    /// How many roots are trusted.
+    pub fn len(&self) -> usize {
+        self.anchors.len()
+    }
+
+    /// Whether no root is trusted (never true for a constructed value).
+    pub fn is_empty(&self) -> bool {
+        self.anchors.is_empty()
+    }
+}
+
+/// A validator that cannot be built.
+#[derive(Debug, Error)]
+pub enum ValidatorError {
+    /// Expected measurements with no enforced PCR would accept any image.
+    #[error("the expected measurements enforce no PCR, so any image would be accepted")]
+    NothingEnforced,
+}
+
+/// Why evidence was refused. Every variant names the field, the values, or the PCR involved.
+#[derive(Debug, Error)]
+pub enum EvidenceError {
+    /// Evidence larger than a verifier parses.
+    #[error("the evidence is {size} bytes, more than the {max} bytes a hawser verifier accepts")]
+    TooLarge { size: usize, max: usize },
+    /// Not a protobuf `Evidence`.
+    #[error("the evidence is not a hawser Evidence protobuf: {0}")]
+    Decode(#[from] prost::DecodeError),
+    /// A version this verifier does not know.
+    #[error("the evidence has version {found}; this verifier understands version {supported}")]
+    Version { found: u32, supported: u32 },
+    /// A variant this verifier does not know how to root.
+    #[error("the evidence variant is {found}; this verifier accepts VARIANT_QEMU_VTPM (1)")]
+    Variant { found: i32 },
+    /// A PCR index outside 0..=23.
+    #[error("pcrs_sha256 lists PCR {pcr}, but a TPM has PCRs 0 to 23")]
+    PcrIndex { pcr: u32 },
+    /// A PCR value that is not 32 bytes.
+    #[error("pcrs_sha256[{pcr}] holds {len} bytes, a sha256 PCR holds 32")]
+    PcrLength { pcr: u32, len: usize },
+    /// The quote itself is invalid (malformed structure with its offset, bad signature,
+    /// unsuitable AK, PCR values that do not hash to the quoted digest, …).
+    #[error("the quote is invalid: {0}")]
+    Quote(VerifyError),
+    /// The quote answers another nonce: a replayed or stale certificate.
+    #[error(
+        "nonce mismatch: the evidence answers nonce {answered}, but this connection's nonce is {expected} (a replayed or stale attestation)"
+    )]
+    NonceMismatch { expected: String, answered: String },
+    /// The quote binds another TLS key than the one the peer proved it holds.
+    #[error(
+        "the evidence is bound to another TLS key: it binds key hash {bound}, but the peer's certificate key hashes to {presented}"
+    )]
+    KeyBindingMismatch { presented: String, bound: String },
+    /// The qualifying data matches neither the binding nor its hints.
+    #[error(
+        "the quote's qualifying data is {actual}, expected {expected} for this connection's role ({role}), nonce, TLS key and user data"
+    )]
+    QualifyingData {
+        role: String,
+        expected: String,
+        actual: String,
+    },
+    /// No AK certificate.
+    #[error("untrusted AK {ak_name}: the evidence carries no AK certificate")]
+    AkCertificateMissing { ak_name: String },
+    /// The AK certificate does not parse.
+    #[error("untrusted AK {ak_name}: AK certificate #{index} does not parse: {reason}")]
+    AkCertificateMalformed {
+        ak_name: String,
+        index: usize,
+        reason: String,
+    },
+    /// The AK certificate does not chain to a provider CA.
+    #[error(
+        "untrusted AK {ak_name}: its certificate (subject \"{subject}\", issuer \"{issuer}\") does not chain to a configured provider CA: {reason}"
+    )]
+    AkUntrusted {
+        ak_name: String,
+        subject: String,
+        issuer: String,
+        reason: String,
+    },
+    /// The AK certificate certifies another key.
+    #[error(
+        "untrusted AK {ak_name}: the AK certificate (subject \"{subject}\") certifies another key ({certified}), not the AK that signed the quote"
+    )]
+    AkCertificateKeyMismatch {
+        ak_name: String,
+        subject: String,
+        certified: String,
+    },
+    /// Enforced PCRs differ from the expected measurements.
+    #[error(transparent)]
+    Measurements(#[from] MeasurementMismatch),
+}
+
+/// What accepted evidence proves about its issuer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ValidatedEvidence {
+    /// The platform variant.
+    pub variant: Variant,
+    /// The AK's TPM name (`000b || SHA256(TPMT_PUBLIC)`): a stable identity of the node's TPM.
+    pub ak_name: Vec<u8>,
+    /// The AK certificate's subject, as the provider wrote it.
+    pub ak_certificate_subject: String,
+    /// The quoted sha256 PCR values.
+    pub pcrs: BTreeMap<u8, [u8; 32]>,
+    /// `warnOnly` PCRs that differ from their expectation.
+    pub warnings: Vec<MeasurementWarning>,
+    /// The user data the quote binds.
+    pub user_data: Vec<u8>,
+    /// The TPM's clock, reset and restart counters when it signed.
+    pub clock_info: ClockInfo,
+    /// The TPM's firmware version.
+    pub firmware_version: u64,
+}
+
+/// Checks evidence against expected measurements and an AK trust root (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Validator {
+    measurements: ExpectedMeasurements,
+    ak_trust: AkTrust,
+}
+
+impl Validator {
+    /// A validator for `measurements` (at least one PCR enforced) and AKs certified under
+    /// `ak_trust`.
+    pub fn new(
+        measurements: ExpectedMeasurements,
+        ak_trust: AkTrust,
+    ) -> Result<Self, ValidatorError> {
+        if measurements.enforced().next().is_none() {
+            return Err(ValidatorError::NothingEnforced);
+        }
+        Ok(Self {
+            measurements,
+            ak_trust,
+        })
+    }
+
+    /// The expected measurements.
+    pub fn measurements(&self) -> &ExpectedMeasurements {
+        &self.measurements
+    }
+
+    /// Decodes and validates encoded evidence for `binding`.
+    pub fn validate(
+        &self,
+        evidence: &[u8],
+        binding: &Binding<'_>,
+    ) -> Result<ValidatedEvidence, EvidenceError> {
+        if evidence.len() > MAX_EVIDENCE_LEN {
+            return Err(EvidenceError::TooLarge {
+                size: evidence.len(),
+                max: MAX_EVIDENCE_LEN,
+            });
+        }
+        let evidence = Evidence::decode(evidence)?;
+        self.validate_decoded(&evidence, binding)
+    }
+
+    /// Validates decoded evidence for `binding`.
+    pub fn validate_decoded(
+        &self,
+        evidence: &Evidence,
+        binding: &Binding<'_>,
+    ) -> Result<ValidatedEvidence, EvidenceError> {
+        if evidence.version != EVIDENCE_VERSION {
+            return Err(EvidenceError::Version {
+                found: evidence.version,
+                supported: EVIDENCE_VERSION,
+            });
+        }
+        let variant = match Variant::try_from(evidence.variant) {
+            Ok(Variant::QemuVtpm) => Variant::QemuVtpm,
+            _ => {
+                return Err(EvidenceError::Variant {
+                    found: evidence.variant,
+                });
+            }
+        };
+        let mut pcrs = BTreeMap::new();
+        for (&pcr, value) in &evidence.pcrs_sha256 {
+            let index = u8::try_from(pcr)
+                .ok()
+                .filter(|&p| u32::from(p) <= MAX_PCR)
+                .ok_or(EvidenceError::PcrIndex { pcr })?;
+            let value: [u8; 32] =
+                value
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| EvidenceError::PcrLength {
+                        pcr,
+                        len: value.len(),
+                    })?;
+            pcrs.insert(index, value);
+        }
+        let selection: Vec<u8> = pcrs.keys().copied().collect();
+
+        let qualifying_data = binding.qualifying_data(&evidence.user_data);
+        let quote = verify_quote(
+            QuoteParts {
+                ak_public: &evidence.ak_public,
+                attest: &evidence.quote,
+                signature: &evidence.signature,
+            },
+            &EVIDENCE_FIELDS,
+            &selection,
+            &qualifying_data,
+        )
+        .map_err(|err| match err {
+            VerifyError::UnexpectedNonce { expected, actual } => {
+                binding_error(evidence, binding, expected, actual)
+            }
+            other => EvidenceError::Quote(other),
+        })?;
+        let ak_name = hex::encode(&quote.ak_name);
+
+        let ak_certificate_subject =
+            self.check_ak_certificate(evidence, &ak_name, &quote.ak_public_point)?;
+
+        quote.check_pcrs(&pcrs).map_err(EvidenceError::Quote)?;
+        let warnings = self.measurements.check(&pcrs)?;
+        for warning in &warnings {
+            tracing::warn!(ak = %ak_name, %warning, "accepting evidence despite a warnOnly PCR difference");
+        }
+
+        Ok(ValidatedEvidence {
+            variant,
+            ak_name: quote.ak_name,
+            ak_certificate_subject,
+            pcrs,
+            warnings,
+            user_data: evidence.user_data.clone(),
+            clock_info: quote.clock_info,
+            firmware_version: quote.firmware_version,
+        })
+    }
+
+    /// Checks the AK certificate chain and that it certifies `ak_point`; returns the subject.
+    fn check_ak_certificate(
+        &self,
+        evidence: &Evidence,
+        ak_name: &str,
+        ak_point: &[u8; 65],
+    ) -> Result<String, EvidenceError> {
+        let Some((leaf, intermediates)) = evidence.ak_cert_chain.split_first() else {
+            return Err(EvidenceError::AkCertificateMissing {
+                ak_name: ak_name.to_string(),
+            });
+        };
+        let malformed = |index: usize, reason: String| EvidenceError::AkCertificateMalformed {
+            ak_name: ak_name.to_string(),
+            index,
+            reason,
+        };
+        let (rest, parsed) =
+            X509Certificate::from_der(leaf).map_err(|e| malformed(0, e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(malformed(
+                0,
+                format!("{} bytes follow the certificate", rest.len()),
+            ));
+        }
+        let subject = parsed.subject().to_string();
+        let issuer = parsed.issuer().to_string();
+
+        let leaf_der = CertificateDer::from(leaf.as_slice());
+        let intermediates: Vec<CertificateDer<'_>> = intermediates
+            .iter()
+            .map(|c| CertificateDer::from(c.as_slice()))
+            .collect();
+        let untrusted = |reason: String| EvidenceError::AkUntrusted {
+            ak_name: ak_name.to_string(),
+            subject: subject.clone(),
+            issuer: issuer.clone(),
+            reason,
+        };
+        let end_entity = EndEntityCert::try_from(&leaf_der).map_err(|e| untrusted(describe(&e)))?;
+        end_entity
+            .verify_for_usage(
+                CHAIN_ALGORITHMS,
+                &self.ak_trust.anchors,
+                &intermediates,
+                UnixTime::now(),
+                KeyUsage::required(TCG_KP_AIK_CERTIFICATE),
+                None,
+                None,
+            )
+            .map_err(|e| untrusted(describe(&e)))?;
+
+        let certified = certified_p256_point(&parsed);
+        if certified.as_ref() != Some(ak_point) {
+            let certified = match certified {
+                Some(point) => format!("P-256 point {}", hex::encode(point)),
+                None => format!(
+                    "a {} key",
+                    parsed.public_key().algorithm.algorithm.to_id_string()
+                ),
+            };
+            return Err(EvidenceError::AkCertificateKeyMismatch {
+                ak_name: ak_name.to_string(),
+                subject,
+                certified,
+            });
+        }
+        Ok(subject)
+    }
+}
+
+/// The refusal for qualifying data that differs from the binding, as specific as the
+/// (unauthenticated) hint fields allow.
+fn binding_error(
+    evidence: &Evidence,
+    binding: &Binding<'_>,
+    expected: String,
+    actual: String,
+) -> EvidenceError {
+    if !evidence.nonce.is_empty() && evidence.nonce.as_slice() != binding.nonce.as_slice() {
+        return EvidenceError::NonceMismatch {
+            expected: hex::encode(binding.nonce),
+            answered: hex::encode(&evidence.nonce),
+        };
+    }
+    let presented = binding.tls_key_hash();
+    if !evidence.tls_key_hash.is_empty() && evidence.tls_key_hash.as_slice() != presented {
+        return EvidenceError::KeyBindingMismatch {
+            presented: hex::encode(presented),
+            bound: hex::encode(&evidence.tls_key_hash),
+        };
+    }
+    EvidenceError::QualifyingData {
+        role: binding.role.to_string(),
+        expected,
+        actual,
+    }
+}
+
+#[cfg(feature = "tpm")]
+/// The key a DER certificate certifies as an uncompressed P-256 point, if it parses and is one.
+pub(crate) fn certified_p256_point_of(der: &[u8]) -> Option<[u8; 65]> {
+    let (_, cert) = X509Certificate::from_der(der).ok()?;
+    certified_p256_point(&cert)
+}
+
+/// The certificate's key as an uncompressed P-256 point, if it is an id-ecPublicKey on P-256.
+fn certified_p256_point(cert: &X509Certificate<'_>) -> Option<[u8; 65]> {
+    use x509_parser::oid_registry::{OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY};
+    let spki = cert.public_key();
+    if spki.algorithm.algorithm != OID_KEY_TYPE_EC_PUBLIC_KEY {
+        return None;
+    }
+    let curve = spki.algorithm.parameters.as_ref()?.as_oid().ok()?;
+    if curve != OID_EC_P256 {
+        return None;
+    }
+    let key = p256::PublicKey::from_sec1_bytes(&spki.subject_public_key.data).ok()?;
+    let encoded = p256::elliptic_curve::sec1::ToEncodedPoint::to_encoded_point(&key, false);
+    encoded.as_bytes().try_into().ok()
+}
+
+/// webpki's error names with a gloss for the ones an operator meets.
+fn describe(err: &webpki::Error) -> String {
+    let gloss = match err {
+        webpki::Error::UnknownIssuer => "no chain to a provider CA",
+        webpki::Error::CertExpired { .. } => "the certificate has expired",
+        webpki::Error::CertNotValidYet { .. } => "the certificate is not valid yet",
+        webpki::Error::RequiredEkuNotFoundContext(_) => {
+            "the certificate lacks the tcg-kp-AIKCertificate extended key usage"
+        }
+        webpki::Error::InvalidSignatureForPublicKey => "a signature in the chain is invalid",
+        webpki::Error::CaUsedAsEndEntity => "a CA certificate is used as the AK certificate",
+        webpki::Error::BadDer | webpki::Error::BadDerTime => "malformed DER",
+        _ => "",
+    };
+    if gloss.is_empty() {
+        format!("{err:?}")
+    } else {
+        format!("{gloss} ({err:?})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::Role;
+    use crate::measurements::ExpectedPcr;
+
+    fn trust() -> AkTrust {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = params.self_signed(&key).expect("CA");
+        let from_der = AkTrust::from_der([ca.der()]).expect("DER anchor");
+        let from_pem = AkTrust::from_pem(&ca.pem()).expect("PEM anchor");
+        assert_eq!((from_der.len(), from_pem.len()), (1, 1));
+        from_der
+    }
+
+    fn validator() -> Validator {
+        let mut measurements = ExpectedMeasurements::new();
+        measurements.insert(
+            11,
+            ExpectedPcr {
+                expected: [0; 32],
+                warn_only: false,
+            },
+        );
+        Validator::new(measurements, trust()).expect("validator")
+    }
+
+    fn evidence() -> Evidence {
+        Evidence {
+            version: EVIDENCE_VERSION,
+            variant: Variant::QemuVtpm as i32,
+            ..Evidence::default()
+        }
+    }
+
+    fn refuse(evidence: &[u8]) -> String {
+        let nonce = [0; 32];
+        let binding = Binding {
+            role: Role::Server,
+            nonce: &nonce,
+            tls_spki_der: b"spki",
+        };
+        validator()
+            .validate(evidence, &binding)
+            .expect_err("refused")
+            .to_string()
+    }
+
+    #[test]
+    fn nothing_enforced_is_not_a_validator() {
+        let mut warn_only = ExpectedMeasurements::new();
+        warn_only.insert(
+            0,
+            ExpectedPcr {
+                expected: [0; 32],
+                warn_only: true,
+            },
+        );
+        for measurements in [ExpectedMeasurements::new(), warn_only] {
+            assert!(matches!(
+                Validator::new(measurements, trust()),
+                Err(ValidatorError::NothingEnforced)
+            ));
+        }
+    }
+
+    #[test]
+    fn malformed_evidence_is_refused_with_its_reason() {
+        assert_eq!(
+            refuse(&vec![0; MAX_EVIDENCE_LEN + 1]),
+            "the evidence is 16385 bytes, more than the 16384 bytes a hawser verifier accepts"
+        );
+        assert!(
+            refuse(b"\xff\xff\xff").starts_with("the evidence is not a hawser Evidence protobuf"),
+        );
+
+        let mut e = evidence();
+        e.version = 2;
+        assert_eq!(
+            refuse(&e.encode_to_vec()),
+            "the evidence has version 2; this verifier understands version 1"
+        );
+        let mut e = evidence();
+        e.variant = 7;
+        assert_eq!(
+            refuse(&e.encode_to_vec()),
+            "the evidence variant is 7; this verifier accepts VARIANT_QEMU_VTPM (1)"
+        );
+        let mut e = evidence();
+        e.pcrs_sha256.insert(24, vec![0; 32]);
+        assert_eq!(
+            refuse(&e.encode_to_vec()),
+            "pcrs_sha256 lists PCR 24, but a TPM has PCRs 0 to 23"
+        );
+        let mut e = evidence();
+        e.pcrs_sha256.insert(3, vec![0; 31]);
+        assert_eq!(
+            refuse(&e.encode_to_vec()),
+            "pcrs_sha256[3] holds 31 bytes, a sha256 PCR holds 32"
+        );
+        let mut e = evidence();
+        e.ak_public = vec![0x00, 0x10, 0x00, 0x23];
+        assert_eq!(
+            refuse(&e.encode_to_vec()),
+            "the quote is invalid: field ak_public does not parse: TPM2B_PUBLIC: field \
+             publicArea at offset 2 needs 16 bytes but only 2 remain"
+        );
+    }
+
+    #[test]
+    fn trust_anchors_must_be_certificates() {
+        assert!(matches!(
+            AkTrust::from_pem(""),
+            Err(AkTrustError::NoCertificates)
+        ));
+        assert!(matches!(
+            AkTrust::from_der([b"not a certificate"]),
+            Err(AkTrustError::Anchor { index: 0, .. })
+        ));
+    }
+}

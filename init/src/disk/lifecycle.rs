@@ -1,0 +1,967 @@
+//! The state disk's lifecycle: format a blank disk once, open it on every later boot, and never
+//! lose data.
+//!
+//! ```text
+//!            ┌──────── blank, or hawser's and never initialized, or a format cut short ────────┐
+//!  probe ────┤                                                                                  │
+//!            │   new UUID → key(UUID) → header "formatting" (both copies, synced)              │
+//!            │   → map → [integrity: wipe] → mkfs.ext4 → mount → marker file (synced)          │
+//!            │   → header "initialized" (seqid + 1, both copies, synced)                       │
+//!            │                                                                                  │
+//!            ├──────── hawser's, initialized ──────────────────────────────────────────────────┤
+//!            │   key(UUID) → LUKS2 digest matches? ── no ──► WrongKey: nothing written          │
+//!            │   → [repair a stale or torn header copy] → map → mount → marker: boots + 1       │
+//!            │                                                                                  │
+//!            └──────── anything else: refused, naming what was found; nothing written ─────────┘
+//! ```
+//!
+//! The "initialized" mark is the last write of the first boot, after the filesystem and its
+//! marker file are on disk: a power cut anywhere before it leaves a disk that the next boot
+//! formats again, and a power cut after it leaves a disk that is only ever opened. Each header
+//! write goes copy by copy, the copy not currently relied on first, so one valid copy always
+//! survives a cut; within a copy the binary header (whose first sector names hawser) is synced
+//! before the JSON area, so even a cut during the very first write is recognizable (see
+//! [`super::probe`]).
+//!
+//! Everything that touches the kernel (device-mapper, mkfs, mount, randomness) goes through
+//! [`Platform`]; disk reads and writes through [`BlockIo`]. The decisions are unit-tested on the
+//! host with an in-memory disk and a recording platform; the QEMU tests run the real thing.
+
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::dm::DmError;
+use super::key::{KeyError, KeySource, VolumeKey};
+use super::luks2::{self, Copy, DiskState, Integrity, KeyDigest, NewHeader};
+use super::probe::{self, BlockIo, Contents, ProbeError};
+use crate::timings::PhaseTimer;
+
+/// The marker file hawser keeps on the state filesystem, relative to its mount point.
+pub const MARKER_FILE: &str = "hawser/state-disk.json";
+
+/// What the kernel-facing steps need.
+pub trait Platform {
+    /// Maps the data segment with `key`; returns the plaintext block device.
+    fn map(
+        &self,
+        luks_uuid: &str,
+        integrity: Integrity,
+        key: &VolumeKey,
+    ) -> Result<PathBuf, DmError>;
+    /// Removes the mapping (cleanup after a failed step; best effort).
+    fn unmap(&self);
+    /// Writes zeros over the whole mapped device (integrity mode: valid tags everywhere);
+    /// returns the bytes written.
+    fn wipe(&self, mapped: &Path) -> io::Result<u64>;
+    /// Creates the filesystem on the mapped device.
+    fn mkfs(&self, mapped: &Path) -> Result<(), String>;
+    /// Mounts the mapped device's filesystem at `target`.
+    fn mount(&self, mapped: &Path, target: &Path) -> io::Result<()>;
+    /// Fills `buf` from the kernel's CSPRNG.
+    fn random(&self, buf: &mut [u8]) -> io::Result<()>;
+}
+
+/// What the lifecycle is asked to do.
+#[derive(Debug, Clone)]
+pub struct Options<'a> {
+    /// The measured integrity mode.
+    pub integrity: Integrity,
+    /// Where the filesystem is mounted.
+    pub mount_point: &'a Path,
+    /// Written into the marker file ("hawser 0.1.0").
+    pub formatted_by: &'a str,
+}
+
+/// Why the state disk could not be brought up. Nothing on the disk is overwritten on any of
+/// these paths unless the disk was blank or hawser's and never initialized.
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error(transparent)]
+    Probe(#[from] ProbeError),
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(
+        "the key does not open LUKS2 volume {uuid}: its digest does not match; nothing was written"
+    )]
+    WrongKey { uuid: String },
+    #[error("cannot write {what} at offset {offset}")]
+    Write {
+        what: &'static str,
+        offset: u64,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot get random bytes for the new header")]
+    Random(#[source] io::Error),
+    #[error("cannot map the data segment of LUKS2 volume {uuid}")]
+    Map {
+        uuid: String,
+        #[source]
+        source: DmError,
+    },
+    #[error("cannot wipe {} for dm-integrity", mapped.display())]
+    Wipe {
+        mapped: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot create the filesystem on {}: {detail}", mapped.display())]
+    Mkfs { mapped: PathBuf, detail: String },
+    #[error("cannot mount {} (LUKS2 volume {uuid}) on {}", mapped.display(), target.display())]
+    Mount {
+        mapped: PathBuf,
+        target: PathBuf,
+        uuid: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot write the marker file {}", path.display())]
+    Marker {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What happened to the disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Formatted; `was` says what the disk was before ("blank", …).
+    Formatted { was: &'static str },
+    /// An initialized disk opened with the right key.
+    Opened,
+}
+
+/// The state disk is up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// The LUKS2 UUID (lowercase): the identity of the disk and its key.
+    pub uuid: String,
+    pub action: Action,
+    /// The plaintext block device.
+    pub mapped: PathBuf,
+    /// How many boots (including this one) opened this disk, from the marker file.
+    pub boots: u64,
+    /// Bytes wiped for dm-integrity on this boot.
+    pub wiped: Option<u64>,
+    /// Things worth a warning line (a repaired header copy, a missing marker file).
+    pub warnings: Vec<String>,
+}
+
+/// The marker file's contents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Marker {
+    pub luks_uuid: String,
+    pub formatted_by: String,
+    pub boots: u64,
+}
+
+/// Brings the state disk up: formats or opens it (see the module documentation), maps it,
+/// mounts it at `options.mount_point`.
+pub fn run(
+    disk: &dyn BlockIo,
+    options: &Options<'_>,
+    keys: &dyn KeySource,
+    platform: &dyn Platform,
+    timer: &mut PhaseTimer,
+) -> Result<Outcome, LifecycleError> {
+    let start = timer.elapsed_ms();
+    let contents = probe::probe(disk, options.integrity)?;
+    timer.record("state-disk-probe", start);
+    match contents {
+        Contents::Hawser(selected) if selected.header.state == DiskState::Initialized => {
+            open(disk, *selected, options, keys, platform, timer)
+        }
+        Contents::Hawser(selected) => {
+            let first = selected.source.copy.other();
+            let seqid = selected.header.seqid.max(selected.source.seqid) + 1;
+            let was = "formatted by hawser but never initialized";
+            format(disk, first, seqid, was, options, keys, platform, timer)
+        }
+        Contents::InterruptedFormat { .. } => {
+            let was = "left half-formatted by an interrupted format";
+            format(disk, Copy::Primary, 1, was, options, keys, platform, timer)
+        }
+        Contents::Blank => format(
+            disk,
+            Copy::Primary,
+            1,
+            "blank",
+            options,
+            keys,
+            platform,
+            timer,
+        ),
+    }
+}
+
+fn open(
+    disk: &dyn BlockIo,
+    selected: luks2::Selected,
+    options: &Options<'_>,
+    keys: &dyn KeySource,
+    platform: &dyn Platform,
+    timer: &mut PhaseTimer,
+) -> Result<Outcome, LifecycleError> {
+    let uuid = selected.header.uuid.clone();
+    let start = timer.elapsed_ms();
+    let key = keys.volume_key(&uuid, options.integrity.key_len())?;
+    timer.record("state-disk-key", start);
+
+    let start = timer.elapsed_ms();
+    if !selected.header.digest.matches(key.as_bytes()) {
+        return Err(LifecycleError::WrongKey { uuid });
+    }
+    timer.record("state-disk-verify", start);
+
+    let mut warnings = Vec::new();
+    if let Some((stale, reason)) = &selected.repair {
+        let mut salt = [0u8; luks2::HEADER_SALT_LEN];
+        platform.random(&mut salt).map_err(LifecycleError::Random)?;
+        write_copy(disk, *stale, &luks2::repaired_copy(&selected.source, salt))?;
+        warnings.push(format!(
+            "repaired the {stale} of state disk {uuid} from the other copy ({reason})"
+        ));
+    }
+
+    let start = timer.elapsed_ms();
+    let mapped = platform
+        .map(&uuid, options.integrity, &key)
+        .map_err(|source| LifecycleError::Map {
+            uuid: uuid.clone(),
+            source,
+        })?;
+    drop(key);
+    timer.record("state-disk-map", start);
+
+    let start = timer.elapsed_ms();
+    mount(platform, &mapped, options.mount_point, &uuid)?;
+    timer.record("state-disk-mount", start);
+
+    let marker_path = options.mount_point.join(MARKER_FILE);
+    let marker = match read_marker(&marker_path) {
+        Ok(Some(marker)) if marker.luks_uuid == uuid => Marker {
+            boots: marker.boots.saturating_add(1),
+            ..marker
+        },
+        found => {
+            warnings.push(match found {
+                Ok(Some(other)) => format!(
+                    "{} names LUKS2 volume {}, not {uuid}; starting it again",
+                    marker_path.display(),
+                    other.luks_uuid
+                ),
+                Ok(None) => format!(
+                    "{} is missing on initialized state disk {uuid}; writing it again",
+                    marker_path.display()
+                ),
+                Err(e) => format!(
+                    "cannot read {}: {e}; writing it again",
+                    marker_path.display()
+                ),
+            });
+            Marker {
+                luks_uuid: uuid.clone(),
+                formatted_by: "unknown".into(),
+                boots: 1,
+            }
+        }
+    };
+    write_marker(&marker_path, &marker)?;
+    Ok(Outcome {
+        uuid,
+        action: Action::Opened,
+        mapped,
+        boots: marker.boots,
+        wiped: None,
+        warnings,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn format(
+    disk: &dyn BlockIo,
+    first: Copy,
+    seqid: u64,
+    was: &'static str,
+    options: &Options<'_>,
+    keys: &dyn KeySource,
+    platform: &dyn Platform,
+    timer: &mut PhaseTimer,
+) -> Result<Outcome, LifecycleError> {
+    let mut uuid_bytes = [0u8; 16];
+    let mut digest_salt = [0u8; luks2::DIGEST_SALT_LEN];
+    platform
+        .random(&mut uuid_bytes)
+        .and_then(|()| platform.random(&mut digest_salt))
+        .map_err(LifecycleError::Random)?;
+    let uuid = luks2::uuid_from_random(uuid_bytes);
+
+    let start = timer.elapsed_ms();
+    let key = keys.volume_key(&uuid, options.integrity.key_len())?;
+    timer.record("state-disk-key", start);
+
+    tracing::info!("formatting the state disk as LUKS2 volume {uuid} (the disk was {was})");
+    let start = timer.elapsed_ms();
+    let mut header = NewHeader {
+        uuid: uuid.clone(),
+        integrity: options.integrity,
+        digest: KeyDigest::compute(key.as_bytes(), digest_salt, luks2::DIGEST_ITERATIONS),
+        state: DiskState::Formatting,
+        seqid,
+    };
+    write_header(disk, platform, &header, first)?;
+    if options.integrity != Integrity::None {
+        // A zeroed superblock makes the kernel format dm-integrity afresh.
+        write_synced(
+            disk,
+            "the dm-integrity superblock",
+            &[0u8; luks2::SECTOR_SIZE as usize],
+            luks2::DATA_OFFSET,
+        )?;
+    }
+    timer.record("state-disk-format", start);
+
+    let start = timer.elapsed_ms();
+    let mapped = platform
+        .map(&uuid, options.integrity, &key)
+        .map_err(|source| LifecycleError::Map {
+            uuid: uuid.clone(),
+            source,
+        })?;
+    drop(key);
+    timer.record("state-disk-map", start);
+
+    let result = (|| {
+        let mut wiped = None;
+        if options.integrity != Integrity::None {
+            let start = timer.elapsed_ms();
+            let bytes = platform
+                .wipe(&mapped)
+                .map_err(|source| LifecycleError::Wipe {
+                    mapped: mapped.clone(),
+                    source,
+                })?;
+            timer.record("state-disk-wipe", start);
+            wiped = Some(bytes);
+        }
+        let start = timer.elapsed_ms();
+        platform
+            .mkfs(&mapped)
+            .map_err(|detail| LifecycleError::Mkfs {
+                mapped: mapped.clone(),
+                detail,
+            })?;
+        timer.record("state-disk-mkfs", start);
+        Ok(wiped)
+    })();
+    let wiped = match result {
+        Ok(wiped) => wiped,
+        Err(e) => {
+            platform.unmap();
+            return Err(e);
+        }
+    };
+
+    let start = timer.elapsed_ms();
+    mount(platform, &mapped, options.mount_point, &uuid)?;
+    timer.record("state-disk-mount", start);
+    let marker = Marker {
+        luks_uuid: uuid.clone(),
+        formatted_by: options.formatted_by.to_owned(),
+        boots: 1,
+    };
+    write_marker(&options.mount_point.join(MARKER_FILE), &marker)?;
+
+    // Only now, with the filesystem and its marker on disk: the point of no reformat.
+    let start = timer.elapsed_ms();
+    header.state = DiskState::Initialized;
+    header.seqid += 1;
+    write_header(disk, platform, &header, Copy::Primary)?;
+    timer.record("state-disk-initialized", start);
+
+    Ok(Outcome {
+        uuid,
+        action: Action::Formatted { was },
+        mapped,
+        boots: 1,
+        wiped,
+        warnings: Vec::new(),
+    })
+}
+
+fn mount(
+    platform: &dyn Platform,
+    mapped: &Path,
+    target: &Path,
+    uuid: &str,
+) -> Result<(), LifecycleError> {
+    platform.mount(mapped, target).map_err(|source| {
+        platform.unmap();
+        LifecycleError::Mount {
+            mapped: mapped.to_owned(),
+            target: target.to_owned(),
+            uuid: uuid.to_owned(),
+            source,
+        }
+    })
+}
+
+/// Writes both copies of `header`, `first` first, each with its own random salt.
+fn write_header(
+    disk: &dyn BlockIo,
+    platform: &dyn Platform,
+    header: &NewHeader,
+    first: Copy,
+) -> Result<(), LifecycleError> {
+    for copy in [first, first.other()] {
+        let mut salt = [0u8; luks2::HEADER_SALT_LEN];
+        platform.random(&mut salt).map_err(LifecycleError::Random)?;
+        write_copy(disk, copy, &luks2::new_header_copy(copy, header, salt))?;
+    }
+    Ok(())
+}
+
+/// Writes one copy: the binary header, synced, then the JSON area, synced.
+fn write_copy(disk: &dyn BlockIo, copy: Copy, bytes: &[u8]) -> Result<(), LifecycleError> {
+    let (binary, json) = bytes.split_at(luks2::BINARY_HEADER_LEN);
+    write_synced(disk, "a LUKS2 binary header", binary, copy.offset())?;
+    write_synced(
+        disk,
+        "a LUKS2 JSON area",
+        json,
+        copy.offset() + luks2::BINARY_HEADER_LEN as u64,
+    )
+}
+
+fn write_synced(
+    disk: &dyn BlockIo,
+    what: &'static str,
+    bytes: &[u8],
+    offset: u64,
+) -> Result<(), LifecycleError> {
+    disk.write_all_at(bytes, offset)
+        .and_then(|()| disk.sync())
+        .map_err(|source| LifecycleError::Write {
+            what,
+            offset,
+            source,
+        })
+}
+
+/// Reads the marker file; `None` if it does not exist.
+pub fn read_marker(path: &Path) -> io::Result<Option<Marker>> {
+    match std::fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Replaces the marker file durably: temporary file, fsync, rename, fsync of the directory.
+pub fn write_marker(path: &Path, marker: &Marker) -> Result<(), LifecycleError> {
+    let error = |source| LifecycleError::Marker {
+        path: path.to_owned(),
+        source,
+    };
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    std::fs::create_dir_all(dir).map_err(error)?;
+    let tmp = path.with_extension("json.tmp");
+    let mut text = serde_json::to_vec(marker).map_err(|e| error(io::Error::other(e)))?;
+    text.push(b'\n');
+    let mut file = std::fs::File::create(&tmp).map_err(error)?;
+    file.write_all(&text).map_err(error)?;
+    file.sync_all().map_err(error)?;
+    std::fs::rename(&tmp, path).map_err(error)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use zeroize::Zeroizing;
+
+    use super::*;
+    use crate::disk::key::FixedKey;
+    use crate::disk::probe::MIN_DISK_SIZE;
+
+    /// An in-memory disk; optionally fails writes once `budget` bytes have been written (a
+    /// power cut: the failing write lands partially, in 512-byte sectors).
+    struct MemDisk {
+        data: RefCell<Vec<u8>>,
+        budget: RefCell<Option<usize>>,
+    }
+
+    impl MemDisk {
+        fn new() -> Self {
+            MemDisk {
+                data: RefCell::new(vec![0; MIN_DISK_SIZE as usize]),
+                budget: RefCell::new(None),
+            }
+        }
+        fn bytes(&self) -> Vec<u8> {
+            self.data.borrow().clone()
+        }
+    }
+
+    impl BlockIo for MemDisk {
+        fn size(&self) -> u64 {
+            self.data.borrow().len() as u64
+        }
+        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            let at = offset as usize;
+            buf.copy_from_slice(&self.data.borrow()[at..at + buf.len()]);
+            Ok(())
+        }
+        fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            let at = offset as usize;
+            let mut budget = self.budget.borrow_mut();
+            let n = match *budget {
+                Some(left) if left < buf.len() => left / 512 * 512,
+                _ => buf.len(),
+            };
+            self.data.borrow_mut()[at..at + n].copy_from_slice(&buf[..n]);
+            if let Some(left) = budget.as_mut() {
+                *left -= n;
+                if n < buf.len() {
+                    return Err(io::Error::other("power cut"));
+                }
+            }
+            Ok(())
+        }
+        fn sync(&self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Call {
+        Map(String, Integrity),
+        Unmap,
+        Wipe,
+        Mkfs,
+        Mount,
+    }
+
+    #[derive(Default)]
+    struct Recorder {
+        calls: RefCell<Vec<Call>>,
+        fail_mkfs: bool,
+        fail_mount: bool,
+        counter: RefCell<u8>,
+    }
+
+    impl Recorder {
+        fn calls(&self) -> Vec<Call> {
+            self.calls.borrow().clone()
+        }
+    }
+
+    impl Platform for Recorder {
+        fn map(
+            &self,
+            uuid: &str,
+            integrity: Integrity,
+            key: &VolumeKey,
+        ) -> Result<PathBuf, DmError> {
+            assert_eq!(key.len(), integrity.key_len());
+            self.calls
+                .borrow_mut()
+                .push(Call::Map(uuid.to_owned(), integrity));
+            Ok(PathBuf::from("/dev/dm-0"))
+        }
+        fn unmap(&self) {
+            self.calls.borrow_mut().push(Call::Unmap);
+        }
+        fn wipe(&self, _: &Path) -> io::Result<u64> {
+            self.calls.borrow_mut().push(Call::Wipe);
+            Ok(4096)
+        }
+        fn mkfs(&self, _: &Path) -> Result<(), String> {
+            self.calls.borrow_mut().push(Call::Mkfs);
+            if self.fail_mkfs {
+                return Err("power cut during mkfs".into());
+            }
+            Ok(())
+        }
+        fn mount(&self, _: &Path, _: &Path) -> io::Result<()> {
+            self.calls.borrow_mut().push(Call::Mount);
+            if self.fail_mount {
+                return Err(io::Error::from_raw_os_error(libc::EUCLEAN));
+            }
+            Ok(())
+        }
+        fn random(&self, buf: &mut [u8]) -> io::Result<()> {
+            let mut counter = self.counter.borrow_mut();
+            *counter = counter.wrapping_add(1);
+            buf.fill(*counter);
+            Ok(())
+        }
+    }
+
+    fn key(byte: u8, integrity: Integrity) -> FixedKey {
+        FixedKey::new(
+            VolumeKey::new(Zeroizing::new(vec![byte; integrity.key_len()])),
+            "test",
+        )
+    }
+
+    fn run_on(
+        disk: &MemDisk,
+        platform: &Recorder,
+        mount: &Path,
+        keys: &FixedKey,
+        integrity: Integrity,
+    ) -> Result<Outcome, LifecycleError> {
+        let options = Options {
+            integrity,
+            mount_point: mount,
+            formatted_by: "hawser test",
+        };
+        run(disk, &options, keys, platform, &mut PhaseTimer::start())
+    }
+
+    fn state(disk: &MemDisk) -> Contents {
+        probe::probe(disk, Integrity::None).unwrap()
+    }
+
+    #[test]
+    fn a_blank_disk_is_formatted_then_only_ever_opened() {
+        let disk = MemDisk::new();
+        let mount = tempfile::tempdir().unwrap();
+        let platform = Recorder::default();
+        let first = run_on(
+            &disk,
+            &platform,
+            mount.path(),
+            &key(1, Integrity::None),
+            Integrity::None,
+        )
+        .unwrap();
+        assert_eq!(first.action, Action::Formatted { was: "blank" });
+        assert_eq!(first.boots, 1);
+        assert_eq!(
+            platform.calls(),
+            [
+                Call::Map(first.uuid.clone(), Integrity::None),
+                Call::Mkfs,
+                Call::Mount
+            ]
+        );
+        let Contents::Hawser(selected) = state(&disk) else {
+            panic!("not hawser's")
+        };
+        assert_eq!(selected.header.state, DiskState::Initialized);
+        assert_eq!(selected.header.uuid, first.uuid);
+        assert_eq!(selected.header.seqid, 2);
+        let marker = read_marker(&mount.path().join(MARKER_FILE))
+            .unwrap()
+            .unwrap();
+        assert_eq!(marker.luks_uuid, first.uuid);
+        assert_eq!(marker.formatted_by, "hawser test");
+
+        for boot in 2..=3 {
+            let platform = Recorder::default();
+            let before = disk.bytes();
+            let again = run_on(
+                &disk,
+                &platform,
+                mount.path(),
+                &key(1, Integrity::None),
+                Integrity::None,
+            )
+            .unwrap();
+            assert_eq!(again.action, Action::Opened);
+            assert_eq!(again.uuid, first.uuid);
+            assert_eq!(again.boots, boot);
+            assert!(again.warnings.is_empty(), "{:?}", again.warnings);
+            // No mkfs, and not a byte of the disk changed.
+            assert_eq!(
+                platform.calls(),
+                [Call::Map(first.uuid.clone(), Integrity::None), Call::Mount]
+            );
+            assert!(disk.bytes() == before, "opening wrote to the disk");
+        }
+    }
+
+    #[test]
+    fn a_wrong_key_is_refused_and_nothing_is_written_or_mapped() {
+        let disk = MemDisk::new();
+        let mount = tempfile::tempdir().unwrap();
+        let formatted = run_on(
+            &disk,
+            &Recorder::default(),
+            mount.path(),
+            &key(1, Integrity::None),
+            Integrity::None,
+        )
+        .unwrap();
+        let before = disk.bytes();
+        let platform = Recorder::default();
+        let err = run_on(
+            &disk,
+            &platform,
+            mount.path(),
+            &key(2, Integrity::None),
+            Integrity::None,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "the key does not open LUKS2 volume {}: its digest does not match; nothing was written",
+                formatted.uuid
+            )
+        );
+        assert!(platform.calls().is_empty());
+        assert!(disk.bytes() == before);
+    }
+
+    #[test]
+    fn a_failed_mkfs_leaves_the_disk_to_be_formatted_again() {
+        let disk = MemDisk::new();
+        let mount = tempfile::tempdir().unwrap();
+        let platform = Recorder {
+            fail_mkfs: true,
+            ..Recorder::default()
+        };
+        let err = run_on(
+            &disk,
+            &platform,
+            mount.path(),
+            &key(1, Integrity::None),
+            Integrity::None,
+        )
+        .unwrap_err();
+        assert!(matches!(err, LifecycleError::Mkfs { .. }), "{err}");
+        assert_eq!(platform.calls().last(), Some(&Call::Unmap));
+        let Contents::Hawser(selected) = state(&disk) else {
+            panic!("not hawser's")
+        };
+        assert_eq!(selected.header.state, DiskState::Formatting);
+        let first_uuid = selected.header.uuid.clone();
+
+        // Next boot: formatted again, under a new UUID, and initialized this time.
+        let platform = Recorder {
+            counter: RefCell::new(100),
+            ..Recorder::default()
+        };
+        let outcome = run_on(
+            &disk,
+            &platform,
+            mount.path(),
+            &key(1, Integrity::None),
+            Integrity::None,
+        )
+        .unwrap();
+        assert_eq!(
+            outcome.action,
+            Action::Formatted {
+                was: "formatted by hawser but never initialized"
+            }
+        );
+        assert_ne!(outcome.uuid, first_uuid);
+        let Contents::Hawser(selected) = state(&disk) else {
+            panic!("not hawser's")
+        };
+        assert_eq!(selected.header.state, DiskState::Initialized);
+        assert_eq!(selected.header.seqid, 3);
+    }
+
+    #[test]
+    fn a_power_cut_at_any_header_write_never_strands_the_disk() {
+        // Cut the first format after every possible number of written sectors: the next boot
+        // must format (never refuse) and end initialized.
+        let full = 2 * luks2::HEADER_SIZE;
+        for budget in (0..full).step_by(512 * 7).chain([full - 512]) {
+            let disk = MemDisk::new();
+            *disk.budget.borrow_mut() = Some(budget);
+            let mount = tempfile::tempdir().unwrap();
+            let _ = run_on(
+                &disk,
+                &Recorder::default(),
+                mount.path(),
+                &key(1, Integrity::None),
+                Integrity::None,
+            );
+            *disk.budget.borrow_mut() = None;
+            let outcome = run_on(
+                &disk,
+                &Recorder::default(),
+                mount.path(),
+                &key(1, Integrity::None),
+                Integrity::None,
+            )
+            .unwrap_or_else(|e| panic!("cut after {budget} bytes: {e}"));
+            assert!(
+                matches!(outcome.action, Action::Formatted { .. }),
+                "{budget}"
+            );
+            let Contents::Hawser(selected) = state(&disk) else {
+                panic!("not hawser's after {budget}")
+            };
+            assert_eq!(selected.header.state, DiskState::Initialized);
+        }
+    }
+
+    #[test]
+    fn a_power_cut_while_marking_initialized_keeps_a_consistent_header() {
+        // Format fully except that the final "initialized" write is cut part-way.
+        let formatting_writes = 2 * luks2::HEADER_SIZE;
+        for extra in [
+            0,
+            512,
+            4096,
+            8192,
+            luks2::HEADER_SIZE,
+            luks2::HEADER_SIZE + 4096,
+        ] {
+            let disk = MemDisk::new();
+            *disk.budget.borrow_mut() = Some(formatting_writes + extra);
+            let mount = tempfile::tempdir().unwrap();
+            let _ = run_on(
+                &disk,
+                &Recorder::default(),
+                mount.path(),
+                &key(1, Integrity::None),
+                Integrity::None,
+            );
+            *disk.budget.borrow_mut() = None;
+            let Contents::Hawser(selected) = state(&disk) else {
+                panic!("no valid header after cutting {extra} bytes into the mark")
+            };
+            // Either still formatting (formatted again next boot) or initialized (opened).
+            let platform = Recorder::default();
+            let outcome = run_on(
+                &disk,
+                &platform,
+                mount.path(),
+                &key(1, Integrity::None),
+                Integrity::None,
+            )
+            .unwrap();
+            match selected.header.state {
+                DiskState::Formatting => {
+                    assert!(matches!(outcome.action, Action::Formatted { .. }))
+                }
+                DiskState::Initialized => {
+                    assert_eq!(outcome.action, Action::Opened);
+                    assert!(!platform.calls().contains(&Call::Mkfs));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_stale_copy_is_repaired_after_the_key_is_verified() {
+        let disk = MemDisk::new();
+        let mount = tempfile::tempdir().unwrap();
+        run_on(
+            &disk,
+            &Recorder::default(),
+            mount.path(),
+            &key(1, Integrity::None),
+            Integrity::None,
+        )
+        .unwrap();
+        // Damage the secondary copy's JSON area.
+        disk.data.borrow_mut()[luks2::HEADER_SIZE + 6000] ^= 0x55;
+        let outcome = run_on(
+            &disk,
+            &Recorder::default(),
+            mount.path(),
+            &key(1, Integrity::None),
+            Integrity::None,
+        )
+        .unwrap();
+        assert_eq!(outcome.action, Action::Opened);
+        assert!(
+            outcome.warnings[0].contains("repaired the secondary header"),
+            "{:?}",
+            outcome.warnings
+        );
+        let Contents::Hawser(selected) = state(&disk) else {
+            panic!()
+        };
+        assert_eq!(selected.repair, None);
+    }
+
+    #[test]
+    fn a_mount_failure_on_an_initialized_disk_never_formats() {
+        let disk = MemDisk::new();
+        let mount = tempfile::tempdir().unwrap();
+        run_on(
+            &disk,
+            &Recorder::default(),
+            mount.path(),
+            &key(1, Integrity::None),
+            Integrity::None,
+        )
+        .unwrap();
+        let before = disk.bytes();
+        let platform = Recorder {
+            fail_mount: true,
+            ..Recorder::default()
+        };
+        let err = run_on(
+            &disk,
+            &platform,
+            mount.path(),
+            &key(1, Integrity::None),
+            Integrity::None,
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().starts_with("cannot mount /dev/dm-0"),
+            "{err}"
+        );
+        assert!(!platform.calls().contains(&Call::Mkfs));
+        assert!(disk.bytes() == before);
+    }
+
+    #[test]
+    fn integrity_mode_wipes_before_mkfs_and_needs_the_longer_key() {
+        let disk = MemDisk::new();
+        let mount = tempfile::tempdir().unwrap();
+        let platform = Recorder::default();
+        let err = run_on(
+            &disk,
+            &platform,
+            mount.path(),
+            &key(1, Integrity::None),
+            Integrity::HmacSha256,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("needs 96"), "{err}");
+        assert_eq!(
+            state(&disk),
+            Contents::Blank,
+            "nothing written without a key"
+        );
+        let outcome = run_on(
+            &disk,
+            &platform,
+            mount.path(),
+            &key(1, Integrity::HmacSha256),
+            Integrity::HmacSha256,
+        )
+        .unwrap();
+        assert_eq!(outcome.wiped, Some(4096));
+        assert_eq!(
+            platform.calls(),
+            [
+                Call::Map(outcome.uuid.clone(), Integrity::HmacSha256),
+                Call::Wipe,
+                Call::Mkfs,
+                Call::Mount
+            ]
+        );
+    }
+}

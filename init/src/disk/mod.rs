@@ -1,0 +1,492 @@
+//! The encrypted state disk: a LUKS2-compatible disk, formatted and opened by PID 1 itself,
+//! mapped with the kernel's dm-crypt through device-mapper ioctls.
+//!
+//! A node's state (etcd, kubelet, containers) lives on a disk the host must not read or
+//! silently alter. PID 1 finds it by serial ([`device`]), reads its header strictly
+//! ([`luks2`], [`probe`]), formats a blank disk once or opens an initialized one with the key
+//! ([`lifecycle`]), maps it with parameters that are hawser's constants, never the header's
+//! ([`dm`]), and mounts the ext4 filesystem at [`STATE_MOUNT_POINT`]. An operator holding the
+//! key can always open the disk with `cryptsetup open --volume-key-file` (see
+//! `docs/state-disk.md`).
+//!
+//! The measured configuration (`hawser.state_disk*` on the kernel command line, see
+//! [`StateDiskConfig`]) says which disk, where its key comes from ([`key::KeySourceKind`]) and
+//! whether to add dm-integrity. With the default key source `none` PID 1 leaves disks alone.
+//!
+//! Only [`bring_up`] and [`LinuxPlatform`] touch the machine; the rest is tested on the host.
+
+pub mod device;
+pub mod dm;
+pub mod key;
+pub mod lifecycle;
+pub mod luks2;
+pub mod probe;
+
+use std::fs::OpenOptions;
+use std::io::{self, Seek as _, SeekFrom};
+use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::mount::MsFlags;
+use tokio::io::AsyncReadExt as _;
+use tracing::{info, warn};
+
+use self::device::{BlockDevice, DiskSelector, Lookup, SysfsError};
+use self::dm::DmError;
+use self::key::{FixedKey, KeyError, KeySource, KeySourceKind, VolumeKey};
+use self::lifecycle::{Action, LifecycleError, Options, Platform};
+use self::luks2::Integrity;
+use crate::reaper::ChildRegistry;
+use crate::syscalls::{LinuxSyscalls, MountSpec};
+use crate::timings::PhaseTimer;
+
+/// Where the state filesystem is mounted.
+pub const STATE_MOUNT_POINT: &str = "/run/hawser/state";
+/// How long to wait for the disk to appear (virtio-blk probes asynchronously).
+pub const DISK_WAIT: Duration = Duration::from_secs(10);
+/// The mkfs in the initramfs (e2fsprogs' mke2fs).
+pub const MKFS: &str = "/usr/sbin/mke2fs";
+/// The ext4 label of the state filesystem.
+pub const FS_LABEL: &str = "hawser-state";
+/// Bytes per write when wiping for dm-integrity.
+const WIPE_CHUNK: usize = 4 * 1024 * 1024;
+
+/// The measured state disk configuration (`hawser.state_disk`, `hawser.state_disk_key_source`,
+/// `hawser.state_disk_integrity`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StateDiskConfig {
+    pub key_source: KeySourceKind,
+    /// Required unless the key source is `none`.
+    pub disk: Option<DiskSelector>,
+    pub integrity: Integrity,
+}
+
+/// Why the state disk is not up. Each message names the disk.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error(
+        "no state disk with {selector} appeared within {} s; disks present: {present}",
+        waited.as_secs()
+    )]
+    NotFound {
+        selector: DiskSelector,
+        waited: Duration,
+        present: String,
+    },
+    #[error(
+        "more than one disk has {selector} ({disks}); refusing to guess which is the state disk"
+    )]
+    Ambiguous {
+        selector: DiskSelector,
+        disks: String,
+    },
+    #[error("cannot list the disks")]
+    Sysfs(#[source] SysfsError),
+    #[error("state disk {device} is read-only; hawser must be able to write to it")]
+    ReadOnly { device: String },
+    #[error("cannot open state disk {device}")]
+    Open {
+        device: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("state disk")]
+    Key(#[source] KeyError),
+    #[error("state disk {device}")]
+    Lifecycle {
+        device: String,
+        #[source]
+        source: LifecycleError,
+    },
+    #[error("the state disk task failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// The warning logged on every boot with the development key source.
+pub const INSECURE_KEY_WARNING: &str = "INSECURE: hawser.state_disk_key_source=fw_cfg-insecure-dev: \
+     the state disk key comes from fw_cfg, which the host chooses and reads; the disk is not \
+     protected from the host. For development only.";
+
+/// Brings the state disk up as `config` says, or does nothing when the key source is `none`.
+/// `fw_cfg_key` is fw_cfg's `opt/hawser/state_disk_key`, used only by the development source.
+/// Appends warnings for the boot report to `warnings`; returns `timer` with the disk's phases.
+pub async fn bring_up(
+    config: &StateDiskConfig,
+    fw_cfg_key: Option<VolumeKey>,
+    registry: &ChildRegistry,
+    mut timer: PhaseTimer,
+    warnings: &mut Vec<String>,
+) -> Result<PhaseTimer, DiskError> {
+    let mut warn_and_keep = |warning: String| {
+        warn!("{warning}");
+        warnings.push(warning);
+    };
+    if fw_cfg_key.is_some() && config.key_source != KeySourceKind::FwCfgInsecureDev {
+        warn_and_keep(format!(
+            "fw_cfg opt/hawser/state_disk_key is ignored: hawser.state_disk_key_source is {}",
+            config.key_source.cmdline_name()
+        ));
+    }
+    let keys = match config.key_source {
+        KeySourceKind::None => {
+            info!("no state disk (hawser.state_disk_key_source=none)");
+            return Ok(timer);
+        }
+        KeySourceKind::JoinService => {
+            return Err(DiskError::Key(KeyError::JoinServiceNotImplemented));
+        }
+        KeySourceKind::FwCfgInsecureDev => {
+            warn_and_keep(INSECURE_KEY_WARNING.to_owned());
+            let key = fw_cfg_key.ok_or(DiskError::Key(KeyError::MissingFwCfgKey))?;
+            FixedKey::new(key, "fw_cfg opt/hawser/state_disk_key")
+        }
+    };
+    // The configuration parser requires a disk with every key source but `none`.
+    let Some(selector) = config.disk.clone() else {
+        return Err(DiskError::NotFound {
+            selector: DiskSelector::Serial(String::new()),
+            waited: Duration::ZERO,
+            present: "hawser.state_disk is not set".into(),
+        });
+    };
+
+    let start = timer.elapsed_ms();
+    let disk = wait_for_disk(&selector, DISK_WAIT).await?;
+    timer.record("state-disk-find", start);
+    if disk.read_only {
+        return Err(DiskError::ReadOnly {
+            device: disk.to_string(),
+        });
+    }
+
+    let platform = LinuxPlatform {
+        disk: disk.clone(),
+        registry: registry.clone(),
+        runtime: tokio::runtime::Handle::current(),
+    };
+    let integrity = config.integrity;
+    let (timer, result) = tokio::task::spawn_blocking(move || {
+        let mut timer = timer;
+        let result = run_blocking(&disk, integrity, &keys, &platform, &mut timer);
+        (timer, result)
+    })
+    .await
+    .map_err(DiskError::Task)?;
+    let (device, outcome) = result?;
+    for warning in outcome.warnings {
+        warn_and_keep(format!("state disk {device}: {warning}"));
+    }
+    let integrity = match integrity {
+        Integrity::None => "no integrity".to_owned(),
+        mode => format!("{} integrity", mode.cmdline_name()),
+    };
+    match outcome.action {
+        Action::Formatted { was } => info!(
+            "state disk {device}: formatted LUKS2 volume {} (the disk was {was}; \
+             aes-xts-plain64, {integrity}{}), created ext4 on {}, mounted at {STATE_MOUNT_POINT}; \
+             boot {} of this disk",
+            outcome.uuid,
+            outcome
+                .wiped
+                .map(|bytes| format!(", wiped {} MiB", bytes >> 20))
+                .unwrap_or_default(),
+            outcome.mapped.display(),
+            outcome.boots
+        ),
+        Action::Opened => info!(
+            "state disk {device}: opened LUKS2 volume {} ({integrity}) as {}, mounted at \
+             {STATE_MOUNT_POINT}; boot {} of this disk",
+            outcome.uuid,
+            outcome.mapped.display(),
+            outcome.boots
+        ),
+    }
+    Ok(timer)
+}
+
+fn run_blocking(
+    disk: &BlockDevice,
+    integrity: Integrity,
+    keys: &dyn KeySource,
+    platform: &LinuxPlatform,
+    timer: &mut PhaseTimer,
+) -> Result<(String, lifecycle::Outcome), DiskError> {
+    let device = disk.to_string();
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(disk.path())
+        .map_err(|source| DiskError::Open {
+            device: device.clone(),
+            source,
+        })?;
+    let options = Options {
+        integrity,
+        mount_point: Path::new(STATE_MOUNT_POINT),
+        formatted_by: concat!("hawser ", env!("CARGO_PKG_VERSION")),
+    };
+    let outcome = lifecycle::run(&file, &options, keys, platform, timer).map_err(|source| {
+        DiskError::Lifecycle {
+            device: device.clone(),
+            source,
+        }
+    })?;
+    Ok((device, outcome))
+}
+
+/// Polls sysfs until the disk appears (or `limit` passes).
+pub async fn wait_for_disk(
+    selector: &DiskSelector,
+    limit: Duration,
+) -> Result<BlockDevice, DiskError> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let disks = device::list_disks(Path::new("/sys/block")).map_err(DiskError::Sysfs)?;
+        match device::find(disks, selector) {
+            Lookup::Found(disk) => return Ok(disk),
+            Lookup::Ambiguous(disks) => {
+                return Err(DiskError::Ambiguous {
+                    selector: selector.clone(),
+                    disks: device::describe_disks(&disks),
+                });
+            }
+            Lookup::Missing(present) if tokio::time::Instant::now() >= deadline => {
+                return Err(DiskError::NotFound {
+                    selector: selector.clone(),
+                    waited: limit,
+                    present: device::describe_disks(&present),
+                });
+            }
+            Lookup::Missing(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// The real [`Platform`]: device-mapper, mke2fs (through the child registry, so the reaper
+/// leaves its exit status alone), mount(2) into PID 1's mount table (so shutdown unmounts it),
+/// getrandom(2).
+pub struct LinuxPlatform {
+    pub disk: BlockDevice,
+    pub registry: ChildRegistry,
+    /// The PID 1 runtime, for spawning mke2fs from the blocking thread.
+    pub runtime: tokio::runtime::Handle,
+}
+
+impl Platform for LinuxPlatform {
+    fn map(
+        &self,
+        luks_uuid: &str,
+        integrity: Integrity,
+        key: &VolumeKey,
+    ) -> Result<PathBuf, DmError> {
+        dm::map(self.disk.devnum, self.disk.size, luks_uuid, integrity, key).map(|m| m.path)
+    }
+
+    fn unmap(&self) {
+        for name in [dm::DM_NAME, dm::DM_INTEGRITY_NAME] {
+            let _ = dm::remove(name);
+        }
+    }
+
+    fn wipe(&self, mapped: &Path) -> io::Result<u64> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(mapped)?;
+        let size = file.seek(SeekFrom::End(0))?;
+        let zeros = vec![0u8; WIPE_CHUNK];
+        let mut offset = 0u64;
+        while offset < size {
+            let n = (size - offset).min(WIPE_CHUNK as u64) as usize;
+            file.write_all_at(&zeros[..n], offset)?;
+            offset += n as u64;
+        }
+        file.sync_data()?;
+        Ok(size)
+    }
+
+    fn mkfs(&self, mapped: &Path) -> Result<(), String> {
+        let mut command = tokio::process::Command::new(MKFS);
+        command
+            .args(["-t", "ext4", "-q", "-F", "-b", "4096", "-L", FS_LABEL])
+            .args(["-E", "nodiscard"])
+            .arg(mapped)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        self.runtime.block_on(async {
+            let mut child = self
+                .registry
+                .spawn(&mut command)
+                .map_err(|e| format!("cannot run {MKFS}: {e}"))?;
+            let stdout = child.inner().stdout.take();
+            let stderr = child.inner().stderr.take();
+            let (out, err) = tokio::join!(read_all(stdout), read_all(stderr));
+            let status = child
+                .wait()
+                .await
+                .map_err(|e| format!("cannot wait for {MKFS}: {e}"))?;
+            if status.success() {
+                return Ok(());
+            }
+            let output = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out),
+                String::from_utf8_lossy(&err)
+            );
+            Err(format!("{MKFS} exited with {status}: {}", output.trim()))
+        })
+    }
+
+    fn mount(&self, mapped: &Path, target: &Path) -> io::Result<()> {
+        // MountSpec holds 'static strings (the mount table outlives every caller); this runs
+        // once per boot.
+        let leak = |p: &Path| -> &'static str {
+            Box::leak(p.to_string_lossy().into_owned().into_boxed_str())
+        };
+        let spec = MountSpec {
+            source: leak(mapped),
+            target: leak(target),
+            fstype: "ext4",
+            flags: MsFlags::empty(),
+            data: None,
+        };
+        crate::shutdown::mount_table()
+            .mount(&LinuxSyscalls, &spec)
+            .map_err(|e| e.source)
+    }
+
+    fn random(&self, buf: &mut [u8]) -> io::Result<()> {
+        fill_random(buf)
+    }
+}
+
+async fn read_all(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    if let Some(mut pipe) = pipe {
+        let _ = pipe.read_to_end(&mut bytes).await;
+    }
+    bytes
+}
+
+/// getrandom(2) until `buf` is full (blocks only until the CRNG is initialized, which the
+/// TPM seeding at bring-up has done).
+pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let rest = &mut buf[filled..];
+        // SAFETY: getrandom(2) writes at most `rest.len()` bytes into `rest`, which is valid
+        // and exclusively borrowed for the call.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let error = io::Error::last_os_error();
+            if error.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(error);
+        }
+        filled += n as usize;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_bytes_fill_the_buffer() {
+        let mut a = [0u8; 64];
+        let mut b = [0u8; 64];
+        fill_random(&mut a).unwrap();
+        fill_random(&mut b).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(a, [0u8; 64]);
+    }
+
+    #[tokio::test]
+    async fn the_none_key_source_touches_nothing() {
+        let mut warnings = Vec::new();
+        let config = StateDiskConfig::default();
+        bring_up(
+            &config,
+            None,
+            &ChildRegistry::new(),
+            PhaseTimer::start(),
+            &mut warnings,
+        )
+        .await
+        .unwrap();
+        assert!(warnings.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_fw_cfg_key_without_the_dev_source_is_ignored_with_a_warning() {
+        let mut warnings = Vec::new();
+        let key = VolumeKey::new(zeroize::Zeroizing::new(vec![1; 64]));
+        bring_up(
+            &StateDiskConfig::default(),
+            Some(key),
+            &ChildRegistry::new(),
+            PhaseTimer::start(),
+            &mut warnings,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            warnings,
+            ["fw_cfg opt/hawser/state_disk_key is ignored: hawser.state_disk_key_source is none"]
+        );
+    }
+
+    #[tokio::test]
+    async fn the_join_service_source_is_a_clear_error_for_now() {
+        let config = StateDiskConfig {
+            key_source: KeySourceKind::JoinService,
+            disk: DiskSelector::parse("serial:x"),
+            integrity: Integrity::None,
+        };
+        let err = bring_up(
+            &config,
+            None,
+            &ChildRegistry::new(),
+            PhaseTimer::start(),
+            &mut Vec::new(),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            crate::fatal::error_chain(&err),
+            "state disk: hawser.state_disk_key_source=join-service: the join service client is \
+             not implemented yet (issue 5)"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_dev_source_warns_and_needs_its_fw_cfg_key() {
+        let config = StateDiskConfig {
+            key_source: KeySourceKind::FwCfgInsecureDev,
+            disk: DiskSelector::parse("serial:x"),
+            integrity: Integrity::None,
+        };
+        let mut warnings = Vec::new();
+        let err = bring_up(
+            &config,
+            None,
+            &ChildRegistry::new(),
+            PhaseTimer::start(),
+            &mut warnings,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(warnings, [INSECURE_KEY_WARNING]);
+        assert!(
+            crate::fatal::error_chain(&err).contains("fw_cfg has no opt/hawser/state_disk_key"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,57 @@
+//! Re-assembles the UKI of the `tests/fixtures/ovmf-boot` event-log fixture and writes it to the
+//! path given as the only argument:
+//!
+//! ```sh
+//! cargo run -p hawser-measurements --example fixture_uki -- /tmp/fixture.efi
+//! hawser local up --image /tmp/fixture.efi --once   # the console shows HAWSER_EVENT_LOG …
+//! ```
+//!
+//! The UKI is `hawser_image::uki::assemble_uki` of the pinned systemd-stub 257 and Linux 6.12
+//! from the input cache (`hawser image fetch`) with the fixture's own `.osrel`, `.cmdline` and
+//! `.initrd` (a 9 KiB freestanding /init that prints the PCRs and the event log, see
+//! `evinit.c`), so the tests can rebuild it bit for bit and predict its measurements.
+
+use std::path::{Path, PathBuf};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let out = std::env::args_os()
+        .nth(1)
+        .map(PathBuf::from)
+        .ok_or("usage: fixture_uki OUT.efi")?;
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ovmf-boot");
+    let inputs = hawser_image::inputs::cache_dir().join("inputs");
+    let find = |prefix: &str, relative: &str| -> Result<PathBuf, String> {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&inputs)
+            .map_err(|e| format!("{}: {e} (run `hawser image fetch`)", inputs.display()))?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(prefix))
+            })
+            .collect();
+        dirs.sort();
+        dirs.into_iter()
+            .map(|d| d.join(relative))
+            .find(|p| p.is_file())
+            .ok_or_else(|| format!("no {prefix}*/{relative} in {}", inputs.display()))
+    };
+    let release = "6.12.117+deb13-cloud-amd64";
+    let stub = std::fs::read(find(
+        "systemd-boot-efi_",
+        "usr/lib/systemd/boot/efi/linuxx64.efi.stub",
+    )?)?;
+    let linux = std::fs::read(find("linux-image-", &format!("boot/vmlinuz-{release}"))?)?;
+    let sections = hawser_image::uki::UkiSections {
+        osrel: std::fs::read(fixture.join("osrel"))?,
+        cmdline: std::fs::read(fixture.join("cmdline"))?,
+        uname: release.as_bytes().to_vec(),
+        linux,
+        initrd: std::fs::read(fixture.join("initrd.cpio.zst"))?,
+    };
+    let uki = hawser_image::uki::assemble_uki(&stub, &sections)?;
+    std::fs::write(&out, &uki)?;
+    println!("{} ({} bytes)", out.display(), uki.len());
+    Ok(())
+}

@@ -1,0 +1,364 @@
+//! Measurements proven against reality: boot the image in QEMU (OVMF + swtpm) and hold the
+//! TPM's verified quote and the firmware's event log against `hawser measurements predict`.
+//!
+//! Two boots, both OVMF + UKI (~20 s each under TCG), sharing one image build:
+//! 1. the image as built: every predicted PCR (4, 9, 11 after `enter-initrd`, 12, 13, 15)
+//!    equals the quoted value, PCR 11 before hawser's phase equals systemd-stub's prediction,
+//!    and the event log lines up with the prediction event for event;
+//! 2. a tampered image, one byte of the command line and one byte of the initramfs changed:
+//!    the prediction changes (PCRs 4, 9, 11), the boot's quote equals the *new* prediction, and
+//!    the diagnosis of that boot against the *original* image names exactly the `.cmdline` and
+//!    `.initrd` events.
+//!
+//! `#[ignore]`d in plain `cargo test`; run with
+//! `cargo test -p hawser-qemu --test measurements -- --ignored --test-threads=1`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use hawser_attestation::ExpectedMeasurements;
+use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, VerifiedReport};
+use hawser_image::build::BuildOutput;
+use hawser_image::pipeline::{self, PipelineOptions};
+use hawser_image::uki::{UkiSections, assemble_uki, read_uki_sections};
+use hawser_measurements::eventlog::{self, EventLog};
+use hawser_measurements::explain::{EventMatch, explain};
+use hawser_measurements::predict::{PREDICTED_PCRS, Phase, Prediction};
+use hawser_measurements::reference::{ReferenceInputs, ReferenceMeasurements};
+use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
+use sha2::{Digest, Sha256};
+
+/// Generous: TCG on a loaded 2-core CI machine.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("qemu-tests lives in the workspace")
+        .to_owned()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target"));
+    let dir = target.join("measurements-tests").join(name);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// The image under test, built once per run from this workspace.
+fn image() -> &'static BuildOutput {
+    static IMAGE: OnceLock<BuildOutput> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let opts = PipelineOptions::new(&workspace(), &scratch("image"));
+        let (output, timeline) =
+            pipeline::build_image(&opts).unwrap_or_else(|e| panic!("image build failed: {e}"));
+        eprintln!("image built: {timeline:?}");
+        output
+    })
+}
+
+fn predict(uki: &Path) -> Prediction {
+    let bytes = std::fs::read(uki).expect("read UKI");
+    Prediction::from_uki(&bytes, &uki.display().to_string())
+        .unwrap_or_else(|e| panic!("predicting {}: {e}", uki.display()))
+}
+
+fn nonce(label: &str) -> [u8; 32] {
+    let uuid = std::fs::read("/proc/sys/kernel/random/uuid").unwrap_or_default();
+    Sha256::digest([uuid.as_slice(), label.as_bytes()].concat()).into()
+}
+
+/// What one boot produced.
+struct Boot {
+    verified: VerifiedReport,
+    /// The firmware's event log, from PID 1's `HAWSER_EVENT_LOG` console line.
+    event_log: EventLog,
+}
+
+/// Boots `uki` with OVMF + swtpm, waits for the boot report and the event log, verifies the
+/// report against a fresh nonce, and powers the VM off.
+fn boot(name: &str, uki: &Path) -> Boot {
+    let nonce = nonce(name);
+    let vm = Vm::start(
+        VmConfig::uefi(uki)
+            .name(name)
+            .tpm(TpmConfig::default())
+            .fw_cfg_string("quote_nonce", hex::encode(nonce)),
+    )
+    .expect("start VM");
+    let line = vm
+        .wait_for_marker("boot report", BOOT_REPORT_MARKER, BOOT_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{name}: no boot report: {e}"));
+    let report = BootReport::find_in_console(&line)
+        .expect("marker present")
+        .expect("the boot report is valid JSON");
+    let verified = report
+        .verify(Some(&nonce))
+        .unwrap_or_else(|e| panic!("{name}: the boot report does not verify: {e}"));
+    let log_line = vm
+        .wait_for_marker(
+            "event log",
+            eventlog::EVENT_LOG_MARKER,
+            Duration::from_secs(60),
+        )
+        .unwrap_or_else(|e| panic!("{name}: PID 1 printed no HAWSER_EVENT_LOG line: {e}"));
+    let bytes = eventlog::find_in_console(&log_line)
+        .expect("marker present")
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let event_log = EventLog::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+    vm.shutdown(Duration::from_secs(60))
+        .unwrap_or_else(|e| panic!("{name}: shutdown: {e}"));
+    eprintln!("{name} timeline:\n{}", format_timeline(&vm.timeline()));
+    Boot {
+        verified,
+        event_log,
+    }
+}
+
+/// Every predicted PCR equals the verified quote; PCR 11 before hawser's phase equals the stub's
+/// prediction; the event log lines up event for event.
+fn assert_boot_matches(name: &str, prediction: &Prediction, boot: &Boot) {
+    let quoted = &boot.verified.pcrs;
+    for pcr in PREDICTED_PCRS {
+        assert_eq!(
+            hex::encode(quoted[&pcr]),
+            hex::encode(prediction.pcr(pcr, Phase::EnterInitrd)),
+            "{name}: quoted PCR {pcr} differs from the prediction"
+        );
+    }
+    assert_eq!(
+        boot.verified.pcr11_before_phase,
+        prediction.pcr(11, Phase::Stub),
+        "{name}: PCR 11 before enter-initrd differs from systemd-stub's prediction"
+    );
+    let diagnosis = explain(
+        prediction,
+        &boot.event_log,
+        Some(quoted),
+        &boot.verified.phases_extended,
+    )
+    .expect("explain");
+    assert!(diagnosis.ok(), "{name}:\n{diagnosis}");
+    for p in &diagnosis.pcrs {
+        assert!(
+            p.events.iter().all(|e| !e.is_problem()) && p.in_order,
+            "{name}:\n{diagnosis}"
+        );
+    }
+}
+
+/// The reference file `hawser measurements reference` would write for this image (firmware
+/// values from the committed reference), read back by the verifier's own parser
+/// (`hawser_attestation::ExpectedMeasurements`) and applied to the boot's verified PCRs: the
+/// file format and the values are what a verifier accepts. Firmware PCRs that differ from the
+/// committed warn-only values are printed (they depend on OVMF and QEMU, not on hawser).
+fn verifier_accepts_the_reference(prediction: &Prediction, quoted: &BTreeMap<u8, [u8; 32]>) {
+    let path = workspace().join("measurements/qemu.json");
+    let committed = ReferenceMeasurements::parse(
+        &std::fs::read_to_string(&path).expect("measurements/qemu.json is committed"),
+    )
+    .expect("the committed reference parses");
+    let firmware: BTreeMap<u8, [u8; 32]> = committed
+        .measurements
+        .iter()
+        .filter(|(_, m)| m.warn_only)
+        .map(|(&pcr, m)| {
+            let v: [u8; 32] = hex::decode(&m.expected)
+                .expect("hex")
+                .try_into()
+                .expect("32 bytes");
+            (pcr, v)
+        })
+        .collect();
+    assert!(
+        !firmware.is_empty(),
+        "the committed reference records firmware values"
+    );
+    let reference = ReferenceMeasurements::new(
+        prediction,
+        ReferenceInputs {
+            firmware_pcrs: firmware,
+            ..ReferenceInputs::default()
+        },
+    );
+    let expected = ExpectedMeasurements::from_json(&reference.render())
+        .expect("the verifier parses the reference format");
+    assert_eq!(
+        expected.enforced().collect::<Vec<_>>(),
+        PREDICTED_PCRS,
+        "the verifier enforces exactly the predicted PCRs"
+    );
+    match expected.check(quoted) {
+        Ok(warnings) => {
+            for w in warnings {
+                eprintln!("warning: {w}");
+            }
+        }
+        Err(mismatch) => panic!("the verifier refuses the boot: {mismatch}"),
+    }
+}
+
+#[test]
+#[ignore = "boots QEMU; run by scripts/test"]
+fn the_quote_of_a_real_boot_equals_the_prediction() {
+    let image = image();
+    let prediction = predict(&image.uki.path);
+    let boot = boot("measure-original", &image.uki.path);
+    assert_boot_matches("original image", &prediction, &boot);
+    verifier_accepts_the_reference(&prediction, &boot.verified.pcrs);
+}
+
+/// Changes one byte of `panic=30` in the command line.
+fn tamper_cmdline(cmdline: &[u8]) -> Vec<u8> {
+    let mut out = cmdline.to_vec();
+    let at = out
+        .windows(8)
+        .position(|w| w == b"panic=30")
+        .expect("the default command line has panic=30");
+    out[at + 7] = b'1';
+    out
+}
+
+/// Changes one byte of the initramfs: the last hex digit of the cpio trailer's mtime field,
+/// which the kernel ignores; then compresses it again.
+fn tamper_initrd(compressed: &[u8]) -> Vec<u8> {
+    let mut cpio = zstd::decode_all(compressed).expect("the initramfs is zstd");
+    let trailer = cpio
+        .windows(11)
+        .rposition(|w| w == b"TRAILER!!!\0")
+        .expect("a cpio trailer");
+    // newc header: magic(6) ino mode uid gid nlink mtime … (8 hex digits each), name after 110.
+    let mtime_last_digit = trailer - 110 + 6 + 5 * 8 + 7;
+    cpio[mtime_last_digit] = if cpio[mtime_last_digit] == b'0' {
+        b'1'
+    } else {
+        b'0'
+    };
+    zstd::encode_all(cpio.as_slice(), 3).expect("compress")
+}
+
+#[test]
+#[ignore = "boots QEMU; run by scripts/test"]
+fn one_changed_byte_changes_the_prediction_and_the_boot_follows_it() {
+    let image = image();
+    let uki = std::fs::read(&image.uki.path).expect("read UKI");
+    let original = Prediction::from_uki(&uki, "original").expect("predict");
+
+    // Re-assemble the image from its own sections and the locked stub: bit-identical, so the
+    // tampered images below differ in exactly the bytes changed.
+    let lock = hawser_image::inputs::InputLock::load(&workspace().join("inputs.lock"))
+        .expect("inputs.lock");
+    let fetched = hawser_image::inputs::fetch(&lock, &hawser_image::inputs::cache_dir())
+        .expect("inputs are fetched");
+    let stub = std::fs::read(&fetched.stub).expect("read stub");
+    let sections = read_uki_sections(&uki).expect("read sections");
+    let section = |name: &str| {
+        sections
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+            .loaded_data()
+    };
+    let base = UkiSections {
+        osrel: section(".osrel"),
+        cmdline: section(".cmdline"),
+        uname: section(".uname"),
+        linux: section(".linux"),
+        initrd: section(".initrd"),
+    };
+    assert_eq!(
+        assemble_uki(&stub, &base).expect("assemble"),
+        uki,
+        "re-assembling the built UKI from its sections must give the same bytes"
+    );
+
+    let cmdline_only = UkiSections {
+        cmdline: tamper_cmdline(&base.cmdline),
+        ..base.clone()
+    };
+    let initrd_only = UkiSections {
+        initrd: tamper_initrd(&base.initrd),
+        ..base.clone()
+    };
+    let both = UkiSections {
+        cmdline: cmdline_only.cmdline.clone(),
+        initrd: initrd_only.initrd.clone(),
+        ..base.clone()
+    };
+    let mut predictions = Vec::new();
+    for (what, s) in [
+        ("command line", &cmdline_only),
+        ("initrd", &initrd_only),
+        ("both", &both),
+    ] {
+        let bytes = assemble_uki(&stub, s).expect("assemble tampered UKI");
+        let p = Prediction::from_uki(&bytes, what).expect("predict tampered UKI");
+        for pcr in [4, 9, 11] {
+            assert_ne!(
+                p.pcr(pcr, Phase::EnterInitrd),
+                original.pcr(pcr, Phase::EnterInitrd),
+                "changing the {what} must change the prediction of PCR {pcr}"
+            );
+        }
+        for pcr in [12, 13, 15] {
+            assert_eq!(p.pcr(pcr, Phase::EnterInitrd), [0; 32]);
+        }
+        predictions.push((bytes, p));
+    }
+    let (cmdline_pred, initrd_pred) = (&predictions[0].1, &predictions[1].1);
+    assert_ne!(
+        cmdline_pred.pcr(9, Phase::Stub),
+        initrd_pred.pcr(9, Phase::Stub)
+    );
+
+    // Boot the image with both changes: its quote equals the new prediction …
+    let (tampered_bytes, tampered) = &predictions[2];
+    let path = scratch("tampered").join("hawser.efi");
+    std::fs::write(&path, tampered_bytes).expect("write tampered UKI");
+    let boot = boot("measure-tampered", &path);
+    assert_boot_matches("tampered image", tampered, &boot);
+
+    // … and its event log, held against the original image, names exactly what changed.
+    let diagnosis = explain(
+        &original,
+        &boot.event_log,
+        Some(&boot.verified.pcrs),
+        &boot.verified.phases_extended,
+    )
+    .expect("explain");
+    assert!(!diagnosis.ok());
+    let differing = |pcr: u8| -> Vec<String> {
+        diagnosis
+            .pcr(pcr)
+            .expect("pcr")
+            .events
+            .iter()
+            .filter(|e| e.is_problem())
+            .map(|e| match e {
+                EventMatch::Differs { predicted, .. } => predicted.key.clone(),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    };
+    assert_eq!(differing(4), ["app#1"], "\n{diagnosis}");
+    assert_eq!(
+        differing(9),
+        ["tag:0x8f3b22ed", "tag:0x8f3b22ec"],
+        "\n{diagnosis}"
+    );
+    assert_eq!(
+        differing(11),
+        ["ipl:.cmdline#2", "ipl:.initrd#2"],
+        "\n{diagnosis}"
+    );
+    let text = diagnosis.to_string();
+    assert!(
+        text.contains("panic=30"),
+        "names the expected command line:\n{text}"
+    );
+    eprintln!("diagnosis of the tampered boot against the original image:\n{text}");
+}
