@@ -1,0 +1,227 @@
+//! The expected-measurements policy, reloaded when its file changes, without a restart.
+//!
+//! A new file that cannot be parsed is rejected and the old policy stays in force, loudly (an
+//! error log line on every check until the file is fixed); a deleted file likewise keeps the
+//! old policy, so a half-finished `mv` never opens the door. Readers clone an `Arc` of the
+//! current policy and validate without holding any lock.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use hawser_attestation::measurements::{ExpectedMeasurements, MeasurementsError};
+use sha2::{Digest, Sha256};
+
+/// The policy in force and where it came from.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub measurements: Arc<ExpectedMeasurements>,
+    /// sha256 of the file content, for the audit log.
+    pub digest: String,
+}
+
+/// What a reload check did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReloadOutcome {
+    /// The file has the content already in force.
+    Unchanged,
+    /// A new policy is in force.
+    Reloaded { digest: String },
+    /// The new content is invalid; the old policy stays.
+    Rejected { reason: String },
+    /// The file is gone; the old policy stays.
+    Missing,
+}
+
+/// The expected measurements, kept in step with a file.
+#[derive(Debug)]
+pub struct PolicyStore {
+    path: PathBuf,
+    current: RwLock<Policy>,
+}
+
+fn digest(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+impl PolicyStore {
+    /// Loads the policy; a missing or invalid file at start-up is an error.
+    pub fn load(path: &Path) -> Result<Self, MeasurementsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| MeasurementsError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let measurements = ExpectedMeasurements::from_json(&text)?;
+        Ok(Self {
+            path: path.to_owned(),
+            current: RwLock::new(Policy {
+                measurements: Arc::new(measurements),
+                digest: digest(text.as_bytes()),
+            }),
+        })
+    }
+
+    /// The policy in force (an `Arc` clone: validate without holding a lock).
+    pub fn current(&self) -> Policy {
+        match self.current.read() {
+            Ok(guard) => guard.clone(),
+            // A writer never panics while holding the lock (it only assigns); recover anyway.
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Re-reads the file and swaps the policy if it changed and is valid.
+    pub fn reload_if_changed(&self) -> ReloadOutcome {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return ReloadOutcome::Missing,
+            Err(e) => {
+                return ReloadOutcome::Rejected {
+                    reason: e.to_string(),
+                };
+            }
+        };
+        let new_digest = digest(text.as_bytes());
+        if new_digest == self.current().digest {
+            return ReloadOutcome::Unchanged;
+        }
+        match ExpectedMeasurements::from_json(&text) {
+            Ok(measurements) => {
+                let policy = Policy {
+                    measurements: Arc::new(measurements),
+                    digest: new_digest.clone(),
+                };
+                match self.current.write() {
+                    Ok(mut guard) => *guard = policy,
+                    Err(poisoned) => *poisoned.into_inner() = policy,
+                }
+                ReloadOutcome::Reloaded { digest: new_digest }
+            }
+            Err(e) => ReloadOutcome::Rejected {
+                reason: e.to_string(),
+            },
+        }
+    }
+
+    /// Checks the file every `interval` and logs what changed. Runs until the task is dropped.
+    pub async fn watch(self: Arc<Self>, interval: Duration) {
+        let mut last_problem = None;
+        loop {
+            tokio::time::sleep(interval).await;
+            let outcome = self.reload_if_changed();
+            match &outcome {
+                ReloadOutcome::Unchanged => {}
+                ReloadOutcome::Reloaded { digest } => {
+                    tracing::info!(file = %self.path.display(), %digest, "expected measurements reloaded");
+                }
+                ReloadOutcome::Rejected { reason } if last_problem.as_ref() != Some(&outcome) => {
+                    tracing::error!(
+                        file = %self.path.display(),
+                        kept = %self.current().digest,
+                        "REJECTED new expected measurements, keeping the old policy: {reason}"
+                    );
+                }
+                ReloadOutcome::Missing if last_problem.as_ref() != Some(&outcome) => {
+                    tracing::error!(
+                        file = %self.path.display(),
+                        kept = %self.current().digest,
+                        "expected measurements file is gone; keeping the old policy"
+                    );
+                }
+                _ => {}
+            }
+            last_problem = match outcome {
+                ReloadOutcome::Rejected { .. } | ReloadOutcome::Missing => Some(outcome),
+                _ => None,
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(pcr4: &str) -> String {
+        format!(
+            r#"{{"4": {{"expected": "{pcr4}", "warnOnly": false}}, "0": {{"expected": "{z}", "warnOnly": true}}}}"#,
+            z = "00".repeat(32)
+        )
+    }
+
+    #[test]
+    fn reloads_good_files_keeps_old_policy_on_bad_or_missing_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("measurements.json");
+        std::fs::write(&path, file(&"aa".repeat(32))).unwrap();
+        let store = PolicyStore::load(&path).unwrap();
+        let first = store.current();
+        assert_eq!(first.measurements.get(4).unwrap().expected, [0xaa; 32]);
+        assert_eq!(store.reload_if_changed(), ReloadOutcome::Unchanged);
+
+        std::fs::write(&path, file(&"bb".repeat(32))).unwrap();
+        assert!(matches!(
+            store.reload_if_changed(),
+            ReloadOutcome::Reloaded { .. }
+        ));
+        assert_eq!(
+            store.current().measurements.get(4).unwrap().expected,
+            [0xbb; 32]
+        );
+        // A reader that cloned the old policy keeps a consistent view.
+        assert_eq!(first.measurements.get(4).unwrap().expected, [0xaa; 32]);
+
+        std::fs::write(&path, r#"{"4": {"expected": "zz"}}"#).unwrap();
+        let outcome = store.reload_if_changed();
+        assert!(
+            matches!(&outcome, ReloadOutcome::Rejected { reason } if reason.contains("PCR 4")),
+            "{outcome:?}"
+        );
+        assert_eq!(
+            store.current().measurements.get(4).unwrap().expected,
+            [0xbb; 32]
+        );
+
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(store.reload_if_changed(), ReloadOutcome::Missing);
+        assert_eq!(
+            store.current().measurements.get(4).unwrap().expected,
+            [0xbb; 32]
+        );
+
+        std::fs::write(&path, file(&"cc".repeat(32))).unwrap();
+        assert!(matches!(
+            store.reload_if_changed(),
+            ReloadOutcome::Reloaded { .. }
+        ));
+        assert_eq!(
+            store.current().measurements.get(4).unwrap().expected,
+            [0xcc; 32]
+        );
+    }
+
+    #[test]
+    fn a_bad_file_at_start_up_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.json");
+        assert!(PolicyStore::load(&path).is_err());
+        std::fs::write(&path, "[]").unwrap();
+        assert!(PolicyStore::load(&path).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watcher_picks_up_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.json");
+        std::fs::write(&path, file(&"aa".repeat(32))).unwrap();
+        let store = Arc::new(PolicyStore::load(&path).unwrap());
+        let watcher = tokio::spawn(Arc::clone(&store).watch(Duration::from_secs(1)));
+        std::fs::write(&path, file(&"dd".repeat(32))).unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(
+            store.current().measurements.get(4).unwrap().expected,
+            [0xdd; 32]
+        );
+        watcher.abort();
+    }
+}

@@ -1,0 +1,259 @@
+//! Bootstrap tokens for `kubeadm join`, through a pluggable issuer.
+//!
+//! The real issuer runs `kubeadm token create --print-join-command` with the admin kubeconfig
+//! on a control-plane node, and takes the API server endpoint, token and CA-cert hash from the
+//! join command kubeadm prints, checking each against kubeadm's formats. Tests use the same
+//! issuer against a stand-in `kubeadm` script that says what it is (kubeadm cannot be
+//! downloaded on the build machines).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+/// What a node needs for bootstrap-token discovery.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JoinCredentials {
+    /// `host:port` of the API server.
+    pub api_server_endpoint: String,
+    /// `[a-z0-9]{6}.[a-z0-9]{16}`.
+    pub bootstrap_token: String,
+    /// `sha256:<64 hex>` hashes of the cluster CA's public key.
+    pub discovery_ca_cert_hashes: Vec<String>,
+}
+
+impl std::fmt::Debug for JoinCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token id (before the dot) is public; the secret half is not.
+        let token_id = self.bootstrap_token.split('.').next().unwrap_or_default();
+        f.debug_struct("JoinCredentials")
+            .field("api_server_endpoint", &self.api_server_endpoint)
+            .field("bootstrap_token", &format_args!("{token_id}.<redacted>"))
+            .field("discovery_ca_cert_hashes", &self.discovery_ca_cert_hashes)
+            .finish()
+    }
+}
+
+/// Why no token could be issued.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("cannot run {command}: {source}")]
+    Spawn {
+        command: String,
+        source: std::io::Error,
+    },
+    #[error("`{command}` failed with {status}: {stderr}")]
+    Failed {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("kubeadm printed no usable join command ({reason}): {output:?}")]
+    Unparsable {
+        reason: &'static str,
+        output: String,
+    },
+}
+
+/// Issues bootstrap tokens. Blocking: call from `spawn_blocking`.
+pub trait BootstrapTokenIssuer: Send + Sync {
+    fn issue(&self, ttl: Duration) -> Result<JoinCredentials, TokenError>;
+}
+
+/// The real issuer: `kubeadm token create` with the admin kubeconfig.
+#[derive(Debug, Clone)]
+pub struct KubeadmTokenIssuer {
+    pub kubeadm: PathBuf,
+    pub kubeconfig: PathBuf,
+}
+
+impl BootstrapTokenIssuer for KubeadmTokenIssuer {
+    fn issue(&self, ttl: Duration) -> Result<JoinCredentials, TokenError> {
+        let ttl = format!("{}s", ttl.as_secs().max(1));
+        let command = format!(
+            "{} token create --print-join-command",
+            self.kubeadm.display()
+        );
+        let output = Command::new(&self.kubeadm)
+            .arg("token")
+            .arg("create")
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--ttl", &ttl, "--print-join-command"])
+            .output()
+            .map_err(|source| TokenError::Spawn {
+                command: command.clone(),
+                source,
+            })?;
+        if !output.status.success() {
+            return Err(TokenError::Failed {
+                command,
+                status: output.status.to_string(),
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            });
+        }
+        parse_join_command(&String::from_utf8_lossy(&output.stdout))
+    }
+}
+
+/// Parses `kubeadm join <endpoint> --token <t> --discovery-token-ca-cert-hash sha256:<h> …`.
+pub fn parse_join_command(output: &str) -> Result<JoinCredentials, TokenError> {
+    let unparsable = |reason| TokenError::Unparsable {
+        reason,
+        // The output holds the secret token: show only its shape.
+        output: redact_tokens(output.trim()),
+    };
+    let line = output
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("kubeadm join "))
+        .ok_or_else(|| unparsable("no `kubeadm join` line"))?;
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let endpoint = words
+        .get(2)
+        .copied()
+        .ok_or_else(|| unparsable("no endpoint"))?;
+    if endpoint.starts_with('-') || !endpoint.contains(':') {
+        return Err(unparsable("the endpoint is not host:port"));
+    }
+    let mut token = None;
+    let mut hashes = Vec::new();
+    let mut i = 3;
+    while i < words.len() {
+        match (words[i], words.get(i + 1)) {
+            ("--token", Some(v)) => token = Some((*v).to_owned()),
+            ("--discovery-token-ca-cert-hash", Some(v)) => hashes.push((*v).to_owned()),
+            _ => {
+                i += 1;
+                continue;
+            }
+        }
+        i += 2;
+    }
+    let token = token.ok_or_else(|| unparsable("no --token"))?;
+    if !is_bootstrap_token(&token) {
+        return Err(unparsable("the token is not [a-z0-9]{6}.[a-z0-9]{16}"));
+    }
+    if hashes.is_empty() || !hashes.iter().all(|h| is_ca_cert_hash(h)) {
+        return Err(unparsable(
+            "no well-formed --discovery-token-ca-cert-hash sha256:<hex>",
+        ));
+    }
+    Ok(JoinCredentials {
+        api_server_endpoint: endpoint.to_owned(),
+        bootstrap_token: token,
+        discovery_ca_cert_hashes: hashes,
+    })
+}
+
+/// kubeadm's bootstrap token format.
+pub fn is_bootstrap_token(token: &str) -> bool {
+    let ok = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+    };
+    matches!(token.split_once('.'), Some((id, secret)) if ok(id, 6) && ok(secret, 16))
+}
+
+/// `sha256:` followed by 64 lowercase hex digits.
+pub fn is_ca_cert_hash(hash: &str) -> bool {
+    hash.strip_prefix("sha256:").is_some_and(|h| {
+        h.len() == 64
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+fn redact_tokens(text: &str) -> String {
+    text.split_whitespace()
+        .map(|w| if is_bootstrap_token(w) { "<token>" } else { w })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HASH: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+    #[test]
+    fn parses_kubeadms_join_command() {
+        let out = format!(
+            "kubeadm join 10.42.0.1:6443 --token abcdef.0123456789abcdef --discovery-token-ca-cert-hash {HASH} \n"
+        );
+        let creds = parse_join_command(&out).unwrap();
+        assert_eq!(creds.api_server_endpoint, "10.42.0.1:6443");
+        assert_eq!(creds.bootstrap_token, "abcdef.0123456789abcdef");
+        assert_eq!(creds.discovery_ca_cert_hashes, [HASH]);
+        let debug = format!("{creds:?}");
+        assert!(debug.contains("abcdef.<redacted>") && !debug.contains("0123456789abcdef --"));
+    }
+
+    #[test]
+    fn refuses_malformed_join_commands_without_echoing_the_token() {
+        for (out, reason) in [
+            ("nothing useful", "no `kubeadm join` line"),
+            (
+                "kubeadm join --token abcdef.0123456789abcdef",
+                "the endpoint is not host:port",
+            ),
+            (
+                &format!("kubeadm join h:1 --discovery-token-ca-cert-hash {HASH}") as &str,
+                "no --token",
+            ),
+            (
+                &format!(
+                    "kubeadm join h:1 --token ABCDEF.0123456789abcdef --discovery-token-ca-cert-hash {HASH}"
+                ) as &str,
+                "the token is not [a-z0-9]{6}.[a-z0-9]{16}",
+            ),
+            (
+                "kubeadm join h:1 --token abcdef.0123456789abcdef --discovery-token-ca-cert-hash sha256:xyz",
+                "no well-formed --discovery-token-ca-cert-hash sha256:<hex>",
+            ),
+        ] {
+            match parse_join_command(out) {
+                Err(TokenError::Unparsable { reason: r, output }) => {
+                    assert_eq!(r, reason, "{out}");
+                    assert!(
+                        !output.contains("abcdef.0123456789abcdef"),
+                        "token leaked: {output}"
+                    );
+                }
+                other => panic!("{out}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_kubeadm_issuer_honours_the_contract_of_the_stand_in() {
+        let standin =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kubeadm-standin");
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("admin.conf");
+        std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").unwrap();
+        let issuer = KubeadmTokenIssuer {
+            kubeadm: standin.clone(),
+            kubeconfig: kubeconfig.clone(),
+        };
+        let creds = issuer.issue(Duration::from_secs(3600)).unwrap();
+        assert!(is_bootstrap_token(&creds.bootstrap_token));
+        assert_eq!(creds.api_server_endpoint, "10.42.0.1:6443");
+        // Each call is a new token.
+        assert_ne!(
+            issuer
+                .issue(Duration::from_secs(60))
+                .unwrap()
+                .bootstrap_token,
+            creds.bootstrap_token
+        );
+        // The stand-in refuses what real kubeadm refuses: a missing kubeconfig.
+        let broken = KubeadmTokenIssuer {
+            kubeadm: standin,
+            kubeconfig: dir.path().join("missing.conf"),
+        };
+        let err = broken.issue(Duration::from_secs(60)).unwrap_err();
+        assert!(err.to_string().contains("missing.conf"), "{err}");
+    }
+}
