@@ -35,6 +35,14 @@
 //! 'fixedtpm|fixedparent|sensitivedataorigin|userwithauth|restricted|sign'` produces (a test
 //! checks both give the same key).
 //!
+//! # Sessions
+//!
+//! Every authorisation here is of an empty auth value (the PCRs, the endorsement hierarchy, the
+//! AK), given with a password session (`TPM_RS_PW`) rather than an HMAC session: an HMAC session
+//! costs a TPM2_StartAuthSession and a TPM2_FlushContext around each command, ten times the
+//! command itself on swtpm (a quote: 4.2 ms with, 0.49 ms without). An HMAC session would add
+//! nothing when the secret is empty.
+//!
 //! # Boot phases
 //!
 //! [`Tpm::extend_phase`] does what systemd 257's `systemd-pcrextend WORD` does (see
@@ -404,7 +412,9 @@ impl Tpm {
         }
         inner
             .context
-            .execute_with_nullauth_session(|ctx| ctx.pcr_extend(handle, digests))
+            .execute_with_session(Some(AuthSession::Password), |ctx| {
+                ctx.pcr_extend(handle, digests)
+            })
             .map_err(inner.call_err("TPM2_PCR_Extend"))?;
         tracing::info!(pcr, phase, banks = ?banks, "extended PCR with boot phase");
         Ok(banks)
@@ -444,7 +454,7 @@ impl Tpm {
         let template = attestation_key_template().map_err(inner.call_err(CALL))?;
         let created = inner
             .context
-            .execute_with_nullauth_session(|ctx| {
+            .execute_with_session(Some(AuthSession::Password), |ctx| {
                 ctx.create_primary(Hierarchy::Endorsement, template, None, None, None, None)
             })
             .map_err(inner.call_err(CALL))?;

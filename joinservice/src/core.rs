@@ -34,6 +34,9 @@ pub struct VerifiedPeer {
     pub pcrs: BTreeMap<u8, [u8; 32]>,
 }
 
+/// A control-plane file: name relative to /etc/kubernetes/pki, and its (secret) content.
+pub type ControlPlaneFile = (String, Zeroizing<Vec<u8>>);
+
 /// What a joining node receives. Debug never shows a secret.
 pub struct JoinTicket {
     pub state_disk_key: Zeroizing<[u8; STATE_DISK_KEY_LEN]>,
@@ -42,7 +45,7 @@ pub struct JoinTicket {
     pub credentials: JoinCredentials,
     pub kubernetes_version: String,
     /// For control-plane joins: (name relative to /etc/kubernetes/pki, content).
-    pub control_plane_files: Vec<(String, Zeroizing<Vec<u8>>)>,
+    pub control_plane_files: Vec<ControlPlaneFile>,
 }
 
 impl std::fmt::Debug for JoinTicket {
@@ -325,7 +328,7 @@ impl JoinCore {
         Ok(())
     }
 
-    fn control_plane_files(&self) -> Result<Vec<(String, Zeroizing<Vec<u8>>)>, JoinError> {
+    fn control_plane_files(&self) -> Result<Vec<ControlPlaneFile>, JoinError> {
         let Some(dir) = &self.config.pki_dir else {
             return Err(JoinError::BadRequest(
                 "this join service does not hand out control-plane certificates".into(),

@@ -30,7 +30,7 @@
 //! - Nonces ([`nonce`]): the client's in the ClientHello's SNI, the server's in the
 //!   CertificateRequest's certificate_authorities. Both come from the system RNG.
 //! - The verdict: a TLS alert carries a code, not a reason, so the side that verifies lets the
-//!   handshake complete and then sends one frame saying "accepted" or "refused: <reason>"
+//!   handshake complete and then sends one frame saying "accepted" or "refused: `<reason>`"
 //!   (`HWV1`, status byte, u16 length, UTF-8 reason). The client always sends one (about the
 //!   server, or "accepted" if it does not verify); the server sends one when it asked for the
 //!   client's certificate. Nothing reaches the application before both verdicts are known, and

@@ -41,7 +41,8 @@ use crate::reaper::ChildRegistry;
 use crate::syscalls::{LinuxSyscalls, MountSpec};
 use crate::timings::PhaseTimer;
 
-/// Where the state filesystem is mounted.
+/// Where the state filesystem is mounted (ext4, no mount flags: what later runs from it —
+/// containerd, kubelet — decides its own).
 pub const STATE_MOUNT_POINT: &str = "/run/hawser/state";
 /// How long to wait for the disk to appear (virtio-blk probes asynchronously).
 pub const DISK_WAIT: Duration = Duration::from_secs(10);
@@ -81,6 +82,11 @@ pub enum DiskError {
         selector: DiskSelector,
         disks: String,
     },
+    #[error(
+        "hawser.state_disk_key_source={} needs hawser.state_disk=serial:<serial>",
+        key_source.cmdline_name()
+    )]
+    NoDiskConfigured { key_source: KeySourceKind },
     #[error("cannot list the disks")]
     Sysfs(#[source] SysfsError),
     #[error("state disk {device} is read-only; hawser must be able to write to it")]
@@ -142,12 +148,10 @@ pub async fn bring_up(
             FixedKey::new(key, "fw_cfg opt/hawser/state_disk_key")
         }
     };
-    // The configuration parser requires a disk with every key source but `none`.
+    // The configuration parser already refuses a key source without a disk.
     let Some(selector) = config.disk.clone() else {
-        return Err(DiskError::NotFound {
-            selector: DiskSelector::Serial(String::new()),
-            waited: Duration::ZERO,
-            present: "hawser.state_disk is not set".into(),
+        return Err(DiskError::NoDiskConfigured {
+            key_source: config.key_source,
         });
     };
 
@@ -298,10 +302,23 @@ impl Platform for LinuxPlatform {
         let size = file.seek(SeekFrom::End(0))?;
         let zeros = vec![0u8; WIPE_CHUNK];
         let mut offset = 0u64;
+        let mut reported = 0;
         while offset < size {
             let n = (size - offset).min(WIPE_CHUNK as u64) as usize;
             file.write_all_at(&zeros[..n], offset)?;
             offset += n as u64;
+            // A large disk takes minutes: say how far it is, every 10 % (synced, so that the
+            // number is what is on the disk, not what is in the page cache).
+            let percent = offset * 100 / size;
+            if percent >= reported + 10 {
+                file.sync_data()?;
+                reported = percent - percent % 10;
+                info!(
+                    "wiping {} for dm-integrity: {reported} % of {} MiB",
+                    mapped.display(),
+                    size >> 20
+                );
+            }
         }
         file.sync_data()?;
         Ok(size)
@@ -406,6 +423,28 @@ mod tests {
         fill_random(&mut b).unwrap();
         assert_ne!(a, b);
         assert_ne!(a, [0u8; 64]);
+    }
+
+    #[tokio::test]
+    async fn wiping_zeroes_the_whole_device() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let size = 2 * WIPE_CHUNK + 4096;
+        std::fs::write(file.path(), vec![0xa5u8; size]).unwrap();
+        let platform = LinuxPlatform {
+            disk: BlockDevice {
+                name: "test".into(),
+                serial: None,
+                devnum: dm::DevNum { major: 0, minor: 0 },
+                size: size as u64,
+                read_only: false,
+            },
+            registry: ChildRegistry::new(),
+            runtime: tokio::runtime::Handle::current(),
+        };
+        assert_eq!(platform.wipe(file.path()).unwrap(), size as u64);
+        let bytes = std::fs::read(file.path()).unwrap();
+        assert_eq!(bytes.len(), size);
+        assert!(bytes.iter().all(|&b| b == 0));
     }
 
     #[tokio::test]
