@@ -2,7 +2,20 @@
 //!
 //! Core logic does not depend on these types (the coordinator README's rule): the attestation,
 //! join and init services convert at their edges. `evidence.proto` is what a node sends to
-//! prove which image it booted; join and init protocols follow with their services.
+//! prove which image it booted; `join.proto` and `init.proto` (feature `grpc`) are the services
+//! a node joins and an admin initializes a cluster through.
+
+/// `hawser.join.v1`: a node obtains its state-disk key and join ticket (served by `hawser-joind`).
+#[cfg(feature = "grpc")]
+pub mod join {
+    include!(concat!(env!("OUT_DIR"), "/hawser.join.v1.rs"));
+}
+
+/// `hawser.init.v1`: the admin initializes the first node of a cluster (served by PID 1).
+#[cfg(feature = "grpc")]
+pub mod init {
+    include!(concat!(env!("OUT_DIR"), "/hawser.init.v1.rs"));
+}
 
 /// `hawser.evidence.v1`: attestation evidence carried in the attested-TLS certificate.
 pub mod evidence {
