@@ -13,6 +13,7 @@ pub mod audit;
 pub mod core;
 pub mod policy;
 pub mod ratelimit;
+pub mod service;
 pub mod tokens;
 
 pub use crate::core::{JoinCore, JoinError, JoinTicket, RejoinTicket};

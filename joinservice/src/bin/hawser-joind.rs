@@ -1,0 +1,214 @@
+//! `hawser-joind`: the join service daemon. Verifies joining nodes over attested TLS against an
+//! expected-measurements file (reloaded when it changes), derives their state-disk keys from the
+//! cluster's master secret and issues kubeadm bootstrap tokens. See docs/joinservice.md.
+
+use std::io::Read as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
+use hawser_joinservice::policy::PolicyStore;
+use hawser_joinservice::service::{self, ServiceConfig};
+use hawser_joinservice::tokens::KubeadmTokenIssuer;
+use hawser_keys::MasterSecret;
+
+/// The join service: nodes attest over aTLS and receive their state-disk key and join ticket.
+#[derive(Debug, Parser)]
+#[command(name = "hawser-joind", version)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    listen: SocketAddr,
+    /// Expected-measurements JSON file (checked for changes while running).
+    #[arg(long)]
+    measurements: PathBuf,
+    /// The cluster's master secret (JSON written by `hawser init`, mode 0600).
+    #[arg(long)]
+    master_secret: PathBuf,
+    /// The measurement salt (raw bytes). Default: <state-dir>/measurement-salt, created with 32
+    /// random bytes if missing.
+    #[arg(long)]
+    measurement_salt_file: Option<PathBuf>,
+    /// PEM of the provider CA that certifies nodes' attestation keys.
+    #[arg(long)]
+    provider_ca: PathBuf,
+    /// The kubeadm binary that issues bootstrap tokens.
+    #[arg(long, default_value = "kubeadm")]
+    kubeadm: PathBuf,
+    /// The admin kubeconfig kubeadm uses.
+    #[arg(long, default_value = "/etc/kubernetes/admin.conf")]
+    kubeconfig: PathBuf,
+    /// The cluster's PKI directory (control-plane joins receive its CA keys); without it
+    /// control-plane joins are refused.
+    #[arg(long)]
+    pki_dir: Option<PathBuf>,
+    /// Directory for the registry of joined disks (and the measurement salt by default).
+    #[arg(long, default_value = "/var/lib/hawser-joind")]
+    state_dir: PathBuf,
+    /// The Kubernetes version joining nodes install, e.g. v1.33.4.
+    #[arg(long)]
+    kubernetes_version: String,
+    /// Lifetime of issued bootstrap tokens, in seconds.
+    #[arg(long, default_value_t = 3600)]
+    token_ttl_secs: u64,
+    /// Calls running at once.
+    #[arg(long, default_value_t = 64)]
+    max_concurrent_calls: usize,
+    /// Sustained calls per second per peer address.
+    #[arg(long, default_value_t = 5.0)]
+    rate_per_sec: f64,
+    /// Burst of calls per peer address.
+    #[arg(long, default_value_t = 20)]
+    burst: u32,
+    /// Deadline of every call, in seconds.
+    #[arg(long, default_value_t = 30)]
+    call_timeout_secs: u64,
+    /// Deadline of every aTLS handshake, in seconds.
+    #[arg(long, default_value_t = 10)]
+    handshake_timeout_secs: u64,
+    /// Seconds between checks of the measurements file.
+    #[arg(long, default_value_t = 2)]
+    policy_poll_secs: u64,
+    /// Worker threads of the async runtime (default: one per CPU).
+    #[arg(long)]
+    worker_threads: Option<usize>,
+    /// Log filter (tracing EnvFilter syntax); RUST_LOG overrides it.
+    #[arg(long, default_value = "info")]
+    log: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&args.log))
+        .context("invalid --log filter")?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = args.worker_threads {
+        runtime.worker_threads(n.max(1));
+    }
+    let runtime = runtime
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let master_secret = MasterSecret::read_file(&args.master_secret).with_context(|| {
+        format!(
+            "cannot read the master secret {}",
+            args.master_secret.display()
+        )
+    })?;
+    std::fs::create_dir_all(&args.state_dir).with_context(|| {
+        format!(
+            "cannot create the state directory {}",
+            args.state_dir.display()
+        )
+    })?;
+    let measurement_salt = match &args.measurement_salt_file {
+        Some(path) => std::fs::read(path)
+            .with_context(|| format!("cannot read the measurement salt {}", path.display()))?,
+        None => salt_in_state_dir(&args.state_dir.join("measurement-salt"))?,
+    };
+    if measurement_salt.is_empty() {
+        bail!("the measurement salt is empty");
+    }
+    let provider_ca_pem = std::fs::read_to_string(&args.provider_ca)
+        .with_context(|| format!("cannot read the provider CA {}", args.provider_ca.display()))?;
+    let policy = Arc::new(PolicyStore::load(&args.measurements).with_context(|| {
+        format!(
+            "cannot load the expected measurements {}",
+            args.measurements.display()
+        )
+    })?);
+    let tokens = Arc::new(KubeadmTokenIssuer {
+        kubeadm: args.kubeadm.clone(),
+        kubeconfig: args.kubeconfig.clone(),
+    });
+    let core = JoinCore::new(
+        Arc::clone(&policy),
+        tokens,
+        JoinCoreConfig {
+            master_secret,
+            measurement_salt,
+            kubernetes_version: args.kubernetes_version.clone(),
+            token_ttl: Duration::from_secs(args.token_ttl_secs),
+            pki_dir: args.pki_dir.clone(),
+            registry_file: args.state_dir.join("joined-disks"),
+        },
+    )
+    .context("cannot start the join core")?;
+
+    let mut config = ServiceConfig::new(args.listen, Arc::new(core), provider_ca_pem);
+    config.max_concurrent_calls = args.max_concurrent_calls;
+    config.rate_per_sec = args.rate_per_sec;
+    config.burst = args.burst;
+    config.call_timeout = Duration::from_secs(args.call_timeout_secs.max(1));
+    config.handshake_timeout = Duration::from_secs(args.handshake_timeout_secs.max(1));
+    config.policy_poll = Duration::from_secs(args.policy_poll_secs.max(1));
+    let running = service::spawn(config).await?;
+
+    let current = policy.current();
+    let enforced: Vec<String> = current
+        .measurements
+        .enforced()
+        .map(|p| p.to_string())
+        .collect();
+    // The summary line: never a secret (the master secret, salt and keys stay out of logs).
+    tracing::info!(
+        listen = %running.local_addr,
+        policy = %current.digest,
+        enforced_pcrs = %enforced.join(","),
+        measurements = %args.measurements.display(),
+        "hawser-joind listening (client-attested TLS)"
+    );
+    // Tests and scripts read the bound address from stdout.
+    println!("listening on {}", running.local_addr);
+
+    let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot install the SIGTERM handler")?;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::select! {
+        _ = sigterm.recv() => {}
+        result = ctrl_c => result.context("cannot wait for SIGINT")?,
+    }
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}
+
+/// Reads the measurement salt, or creates it (32 random bytes, mode 0600) if missing.
+fn salt_in_state_dir(path: &Path) -> anyhow::Result<Vec<u8>> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    match std::fs::read(path) {
+        Ok(salt) => return Ok(salt),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+    let mut salt = vec![0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut salt))
+        .context("cannot read random bytes from /dev/urandom")?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(&salt)
+        .and_then(|()| file.sync_all())
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    tracing::info!(file = %path.display(), "created a new measurement salt");
+    Ok(salt)
+}

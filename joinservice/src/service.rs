@@ -1,0 +1,466 @@
+//! The gRPC face of the join service: `hawser.join.v1.JoinService` over attested TLS, a thin
+//! adapter over [`JoinCore`].
+//!
+//! What this layer adds to the core, and why:
+//!
+//! - **aTLS, client attests** (mutual when [`ServiceConfig::identity`] is attested): a node's
+//!   evidence is validated in the handshake against the provider CA and the expected
+//!   measurements in force *when the connection is accepted*. A node whose enforced PCRs differ
+//!   is refused before any handler runs; the refusal reason (naming each PCR, expected vs
+//!   actual) travels to the node in the aTLS verdict. The validator is rebuilt whenever the
+//!   [`PolicyStore`](crate::policy::PolicyStore) has reloaded, checked on every accepted
+//!   connection, so a new connection is always judged by the current file; the core re-checks
+//!   the PCRs with the policy current at each call, so a connection accepted under an old
+//!   policy gets `PERMISSION_DENIED` once the policy no longer admits it.
+//! - **Handshakes are isolated**: each runs in its own task under
+//!   [`ServiceConfig::handshake_timeout`]; at most [`MAX_PENDING_HANDSHAKES`] run at once. A
+//!   client that never finishes its handshake holds one slot until its timeout, nothing more.
+//! - **Per call**: a per-peer token bucket (`RESOURCE_EXHAUSTED` with a retry hint, also as
+//!   `retry-after-ms` metadata), then a deadline ([`ServiceConfig::call_timeout`],
+//!   `DEADLINE_EXCEEDED`) around waiting for one of [`ServiceConfig::max_concurrent_calls`]
+//!   slots and running the core on the blocking pool (token issuance runs kubeadm).
+//! - **Messages** larger than [`MAX_REQUEST_BYTES`] are refused by tonic with `OUT_OF_RANGE`
+//!   ("decoded message length too large: found N bytes, the limit is: M bytes").
+//! - **Statuses**: [`JoinError`] maps to a gRPC code (see [`status_of`]); the message is the
+//!   error's text, which never contains a secret.
+//!
+//! Secrets in responses: the core's tickets hold keys in `Zeroizing` buffers; the protobuf
+//! message needs plain `Vec<u8>`s, which tonic encodes and drops. Those copies are not
+//! zeroized (prost offers no hook); they live for one response.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hawser_attestation::atls::{AtlsConnectInfo, AtlsServer, AtlsStream, Identity, PeerPolicy};
+use hawser_attestation::validator::{AkTrust, AkTrustError, Validator, ValidatorError};
+use hawser_proto::join::join_service_server::{JoinService, JoinServiceServer};
+use hawser_proto::join::{
+    ControlPlaneFile, IssueJoinTicketRequest, IssueJoinTicketResponse, IssueRejoinTicketRequest,
+    IssueRejoinTicketResponse,
+};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tonic::{Code, Request, Response, Status};
+use tracing::Instrument as _;
+
+use crate::core::{JoinCore, JoinError, JoinRequest, VerifiedPeer};
+use crate::ratelimit::RateLimiter;
+
+/// The largest request message accepted (a join request is a UUID, a node name and at most a
+/// CSR of a few KiB).
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// aTLS handshakes in progress at once. Each costs a task, a socket and a rustls state; a slow
+/// or silent client holds one until [`ServiceConfig::handshake_timeout`].
+pub const MAX_PENDING_HANDSHAKES: usize = 1024;
+/// Established connections waiting for tonic to take them.
+const ACCEPTED_QUEUE: usize = 64;
+
+/// How `hawser-joind` serves. Build with [`ServiceConfig::new`] and adjust fields.
+pub struct ServiceConfig {
+    /// Address to listen on (port 0 picks a free one; see [`RunningService::local_addr`]).
+    pub listen: SocketAddr,
+    /// The decisions.
+    pub core: Arc<JoinCore>,
+    /// PEM of the provider CA(s) that certify nodes' attestation keys.
+    pub provider_ca_pem: String,
+    /// What the service presents: `Unattested` on a host without a TPM (then only the node
+    /// attests), attested on a control-plane node (mutual attestation).
+    pub identity: Identity,
+    /// Calls running the core at once (default 64).
+    pub max_concurrent_calls: usize,
+    /// Sustained calls per second per peer IP address (default 5).
+    pub rate_per_sec: f64,
+    /// Burst of calls per peer IP address (default 20).
+    pub burst: u32,
+    /// Deadline of every call, from its arrival (default 30 s; kubeadm may be slow).
+    pub call_timeout: Duration,
+    /// Deadline of every aTLS handshake, quotes included (default 10 s).
+    pub handshake_timeout: Duration,
+    /// How often the expected-measurements file is checked for changes (default 2 s).
+    pub policy_poll: Duration,
+}
+
+impl std::fmt::Debug for ServiceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceConfig")
+            .field("listen", &self.listen)
+            .field("identity", &self.identity)
+            .field("max_concurrent_calls", &self.max_concurrent_calls)
+            .field("rate_per_sec", &self.rate_per_sec)
+            .field("burst", &self.burst)
+            .field("call_timeout", &self.call_timeout)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("policy_poll", &self.policy_poll)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServiceConfig {
+    /// Defaults: unattested service identity, 64 concurrent calls, 5 calls/s per peer with
+    /// bursts of 20, 30 s per call, 10 s per handshake, policy checked every 2 s.
+    pub fn new(listen: SocketAddr, core: Arc<JoinCore>, provider_ca_pem: String) -> Self {
+        Self {
+            listen,
+            core,
+            provider_ca_pem,
+            identity: Identity::Unattested,
+            max_concurrent_calls: 64,
+            rate_per_sec: 5.0,
+            burst: 20,
+            call_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
+            policy_poll: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Why the service could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("the provider CA is unusable as an attestation-key trust anchor: {0}")]
+    ProviderCa(#[from] AkTrustError),
+    #[error("the expected measurements cannot make a validator: {0}")]
+    Validator(#[from] ValidatorError),
+    #[error("the gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    #[error("the join service task failed: {0}")]
+    Task(String),
+}
+
+/// A running join service.
+#[derive(Debug)]
+pub struct RunningService {
+    /// The address it listens on.
+    pub local_addr: SocketAddr,
+    shutdown: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), ServiceError>>,
+}
+
+impl RunningService {
+    /// Stops accepting, lets calls in progress finish, and returns when the server has stopped.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(());
+        match self.task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::error!(%err, "join service stopped with an error"),
+            Err(err) => tracing::error!(%err, "join service task failed"),
+        }
+    }
+
+    /// Runs until the server fails (it does not stop by itself otherwise).
+    pub async fn wait(self) -> Result<(), ServiceError> {
+        let RunningService { shutdown, task, .. } = self;
+        let result = task.await.map_err(|e| ServiceError::Task(e.to_string()))?;
+        drop(shutdown);
+        result
+    }
+}
+
+/// Starts the join service: binds, starts the policy watcher, the aTLS acceptor and the gRPC
+/// server, and returns once it listens.
+pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError> {
+    let trust = AkTrust::from_pem(&config.provider_ca_pem)?;
+    let acceptor = Acceptor {
+        identity: config.identity.clone(),
+        trust,
+        handshake_timeout: config.handshake_timeout,
+        current: Mutex::new(None),
+        core: Arc::clone(&config.core),
+    };
+    // Fails now if the policy in force cannot make a validator (nothing enforced).
+    acceptor.server()?;
+
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServiceError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let local_addr = listener.local_addr().map_err(|source| ServiceError::Bind {
+        addr: config.listen,
+        source,
+    })?;
+
+    let service = Service {
+        core: Arc::clone(&config.core),
+        limiter: Arc::new(RateLimiter::new(config.rate_per_sec, config.burst)),
+        calls: Arc::new(Semaphore::new(config.max_concurrent_calls.max(1))),
+        call_timeout: config.call_timeout,
+    };
+    let watcher = tokio::spawn(
+        Arc::clone(config.core.policy())
+            .watch(config.policy_poll)
+            .instrument(tracing::info_span!("policy_watch")),
+    );
+    let (accepted_tx, accepted_rx) = mpsc::channel(ACCEPTED_QUEUE);
+    let accepting = tokio::spawn(
+        accept_loop(listener, Arc::new(acceptor), accepted_tx)
+            .instrument(tracing::info_span!("accept", %local_addr)),
+    );
+    let (shutdown, shutdown_rx) = oneshot::channel::<()>();
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted_rx);
+    let task = tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(
+                JoinServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES),
+            )
+            .serve_with_incoming_shutdown(incoming, async {
+                // A dropped sender (RunningService::wait consumed) never shuts down.
+                if shutdown_rx.await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            })
+            .await;
+        accepting.abort();
+        watcher.abort();
+        result.map_err(ServiceError::from)
+    });
+    Ok(RunningService {
+        local_addr,
+        shutdown,
+        task,
+    })
+}
+
+/// Makes the aTLS server for the policy in force, rebuilding it when the policy changed.
+struct Acceptor {
+    identity: Identity,
+    trust: AkTrust,
+    handshake_timeout: Duration,
+    core: Arc<JoinCore>,
+    /// (policy digest, server built for it).
+    current: Mutex<Option<(String, AtlsServer)>>,
+}
+
+impl Acceptor {
+    /// The aTLS server for the current policy.
+    fn server(&self) -> Result<AtlsServer, ValidatorError> {
+        let policy = self.core.policy().current();
+        let mut current = match self.current.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some((digest, server)) = current.as_ref()
+            && *digest == policy.digest
+        {
+            return Ok(server.clone());
+        }
+        let validator = Validator::new((*policy.measurements).clone(), self.trust.clone())?;
+        let server = AtlsServer::new(
+            self.identity.clone(),
+            PeerPolicy::Verify(Arc::new(validator)),
+        )
+        .handshake_timeout(self.handshake_timeout);
+        if current.is_some() {
+            tracing::info!(policy = %&policy.digest[..16], "aTLS validator rebuilt for the reloaded expected measurements");
+        }
+        *current = Some((policy.digest, server.clone()));
+        Ok(server)
+    }
+}
+
+type Accepted = Result<AtlsStream<TcpStream>, std::io::Error>;
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: Arc<Acceptor>,
+    accepted: mpsc::Sender<Accepted>,
+) {
+    let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
+    loop {
+        // Wait for a handshake slot before accepting: excess connections wait in the kernel's
+        // backlog instead of in memory here.
+        let Ok(permit) = Arc::clone(&pending).acquire_owned().await else {
+            return;
+        };
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(err) => {
+                // EMFILE and friends: back off rather than spin.
+                tracing::warn!(%err, "accepting a TCP connection failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if accepted.is_closed() {
+            return;
+        }
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(%peer, %err, "cannot set TCP_NODELAY");
+        }
+        let server = match acceptor.server() {
+            Ok(server) => server,
+            Err(err) => {
+                // Only reachable if a reloaded policy enforces nothing: keep refusing loudly
+                // rather than admitting anyone.
+                tracing::error!(%peer, %err, "refusing connection: no usable validator");
+                continue;
+            }
+        };
+        let accepted = accepted.clone();
+        tokio::spawn(
+            async move {
+                let _permit = permit;
+                // The handshake is bounded by the server's handshake timeout and logs its
+                // own failures (refusals as warnings with the reason).
+                if let Ok(stream) = server.accept(tcp).await {
+                    let _ = accepted.send(Ok(stream)).await;
+                }
+            }
+            .instrument(tracing::info_span!("atls_accept", %peer)),
+        );
+    }
+}
+
+/// The tonic service.
+struct Service {
+    core: Arc<JoinCore>,
+    limiter: Arc<RateLimiter>,
+    calls: Arc<Semaphore>,
+    call_timeout: Duration,
+}
+
+/// The gRPC status for a core refusal; the message is the error's text.
+pub fn status_of(err: &JoinError) -> Status {
+    let code = match err {
+        JoinError::BadRequest(_) => Code::InvalidArgument,
+        JoinError::Measurements(_) => Code::PermissionDenied,
+        JoinError::UnknownDisk(_) => Code::NotFound,
+        JoinError::Token(_) => Code::Unavailable,
+        JoinError::ControlPlaneFile { .. }
+        | JoinError::Registry { .. }
+        | JoinError::Internal(_) => Code::Internal,
+    };
+    Status::new(code, err.to_string())
+}
+
+impl Service {
+    /// The verified peer behind a request, or `UNAUTHENTICATED` (not reachable through the
+    /// aTLS acceptor, which only hands over attested connections).
+    fn peer<T>(request: &Request<T>) -> Result<VerifiedPeer, Status> {
+        let info = request
+            .extensions()
+            .get::<AtlsConnectInfo>()
+            .ok_or_else(|| Status::unauthenticated("the connection is not attested TLS"))?;
+        let evidence = info
+            .peer
+            .evidence()
+            .ok_or_else(|| Status::unauthenticated("the node did not attest"))?;
+        Ok(VerifiedPeer {
+            address: info.remote_addr.map(|a| a.ip()),
+            pcrs: evidence.pcrs.clone(),
+        })
+    }
+
+    /// Rate limit, deadline, concurrency bound, then `decide` on the blocking pool.
+    async fn run<T, F>(
+        &self,
+        call: &'static str,
+        peer: &VerifiedPeer,
+        decide: F,
+    ) -> Result<T, Status>
+    where
+        T: Send + 'static,
+        F: FnOnce(&JoinCore) -> Result<T, JoinError> + Send + 'static,
+    {
+        if let Some(address) = peer.address
+            && let Err(limited) = self.limiter.check(address, Instant::now())
+        {
+            tracing::warn!(call, peer = %address, "{limited}");
+            let mut status = Status::resource_exhausted(limited.to_string());
+            if let Ok(value) = limited.retry_after.as_millis().to_string().parse() {
+                status.metadata_mut().insert("retry-after-ms", value);
+            }
+            return Err(status);
+        }
+        let core = Arc::clone(&self.core);
+        let calls = Arc::clone(&self.calls);
+        let work = async move {
+            let _permit = calls
+                .acquire_owned()
+                .await
+                .map_err(|_| Status::unavailable("the join service is shutting down"))?;
+            tokio::task::spawn_blocking(move || decide(&core))
+                .await
+                .map_err(|e| Status::internal(format!("the {call} task failed: {e}")))?
+                .map_err(|e| status_of(&e))
+        };
+        match tokio::time::timeout(self.call_timeout, work).await {
+            Ok(result) => result,
+            Err(_) => {
+                tracing::warn!(call, peer = ?peer.address, timeout = ?self.call_timeout, "call exceeded its deadline");
+                Err(Status::deadline_exceeded(format!(
+                    "{call} did not complete within {:?}",
+                    self.call_timeout
+                )))
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl JoinService for Service {
+    async fn issue_join_ticket(
+        &self,
+        request: Request<IssueJoinTicketRequest>,
+    ) -> Result<Response<IssueJoinTicketResponse>, Status> {
+        let peer = Self::peer(&request)?;
+        let msg = request.into_inner();
+        let req = JoinRequest {
+            disk_uuid: msg.disk_uuid,
+            node_name: msg.node_name,
+            is_control_plane: msg.is_control_plane,
+        };
+        let decided_peer = peer.clone();
+        let ticket = self
+            .run("IssueJoinTicket", &peer, move |core| {
+                core.issue_join_ticket(&decided_peer, &req)
+            })
+            .await?;
+        Ok(Response::new(IssueJoinTicketResponse {
+            state_disk_key: ticket.state_disk_key.to_vec(),
+            measurement_salt: ticket.measurement_salt.clone(),
+            measurement_secret: ticket.measurement_secret.to_vec(),
+            api_server_endpoint: ticket.credentials.api_server_endpoint.clone(),
+            bootstrap_token: ticket.credentials.bootstrap_token.clone(),
+            discovery_ca_cert_hashes: ticket.credentials.discovery_ca_cert_hashes.clone(),
+            control_plane_files: ticket
+                .control_plane_files
+                .iter()
+                .map(|(name, data)| ControlPlaneFile {
+                    name: name.clone(),
+                    data: data.to_vec(),
+                })
+                .collect(),
+            kubelet_cert: Vec::new(),
+            cluster_ca_cert: Vec::new(),
+            kubernetes_version: ticket.kubernetes_version.clone(),
+            vpn: None,
+        }))
+    }
+
+    async fn issue_rejoin_ticket(
+        &self,
+        request: Request<IssueRejoinTicketRequest>,
+    ) -> Result<Response<IssueRejoinTicketResponse>, Status> {
+        let peer = Self::peer(&request)?;
+        let disk_uuid = request.into_inner().disk_uuid;
+        let decided_peer = peer.clone();
+        let ticket = self
+            .run("IssueRejoinTicket", &peer, move |core| {
+                core.issue_rejoin_ticket(&decided_peer, &disk_uuid)
+            })
+            .await?;
+        Ok(Response::new(IssueRejoinTicketResponse {
+            state_disk_key: ticket.state_disk_key.to_vec(),
+            measurement_secret: ticket.measurement_secret.to_vec(),
+            measurement_salt: ticket.measurement_salt.clone(),
+        }))
+    }
+}
