@@ -10,8 +10,10 @@
 //!       ─ wait for the TPM node; open it                         [tpm-wait, tpm-open]
 //!       ─ seed the kernel pool from TPM2_GetRandom               [entropy]
 //!       ─ PCR 11 before; extend "enter-initrd"; read PCRs 0-23   [measure]
-//!       ─ AK; quote PCRs 0-23 with the nonce                     [attest]
+//!       ─ network (hawser.net), join client (join-service key)  [net]
 //!       ─ state disk: find, format or open, map, mount           [state-disk-*]
+//!         (join-service key: join over aTLS, node lock → PCR 15)
+//!       ─ AK; quote PCRs 0-23 with the nonce                     [attest]
 //!       ─ boot report line; "hawser: boot complete; idle"
 //!       ─ shutdown request → stop processes, unmount, power off
 //! ```
@@ -32,9 +34,13 @@ use tracing::{info, warn};
 
 use crate::attest::{self, Attestation, NonceSource, ReportContext, TpmStepError};
 use crate::config::{self, ConfigError, RebootPolicy};
+use crate::disk::key::KeySourceKind;
 use crate::disk::{self, DiskError};
 use crate::fatal::{self, fatal, fatal_error};
 use crate::fw_cfg::{self, FwCfgError};
+use crate::join::client::{JOIN_REPORT_MARKER, JoinClient, JoinKeySource, JoinSetupError};
+use crate::join::lock::NodeLock;
+use crate::join::{INSECURE_TRUST_WARNING, JoinServiceTrust};
 use crate::modules::{self, ModuleError};
 use crate::mounts::EARLY_MOUNTS;
 use crate::reaper::{self, ChildRegistry};
@@ -70,6 +76,10 @@ pub enum BootError {
     Tpm(#[from] TpmStepError),
     #[error(transparent)]
     Disk(#[from] DiskError),
+    #[error(transparent)]
+    Net(#[from] crate::net::NetError),
+    #[error(transparent)]
+    JoinSetup(#[from] crate::join::client::JoinSetupError),
     #[error("cannot encode the boot report")]
     Report(#[source] serde_json::Error),
     #[error("a blocking task of the bring-up failed")]
@@ -310,6 +320,18 @@ async fn bring_up(
     warnings.extend(fw_cfg.warnings.iter().cloned());
     timer.record("fw-cfg", start);
 
+    if let Some(net) = &config.net {
+        let start = timer.elapsed_ms();
+        let nic = crate::net::bring_up(net).await?;
+        timer.record("net", start);
+        info!(
+            "network: {nic} is {}/{}{}",
+            net.address,
+            net.prefix_len,
+            net.gateway.map(|g| format!(" via {g}")).unwrap_or_default()
+        );
+    }
+
     // The TPM.
     let tpm_device = config.tpm_device.clone();
     let start = timer.elapsed_ms();
@@ -366,21 +388,66 @@ async fn bring_up(
     timer.record("measure", start);
     info!("measured phase {PHASE_ENTER_INITRD} into PCR {PCR_KERNEL_BOOT}");
 
-    let start = timer.elapsed_ms();
-    let quote = {
-        let nonce = nonce.clone();
-        blocking(move || attest::quote_boot(&tpm, &nonce)).await??
+    // The join client, when the state disk key comes from the join service.
+    let join_keys = match config.state_disk.key_source {
+        KeySourceKind::JoinService => {
+            let endpoint = config
+                .join_endpoint
+                .clone()
+                .or(fw_cfg.join_endpoint.take())
+                .ok_or(JoinSetupError::NoEndpoint)?;
+            let trust = config.join_service_trust;
+            if trust == JoinServiceTrust::InsecureDev {
+                warnings.push(INSECURE_TRUST_WARNING.to_owned());
+            }
+            let client = {
+                let tpm = Arc::clone(&tpm);
+                blocking(move || JoinClient::new(endpoint, trust, tpm)).await??
+            };
+            Some(Arc::new(JoinKeySource::new(
+                client,
+                tokio::runtime::Handle::current(),
+                Arc::new(NodeLock::new()),
+                Arc::clone(&tpm),
+            )))
+        }
+        _ => None,
     };
-    timer.record("attest", start);
 
-    let timer = disk::bring_up(
+    let mut timer = disk::bring_up(
         &config.state_disk,
         fw_cfg.state_disk_key.take(),
+        join_keys
+            .clone()
+            .map(|k| k as Arc<dyn disk::key::KeySource + Send + Sync>),
         registry,
         timer,
         &mut warnings,
     )
     .await?;
+    if let Some(summary) = join_keys.as_ref().and_then(|k| k.summary()) {
+        match serde_json::to_string(&summary) {
+            Ok(json) => console::emit_raw_console_line(&format!("{JOIN_REPORT_MARKER}{json}")),
+            Err(e) => warn!("cannot encode the join summary: {e}"),
+        }
+    }
+
+    // The quote comes after the state disk: the node lock may have extended PCR 15, and the
+    // report's PCR values must be the quoted ones.
+    let start = timer.elapsed_ms();
+    let (measurement, quote) = {
+        let nonce = nonce.clone();
+        blocking(move || -> Result<_, TpmStepError> {
+            let mut measurement = measurement;
+            measurement.pcrs = tpm
+                .read_pcrs_sha256(attest::REPORTED_PCRS)
+                .map_err(tpm_step("read the sha256 PCR bank"))?;
+            let quote = attest::quote_boot(&tpm, &nonce)?;
+            Ok((measurement, quote))
+        })
+        .await??
+    };
+    timer.record("attest", start);
 
     let attestation = Attestation {
         nonce,

@@ -24,6 +24,8 @@ use crate::disk::StateDiskConfig;
 use crate::disk::device::DiskSelector;
 use crate::disk::key::{KeySourceKind, VolumeKey};
 use crate::disk::luks2::Integrity;
+use crate::join::{JoinEndpoint, JoinServiceTrust};
+use crate::net::NetConfig;
 
 /// The prefix of the kernel command line keys hawser reads.
 pub const CMDLINE_PREFIX: &str = "hawser.";
@@ -32,7 +34,7 @@ pub const DEFAULT_REBOOT_DELAY: Duration = Duration::from_secs(30);
 /// TPM device when `hawser.tpm` is not given (the kernel's resource-managed TPM node).
 pub const DEFAULT_TPM_DEVICE: &str = "/dev/tpmrm0";
 /// The fw_cfg keys (under `opt/hawser/`) hawser accepts from the unmeasured host.
-pub const FW_CFG_ALLOWED_KEYS: &[&str] = &["quote_nonce", "state_disk_key"];
+pub const FW_CFG_ALLOWED_KEYS: &[&str] = &["quote_nonce", "state_disk_key", "join_endpoint"];
 /// Longest accepted quote nonce: a TPM2B_DATA holds at most 64 bytes of qualifying data.
 pub const MAX_NONCE_LEN: usize = 64;
 /// Longest accepted state disk key: XTS and HMAC keys (see [`Integrity::key_len`]).
@@ -79,6 +81,12 @@ pub struct CmdlineConfig {
     pub tpm_device: PathBuf,
     /// The encrypted state disk (`hawser.state_disk*`).
     pub state_disk: StateDiskConfig,
+    /// `hawser.net`: a static IPv4 address for the first NIC (none by default).
+    pub net: Option<NetConfig>,
+    /// `hawser.join_service_trust`: how the node authenticates the join service.
+    pub join_service_trust: JoinServiceTrust,
+    /// `hawser.join_endpoint`: the join service (fw_cfg may give one when this is absent).
+    pub join_endpoint: Option<JoinEndpoint>,
     /// Things worth a warning line (unknown keys, repeated keys).
     pub warnings: Vec<String>,
 }
@@ -90,6 +98,9 @@ impl Default for CmdlineConfig {
             log_level: LevelFilter::INFO,
             tpm_device: PathBuf::from(DEFAULT_TPM_DEVICE),
             state_disk: StateDiskConfig::default(),
+            net: None,
+            join_service_trust: JoinServiceTrust::default(),
+            join_endpoint: None,
             warnings: Vec::new(),
         }
     }
@@ -230,6 +241,19 @@ fn parse_key_source(value: Option<&str>) -> Result<KeySourceKind, ConfigError> {
         .ok_or_else(|| malformed("state_disk_key_source", value, REASON))
 }
 
+fn parse_net(value: Option<&str>) -> Result<Option<NetConfig>, ConfigError> {
+    if value == Some("none") {
+        return Ok(None);
+    }
+    value.and_then(NetConfig::parse).map(Some).ok_or_else(|| {
+        malformed(
+            "net",
+            value,
+            "expected none or <IPv4 address>/<prefix length>[,<IPv4 gateway>]",
+        )
+    })
+}
+
 fn parse_integrity(value: Option<&str>) -> Result<Integrity, ConfigError> {
     match value {
         Some("none") => Ok(Integrity::None),
@@ -287,6 +311,18 @@ pub fn parse_kernel_cmdline(cmdline: &str) -> Result<CmdlineConfig, ConfigError>
             "state_disk" => config.state_disk.disk = Some(parse_state_disk(value)?),
             "state_disk_key_source" => config.state_disk.key_source = parse_key_source(value)?,
             "state_disk_integrity" => config.state_disk.integrity = parse_integrity(value)?,
+            "net" => config.net = parse_net(value)?,
+            "join_service_trust" => {
+                config.join_service_trust = value
+                    .and_then(JoinServiceTrust::from_cmdline)
+                    .ok_or_else(|| malformed(key, value, "expected attested or insecure-dev"))?;
+            }
+            "join_endpoint" => {
+                config.join_endpoint =
+                    Some(value.and_then(JoinEndpoint::parse).ok_or_else(|| {
+                        malformed(key, value, "expected <IPv4 address or host name>:<port>")
+                    })?);
+            }
             _ => warnings.push(format!(
                 "unknown kernel command line key {CMDLINE_PREFIX}{key} is ignored"
             )),
@@ -304,6 +340,8 @@ pub struct FwCfgConfig {
     pub quote_nonce: Option<Vec<u8>>,
     /// The development state disk key (see [`KeySourceKind::FwCfgInsecureDev`]).
     pub state_disk_key: Option<VolumeKey>,
+    /// The join service's address (unmeasured: the node trusts it only through aTLS).
+    pub join_endpoint: Option<JoinEndpoint>,
     /// Keys present but not allowed, each worth a warning.
     pub warnings: Vec<String>,
 }
@@ -321,6 +359,17 @@ pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, 
         }
         match key.as_str() {
             "state_disk_key" => config.state_disk_key = Some(parse_state_disk_key(raw)?),
+            "join_endpoint" => {
+                let text = String::from_utf8_lossy(raw);
+                let endpoint = JoinEndpoint::parse(text.trim_ascii()).ok_or_else(|| {
+                    ConfigError::MalformedFwCfg {
+                        key: key.clone(),
+                        value: text.clone().into_owned(),
+                        reason: "expected <IPv4 address or host name>:<port>",
+                    }
+                })?;
+                config.join_endpoint = Some(endpoint);
+            }
             _ => config.quote_nonce = Some(parse_nonce(key, raw)?),
         }
     }
@@ -577,6 +626,47 @@ mod tests {
             reboot_policy_or_default("hawser.reboot_delay=0"),
             RebootPolicy::HaltForever
         );
+    }
+
+    #[test]
+    fn join_keys_are_read_and_malformed_ones_refused() {
+        let config = parse_kernel_cmdline(
+            "hawser.net=10.0.2.15/24,10.0.2.2 hawser.join_service_trust=insecure-dev \
+             hawser.join_endpoint=10.0.2.100:7000",
+        )
+        .unwrap();
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+        let net = config.net.unwrap();
+        assert_eq!(net.address.to_string(), "10.0.2.15");
+        assert_eq!(net.prefix_len, 24);
+        assert_eq!(
+            net.gateway.map(|g| g.to_string()).as_deref(),
+            Some("10.0.2.2")
+        );
+        assert_eq!(config.join_service_trust, JoinServiceTrust::InsecureDev);
+        assert_eq!(config.join_endpoint.unwrap().to_string(), "10.0.2.100:7000");
+
+        let defaults = parse_kernel_cmdline("").unwrap();
+        assert_eq!(defaults.join_service_trust, JoinServiceTrust::Attested);
+        assert_eq!(defaults.net, None);
+
+        for (cmdline, key) in [
+            ("hawser.net=10.0.2.15", "hawser.net"),
+            ("hawser.net=10.0.2.15/33", "hawser.net"),
+            ("hawser.join_service_trust=yes", "hawser.join_service_trust"),
+            ("hawser.join_endpoint=10.0.2.100", "hawser.join_endpoint"),
+            ("hawser.join_endpoint=:7000", "hawser.join_endpoint"),
+        ] {
+            let err = parse_kernel_cmdline(cmdline).unwrap_err().to_string();
+            assert!(err.contains(key), "{cmdline}: {err}");
+        }
+    }
+
+    #[test]
+    fn fw_cfg_join_endpoint_is_parsed() {
+        let config = parse_fw_cfg(&fw(&[("join_endpoint", b"10.0.2.100:7000\n")])).unwrap();
+        assert_eq!(config.join_endpoint.unwrap().to_string(), "10.0.2.100:7000");
+        assert!(parse_fw_cfg(&fw(&[("join_endpoint", b"nope")])).is_err());
     }
 
     fn fw(entries: &[(&str, &[u8])]) -> BTreeMap<String, Vec<u8>> {

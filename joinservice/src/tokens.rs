@@ -95,6 +95,44 @@ impl BootstrapTokenIssuer for KubeadmTokenIssuer {
     }
 }
 
+/// Reuses one token for half its lifetime before asking the inner issuer for a new one.
+///
+/// A kubeadm bootstrap token is reusable until it expires; issuing one per join costs a
+/// `kubeadm token create` (an API-server round trip) on every join and caps the join rate (see
+/// docs/joinservice.md). Every node still gets a token with at least half its TTL left.
+pub struct CachingTokenIssuer<I> {
+    inner: I,
+    cached: std::sync::Mutex<Option<(JoinCredentials, std::time::Instant, Duration)>>,
+}
+
+impl<I: BootstrapTokenIssuer> CachingTokenIssuer<I> {
+    pub fn new(inner: I) -> Self {
+        Self {
+            inner,
+            cached: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl<I: BootstrapTokenIssuer> BootstrapTokenIssuer for CachingTokenIssuer<I> {
+    fn issue(&self, ttl: Duration) -> Result<JoinCredentials, TokenError> {
+        // Held across the inner call on purpose: concurrent joins wait for one token instead
+        // of each starting a kubeadm process.
+        let mut cached = match self.cached.lock() {
+            Ok(guard) => guard,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if let Some((creds, issued, issued_ttl)) = cached.as_ref() {
+            if *issued_ttl >= ttl && issued.elapsed() < *issued_ttl / 2 {
+                return Ok(creds.clone());
+            }
+        }
+        let creds = self.inner.issue(ttl)?;
+        *cached = Some((creds.clone(), std::time::Instant::now(), ttl));
+        Ok(creds)
+    }
+}
+
 /// Parses `kubeadm join <endpoint> --token <t> --discovery-token-ca-cert-hash sha256:<h> …`.
 pub fn parse_join_command(output: &str) -> Result<JoinCredentials, TokenError> {
     let unparsable = |reason| TokenError::Unparsable {
@@ -224,6 +262,34 @@ mod tests {
                 other => panic!("{out}: {other:?}"),
             }
         }
+    }
+
+    struct Counting(std::sync::atomic::AtomicU32);
+
+    impl BootstrapTokenIssuer for Counting {
+        fn issue(&self, _ttl: Duration) -> Result<JoinCredentials, TokenError> {
+            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(JoinCredentials {
+                api_server_endpoint: "h:1".into(),
+                bootstrap_token: format!("abcde{n}.0123456789abcdef"),
+                discovery_ca_cert_hashes: vec![HASH.into()],
+            })
+        }
+    }
+
+    #[test]
+    fn the_cache_reuses_a_token_for_half_its_ttl_only() {
+        let issuer = CachingTokenIssuer::new(Counting(Default::default()));
+        let a = issuer.issue(Duration::from_secs(3600)).unwrap();
+        assert_eq!(issuer.issue(Duration::from_secs(3600)).unwrap(), a);
+        assert_eq!(issuer.inner.0.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // A longer TTL than the cached token's is a new token.
+        assert_ne!(issuer.issue(Duration::from_secs(7200)).unwrap(), a);
+        // A token past half its life is replaced.
+        let short = CachingTokenIssuer::new(Counting(Default::default()));
+        let first = short.issue(Duration::from_millis(20)).unwrap();
+        std::thread::sleep(Duration::from_millis(15));
+        assert_ne!(short.issue(Duration::from_millis(20)).unwrap(), first);
     }
 
     #[test]

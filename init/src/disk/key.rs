@@ -3,8 +3,8 @@
 //! The key is the LUKS2 *volume* key (no keyslot, no passphrase): 64 bytes for aes-xts-plain64,
 //! 96 with HMAC-SHA256 integrity (XTS key, then HMAC key, the order dm-crypt's `authenc` keys
 //! take). In the product it is the data key the join service derives for the disk's LUKS2 UUID
-//! (issue 5); until that client exists, the only source besides "none" is a development source
-//! that reads it from fw_cfg, which the host controls — see [`KeySourceKind`].
+//! ([`crate::join::client::JoinKeySource`]); the development source reads it from fw_cfg, which
+//! the host controls — see [`KeySourceKind`].
 //!
 //! [`VolumeKey`] zeroizes its bytes when dropped and its `Debug` shows only the length.
 
@@ -50,7 +50,7 @@ pub enum KeySourceKind {
     /// and knows it, so the disk is encrypted against nobody; PID 1 warns on every boot, and
     /// the choice is on the measured command line, so a verifier sees it.
     FwCfgInsecureDev,
-    /// The product: the data key from the join service over aTLS (not implemented yet).
+    /// The product: the data key from the join service over aTLS ([`crate::join`]).
     JoinService,
 }
 
@@ -92,16 +92,27 @@ pub enum KeyError {
         expected: usize,
         mode: &'static str,
     },
-    #[error(
-        "hawser.state_disk_key_source=join-service: the join service client is not implemented yet (issue 5)"
-    )]
-    JoinServiceNotImplemented,
+    #[error("the join service gave no key: {reason}")]
+    JoinService { reason: String },
+}
+
+/// What the disk code is about to do with the key: format a new disk (a node joining for the
+/// first time) or open an initialized one (a node rejoining after a reboot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskStatus {
+    New,
+    Initialized,
 }
 
 /// Gives the volume key of a disk, identified by its LUKS2 UUID.
 pub trait KeySource {
     /// The key for the disk with this (lowercase) LUKS2 UUID, exactly `len` bytes.
-    fn volume_key(&self, luks_uuid: &str, len: usize) -> Result<VolumeKey, KeyError>;
+    fn volume_key(
+        &self,
+        luks_uuid: &str,
+        len: usize,
+        status: DiskStatus,
+    ) -> Result<VolumeKey, KeyError>;
 }
 
 /// One key for every disk: the fw_cfg development source.
@@ -118,7 +129,12 @@ impl FixedKey {
 }
 
 impl KeySource for FixedKey {
-    fn volume_key(&self, _luks_uuid: &str, len: usize) -> Result<VolumeKey, KeyError> {
+    fn volume_key(
+        &self,
+        _luks_uuid: &str,
+        len: usize,
+        _status: DiskStatus,
+    ) -> Result<VolumeKey, KeyError> {
         if self.key.len() != len {
             return Err(KeyError::Length {
                 source_name: self.source_name,
@@ -132,16 +148,6 @@ impl KeySource for FixedKey {
             });
         }
         Ok(self.key.clone())
-    }
-}
-
-/// The join service (issue 5): refuses until the client exists.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct JoinServiceKey;
-
-impl KeySource for JoinServiceKey {
-    fn volume_key(&self, _luks_uuid: &str, _len: usize) -> Result<VolumeKey, KeyError> {
-        Err(KeyError::JoinServiceNotImplemented)
     }
 }
 
@@ -163,12 +169,18 @@ mod tests {
     #[test]
     fn a_fixed_key_of_the_wrong_length_is_refused_with_both_lengths() {
         let source = FixedKey::new(VolumeKey::new(Zeroizing::new(vec![1; 32])), "fw_cfg");
-        let err = source.volume_key("x", 64).unwrap_err();
+        let err = source.volume_key("x", 64, DiskStatus::New).unwrap_err();
         assert_eq!(
             err.to_string(),
             "the key from fw_cfg has 32 bytes; the state disk needs 64 (aes-xts-plain64, 512-bit key)"
         );
-        assert_eq!(source.volume_key("x", 32).unwrap().len(), 32);
+        assert_eq!(
+            source
+                .volume_key("x", 32, DiskStatus::Initialized)
+                .unwrap()
+                .len(),
+            32
+        );
     }
 
     #[test]

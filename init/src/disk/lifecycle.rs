@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::dm::DmError;
-use super::key::{KeyError, KeySource, VolumeKey};
+use super::key::{DiskStatus, KeyError, KeySource, VolumeKey};
 use super::luks2::{self, Copy, DiskState, Integrity, KeyDigest, NewHeader};
 use super::probe::{self, BlockIo, Contents, ProbeError};
 use crate::timings::PhaseTimer;
@@ -207,7 +207,7 @@ fn open(
 ) -> Result<Outcome, LifecycleError> {
     let uuid = selected.header.uuid.clone();
     let start = timer.elapsed_ms();
-    let key = keys.volume_key(&uuid, options.integrity.key_len())?;
+    let key = keys.volume_key(&uuid, options.integrity.key_len(), DiskStatus::Initialized)?;
     timer.record("state-disk-key", start);
 
     let start = timer.elapsed_ms();
@@ -300,7 +300,7 @@ fn format(
     let uuid = luks2::uuid_from_random(uuid_bytes);
 
     let start = timer.elapsed_ms();
-    let key = keys.volume_key(&uuid, options.integrity.key_len())?;
+    let key = keys.volume_key(&uuid, options.integrity.key_len(), DiskStatus::New)?;
     timer.record("state-disk-key", start);
 
     tracing::info!("formatting the state disk as LUKS2 volume {uuid} (the disk was {was})");

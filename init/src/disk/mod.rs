@@ -26,6 +26,7 @@ use std::fs::OpenOptions;
 use std::io::{self, Seek as _, SeekFrom};
 use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::mount::MsFlags;
@@ -120,6 +121,7 @@ pub const INSECURE_KEY_WARNING: &str = "INSECURE: hawser.state_disk_key_source=f
 pub async fn bring_up(
     config: &StateDiskConfig,
     fw_cfg_key: Option<VolumeKey>,
+    join_keys: Option<Arc<dyn KeySource + Send + Sync>>,
     registry: &ChildRegistry,
     mut timer: PhaseTimer,
     warnings: &mut Vec<String>,
@@ -134,18 +136,18 @@ pub async fn bring_up(
             config.key_source.cmdline_name()
         ));
     }
-    let keys = match config.key_source {
+    let keys: Arc<dyn KeySource + Send + Sync> = match config.key_source {
         KeySourceKind::None => {
             info!("no state disk (hawser.state_disk_key_source=none)");
             return Ok(timer);
         }
-        KeySourceKind::JoinService => {
-            return Err(DiskError::Key(KeyError::JoinServiceNotImplemented));
-        }
+        KeySourceKind::JoinService => join_keys.ok_or(DiskError::Key(KeyError::JoinService {
+            reason: "no join client was started".to_owned(),
+        }))?,
         KeySourceKind::FwCfgInsecureDev => {
             warn_and_keep(INSECURE_KEY_WARNING.to_owned());
             let key = fw_cfg_key.ok_or(DiskError::Key(KeyError::MissingFwCfgKey))?;
-            FixedKey::new(key, "fw_cfg opt/hawser/state_disk_key")
+            Arc::new(FixedKey::new(key, "fw_cfg opt/hawser/state_disk_key"))
         }
     };
     // The configuration parser already refuses a key source without a disk.
@@ -172,7 +174,7 @@ pub async fn bring_up(
     let integrity = config.integrity;
     let (timer, result) = tokio::task::spawn_blocking(move || {
         let mut timer = timer;
-        let result = run_blocking(&disk, integrity, &keys, &platform, &mut timer);
+        let result = run_blocking(&disk, integrity, keys.as_ref(), &platform, &mut timer);
         (timer, result)
     })
     .await
@@ -454,6 +456,7 @@ mod tests {
         bring_up(
             &config,
             None,
+            None,
             &ChildRegistry::new(),
             PhaseTimer::start(),
             &mut warnings,
@@ -470,6 +473,7 @@ mod tests {
         bring_up(
             &StateDiskConfig::default(),
             Some(key),
+            None,
             &ChildRegistry::new(),
             PhaseTimer::start(),
             &mut warnings,
@@ -483,7 +487,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_join_service_source_is_a_clear_error_for_now() {
+    async fn the_join_service_source_without_a_client_is_a_clear_error() {
         let config = StateDiskConfig {
             key_source: KeySourceKind::JoinService,
             disk: DiskSelector::parse("serial:x"),
@@ -491,6 +495,7 @@ mod tests {
         };
         let err = bring_up(
             &config,
+            None,
             None,
             &ChildRegistry::new(),
             PhaseTimer::start(),
@@ -500,8 +505,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(
             crate::fatal::error_chain(&err),
-            "state disk: hawser.state_disk_key_source=join-service: the join service client is \
-             not implemented yet (issue 5)"
+            "state disk: the join service gave no key: no join client was started"
         );
     }
 
@@ -515,6 +519,7 @@ mod tests {
         let mut warnings = Vec::new();
         let err = bring_up(
             &config,
+            None,
             None,
             &ChildRegistry::new(),
             PhaseTimer::start(),

@@ -13,7 +13,7 @@ use clap::Parser;
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
-use hawser_joinservice::tokens::KubeadmTokenIssuer;
+use hawser_joinservice::tokens::{CachingTokenIssuer, KubeadmTokenIssuer};
 use hawser_keys::MasterSecret;
 
 /// The join service: nodes attest over aTLS and receive their state-disk key and join ticket.
@@ -131,10 +131,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             args.measurements.display()
         )
     })?);
-    let tokens = Arc::new(KubeadmTokenIssuer {
+    let tokens = Arc::new(CachingTokenIssuer::new(KubeadmTokenIssuer {
         kubeadm: args.kubeadm.clone(),
         kubeconfig: args.kubeconfig.clone(),
-    });
+    }));
     let core = JoinCore::new(
         Arc::clone(&policy),
         tokens,
