@@ -420,6 +420,24 @@ impl Tpm {
         Ok(banks)
     }
 
+    /// Extends the sha256 bank of `pcr` with `digest` itself (not a hash of it), as
+    /// Constellation's node lock extends PCR 15 with the cluster ID.
+    pub fn extend_sha256_digest(&self, pcr: u8, digest: &[u8; 32]) -> Result<(), TpmError> {
+        let handle = pcr_handle(pcr)?;
+        let mut inner = lock(&self.inner);
+        let mut digests = DigestValues::new();
+        let value = Digest::try_from(digest.to_vec()).map_err(inner.call_err("Digest"))?;
+        digests.set(HashingAlgorithm::Sha256, value);
+        inner
+            .context
+            .execute_with_session(Some(AuthSession::Password), |ctx| {
+                ctx.pcr_extend(handle, digests)
+            })
+            .map_err(inner.call_err("TPM2_PCR_Extend"))?;
+        tracing::info!(pcr, "extended the sha256 bank with a digest");
+        Ok(())
+    }
+
     fn hash_for_bank(
         inner: &mut Inner,
         bank: HashingAlgorithm,

@@ -122,10 +122,11 @@ impl<I: BootstrapTokenIssuer> BootstrapTokenIssuer for CachingTokenIssuer<I> {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         };
-        if let Some((creds, issued, issued_ttl)) = cached.as_ref() {
-            if *issued_ttl >= ttl && issued.elapsed() < *issued_ttl / 2 {
-                return Ok(creds.clone());
-            }
+        if let Some((creds, issued, issued_ttl)) = cached.as_ref()
+            && *issued_ttl >= ttl
+            && issued.elapsed() < *issued_ttl / 2
+        {
+            return Ok(creds.clone());
         }
         let creds = self.inner.issue(ttl)?;
         *cached = Some((creds.clone(), std::time::Instant::now(), ttl));

@@ -1,0 +1,163 @@
+//! The node lock: one transition, unlocked → locked(by whom, which cluster), never back.
+//!
+//! Constellation's bootstrapper guards the point of no return between its InitServer and
+//! JoinClient with such a lock; taking it marks the TPM (PCR 15 ← cluster ID), so the node's
+//! later quotes show it belongs to a cluster and it can never pass as a fresh node again in this
+//! boot. The state machine is pure; what "marking" means is the caller's closure, run exactly
+//! once, under the lock, by the winner.
+//!
+//! PCR 15's sha256 bank is extended with the cluster ID itself as the digest, as Constellation's
+//! bootstrapper does, so `PCR 15 = SHA-256(0³² ‖ cluster ID)` — see [`predicted_pcr15`].
+
+use std::sync::Mutex;
+
+/// The PCR the node lock extends.
+pub const PCR_CLUSTER_ID: u8 = 15;
+
+/// Who took the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    JoinClient,
+    InitServer,
+}
+
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Owner::JoinClient => "the join client",
+            Owner::InitServer => "the init server",
+        })
+    }
+}
+
+/// Why the lock could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError<E: std::error::Error + 'static> {
+    #[error(
+        "the node lock is already held by {owner} (cluster {})",
+        hex::encode(cluster_id)
+    )]
+    Held { owner: Owner, cluster_id: [u8; 32] },
+    #[error("cannot mark the TPM with the cluster ID (PCR {PCR_CLUSTER_ID})")]
+    Mark(#[source] E),
+}
+
+/// The lock's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Unlocked,
+    Locked { owner: Owner, cluster_id: [u8; 32] },
+}
+
+/// The node lock.
+#[derive(Debug)]
+pub struct NodeLock {
+    state: Mutex<State>,
+}
+
+impl Default for NodeLock {
+    fn default() -> Self {
+        NodeLock {
+            state: Mutex::new(State::Unlocked),
+        }
+    }
+}
+
+impl NodeLock {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn state(&self) -> State {
+        *self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes the lock for `owner` and `cluster_id`, running `mark` (the PCR extension) first.
+    /// If `mark` fails the lock stays unlocked. Blocking (the mark talks to the TPM).
+    pub fn lock<E: std::error::Error + 'static>(
+        &self,
+        owner: Owner,
+        cluster_id: [u8; 32],
+        mark: impl FnOnce(&[u8; 32]) -> Result<(), E>,
+    ) -> Result<(), LockError<E>> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let State::Locked { owner, cluster_id } = *state {
+            return Err(LockError::Held { owner, cluster_id });
+        }
+        mark(&cluster_id).map_err(LockError::Mark)?;
+        *state = State::Locked { owner, cluster_id };
+        Ok(())
+    }
+}
+
+/// PCR 15 (sha256 bank) of a node locked to `cluster_id`, from PCR 15 = 0.
+pub fn predicted_pcr15(cluster_id: &[u8; 32]) -> [u8; 32] {
+    hawser_measurements::extend_sha256(&[0; 32], cluster_id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("tpm gone")]
+    struct Gone;
+
+    #[test]
+    fn the_first_owner_wins_and_the_lock_never_opens_again() {
+        let lock = NodeLock::new();
+        let mut marks = Vec::new();
+        lock.lock(Owner::JoinClient, [1; 32], |id| {
+            marks.push(*id);
+            Ok::<(), Gone>(())
+        })
+        .unwrap();
+        let err = lock
+            .lock(Owner::InitServer, [2; 32], |id| {
+                marks.push(*id);
+                Ok::<(), Gone>(())
+            })
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("the node lock is already held by the join client"),
+            "{err}"
+        );
+        assert_eq!(marks, [[1; 32]]);
+        assert_eq!(
+            lock.state(),
+            State::Locked {
+                owner: Owner::JoinClient,
+                cluster_id: [1; 32]
+            }
+        );
+    }
+
+    #[test]
+    fn a_failed_mark_leaves_the_lock_open() {
+        let lock = NodeLock::new();
+        assert!(matches!(
+            lock.lock(Owner::InitServer, [3; 32], |_| Err(Gone)),
+            Err(LockError::Mark(Gone))
+        ));
+        assert_eq!(lock.state(), State::Unlocked);
+        lock.lock(Owner::InitServer, [3; 32], |_| Ok::<(), Gone>(()))
+            .unwrap();
+    }
+
+    #[test]
+    fn pcr15_prediction_is_constellations_extension_by_the_cluster_id() {
+        // SHA-256(0^32 || 0xab^32), computed independently with coreutils:
+        // (head -c32 /dev/zero; printf '\xab%.0s' {1..32}) | sha256sum
+        assert_eq!(
+            hex::encode(predicted_pcr15(&[0xab; 32])),
+            "debb3e7acfff6dd18d501042273629f0b79cb206bb8c24f59f62ddb80849403b"
+        );
+    }
+}
