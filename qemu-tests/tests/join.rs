@@ -201,9 +201,13 @@ fn luks_uuid(disk: &Path) -> String {
         .to_owned()
 }
 
+/// Constellation's node lock: the sha256 bank of PCR 15 extended with the cluster ID itself.
 fn pcr15_for(cluster_id: &[u8; 32]) -> [u8; 32] {
-    let word = format!("cluster-id:{}", hex::encode(cluster_id));
-    hawser_measurements::extend_sha256(&[0; 32], &Sha256::digest(word.as_bytes()).into())
+    Sha256::new()
+        .chain_update([0u8; 32])
+        .chain_update(cluster_id)
+        .finalize()
+        .into()
 }
 
 /// (1) + (2): the join service is down when the node boots; the node retries, logging why;
