@@ -21,9 +21,15 @@ use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport};
 use hawser_image::build::BuildOutput;
-use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_qemu::{Disk, TpmConfig, Vm, VmConfig};
 use sha2::{Digest, Sha256};
+
+mod common;
+use common::build_image;
+
+fn scratch(name: &str) -> PathBuf {
+    common::fresh_scratch("e2e-disk", name)
+}
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 const SERIAL: &str = "hawser-state";
@@ -31,32 +37,9 @@ const DISK_MIB: u64 = 256;
 /// The plaintext the marker file on the state filesystem always contains.
 const MARKER_TEXT: &[u8] = b"\"formatted_by\":\"hawser ";
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("qemu-tests lives in the workspace")
-        .to_owned()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"));
-    let dir = target.join("e2e-disk").join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create scratch dir");
-    dir
-}
-
 fn image() -> &'static BuildOutput {
     static IMAGE: OnceLock<BuildOutput> = OnceLock::new();
-    IMAGE.get_or_init(|| {
-        let opts = PipelineOptions::new(&workspace(), &scratch("image"));
-        let (output, timeline) =
-            pipeline::build_image(&opts).unwrap_or_else(|e| panic!("image build failed: {e}"));
-        eprintln!("image built: {timeline:?}");
-        output
-    })
+    IMAGE.get_or_init(|| build_image(&scratch("image"), None))
 }
 
 fn volume_key(len: usize, seed: u8) -> Vec<u8> {

@@ -15,36 +15,20 @@ use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
 use sha2::{Digest, Sha256};
 
+mod common;
+use common::{build_image, workspace};
+
+fn scratch(name: &str) -> PathBuf {
+    common::scratch("e2e", name)
+}
+
 /// Generous: TCG on a loaded 2-core CI machine.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("qemu-tests lives in the workspace")
-        .to_owned()
-}
-
-/// Where test artifacts go: inside the target directory, so `cargo clean` removes them.
-fn scratch(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"));
-    let dir = target.join("e2e").join(name);
-    std::fs::create_dir_all(&dir).expect("create scratch dir");
-    dir
-}
 
 /// The image under test, built once from this workspace with the default measured cmdline.
 fn image() -> &'static BuildOutput {
     static IMAGE: OnceLock<BuildOutput> = OnceLock::new();
-    IMAGE.get_or_init(|| {
-        let opts = PipelineOptions::new(&workspace(), &scratch("image"));
-        let (output, timeline) =
-            pipeline::build_image(&opts).unwrap_or_else(|e| panic!("image build failed: {e}"));
-        eprintln!("image built: {timeline:?}");
-        output
-    })
+    IMAGE.get_or_init(|| build_image(&scratch("image"), None))
 }
 
 fn random_nonce() -> [u8; 32] {

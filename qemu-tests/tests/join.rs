@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport};
 use hawser_image::build::BuildOutput;
-use hawser_image::pipeline::{self, DEFAULT_CMDLINE, PipelineOptions};
+use hawser_image::pipeline::DEFAULT_CMDLINE;
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, RunningService, ServiceConfig};
@@ -27,6 +27,13 @@ use hawser_keys::MasterSecret;
 use hawser_measurements::predict::{Phase, Prediction};
 use hawser_qemu::{ProviderCa, TpmConfig, Vm, VmConfig};
 use sha2::{Digest as _, Sha256};
+
+mod common;
+use common::build_image;
+
+fn scratch(name: &str) -> PathBuf {
+    common::fresh_scratch("e2e-join", name)
+}
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 const SERIAL: &str = "hawser-state";
@@ -40,31 +47,8 @@ fn join_cmdline() -> String {
     )
 }
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("qemu-tests lives in the workspace")
-        .to_owned()
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"));
-    let dir = target.join("e2e-join").join(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create scratch dir");
-    dir
-}
-
 fn build(name: &str, cmdline: &str) -> BuildOutput {
-    let opts = PipelineOptions {
-        cmdline: cmdline.to_owned(),
-        ..PipelineOptions::new(&workspace(), &scratch(name))
-    };
-    pipeline::build_image(&opts)
-        .unwrap_or_else(|e| panic!("image build failed: {e}"))
-        .0
+    build_image(&scratch(name), Some(cmdline))
 }
 
 fn image() -> &'static BuildOutput {
@@ -260,7 +244,7 @@ fn a_node_joins_after_retries_and_gets_the_key_of_its_disk() {
     assert_eq!(join["cluster_id"], hex::encode(cluster_id).as_str());
     assert_eq!(verified.pcrs[&15], pcr15_for(&cluster_id));
     // Secrets never reach the console.
-    assert!(!console.contains(&hex::encode(&*expected_key)));
+    assert!(!console.contains(&hex::encode(*expected_key)));
     assert!(!console.contains("FATAL"), "{console}");
 }
 

@@ -21,7 +21,6 @@ use std::time::Duration;
 use hawser_attestation::ExpectedMeasurements;
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, VerifiedReport};
 use hawser_image::build::BuildOutput;
-use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_image::uki::{UkiSections, assemble_uki, read_uki_sections};
 use hawser_measurements::eventlog::{self, EventLog};
 use hawser_measurements::explain::{EventMatch, explain};
@@ -30,35 +29,20 @@ use hawser_measurements::reference::{ReferenceInputs, ReferenceMeasurements};
 use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
 use sha2::{Digest, Sha256};
 
-/// Generous: TCG on a loaded 2-core CI machine.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
-
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("qemu-tests lives in the workspace")
-        .to_owned()
-}
+mod common;
+use common::{build_image, workspace};
 
 fn scratch(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join("target"));
-    let dir = target.join("measurements-tests").join(name);
-    std::fs::create_dir_all(&dir).expect("create scratch dir");
-    dir
+    common::scratch("measurements-tests", name)
 }
+
+/// Generous: TCG on a loaded 2-core CI machine.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// The image under test, built once per run from this workspace.
 fn image() -> &'static BuildOutput {
     static IMAGE: OnceLock<BuildOutput> = OnceLock::new();
-    IMAGE.get_or_init(|| {
-        let opts = PipelineOptions::new(&workspace(), &scratch("image"));
-        let (output, timeline) =
-            pipeline::build_image(&opts).unwrap_or_else(|e| panic!("image build failed: {e}"));
-        eprintln!("image built: {timeline:?}");
-        output
-    })
+    IMAGE.get_or_init(|| build_image(&scratch("image"), None))
 }
 
 fn predict(uki: &Path) -> Prediction {
