@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hawser_attestation::measurements::ExpectedMeasurements;
 use hawser_keys::{MasterSecret, STATE_DISK_KEY_LEN};
 use zeroize::Zeroizing;
 
@@ -185,33 +186,51 @@ impl JoinCore {
         peer: &VerifiedPeer,
         req: &JoinRequest,
     ) -> Result<JoinTicket, JoinError> {
+        let suffix = if req.is_control_plane {
+            " (control plane)"
+        } else {
+            ""
+        };
+        self.audited(
+            "IssueJoinTicket",
+            peer,
+            &req.node_name,
+            &req.disk_uuid,
+            |expected| self.join(peer, req, expected),
+            |ticket| {
+                format!(
+                    "key {} issued{suffix}",
+                    hawser_keys::fingerprint(&*ticket.state_disk_key)
+                )
+            },
+        )
+    }
+
+    /// Runs one decision against the current policy and writes its audit line.
+    fn audited<T>(
+        &self,
+        call: &'static str,
+        peer: &VerifiedPeer,
+        node: &str,
+        disk_uuid: &str,
+        decide: impl FnOnce(&ExpectedMeasurements) -> Result<T, JoinError>,
+        granted: impl FnOnce(&T) -> String,
+    ) -> Result<T, JoinError> {
         let policy = self.policy.current();
         let checked: Vec<u8> = policy.measurements.enforced().collect();
-        let result = self.join(peer, req, &policy.measurements);
-        let reason = match &result {
-            Ok(ticket) => format!(
-                "key {} issued{}",
-                hawser_keys::fingerprint(&*ticket.state_disk_key),
-                if req.is_control_plane {
-                    " (control plane)"
-                } else {
-                    ""
-                }
-            ),
-            Err(e) => e.to_string(),
+        let result = decide(&policy.measurements);
+        let (outcome, reason) = match &result {
+            Ok(value) => (Outcome::Granted, granted(value)),
+            Err(e) => (Outcome::Refused, e.to_string()),
         };
         audit::record(&Decision {
-            call: "IssueJoinTicket",
+            call,
             peer: peer.address,
-            node: &req.node_name,
-            disk_uuid: &req.disk_uuid,
+            node,
+            disk_uuid,
             pcrs_checked: &checked,
             policy_digest: &policy.digest,
-            outcome: if result.is_ok() {
-                Outcome::Granted
-            } else {
-                Outcome::Refused
-            },
+            outcome,
             reason: &reason,
         });
         result
@@ -221,7 +240,7 @@ impl JoinCore {
         &self,
         peer: &VerifiedPeer,
         req: &JoinRequest,
-        expected: &hawser_attestation::measurements::ExpectedMeasurements,
+        expected: &ExpectedMeasurements,
     ) -> Result<JoinTicket, JoinError> {
         let uuid = hawser_keys::canonical_uuid(&req.disk_uuid)
             .map_err(|e| JoinError::BadRequest(e.to_string()))?;
@@ -251,43 +270,31 @@ impl JoinCore {
         peer: &VerifiedPeer,
         disk_uuid: &str,
     ) -> Result<RejoinTicket, JoinError> {
-        let policy = self.policy.current();
-        let checked: Vec<u8> = policy.measurements.enforced().collect();
-        let result = (|| {
-            let uuid = hawser_keys::canonical_uuid(disk_uuid)
-                .map_err(|e| JoinError::BadRequest(e.to_string()))?;
-            check_measurements(peer, &policy.measurements)?;
-            if !self.lock_joined().contains(&uuid) {
-                return Err(JoinError::UnknownDisk(uuid));
-            }
-            Ok(RejoinTicket {
-                state_disk_key: self.state_disk_key(&uuid)?,
-                measurement_secret: self.config.master_secret.measurement_secret(),
-                measurement_salt: self.config.measurement_salt.clone(),
-            })
-        })();
-        let reason = match &result {
-            Ok(ticket) => format!(
-                "key {} issued",
-                hawser_keys::fingerprint(&*ticket.state_disk_key)
-            ),
-            Err(e) => e.to_string(),
-        };
-        audit::record(&Decision {
-            call: "IssueRejoinTicket",
-            peer: peer.address,
-            node: "",
+        self.audited(
+            "IssueRejoinTicket",
+            peer,
+            "",
             disk_uuid,
-            pcrs_checked: &checked,
-            policy_digest: &policy.digest,
-            outcome: if result.is_ok() {
-                Outcome::Granted
-            } else {
-                Outcome::Refused
+            |expected| {
+                let uuid = hawser_keys::canonical_uuid(disk_uuid)
+                    .map_err(|e| JoinError::BadRequest(e.to_string()))?;
+                check_measurements(peer, expected)?;
+                if !self.lock_joined().contains(&uuid) {
+                    return Err(JoinError::UnknownDisk(uuid));
+                }
+                Ok(RejoinTicket {
+                    state_disk_key: self.state_disk_key(&uuid)?,
+                    measurement_secret: self.config.master_secret.measurement_secret(),
+                    measurement_salt: self.config.measurement_salt.clone(),
+                })
             },
-            reason: &reason,
-        });
-        result
+            |ticket| {
+                format!(
+                    "key {} issued",
+                    hawser_keys::fingerprint(&*ticket.state_disk_key)
+                )
+            },
+        )
     }
 
     fn state_disk_key(&self, uuid: &str) -> Result<Zeroizing<[u8; STATE_DISK_KEY_LEN]>, JoinError> {
