@@ -133,6 +133,9 @@ pub enum InputError {
         suite: String,
         reason: String,
     },
+    /// A locked package is not in the cache and the caller asked not to download.
+    #[error("{name} {version} is not in the input cache; run `hawser image fetch`")]
+    NotFetched { name: String, version: String },
     /// Unpacked inputs lack an expected file.
     #[error("the unpacked {name} has no {what} under {dir}")]
     Layout {
@@ -239,10 +242,9 @@ pub fn fetch(lock: &InputLock, cache: &Path) -> Result<FetchedInputs, InputError
     }
     let mut roots = Vec::new();
     for (i, pkg) in lock.packages.iter().enumerate() {
-        let root = unpacked.join(format!("{}_{}", pkg.name, pkg.version));
-        let stamp = root.join(".hawser-sha256");
-        let done = std::fs::read_to_string(&stamp).is_ok_and(|s| s.trim() == pkg.sha256);
-        if done {
+        let root = unpacked_root(cache, pkg);
+        let stamp = root.join(STAMP);
+        if is_unpacked(pkg, &root) {
             tracing::debug!(package = %pkg.name, "input already unpacked");
         } else {
             tracing::info!(
@@ -261,6 +263,36 @@ pub fn fetch(lock: &InputLock, cache: &Path) -> Result<FetchedInputs, InputError
             download_verified(pkg, &deb)?;
             unpack(pkg, &deb, &root)?;
             std::fs::write(&stamp, &pkg.sha256).map_err(io_err(&stamp))?;
+        }
+        roots.push((pkg.role, pkg.name.clone(), root));
+    }
+    locate(lock, roots)
+}
+
+/// Where a locked package is unpacked, and the stamp that says it was, from which `.deb`.
+fn unpacked_root(cache: &Path, pkg: &LockedPackage) -> PathBuf {
+    cache
+        .join("inputs")
+        .join(format!("{}_{}", pkg.name, pkg.version))
+}
+const STAMP: &str = ".hawser-sha256";
+
+fn is_unpacked(pkg: &LockedPackage, root: &Path) -> bool {
+    std::fs::read_to_string(root.join(STAMP)).is_ok_and(|s| s.trim() == pkg.sha256)
+}
+
+/// The locked inputs if every one is already unpacked under `cache`; never downloads (for
+/// tests and tools that must not touch the network). A missing package is
+/// [`InputError::NotFetched`].
+pub fn cached(lock: &InputLock, cache: &Path) -> Result<FetchedInputs, InputError> {
+    let mut roots = Vec::new();
+    for pkg in &lock.packages {
+        let root = unpacked_root(cache, pkg);
+        if !is_unpacked(pkg, &root) {
+            return Err(InputError::NotFetched {
+                name: pkg.name.clone(),
+                version: pkg.version.clone(),
+            });
         }
         roots.push((pkg.role, pkg.name.clone(), root));
     }

@@ -19,34 +19,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(PathBuf::from)
         .ok_or("usage: fixture_uki OUT.efi")?;
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ovmf-boot");
-    let inputs = hawser_image::inputs::cache_dir().join("inputs");
-    let find = |prefix: &str, relative: &str| -> Result<PathBuf, String> {
-        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&inputs)
-            .map_err(|e| format!("{}: {e} (run `hawser image fetch`)", inputs.display()))?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with(prefix))
-            })
-            .collect();
-        dirs.sort();
-        dirs.into_iter()
-            .map(|d| d.join(relative))
-            .find(|p| p.is_file())
-            .ok_or_else(|| format!("no {prefix}*/{relative} in {}", inputs.display()))
-    };
-    let release = "6.12.117+deb13-cloud-amd64";
-    let stub = std::fs::read(find(
-        "systemd-boot-efi_",
-        "usr/lib/systemd/boot/efi/linuxx64.efi.stub",
-    )?)?;
-    let linux = std::fs::read(find("linux-image-", &format!("boot/vmlinuz-{release}"))?)?;
+    let lock = hawser_image::inputs::InputLock::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../inputs.lock"),
+    )?;
+    let cached = hawser_image::inputs::cached(&lock, &hawser_image::inputs::cache_dir())?;
+    let stub = std::fs::read(&cached.stub)?;
+    let linux = std::fs::read(&cached.kernel_image)?;
     let sections = hawser_image::uki::UkiSections {
         osrel: std::fs::read(fixture.join("osrel"))?,
         cmdline: std::fs::read(fixture.join("cmdline"))?,
-        uname: release.as_bytes().to_vec(),
+        uname: cached.kernel_release.as_bytes().to_vec(),
         linux,
         initrd: std::fs::read(fixture.join("initrd.cpio.zst"))?,
     };

@@ -11,7 +11,7 @@
 //! tests always run.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use hawser_measurements::authenticode::authenticode_sha256;
 use hawser_measurements::eventlog::EventLog;
@@ -50,37 +50,19 @@ fn guest_pcrs() -> BTreeMap<u8, [u8; 32]> {
         .collect()
 }
 
-fn find_input(prefix: &str, relative: &str) -> Option<PathBuf> {
-    let inputs = hawser_image::inputs::cache_dir().join("inputs");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&inputs)
-        .ok()?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(prefix))
-        })
-        .collect();
-    dirs.sort();
-    dirs.into_iter()
-        .map(|d| d.join(relative))
-        .find(|p| p.is_file())
-}
-
 /// The pinned kernel and stub, or `None` (test skipped) without the input cache.
 fn inputs() -> Option<(Vec<u8>, Vec<u8>)> {
-    let stub = find_input(
-        "systemd-boot-efi_257.13",
-        "usr/lib/systemd/boot/efi/linuxx64.efi.stub",
-    );
-    let kernel = find_input("linux-image-", &format!("boot/vmlinuz-{RELEASE}"));
-    match (stub, kernel) {
-        (Some(s), Some(k)) => Some((
-            std::fs::read(s).expect("read stub"),
-            std::fs::read(k).expect("read kernel"),
+    let lock_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../inputs.lock");
+    let lock = hawser_image::inputs::InputLock::load(&lock_path).expect("inputs.lock");
+    let cached = hawser_image::inputs::cached(&lock, &hawser_image::inputs::cache_dir())
+        .ok()
+        .filter(|c| c.kernel_release == RELEASE);
+    match cached {
+        Some(c) => Some((
+            std::fs::read(&c.stub).expect("read stub"),
+            std::fs::read(&c.kernel_image).expect("read kernel"),
         )),
-        _ => {
+        None => {
             assert!(
                 std::env::var("HAWSER_REQUIRE_INPUTS").as_deref() != Ok("1"),
                 "HAWSER_REQUIRE_INPUTS=1 but systemd-boot-efi 257.13 or the {RELEASE} kernel is not in the input cache"
