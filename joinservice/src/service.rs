@@ -32,15 +32,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hawser_attestation::atls::{AtlsConnectInfo, AtlsServer, AtlsStream, Identity, PeerPolicy};
+use hawser_attestation::atls::{AtlsConnectInfo, AtlsServer, Identity, PeerPolicy, incoming_from};
 use hawser_attestation::validator::{AkTrust, AkTrustError, Validator, ValidatorError};
 use hawser_proto::join::join_service_server::{JoinService, JoinServiceServer};
 use hawser_proto::join::{
     ControlPlaneFile, IssueJoinTicketRequest, IssueJoinTicketResponse, IssueRejoinTicketRequest,
     IssueRejoinTicketResponse,
 };
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, oneshot};
 use tonic::{Code, Request, Response, Status};
 use tracing::Instrument as _;
 
@@ -53,8 +53,6 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// aTLS handshakes in progress at once. Each costs a task, a socket and a rustls state; a slow
 /// or silent client holds one until [`ServiceConfig::handshake_timeout`].
 pub const MAX_PENDING_HANDSHAKES: usize = 1024;
-/// Established connections waiting for tonic to take them.
-const ACCEPTED_QUEUE: usize = 64;
 
 /// How `hawser-joind` serves. Build with [`ServiceConfig::new`] and adjust fields.
 pub struct ServiceConfig {
@@ -198,13 +196,17 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
             .watch(config.policy_poll)
             .instrument(tracing::info_span!("policy_watch")),
     );
-    let (accepted_tx, accepted_rx) = mpsc::channel(ACCEPTED_QUEUE);
-    let accepting = tokio::spawn(
-        accept_loop(listener, Arc::new(acceptor), accepted_tx)
-            .instrument(tracing::info_span!("accept", %local_addr)),
-    );
+    // The validator follows policy reloads: each new connection gets the server for the
+    // policy in force. `None` (a reloaded policy that enforces nothing) refuses, loudly.
+    let incoming = incoming_from(listener, MAX_PENDING_HANDSHAKES, move || {
+        acceptor
+            .server()
+            .inspect_err(|err| {
+                tracing::error!(%err, "refusing connection: no usable validator");
+            })
+            .ok()
+    });
     let (shutdown, shutdown_rx) = oneshot::channel::<()>();
-    let incoming = tokio_stream::wrappers::ReceiverStream::new(accepted_rx);
     let task = tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
             .add_service(
@@ -217,7 +219,6 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
                 }
             })
             .await;
-        accepting.abort();
         watcher.abort();
         result.map_err(ServiceError::from)
     });
@@ -262,59 +263,6 @@ impl Acceptor {
         }
         *current = Some((policy.digest, server.clone()));
         Ok(server)
-    }
-}
-
-type Accepted = Result<AtlsStream<TcpStream>, std::io::Error>;
-
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: Arc<Acceptor>,
-    accepted: mpsc::Sender<Accepted>,
-) {
-    let pending = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
-    loop {
-        // Wait for a handshake slot before accepting: excess connections wait in the kernel's
-        // backlog instead of in memory here.
-        let Ok(permit) = Arc::clone(&pending).acquire_owned().await else {
-            return;
-        };
-        let (tcp, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(err) => {
-                // EMFILE and friends: back off rather than spin.
-                tracing::warn!(%err, "accepting a TCP connection failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        if accepted.is_closed() {
-            return;
-        }
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::debug!(%peer, %err, "cannot set TCP_NODELAY");
-        }
-        let server = match acceptor.server() {
-            Ok(server) => server,
-            Err(err) => {
-                // Only reachable if a reloaded policy enforces nothing: keep refusing loudly
-                // rather than admitting anyone.
-                tracing::error!(%peer, %err, "refusing connection: no usable validator");
-                continue;
-            }
-        };
-        let accepted = accepted.clone();
-        tokio::spawn(
-            async move {
-                let _permit = permit;
-                // The handshake is bounded by the server's handshake timeout and logs its
-                // own failures (refusals as warnings with the reason).
-                if let Ok(stream) = server.accept(tcp).await {
-                    let _ = accepted.send(Ok(stream)).await;
-                }
-            }
-            .instrument(tracing::info_span!("atls_accept", %peer)),
-        );
     }
 }
 

@@ -64,7 +64,7 @@ pub use cert::{
 };
 pub use handshake::{AtlsClient, AtlsServer, AtlsStream};
 #[cfg(feature = "tonic")]
-pub use net::{AtlsConnectInfo, AtlsConnector, AtlsIncoming};
+pub use net::{AtlsConnectInfo, AtlsConnector, AtlsIncoming, incoming_from};
 
 use crate::evidence::{EvidenceIssuer, MAX_EVIDENCE_LEN, Nonce, Role};
 use crate::validator::{EvidenceError, ValidatedEvidence, Validator};

@@ -96,45 +96,63 @@ impl AtlsServer {
     /// Accepts TCP connections from `listener` and runs the aTLS handshake on each (must be
     /// called within a tokio runtime).
     pub fn incoming(&self, listener: TcpListener) -> AtlsIncoming {
-        let (sender, accepted) = mpsc::channel(ACCEPTED_QUEUE);
         let server = self.clone();
-        let limit = Arc::new(Semaphore::new(MAX_CONCURRENT_HANDSHAKES));
-        let acceptor = tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = match listener.accept().await {
-                    Ok(accepted) => accepted,
-                    Err(err) => {
-                        // Usually EMFILE or a connection reset before accept: retry shortly.
-                        tracing::warn!(%err, "accepting a TCP connection failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                if sender.is_closed() {
-                    break;
-                }
-                if let Err(err) = tcp.set_nodelay(true) {
-                    tracing::debug!(%peer, %err, "cannot set TCP_NODELAY");
-                }
-                let Ok(permit) = Arc::clone(&limit).acquire_owned().await else {
-                    break;
-                };
-                let server = server.clone();
-                let sender = sender.clone();
-                tokio::spawn(
-                    async move {
-                        let _permit = permit;
-                        if let Ok(stream) = server.accept(tcp).await {
-                            // A closed receiver means the server is shutting down.
-                            let _ = sender.send(stream).await;
-                        }
-                    }
-                    .instrument(tracing::info_span!("atls_accept", %peer)),
-                );
-            }
-        });
-        AtlsIncoming { accepted, acceptor }
+        incoming_from(listener, MAX_CONCURRENT_HANDSHAKES, move || {
+            Some(server.clone())
+        })
     }
+}
+
+/// Like [`AtlsServer::incoming`], for a server whose configuration changes while it listens:
+/// `server_for_connection` is asked for the server to run each new connection's handshake
+/// with (e.g. one rebuilt after the expected measurements were reloaded); `None` drops the
+/// connection (the closure logs why). At most `max_handshakes` run at once; further
+/// connections wait in the kernel's backlog, not in memory. Must be called within a tokio
+/// runtime.
+pub fn incoming_from(
+    listener: TcpListener,
+    max_handshakes: usize,
+    server_for_connection: impl Fn() -> Option<AtlsServer> + Send + 'static,
+) -> AtlsIncoming {
+    let (sender, accepted) = mpsc::channel(ACCEPTED_QUEUE);
+    let limit = Arc::new(Semaphore::new(max_handshakes.max(1)));
+    let acceptor = tokio::spawn(async move {
+        loop {
+            let Ok(permit) = Arc::clone(&limit).acquire_owned().await else {
+                break;
+            };
+            let (tcp, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Usually EMFILE or a connection reset before accept: retry shortly.
+                    tracing::warn!(%err, "accepting a TCP connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if sender.is_closed() {
+                break;
+            }
+            if let Err(err) = tcp.set_nodelay(true) {
+                tracing::debug!(%peer, %err, "cannot set TCP_NODELAY");
+            }
+            let Some(server) = server_for_connection() else {
+                continue;
+            };
+            let sender = sender.clone();
+            tokio::spawn(
+                async move {
+                    let _permit = permit;
+                    if let Ok(stream) = server.accept(tcp).await {
+                        // A closed receiver means the server is shutting down.
+                        let _ = sender.send(stream).await;
+                    }
+                }
+                .instrument(tracing::info_span!("atls_accept", %peer)),
+            );
+        }
+    });
+    AtlsIncoming { accepted, acceptor }
 }
 
 /// A tonic connector: `Endpoint::connect_with_connector(client.connector())`. It resolves the
