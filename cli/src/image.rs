@@ -23,6 +23,10 @@ pub enum ImageCommand {
         /// Cargo target directory for the init binary.
         #[arg(long)]
         target_dir: Option<PathBuf>,
+        /// PEM of the CA(s) certifying attestation keys: PID 1 verifies an attesting join
+        /// service (`hawser.join_service_trust=attested`) with it. Changes PCR 9 and 11.
+        #[arg(long)]
+        provider_ca: Option<PathBuf>,
     },
     /// Download, verify and unpack the inputs named in inputs.lock.
     Fetch,
@@ -53,11 +57,13 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
             init,
             cmdline,
             target_dir,
+            provider_ca,
         } => {
             let opts = PipelineOptions {
                 init_binary: init,
                 cmdline,
                 target_dir,
+                provider_ca,
                 ..PipelineOptions::new(&ws, &out)
             };
             let (output, timeline) = pipeline::build_image(&opts)?;

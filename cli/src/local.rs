@@ -1,5 +1,11 @@
-//! `hawser local …`: boot the image on the local reference platform (QEMU + OVMF + swtpm),
-//! show the console live, verify the boot report on the host, and power off on request.
+//! `hawser local …`: boot a node on the local reference platform (QEMU + OVMF + swtpm), show
+//! the console live, verify what it proves on the host, and power off on request.
+//!
+//! `local up` plays cloud and admin on loopback ([`hawser_cli::localhost`]): a provider CA
+//! certifies the VM's attestation key, a fresh master secret backs a `hawser-joind` in this
+//! process that checks the node against the measurements predicted from the booted UKI, and the
+//! node gets its state-disk key from it over aTLS. `--init` starts no join service: the node
+//! waits for `hawser init` (the command to run is printed).
 //!
 //! `local up` runs in the foreground and owns the VM: Ctrl-C, SIGTERM, or `hawser local down`
 //! (which sends SIGTERM to the process recorded in the state file) press the VM's ACPI power
@@ -14,7 +20,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
+use std::net::SocketAddr;
+
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, VerifiedReport};
+use hawser_cli::localhost::{self, LocalCluster};
 use hawser_image::inputs;
 use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
@@ -41,6 +50,12 @@ pub enum LocalCommand {
         /// Power off once the boot report has been verified, instead of waiting for Ctrl-C.
         #[arg(long)]
         once: bool,
+        /// Start no join service: the node waits for `hawser init` on 127.0.0.1:<init-port>.
+        #[arg(long)]
+        init: bool,
+        /// The host port forwarded to the node's init server (port 9000 in the guest).
+        #[arg(long, default_value_t = 9000)]
+        init_port: u16,
     },
     /// Power off the VM started by `hawser local up`.
     Down,
@@ -60,7 +75,18 @@ pub fn run(cmd: LocalCommand) -> anyhow::Result<()> {
             memory,
             quiet,
             once,
-        } => up(image, out, accel, memory, quiet, once),
+            init,
+            init_port,
+        } => up(UpOptions {
+            image,
+            out,
+            accel,
+            memory,
+            quiet,
+            once,
+            init,
+            init_port,
+        }),
         LocalCommand::Down => down(),
     }
 }
@@ -82,21 +108,31 @@ fn down() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn up(
+struct UpOptions {
     image: Option<PathBuf>,
     out: PathBuf,
     accel: Option<String>,
     memory: u32,
     quiet: bool,
     once: bool,
-) -> anyhow::Result<()> {
+    init: bool,
+    init_port: u16,
+}
+
+fn up(opts: UpOptions) -> anyhow::Result<()> {
     let started = Instant::now();
-    let uki = match image {
+    let uki = match opts.image {
         Some(uki) => uki,
         None => {
             let ws = crate::image::workspace()?;
-            eprintln!("building the image into {} …", out.display());
-            let (output, timeline) = pipeline::build_image(&PipelineOptions::new(&ws, &out))?;
+            let mut build = PipelineOptions::new(&ws, &opts.out);
+            build.cmdline = localhost::node_cmdline(pipeline::DEFAULT_CMDLINE, !opts.init);
+            eprintln!(
+                "building the image into {} (command line: {}) …",
+                opts.out.display(),
+                build.cmdline
+            );
+            let (output, timeline) = pipeline::build_image(&build)?;
             eprintln!("{output}");
             eprintln!(
                 "built in {:.1}s",
@@ -122,13 +158,59 @@ fn up(
             .context("installing signal handlers")?;
     }
 
+    // The host side: provider CA, master secret, expected measurements, join service.
+    let dir = inputs::cache_dir().join("local/cluster");
+    let cluster = LocalCluster::create(&dir)?;
+    let measurements = dir.join("measurements.json");
+    localhost::write_expected_measurements(&uki, &measurements)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let join_port = if opts.init {
+        None
+    } else {
+        let port = localhost::free_port()?;
+        let listen = SocketAddr::from(([127, 0, 0, 1], port));
+        let service = runtime.block_on(cluster.start_join_service(listen, &measurements))?;
+        eprintln!(
+            "hawser-joind listening on {listen} (the guest's {}), verifying nodes against {} \
+             with a fresh master secret in {}",
+            localhost::GUEST_JOIN_ENDPOINT,
+            measurements.display(),
+            dir.display()
+        );
+        // Runs until this process exits.
+        std::mem::forget(service);
+        Some(port)
+    };
+    if opts.init && std::net::TcpListener::bind(("127.0.0.1", opts.init_port)).is_err() {
+        bail!(
+            "127.0.0.1:{} is in use: choose another host port with --init-port",
+            opts.init_port
+        );
+    }
+    let tpm_dir = dir.join("tpm");
+    cluster.provision_tpm(&tpm_dir)?;
+    let disk = dir.join("state.img");
+    std::fs::File::create(&disk)
+        .and_then(|f| f.set_len(STATE_DISK_BYTES))
+        .with_context(|| format!("creating the state disk {}", disk.display()))?;
+
     let nonce: [u8; 32] = rand_nonce()?;
     let mut config = VmConfig::uefi(&uki)
         .name("hawser-local")
-        .memory_mib(memory)
-        .tpm(TpmConfig::default())
+        .memory_mib(opts.memory)
+        .tpm(TpmConfig {
+            state_dir: Some(tpm_dir),
+            ..TpmConfig::default()
+        })
+        .disk(&disk, localhost::STATE_DISK_SERIAL)
         .fw_cfg_string("quote_nonce", hex::encode(nonce));
-    if let Some(accel) = accel {
+    config
+        .extra_args
+        .extend(localhost::user_net_args(join_port, Some(opts.init_port)));
+    if let Some(accel) = opts.accel {
         config = config.accel(accel);
     }
     eprintln!(
@@ -136,7 +218,7 @@ fn up(
         uki.display(),
         config.accel
     );
-    let vm = if quiet {
+    let vm = if opts.quiet {
         Vm::start(config)?
     } else {
         Vm::start_echoing(config, Box::new(ConsoleEcho))?
@@ -148,6 +230,22 @@ fn up(
     std::fs::write(&state, std::process::id().to_string())?;
     let _state_guard = RemoveOnDrop(state);
 
+    if opts.init {
+        eprintln!(
+            "\nthe node waits for `hawser init`; in another terminal run:\n\n  \
+             cargo run -q -p hawser-cli -- init --node 127.0.0.1:{} --measurements {} \
+             --provider-ca {}\n",
+            opts.init_port,
+            measurements.display(),
+            cluster.provider_ca_path().display()
+        );
+    }
+    let Some(line) = wait_or_stop(&vm, JOIN_REPORT_MARKER, Duration::from_secs(3600), &stop)?
+    else {
+        return power_off(&vm, "interrupted before the node got its key");
+    };
+    let joined = print_join(&line, &cluster)?;
+
     let line = wait_or_stop(&vm, BOOT_REPORT_MARKER, Duration::from_secs(600), &stop)?;
     let Some(line) = line else {
         return power_off(&vm, "interrupted before the boot report");
@@ -156,14 +254,29 @@ fn up(
         .context("boot report marker without a report")?
         .context("the boot report is not valid JSON")?;
     match report.verify(Some(&nonce)) {
-        Ok(verified) => print_summary(&report, &verified, &vm, started),
+        Ok(verified) => {
+            print_summary(&report, &verified, &vm, started);
+            let pcr15 = verified.pcrs.get(&15).map(hex::encode).unwrap_or_default();
+            if pcr15 != joined.pcr15 {
+                power_off(&vm, "PCR 15 mismatch")?;
+                bail!(
+                    "the quoted PCR 15 is {pcr15}, but the node lock for cluster {} gives {}",
+                    joined.cluster_id,
+                    joined.pcr15
+                );
+            }
+            println!(
+                "PCR 15 (quoted) = node lock for cluster {}: this node can no longer attest as fresh",
+                joined.cluster_id
+            );
+        }
         Err(e) => {
             eprintln!("\nBOOT REPORT DOES NOT VERIFY: {e}");
             power_off(&vm, "verification failed")?;
             bail!("the boot report did not verify: {e}");
         }
     }
-    if once {
+    if opts.once {
         return power_off(&vm, "--once");
     }
     eprintln!("node is up; Ctrl-C or `hawser local down` powers it off");
@@ -177,6 +290,78 @@ fn up(
         std::thread::sleep(Duration::from_millis(200));
     }
     power_off(&vm, "requested")
+}
+
+/// Size of a local node's (sparse) state disk.
+const STATE_DISK_BYTES: u64 = 256 << 20;
+/// The console marker of PID 1's node-lock summary.
+const JOIN_REPORT_MARKER: &str = "HAWSER_JOIN_REPORT ";
+
+/// PID 1's node-lock summary (no secrets).
+#[derive(serde::Deserialize)]
+struct JoinReport {
+    disk_uuid: String,
+    rpc: String,
+    via: String,
+    attempts: u32,
+    key_fingerprint: String,
+    cluster_id: String,
+    pcr15: String,
+}
+
+/// Prints how the node got its key, checked against the host's own derivation.
+fn print_join(line: &str, cluster: &LocalCluster) -> anyhow::Result<JoinReport> {
+    let json = line
+        .split_once(JOIN_REPORT_MARKER)
+        .map(|(_, json)| json.trim())
+        .context("join report marker without a report")?;
+    let report: JoinReport =
+        serde_json::from_str(json).context("the node's join report is not valid JSON")?;
+    let from_join_service = report.via == "join-service";
+    let expected = hawser_keys::fingerprint(
+        cluster
+            .master_secret()
+            .state_disk_key(&report.disk_uuid)?
+            .as_slice(),
+    );
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "\n── state disk key ──────────────────────────────────────────"
+    );
+    let _ = writeln!(
+        out,
+        "node attested and got the key of disk {} via {} ({}, {} attempt(s))",
+        report.disk_uuid, report.via, report.rpc, report.attempts
+    );
+    if from_join_service {
+        let _ = writeln!(
+            out,
+            "key fingerprint {} — host derivation HKDF(master secret, \"key-{}\"): {}",
+            report.key_fingerprint,
+            report.disk_uuid,
+            if expected == report.key_fingerprint {
+                "MATCHES".to_owned()
+            } else {
+                format!("{expected} (DIFFERS: the node got another cluster's key)")
+            }
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "key fingerprint {} — derived on the node from the master secret `hawser init` sent",
+            report.key_fingerprint
+        );
+    }
+    let _ = writeln!(
+        out,
+        "cluster ID {} → PCR 15 {}",
+        report.cluster_id, report.pcr15
+    );
+    if from_join_service && expected != report.key_fingerprint {
+        bail!("the node's key does not derive from this cluster's master secret");
+    }
+    Ok(report)
 }
 
 /// Waits for `marker`, returning `None` if a stop signal arrives first.

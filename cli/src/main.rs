@@ -1,6 +1,7 @@
 //! `hawser`: the admin and image-developer CLI. Each subcommand is a thin layer over a library
 //! crate; this file only parses arguments, sets up logging and maps errors to exit codes.
 
+mod admin;
 mod image;
 mod local;
 mod measurements;
@@ -23,6 +24,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Verify a node waiting on port 9000 and initialize a new cluster on it.
+    Init(admin::InitArgs),
+    /// Verify a node of an existing cluster and let it reopen its state disk (no join service).
+    Recover(admin::RecoverArgs),
     /// Build, fetch inputs for, and inspect the measured image.
     #[command(subcommand)]
     Image(image::ImageCommand),
@@ -43,6 +48,8 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
+        Command::Init(args) => admin::init(args),
+        Command::Recover(args) => admin::recover(args),
         Command::Image(cmd) => image::run(cmd),
         Command::Local(cmd) => local::run(cmd),
         Command::Measurements(cmd) => measurements::run(cmd),

@@ -132,19 +132,8 @@ fn predict(uki: &Path, json: bool, events: bool) -> anyhow::Result<()> {
     let p = predict_file(uki)?;
     let elapsed = started.elapsed();
     if json {
-        let measurements = |phase| -> BTreeMap<String, serde_json::Value> {
-            p.pcrs(phase)
-                .into_iter()
-                .map(|(pcr, v)| {
-                    (
-                        pcr.to_string(),
-                        serde_json::json!({"expected": hex::encode(v), "warnOnly": false}),
-                    )
-                })
-                .collect()
-        };
         let out = serde_json::json!({
-            "measurements": measurements(Phase::EnterInitrd),
+            "measurements": p.expected_measurements_json(Phase::EnterInitrd),
             "measurementsAfterLeaveInitrd": {
                 "11": {"expected": hex::encode(p.pcr(11, Phase::LeaveInitrd)), "warnOnly": false}
             },

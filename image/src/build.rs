@@ -51,6 +51,9 @@ pub struct BuildInputs {
     pub os_release: String,
     /// Timestamp of every initramfs entry.
     pub source_date_epoch: u64,
+    /// PEM of the attestation-key CA(s) PID 1 trusts an attesting join service under
+    /// (installed at [`initramfs::PROVIDER_CA_PATH`]); `None` for images that carry none.
+    pub provider_ca_pem: Option<String>,
 }
 
 /// One written file.
@@ -159,13 +162,19 @@ pub fn build(inputs: &BuildInputs, out_dir: &Path) -> Result<BuildOutput, ImageE
     std::fs::create_dir_all(out_dir).map_err(ImageError::io("create directory", out_dir))?;
 
     tracing::info!(release = %inputs.kernel_release, "building the initramfs");
-    let spec = InitramfsSpec::for_hawser(
+    let mut spec = InitramfsSpec::for_hawser(
         &inputs.init_binary,
         &inputs.lib_roots,
         &inputs.modules_dir,
         &inputs.kernel_release,
         inputs.source_date_epoch,
     );
+    if let Some(pem) = &inputs.provider_ca_pem {
+        spec.files.push((
+            initramfs::PROVIDER_CA_PATH.to_owned(),
+            pem.as_bytes().to_vec(),
+        ));
+    }
     let initrd = initramfs::build_initramfs(&spec)?;
     tracing::info!(
         entries = initrd.manifest.len(),
@@ -349,6 +358,7 @@ mod tests {
             cmdline: "console=ttyS0".into(),
             os_release: default_os_release("0.1.0"),
             source_date_epoch: 0,
+            provider_ca_pem: None,
         }
     }
 

@@ -66,7 +66,14 @@ pub struct InitramfsSpec {
     pub modules: Vec<String>,
     /// Modification time of every entry.
     pub source_date_epoch: u64,
+    /// Extra configuration files (path in the archive, contents), mode 0644 — e.g. the provider
+    /// CA PID 1 verifies an attested join service with ([`PROVIDER_CA_PATH`]).
+    pub files: Vec<(String, Vec<u8>)>,
 }
+
+/// Where the image carries the PEM of the CA(s) that certify attestation keys, for PID 1 to
+/// verify an attesting join service (`hawser.join_service_trust=attested`).
+pub const PROVIDER_CA_PATH: &str = "etc/hawser/provider-ca.pem";
 
 impl InitramfsSpec {
     /// The spec for hawser's PID 1: [`DLOPENED_LIBRARIES`], [`PROGRAMS`] and
@@ -90,6 +97,7 @@ impl InitramfsSpec {
                 .map(|s| (*s).to_owned())
                 .collect(),
             source_date_epoch,
+            files: Vec::new(),
         }
     }
 }
@@ -172,6 +180,10 @@ pub fn assemble(
 
     for program in &spec.programs {
         add_program(&mut archive, spec, program)?;
+    }
+
+    for (path, data) in &spec.files {
+        archive.add_file(path, 0o644, data.clone())?;
     }
 
     let modules = add_modules(&mut archive, spec)?;

@@ -30,6 +30,9 @@ pub struct PipelineOptions {
     pub cmdline: String,
     /// `None` = `$SOURCE_DATE_EPOCH`, else the epoch pinned in `inputs.lock`.
     pub source_date_epoch: Option<u64>,
+    /// A PEM file of the CA(s) that certify attestation keys, for PID 1 to verify an attesting
+    /// join service with; `None` = the image carries none (the default image).
+    pub provider_ca: Option<PathBuf>,
 }
 
 /// The kernel command line of the QEMU image: serial console, quiet kernel, and PID 1's
@@ -46,6 +49,7 @@ impl PipelineOptions {
             init_binary: None,
             cmdline: DEFAULT_CMDLINE.to_owned(),
             source_date_epoch: None,
+            provider_ca: None,
         }
     }
 }
@@ -91,6 +95,10 @@ pub fn build_image(
     };
     timeline.steps.push(("compile init", t.elapsed()));
 
+    let provider_ca_pem = match &opts.provider_ca {
+        Some(path) => Some(read_provider_ca(path)?),
+        None => None,
+    };
     let t = Instant::now();
     let output = build::build(
         &BuildInputs {
@@ -103,11 +111,31 @@ pub fn build_image(
             cmdline: opts.cmdline.clone(),
             os_release: build::default_os_release(env!("CARGO_PKG_VERSION")),
             source_date_epoch: epoch,
+            provider_ca_pem,
         },
         &opts.out_dir,
     )?;
     timeline.steps.push(("assemble image", t.elapsed()));
     Ok((output, timeline))
+}
+
+/// Reads a provider CA PEM file, refusing one without a certificate.
+fn read_provider_ca(path: &Path) -> Result<String, PipelineError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        PipelineError::Build(crate::ImageError::InvalidInput(format!(
+            "cannot read the provider CA {}: {e}",
+            path.display()
+        )))
+    })?;
+    if !text.contains("-----BEGIN CERTIFICATE-----") {
+        return Err(PipelineError::Build(crate::ImageError::InvalidInput(
+            format!(
+                "the provider CA {} holds no PEM certificate",
+                path.display()
+            ),
+        )));
+    }
+    Ok(text)
 }
 
 /// Compiles `hawser-init` with the `image` profile and remapped paths; returns the binary.

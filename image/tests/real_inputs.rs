@@ -338,6 +338,7 @@ fn full_build_from_real_inputs() {
         cmdline: "console=ttyS0 quiet".into(),
         os_release: build::default_os_release("0.1.0"),
         source_date_epoch: 1_767_225_600,
+        provider_ca_pem: None,
     };
     let out_a = work.path().join("a");
     let out_b = work.path().join("b");

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hawser_attestation::TpmIssuer;
 use hawser_attestation::report::EVENT_LOG_MARKER;
 use hawser_attestation::tpm::{Tpm, TpmError};
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
@@ -38,9 +39,12 @@ use crate::disk::key::KeySourceKind;
 use crate::disk::{self, DiskError};
 use crate::fatal::{self, fatal, fatal_error};
 use crate::fw_cfg::{self, FwCfgError};
-use crate::join::client::{JOIN_REPORT_MARKER, JoinClient, JoinKeySource, JoinSetupError};
-use crate::join::lock::NodeLock;
-use crate::join::{INSECURE_TRUST_WARNING, JoinServiceTrust};
+use crate::join::client::JoinClient;
+use crate::join::init_server::{GrantKind, INIT_PORT, Progress};
+use crate::join::race::{ClusterKeySource, JOIN_REPORT_MARKER};
+use crate::join::{
+    INSECURE_TRUST_WARNING, JoinServiceTrust, PROVIDER_CA_PATH, join_service_policy,
+};
 use crate::modules::{self, ModuleError};
 use crate::mounts::EARLY_MOUNTS;
 use crate::reaper::{self, ChildRegistry};
@@ -80,6 +84,8 @@ pub enum BootError {
     Net(#[from] crate::net::NetError),
     #[error(transparent)]
     JoinSetup(#[from] crate::join::client::JoinSetupError),
+    #[error("cannot attest to the join service or the admin: the TPM issuer cannot start")]
+    Issuer(#[source] hawser_attestation::IssuerError),
     #[error("cannot encode the boot report")]
     Report(#[source] serde_json::Error),
     #[error("a blocking task of the bring-up failed")]
@@ -388,47 +394,76 @@ async fn bring_up(
     timer.record("measure", start);
     info!("measured phase {PHASE_ENTER_INITRD} into PCR {PCR_KERNEL_BOOT}");
 
-    // The join client, when the state disk key comes from the join service.
-    let join_keys = match config.state_disk.key_source {
+    // The race for the node lock, when the state disk key comes from the cluster: the join
+    // client (if an endpoint is configured) against the init server (`hawser init`/`recover`).
+    let cluster_keys = match config.state_disk.key_source {
         KeySourceKind::JoinService => {
-            let endpoint = config
-                .join_endpoint
-                .clone()
-                .or(fw_cfg.join_endpoint.take())
-                .ok_or(JoinSetupError::NoEndpoint)?;
-            let trust = config.join_service_trust;
-            if trust == JoinServiceTrust::InsecureDev {
-                warnings.push(INSECURE_TRUST_WARNING.to_owned());
-            }
-            let client = {
+            let issuer = {
                 let tpm = Arc::clone(&tpm);
-                blocking(move || JoinClient::new(endpoint, trust, tpm)).await??
+                Arc::new(
+                    blocking(move || TpmIssuer::new(tpm))
+                        .await?
+                        .map_err(BootError::Issuer)?,
+                )
             };
-            Some(Arc::new(JoinKeySource::new(
-                client,
+            let endpoint = config.join_endpoint.clone().or(fw_cfg.join_endpoint.take());
+            let join = match endpoint {
+                Some(endpoint) => {
+                    let trust = config.join_service_trust;
+                    if trust == JoinServiceTrust::InsecureDev {
+                        warnings.push(INSECURE_TRUST_WARNING.to_owned());
+                    }
+                    let policy = {
+                        let tpm = Arc::clone(&tpm);
+                        blocking(move || {
+                            join_service_policy(trust, &tpm, Path::new(PROVIDER_CA_PATH))
+                        })
+                        .await??
+                    };
+                    Some(JoinClient::new(endpoint, policy, Arc::clone(&issuer)))
+                }
+                None => None,
+            };
+            Some(Arc::new(ClusterKeySource::new(
+                join,
+                INIT_PORT,
+                issuer,
                 tokio::runtime::Handle::current(),
-                Arc::new(NodeLock::new()),
                 Arc::clone(&tpm),
             )))
         }
         _ => None,
     };
 
-    let mut timer = disk::bring_up(
+    let disk = disk::bring_up(
         &config.state_disk,
         fw_cfg.state_disk_key.take(),
-        join_keys
+        cluster_keys
             .clone()
             .map(|k| k as Arc<dyn disk::key::KeySource + Send + Sync>),
         registry,
         timer,
         &mut warnings,
     )
-    .await?;
-    if let Some(summary) = join_keys.as_ref().and_then(|k| k.summary()) {
-        match serde_json::to_string(&summary) {
+    .await;
+    let outcome = cluster_keys.as_ref().and_then(|k| k.take_outcome());
+    let mut timer = match disk {
+        Ok(timer) => timer,
+        Err(e) => {
+            // The admin whose request won learns why the node cannot go on.
+            if let Some((_, progress)) = outcome.and_then(|o| o.admin) {
+                progress.fail(&format!("the state disk: {}", fatal::error_chain(&e)));
+            }
+            return Err(e.into());
+        }
+    };
+    if let Some(outcome) = outcome {
+        match serde_json::to_string(&outcome.summary) {
             Ok(json) => console::emit_raw_console_line(&format!("{JOIN_REPORT_MARKER}{json}")),
             Err(e) => warn!("cannot encode the join summary: {e}"),
+        }
+        if let Some((kind, progress)) = outcome.admin {
+            report_to_admin(&kind, progress, outcome.cluster_id);
         }
     }
 
@@ -470,6 +505,24 @@ async fn bring_up(
     );
     emit_event_log();
     Ok(())
+}
+
+/// Ends the admin's `hawser init` / `hawser recover` call. Kubernetes starts after the pivot
+/// into the rootfs; an image without a rootfs has no Kubernetes, so no kubeconfig to return.
+fn report_to_admin(kind: &GrantKind, progress: Progress, cluster_id: [u8; 32]) {
+    match kind {
+        GrantKind::Init(spec) => info!(
+            "cluster {:?} ({}) initialized on this node: the state disk is ready; this image has \
+             no rootfs, so Kubernetes is not started and there is no kubeconfig",
+            spec.cluster_name,
+            hex::encode(cluster_id)
+        ),
+        GrantKind::Recover => info!(
+            "node recovered into cluster {}: the state disk is open",
+            hex::encode(cluster_id)
+        ),
+    }
+    progress.succeed(cluster_id, Vec::new());
 }
 
 /// Where the kernel exposes the firmware's TCG event log (securityfs, mounted at bring-up).

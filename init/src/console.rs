@@ -50,6 +50,19 @@ static SINKS: Mutex<Sinks> = Mutex::new(Sinks {
 static LEVEL_HANDLE: OnceLock<reload::Handle<LevelFilter, tracing_subscriber::Registry>> =
     OnceLock::new();
 
+/// Copies of every log line for whoever listens (the init server streams them to the admin).
+static TAP: OnceLock<tokio::sync::broadcast::Sender<String>> = OnceLock::new();
+
+/// How many log lines a slow listener may fall behind before it misses some.
+const TAP_CAPACITY: usize = 256;
+
+/// A receiver of every log line emitted from now on (the text of [`line_text`], no timestamp).
+/// A listener that falls more than [`TAP_CAPACITY`] lines behind is told how many it missed.
+pub fn subscribe_lines() -> tokio::sync::broadcast::Receiver<String> {
+    TAP.get_or_init(|| tokio::sync::broadcast::channel(TAP_CAPACITY).0)
+        .subscribe()
+}
+
 fn sinks() -> std::sync::MutexGuard<'static, Sinks> {
     SINKS
         .lock()
@@ -171,6 +184,10 @@ pub fn line_text(level: Option<Level>, message: &str) -> String {
 /// `level` None writes the message without a level tag (`FATAL: ...`).
 pub fn emit(level: Option<Level>, message: &str) {
     let text = line_text(level, message);
+    if let Some(tap) = TAP.get() {
+        // No receiver is fine: nobody is listening.
+        let _ = tap.send(text.clone());
+    }
     let mut sinks = sinks();
     if let Some(console) = &mut sinks.console {
         let line = format!("{}{text}\n", format_timestamp(monotonic_seconds()));

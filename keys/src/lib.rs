@@ -113,6 +113,17 @@ impl MasterSecret {
         Self::new(key, salt)
     }
 
+    /// The secret's key bytes, for handing it to a node over an attested channel (`hawser
+    /// init`). Never log them.
+    pub fn key_bytes(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The secret's salt bytes (as secret as the key).
+    pub fn salt_bytes(&self) -> &[u8] {
+        &self.salt
+    }
+
     /// The data key for `id`: HKDF(key, salt, `key-<id>`).
     pub fn data_key(&self, id: &str, length: usize) -> Result<Zeroizing<Vec<u8>>, KeyError> {
         derive_key(

@@ -399,6 +399,22 @@ impl Prediction {
             .collect()
     }
 
+    /// The expected measurements at `phase` in Constellation's format (what `hawser-joind`,
+    /// `hawser init` and the validator read): `{"<pcr>": {"expected": hex, "warnOnly": false}}`,
+    /// every predicted PCR enforced.
+    pub fn expected_measurements_json(&self, phase: Phase) -> serde_json::Value {
+        self.pcrs(phase)
+            .into_iter()
+            .map(|(pcr, value)| {
+                (
+                    pcr.to_string(),
+                    serde_json::json!({"expected": hex::encode(value), "warnOnly": false}),
+                )
+            })
+            .collect::<serde_json::Map<String, serde_json::Value>>()
+            .into()
+    }
+
     /// The digest of the first section called `name`.
     pub fn section(&self, name: &str) -> Option<&SectionDigest> {
         self.sections.iter().find(|s| s.name == name)

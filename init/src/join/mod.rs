@@ -9,12 +9,27 @@
 //!   it; taking it extends PCR 15 with the cluster ID, so the node can never attest as fresh
 //!   again in this boot. The state machine is pure; the TPM extension is a closure.
 //! - [`client::JoinClient`]: the gRPC client with retries.
+//! - [`init_server::InitServer`]: the node's side of `hawser init` / `hawser recover`.
+//! - [`race::ClusterKeySource`]: runs both and lets the first to get secrets take the lock.
 
 pub mod client;
+pub mod init_server;
 pub mod lock;
+pub mod race;
 
+use std::collections::BTreeMap;
 use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+
+use hawser_attestation::atls::PeerPolicy;
+use hawser_attestation::measurements::{ExpectedMeasurements, ExpectedPcr};
+use hawser_attestation::tpm::Tpm;
+use hawser_attestation::validator::{AkTrust, Validator};
+use hawser_measurements::{PHASE_LEAVE_INITRD, extend_sha256, phase_digest};
+
+use client::JoinSetupError;
 
 /// The join service's address: `host:port`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +89,79 @@ impl JoinServiceTrust {
         [JoinServiceTrust::Attested, JoinServiceTrust::InsecureDev]
             .into_iter()
             .find(|t| t.cmdline_name() == value)
+    }
+}
+
+/// Where the image carries the provider CA (`hawser image build --provider-ca`).
+pub const PROVIDER_CA_PATH: &str = "/etc/hawser/provider-ca.pem";
+
+/// The PCRs an attesting join service must share with this node because they depend only on
+/// the image: the UKI as firmware loaded it (4), the command line and initrd as Linux's EFI stub
+/// measured them (9), the stub's command line and extensions (12, 13).
+pub const SAME_IMAGE_PCRS: [u8; 4] = [4, 9, 12, 13];
+
+/// What an attested join service must prove: it runs *this image*, after its pivot into the
+/// rootfs (where the in-cluster join service runs). PCRs [`SAME_IMAGE_PCRS`] equal this node's
+/// own; PCR 11 equals this node's (after `enter-initrd`) extended with `leave-initrd`. PCR 15
+/// (its own cluster ID) and the firmware's PCRs are not pinned: they differ between nodes.
+pub fn same_image_measurements(own: &BTreeMap<u8, [u8; 32]>) -> ExpectedMeasurements {
+    let mut expected = ExpectedMeasurements::new();
+    for pcr in SAME_IMAGE_PCRS {
+        if let Some(value) = own.get(&pcr) {
+            expected.insert(
+                pcr,
+                ExpectedPcr {
+                    expected: *value,
+                    warn_only: false,
+                },
+            );
+        }
+    }
+    if let Some(pcr11) = own.get(&hawser_measurements::PCR_KERNEL_BOOT) {
+        expected.insert(
+            hawser_measurements::PCR_KERNEL_BOOT,
+            ExpectedPcr {
+                expected: extend_sha256(pcr11, &phase_digest(PHASE_LEAVE_INITRD)),
+                warn_only: false,
+            },
+        );
+    }
+    expected
+}
+
+/// The join client's policy for the join service, per the measured `trust`. Blocking (reads
+/// the TPM's PCRs). `attested` needs the provider CA the image carries at `provider_ca`.
+pub fn join_service_policy(
+    trust: JoinServiceTrust,
+    tpm: &Tpm,
+    provider_ca: &Path,
+) -> Result<PeerPolicy, JoinSetupError> {
+    match trust {
+        JoinServiceTrust::InsecureDev => Ok(PeerPolicy::Unauthenticated),
+        JoinServiceTrust::Attested => {
+            let pem =
+                std::fs::read_to_string(provider_ca).map_err(|_| JoinSetupError::NoProviderCa {
+                    path: PROVIDER_CA_PATH,
+                })?;
+            let ak_trust =
+                AkTrust::from_pem(&pem).map_err(|source| JoinSetupError::ProviderCa {
+                    path: PROVIDER_CA_PATH,
+                    source,
+                })?;
+            let mut pcrs: Vec<u8> = SAME_IMAGE_PCRS.to_vec();
+            pcrs.push(hawser_measurements::PCR_KERNEL_BOOT);
+            let own = tpm
+                .read_pcrs_sha256(pcrs)
+                .map_err(JoinSetupError::OwnPcrs)?;
+            // Never empty: PCR 11 is always read.
+            let validator =
+                Validator::new(same_image_measurements(&own), ak_trust).map_err(|_| {
+                    JoinSetupError::NoProviderCa {
+                        path: PROVIDER_CA_PATH,
+                    }
+                })?;
+            Ok(PeerPolicy::Verify(Arc::new(validator)))
+        }
     }
 }
 
@@ -163,6 +251,41 @@ mod tests {
         for bad in ["", "10.0.2.100", ":7000", "h:0", "h:70000", "a b:1", "h:x"] {
             assert_eq!(JoinEndpoint::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn an_attested_join_service_must_run_this_image_after_its_pivot() {
+        let own: BTreeMap<u8, [u8; 32]> = [
+            (4, [4; 32]),
+            (9, [9; 32]),
+            (11, [11; 32]),
+            (12, [12; 32]),
+            (13, [0; 32]),
+        ]
+        .into();
+        let expected = same_image_measurements(&own);
+        let pinned: Vec<u8> = expected.enforced().collect();
+        assert_eq!(pinned, [4, 9, 11, 12, 13]);
+        assert_eq!(expected.get(9).unwrap().expected, [9; 32]);
+        assert_eq!(
+            expected.get(11).unwrap().expected,
+            extend_sha256(&[11; 32], &phase_digest("leave-initrd"))
+        );
+        assert!(
+            expected.get(15).is_none(),
+            "the join service's cluster ID is not pinned"
+        );
+    }
+
+    #[test]
+    fn attested_trust_without_a_provider_ca_is_a_clear_error() {
+        // The error names the file and the build flag; no TPM is touched before the CA is read.
+        let err = JoinSetupError::NoProviderCa {
+            path: PROVIDER_CA_PATH,
+        };
+        let text = err.to_string();
+        assert!(text.contains("/etc/hawser/provider-ca.pem"), "{text}");
+        assert!(text.contains("--provider-ca"), "{text}");
     }
 
     #[test]

@@ -1,0 +1,116 @@
+//! `hawser init` and `hawser recover`: argument parsing and terminal output over
+//! [`hawser_cli::cluster`].
+
+use std::path::PathBuf;
+
+use clap::Args;
+use hawser_cli::cluster::{self, InitOptions, RecoverOptions};
+
+/// Verify a waiting node and initialize a new cluster on it.
+#[derive(Args)]
+pub struct InitArgs {
+    /// The node's init server, HOST:PORT (port 9000 on the node).
+    #[arg(long)]
+    node: String,
+    /// Expected measurements of the node's image (e.g. from `hawser measurements predict --json`
+    /// or written by `hawser local up --init`).
+    #[arg(long)]
+    measurements: PathBuf,
+    /// PEM of the CA that certified the node's attestation key (the cloud provider's).
+    #[arg(long)]
+    provider_ca: PathBuf,
+    /// Where to write the new master secret (0600; never overwritten).
+    #[arg(long, default_value = "hawser-master-secret.json")]
+    master_secret: PathBuf,
+    /// Where to write the cluster file (cluster ID, measurement salt; needed by `hawser recover`).
+    #[arg(long, default_value = "hawser-cluster.json")]
+    cluster_file: PathBuf,
+    /// Where to write the admin kubeconfig.
+    #[arg(long, default_value = "hawser-admin.conf")]
+    kubeconfig: PathBuf,
+    /// The cluster's name (a DNS label).
+    #[arg(long, default_value = "hawser")]
+    name: String,
+    /// The Kubernetes version to install, v<major>.<minor>.<patch>.
+    #[arg(long, default_value = hawser_cli::localhost::KUBERNETES_VERSION)]
+    kubernetes_version: String,
+    /// The cluster's service CIDR.
+    #[arg(long, default_value = "10.96.0.0/12")]
+    service_cidr: String,
+    /// Extra subject alternative names of the API server certificate (repeatable).
+    #[arg(long = "api-server-san")]
+    api_server_sans: Vec<String>,
+}
+
+/// Verify a node of an existing cluster and let it reopen its state disk without a join service.
+#[derive(Args)]
+pub struct RecoverArgs {
+    /// The node's init server, HOST:PORT.
+    #[arg(long)]
+    node: String,
+    /// Expected measurements of the node's image.
+    #[arg(long)]
+    measurements: PathBuf,
+    /// PEM of the CA that certified the node's attestation key.
+    #[arg(long)]
+    provider_ca: PathBuf,
+    /// The cluster's master secret, as written by `hawser init`.
+    #[arg(long, default_value = "hawser-master-secret.json")]
+    master_secret: PathBuf,
+    /// The cluster file written by `hawser init`.
+    #[arg(long, default_value = "hawser-cluster.json")]
+    cluster_file: PathBuf,
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+fn say(line: &str) {
+    println!("{line}");
+}
+
+fn node_log(line: &str) {
+    println!("  node │ {line}");
+}
+
+pub fn init(args: InitArgs) -> anyhow::Result<()> {
+    let opts = InitOptions {
+        node: args.node,
+        measurements: args.measurements,
+        provider_ca: args.provider_ca,
+        master_secret: args.master_secret,
+        cluster_file: args.cluster_file,
+        kubeconfig: args.kubeconfig,
+        cluster_name: args.name,
+        kubernetes_version: args.kubernetes_version,
+        service_cidr: args.service_cidr,
+        api_server_cert_sans: args.api_server_sans,
+    };
+    let done = runtime()?.block_on(cluster::init(&opts, &mut say, &mut node_log))?;
+    println!(
+        "cluster {:?} initialized: cluster ID {}",
+        opts.cluster_name,
+        hex::encode(done.cluster_id)
+    );
+    Ok(())
+}
+
+pub fn recover(args: RecoverArgs) -> anyhow::Result<()> {
+    let opts = RecoverOptions {
+        node: args.node,
+        measurements: args.measurements,
+        provider_ca: args.provider_ca,
+        master_secret: args.master_secret,
+        cluster_file: args.cluster_file,
+    };
+    let done = runtime()?.block_on(cluster::recover(&opts, &mut say, &mut node_log))?;
+    println!(
+        "node recovered into cluster {}",
+        hex::encode(done.cluster_id)
+    );
+    Ok(())
+}

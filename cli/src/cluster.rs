@@ -1,0 +1,409 @@
+//! `hawser init` and `hawser recover`: the admin's side of the init protocol.
+//!
+//! Both verify the node before anything secret leaves this machine: an aTLS handshake whose
+//! quote must match the expected measurements and whose AK must chain to the provider CA. A
+//! refusal for measurements prints every PCR that differs, expected against actual.
+//!
+//! `init` writes the new master secret (0600, never over an existing file) and the cluster file
+//! (name, cluster ID, measurement salt — what `recover` needs besides the secret) *before* it
+//! sends them, so a crash after the node accepted can never lose the cluster's only root
+//! secret. The node's log lines stream to the terminal; on success the node's cluster ID must
+//! equal the one computed here, and a second attestation must show PCR 15 locked to it.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use hawser_attestation::atls::{AtlsClient, AtlsError, Identity, PeerPolicy, Refusal};
+use hawser_attestation::measurements::{ExpectedMeasurements, ExpectedPcr};
+use hawser_attestation::validator::{AkTrust, EvidenceError, ValidatedEvidence, Validator};
+use hawser_keys::MasterSecret;
+use hawser_proto::init::init_service_client::InitServiceClient;
+use hawser_proto::init::{InitRequest, InitResponse, RecoverRequest, init_response};
+use serde::{Deserialize, Serialize};
+
+/// The PCR the node lock extends with the cluster ID.
+pub const PCR_CLUSTER_ID: u8 = 15;
+/// Length of the measurement salt.
+pub const MEASUREMENT_SALT_LEN: usize = 32;
+/// Bound on one aTLS handshake (a TPM quote under TCG takes a fraction of a second).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What `recover` needs besides the master secret; written by `init`. Nothing in it is secret.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterFile {
+    pub cluster_name: String,
+    /// Hex.
+    pub cluster_id: String,
+    /// Hex, [`MEASUREMENT_SALT_LEN`] bytes.
+    pub measurement_salt: String,
+    pub kubernetes_version: String,
+    /// The node `hawser init` initialized (`host:port`).
+    pub init_node: String,
+}
+
+impl ClusterFile {
+    pub fn read(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the cluster file {}", path.display()))?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a hawser cluster file", path.display()))
+    }
+
+    fn write_new(&self, path: &Path) -> anyhow::Result<()> {
+        write_new_file(path, serde_json::to_string_pretty(self)?.as_bytes(), 0o644)
+    }
+
+    pub fn salt(&self) -> anyhow::Result<Vec<u8>> {
+        let salt = hex::decode(&self.measurement_salt)
+            .context("the cluster file's measurement_salt is not hex")?;
+        if salt.len() != MEASUREMENT_SALT_LEN {
+            bail!(
+                "the cluster file's measurement_salt is {} bytes, expected {MEASUREMENT_SALT_LEN}",
+                salt.len()
+            );
+        }
+        Ok(salt)
+    }
+}
+
+/// Writes `bytes` to a file that must not exist yet, with `mode`.
+fn write_new_file(path: &Path, bytes: &[u8], mode: u32) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::AlreadyExists => {
+                anyhow::anyhow!("{} exists; refusing to overwrite it", path.display())
+            }
+            _ => anyhow::Error::new(e).context(format!("creating {}", path.display())),
+        })?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    Ok(())
+}
+
+/// How to recognise the node: its expected measurements and the root of its AK certificate.
+pub struct NodeTrust {
+    pub measurements: ExpectedMeasurements,
+    pub ak_trust: AkTrust,
+}
+
+impl NodeTrust {
+    pub fn load(measurements: &Path, provider_ca: &Path) -> anyhow::Result<Self> {
+        let measurements = ExpectedMeasurements::from_json_file(measurements)?;
+        let pem = std::fs::read_to_string(provider_ca)
+            .with_context(|| format!("reading the provider CA {}", provider_ca.display()))?;
+        let ak_trust = AkTrust::from_pem(&pem)
+            .with_context(|| format!("the provider CA {}", provider_ca.display()))?;
+        Ok(NodeTrust {
+            measurements,
+            ak_trust,
+        })
+    }
+
+    /// A client that requires the node to match these measurements, with PCR 15 pinned to
+    /// `pcr15` (zero for a fresh node) when given.
+    fn client(&self, pcr15: Option<[u8; 32]>) -> anyhow::Result<AtlsClient> {
+        let mut measurements = self.measurements.clone();
+        if let Some(expected) = pcr15 {
+            measurements.insert(
+                PCR_CLUSTER_ID,
+                ExpectedPcr {
+                    expected,
+                    warn_only: false,
+                },
+            );
+        }
+        let validator = Validator::new(measurements, self.ak_trust.clone())?;
+        Ok(AtlsClient::new(
+            Identity::Unattested,
+            PeerPolicy::Verify(Arc::new(validator)),
+        )
+        .handshake_timeout(HANDSHAKE_TIMEOUT))
+    }
+}
+
+/// Attests the node at `node` with `client`; a refusal becomes an error listing what differs.
+async fn attest(node: &str, client: &AtlsClient) -> anyhow::Result<ValidatedEvidence> {
+    let tcp = tokio::net::TcpStream::connect(node)
+        .await
+        .with_context(|| {
+            format!("cannot connect to the node at {node} (is it booted and waiting?)")
+        })?;
+    let _ = tcp.set_nodelay(true);
+    match client.connect(tcp).await {
+        Ok(stream) => stream
+            .peer_attestation()
+            .evidence()
+            .cloned()
+            .context("the node was not asked to attest"),
+        Err(AtlsError::PeerRefused {
+            reason: Refusal::Evidence(evidence),
+            ..
+        }) => match *evidence {
+            EvidenceError::Measurements(mismatch) => {
+                let mut text = format!(
+                    "the node at {node} does not run the expected image; {} PCR(s) differ:",
+                    mismatch.mismatches.len()
+                );
+                for m in &mismatch.mismatches {
+                    text.push_str(&format!(
+                        "\n  PCR {:>2}  expected {}\n          actual   {}",
+                        m.pcr,
+                        hex::encode(m.expected),
+                        m.actual
+                            .map(hex::encode)
+                            .unwrap_or_else(|| "(not quoted)".to_owned())
+                    ));
+                }
+                text.push_str("\nnothing was sent to the node");
+                bail!(text)
+            }
+            other => bail!("the node at {node} failed attestation: {other}; nothing was sent"),
+        },
+        Err(e) => Err(anyhow::Error::new(e).context(format!("attesting the node at {node}"))),
+    }
+}
+
+/// A gRPC client for the node's init service over a verified aTLS connection.
+async fn init_client(
+    node: &str,
+    client: &AtlsClient,
+) -> anyhow::Result<InitServiceClient<tonic::transport::Channel>> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{node}"))
+        .with_context(|| format!("{node} is not a host:port"))?
+        .connect_timeout(HANDSHAKE_TIMEOUT)
+        .connect_with_connector(client.connector())
+        .await
+        .with_context(|| format!("connecting to the init service at {node}"))?;
+    Ok(InitServiceClient::new(channel))
+}
+
+/// Streams the node's answer: log lines to `log`, then the success or failure.
+async fn follow(
+    mut stream: tonic::Streaming<InitResponse>,
+    log: &mut dyn FnMut(&str),
+) -> anyhow::Result<hawser_proto::init::InitSuccess> {
+    while let Some(message) = stream.message().await.context("the node's stream broke")? {
+        match message.kind {
+            Some(init_response::Kind::LogLine(line)) => log(&line),
+            Some(init_response::Kind::Success(success)) => return Ok(success),
+            Some(init_response::Kind::Failure(failure)) => {
+                bail!("the node reports failure: {}", failure.reason)
+            }
+            None => {}
+        }
+    }
+    bail!("the node closed the stream without a result (see its console)")
+}
+
+/// The options of `hawser init`.
+#[derive(Debug, Clone)]
+pub struct InitOptions {
+    pub node: String,
+    pub measurements: PathBuf,
+    pub provider_ca: PathBuf,
+    pub master_secret: PathBuf,
+    pub cluster_file: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub cluster_name: String,
+    pub kubernetes_version: String,
+    pub service_cidr: String,
+    pub api_server_cert_sans: Vec<String>,
+}
+
+/// What `init` and `recover` established.
+#[derive(Debug, Clone)]
+pub struct Established {
+    pub cluster_id: [u8; 32],
+    pub pcr15: [u8; 32],
+    pub kubeconfig_written: bool,
+}
+
+/// `hawser init`: see the module docs. `say` gets the CLI's own progress lines, `log` the
+/// node's.
+pub async fn init(
+    opts: &InitOptions,
+    say: &mut dyn FnMut(&str),
+    log: &mut dyn FnMut(&str),
+) -> anyhow::Result<Established> {
+    for path in [&opts.master_secret, &opts.cluster_file, &opts.kubeconfig] {
+        if path.exists() {
+            bail!(
+                "{} exists; refusing to overwrite it (move it away, or use `hawser recover` for an existing cluster)",
+                path.display()
+            );
+        }
+    }
+    let trust = NodeTrust::load(&opts.measurements, &opts.provider_ca)?;
+    let fresh = trust.client(Some([0; 32]))?;
+    say(&format!(
+        "verifying the node at {} against {} …",
+        opts.node,
+        opts.measurements.display()
+    ));
+    let evidence = attest(&opts.node, &fresh).await?;
+    say(&describe_evidence(&evidence));
+
+    let master = MasterSecret::generate()?;
+    let mut salt = vec![0u8; MEASUREMENT_SALT_LEN];
+    getrandom(&mut salt)?;
+    let cluster_id = hawser_keys::cluster_id(master.measurement_secret().as_slice(), &salt);
+    master.write_new_file(&opts.master_secret)?;
+    say(&format!(
+        "wrote the new master secret to {} (0600): keep it safe, it is the only way to recover \
+         this cluster",
+        opts.master_secret.display()
+    ));
+    ClusterFile {
+        cluster_name: opts.cluster_name.clone(),
+        cluster_id: hex::encode(cluster_id),
+        measurement_salt: hex::encode(&salt),
+        kubernetes_version: opts.kubernetes_version.clone(),
+        init_node: opts.node.clone(),
+    }
+    .write_new(&opts.cluster_file)?;
+
+    // The generated request type does not zeroize; it lives only until it is sent.
+    let request = InitRequest {
+        master_secret: master.key_bytes().to_vec(),
+        master_secret_salt: master.salt_bytes().to_vec(),
+        measurement_salt: salt,
+        cluster_name: opts.cluster_name.clone(),
+        kubernetes_version: opts.kubernetes_version.clone(),
+        service_cidr: opts.service_cidr.clone(),
+        api_server_cert_sans: opts.api_server_cert_sans.clone(),
+    };
+    say("sending Init; the node's log follows");
+    let stream = init_client(&opts.node, &fresh)
+        .await?
+        .init(request)
+        .await
+        .map_err(|s| anyhow::anyhow!("the node refused Init ({:?}): {}", s.code(), s.message()))?
+        .into_inner();
+    let success = follow(stream, log).await?;
+    let established = confirm(&opts.node, &trust, &success, cluster_id, say).await?;
+    let kubeconfig_written = !success.kubeconfig.is_empty();
+    if kubeconfig_written {
+        write_new_file(&opts.kubeconfig, &success.kubeconfig, 0o600)?;
+        say(&format!(
+            "wrote the admin kubeconfig to {}",
+            opts.kubeconfig.display()
+        ));
+    } else {
+        say("the node runs no Kubernetes (an image without a rootfs): no kubeconfig");
+    }
+    Ok(Established {
+        kubeconfig_written,
+        ..established
+    })
+}
+
+/// The options of `hawser recover`.
+#[derive(Debug, Clone)]
+pub struct RecoverOptions {
+    pub node: String,
+    pub measurements: PathBuf,
+    pub provider_ca: PathBuf,
+    pub master_secret: PathBuf,
+    pub cluster_file: PathBuf,
+}
+
+/// `hawser recover`: a node of an existing cluster reopens its state disk with a key derived
+/// from the master secret, when no join service is left to ask.
+pub async fn recover(
+    opts: &RecoverOptions,
+    say: &mut dyn FnMut(&str),
+    log: &mut dyn FnMut(&str),
+) -> anyhow::Result<Established> {
+    let master = MasterSecret::read_file(&opts.master_secret)?;
+    let cluster = ClusterFile::read(&opts.cluster_file)?;
+    let salt = cluster.salt()?;
+    let cluster_id = hawser_keys::cluster_id(master.measurement_secret().as_slice(), &salt);
+    if hex::encode(cluster_id) != cluster.cluster_id {
+        bail!(
+            "{} does not belong to the cluster in {} (cluster ID {} vs {}): wrong master secret?",
+            opts.master_secret.display(),
+            opts.cluster_file.display(),
+            hex::encode(cluster_id),
+            cluster.cluster_id
+        );
+    }
+    let trust = NodeTrust::load(&opts.measurements, &opts.provider_ca)?;
+    let fresh = trust.client(Some([0; 32]))?;
+    say(&format!("verifying the node at {} …", opts.node));
+    let evidence = attest(&opts.node, &fresh).await?;
+    say(&describe_evidence(&evidence));
+    say(&format!(
+        "sending Recover for cluster {:?}; the node's log follows",
+        cluster.cluster_name
+    ));
+    let stream = init_client(&opts.node, &fresh)
+        .await?
+        .recover(RecoverRequest {
+            master_secret: master.key_bytes().to_vec(),
+            master_secret_salt: master.salt_bytes().to_vec(),
+            measurement_salt: salt,
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("the node refused Recover ({:?}): {}", s.code(), s.message()))?
+        .into_inner();
+    let success = follow(stream, log).await?;
+    confirm(&opts.node, &trust, &success, cluster_id, say).await
+}
+
+/// Checks the node's answer: its cluster ID is ours, and a fresh attestation shows PCR 15
+/// locked to it.
+async fn confirm(
+    node: &str,
+    trust: &NodeTrust,
+    success: &hawser_proto::init::InitSuccess,
+    cluster_id: [u8; 32],
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<Established> {
+    if success.cluster_id != cluster_id {
+        bail!(
+            "the node reports cluster ID {}, but the master secret and salt give {}",
+            hex::encode(&success.cluster_id),
+            hex::encode(cluster_id)
+        );
+    }
+    let pcr15 = hawser_measurements::extend_sha256(&[0; 32], &cluster_id);
+    attest(node, &trust.client(Some(pcr15))?)
+        .await
+        .context("re-attesting the node after the node lock")?;
+    say(&format!(
+        "node locked to cluster {}: a fresh quote shows PCR 15 = {}",
+        hex::encode(cluster_id),
+        hex::encode(pcr15)
+    ));
+    Ok(Established {
+        cluster_id,
+        pcr15,
+        kubeconfig_written: false,
+    })
+}
+
+fn describe_evidence(evidence: &ValidatedEvidence) -> String {
+    let mut text = format!(
+        "node attested: AK certified as {:?}, measurements match",
+        evidence.ak_certificate_subject
+    );
+    for warning in &evidence.warnings {
+        text.push_str(&format!("\n  warning: {warning}"));
+    }
+    text
+}
+
+fn getrandom(buf: &mut [u8]) -> anyhow::Result<()> {
+    use std::io::Read as _;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(buf))
+        .context("reading /dev/urandom")
+}

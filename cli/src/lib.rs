@@ -1,0 +1,9 @@
+//! The library half of the `hawser` CLI: what the binary's subcommands and the end-to-end tests
+//! share.
+//!
+//! - [`cluster`]: `hawser init` / `hawser recover`, the admin's side of the init protocol.
+//! - [`localhost`]: the host side of a local cluster (provider CA, master secret, join service,
+//!   the guest's network), used by `hawser local up` and the QEMU tests.
+
+pub mod cluster;
+pub mod localhost;

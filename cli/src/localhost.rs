@@ -1,0 +1,217 @@
+//! The host side of a local hawser cluster: what a cloud and an admin provide, on loopback.
+//!
+//! - a *provider CA* that certifies each VM's attestation key before boot (as GCP's and Azure's
+//!   vTPMs come with AK certificates), written to `provider-ca.pem`;
+//! - the cluster's *master secret* (a 0600 file) and *measurement salt*;
+//! - *expected measurements* predicted from the UKI that is booted;
+//! - `hawser-joind`, in this process, on 127.0.0.1;
+//! - the guest's network: QEMU user networking with `restrict=on` (the guest reaches nothing but
+//!   what is forwarded), `10.0.2.100:7000` in the guest forwarded to the join service, and the
+//!   node's init port forwarded to a host port for `hawser init`.
+//!
+//! `hawser local up` and the end-to-end tests share this module, so the tests exercise exactly
+//! what users run.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
+use hawser_joinservice::policy::PolicyStore;
+use hawser_joinservice::service::{self, RunningService, ServiceConfig};
+use hawser_joinservice::tokens::{BootstrapTokenIssuer, JoinCredentials, TokenError};
+use hawser_keys::MasterSecret;
+use hawser_measurements::predict::{Phase, Prediction};
+use hawser_qemu::ProviderCa;
+
+/// The join service's address as the guest sees it (QEMU `guestfwd`).
+pub const GUEST_JOIN_ENDPOINT: &str = "10.0.2.100:7000";
+/// The guest's static address and gateway on QEMU's user network.
+pub const GUEST_NET: &str = "10.0.2.15/24,10.0.2.2";
+/// The state disk's virtio serial in local nodes.
+pub const STATE_DISK_SERIAL: &str = "hawser-state";
+/// The node's init server port (PID 1's `INIT_PORT`).
+pub const NODE_INIT_PORT: u16 = 9000;
+/// The Kubernetes version local clusters ask for.
+pub const KUBERNETES_VERSION: &str = "v1.33.4";
+
+/// The measured command-line additions of a local development node: static network, state
+/// disk keyed by the cluster, and — with a join service — its endpoint and the *insecure*
+/// trust in it (the host's join service cannot attest; visible in PCR 9/11/12).
+pub fn node_cmdline(base: &str, join_service: bool) -> String {
+    let mut cmdline = format!(
+        "{base} hawser.net={GUEST_NET} hawser.state_disk=serial:{STATE_DISK_SERIAL} \
+         hawser.state_disk_key_source=join-service"
+    );
+    if join_service {
+        cmdline.push_str(&format!(
+            " hawser.join_endpoint={GUEST_JOIN_ENDPOINT} hawser.join_service_trust=insecure-dev"
+        ));
+    }
+    cmdline
+}
+
+/// QEMU arguments for the node's NIC: restricted user networking, the join service (if any)
+/// forwarded from [`GUEST_JOIN_ENDPOINT`] to `join_port` on the host's loopback, and the node's
+/// init port published on `127.0.0.1:init_port` (if any).
+pub fn user_net_args(join_port: Option<u16>, init_port: Option<u16>) -> Vec<String> {
+    let mut netdev = "user,id=n0,restrict=on".to_owned();
+    if let Some(port) = join_port {
+        let (host, guest_port) = GUEST_JOIN_ENDPOINT
+            .split_once(':')
+            .unwrap_or((GUEST_JOIN_ENDPOINT, "7000"));
+        // A `tcp:` chardev connects once, at QEMU start (and fails if the service is down);
+        // `cmd:` runs a relay per guest connection (bash's /dev/tcp: these hosts have no
+        // netcat), so the service may come up after the node booted.
+        netdev.push_str(&format!(
+            ",guestfwd=tcp:{host}:{guest_port}-cmd:bash -c \
+             'exec 3<>/dev/tcp/127.0.0.1/{port} || exit 1; cat <&3 & cat >&3; kill %1'"
+        ));
+    }
+    if let Some(port) = init_port {
+        netdev.push_str(&format!(
+            ",hostfwd=tcp:127.0.0.1:{port}-10.0.2.15:{NODE_INIT_PORT}"
+        ));
+    }
+    vec![
+        "-netdev".to_owned(),
+        netdev,
+        "-device".to_owned(),
+        "virtio-net-pci,netdev=n0".to_owned(),
+    ]
+}
+
+/// Writes the expected measurements predicted for `uki` (after `enter-initrd`, PCR 15 zero:
+/// a fresh node) to `out`.
+pub fn write_expected_measurements(uki: &Path, out: &Path) -> anyhow::Result<()> {
+    let bytes = std::fs::read(uki).with_context(|| format!("reading {}", uki.display()))?;
+    let prediction = Prediction::from_uki(&bytes, &uki.display().to_string())?;
+    let json = prediction.expected_measurements_json(Phase::EnterInitrd);
+    std::fs::write(out, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", out.display()))
+}
+
+/// There is no Kubernetes control plane on the host of a local cluster (kubeadm comes with the
+/// node's rootfs): join tickets carry this well-formed placeholder, which no API server accepts.
+/// Named for what it is wherever it appears.
+#[derive(Debug, Clone, Copy)]
+pub struct NoControlPlaneTokens;
+
+impl BootstrapTokenIssuer for NoControlPlaneTokens {
+    fn issue(&self, _ttl: Duration) -> Result<JoinCredentials, TokenError> {
+        Ok(JoinCredentials {
+            api_server_endpoint: "10.0.2.100:6443".to_owned(),
+            bootstrap_token: "nocpln.0000000000000000".to_owned(),
+            discovery_ca_cert_hashes: vec![format!("sha256:{}", "00".repeat(32))],
+        })
+    }
+}
+
+/// A local cluster's host-side state, in one directory.
+pub struct LocalCluster {
+    pub dir: PathBuf,
+    pub provider: ProviderCa,
+    master: MasterSecret,
+    measurement_salt: Vec<u8>,
+}
+
+impl LocalCluster {
+    /// A new cluster in `dir` (emptied first): provider CA, master secret, measurement salt.
+    pub fn create(dir: &Path) -> anyhow::Result<Self> {
+        if dir.exists() {
+            std::fs::remove_dir_all(dir).with_context(|| format!("emptying {}", dir.display()))?;
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let provider = ProviderCa::generate("hawser local provider")?;
+        std::fs::write(dir.join("provider-ca.pem"), provider.certificate_pem())?;
+        let master = MasterSecret::generate()?;
+        master.write_new_file(&dir.join("master-secret.json"))?;
+        let mut measurement_salt = vec![0u8; 32];
+        {
+            use std::io::Read as _;
+            std::fs::File::open("/dev/urandom")?.read_exact(&mut measurement_salt)?;
+        }
+        std::fs::write(dir.join("measurement-salt"), &measurement_salt)?;
+        Ok(LocalCluster {
+            dir: dir.to_owned(),
+            provider,
+            master,
+            measurement_salt,
+        })
+    }
+
+    pub fn provider_ca_path(&self) -> PathBuf {
+        self.dir.join("provider-ca.pem")
+    }
+
+    pub fn master_secret(&self) -> &MasterSecret {
+        &self.master
+    }
+
+    /// The cluster ID a node of this cluster extends into PCR 15.
+    pub fn cluster_id(&self) -> [u8; 32] {
+        hawser_keys::cluster_id(
+            self.master.measurement_secret().as_slice(),
+            &self.measurement_salt,
+        )
+    }
+
+    /// Starts `hawser-joind` on `listen` (loopback), verifying nodes against the expected
+    /// measurements in `measurements` (reloaded when the file changes).
+    pub async fn start_join_service(
+        &self,
+        listen: SocketAddr,
+        measurements: &Path,
+    ) -> anyhow::Result<RunningService> {
+        let policy = Arc::new(PolicyStore::load(measurements)?);
+        let core = JoinCore::new(
+            policy,
+            Arc::new(NoControlPlaneTokens),
+            JoinCoreConfig {
+                master_secret: self.master.clone(),
+                measurement_salt: self.measurement_salt.clone(),
+                kubernetes_version: KUBERNETES_VERSION.to_owned(),
+                token_ttl: Duration::from_secs(600),
+                pki_dir: None,
+                registry_file: self.dir.join("joined-disks"),
+            },
+        )?;
+        let config = ServiceConfig::new(listen, Arc::new(core), self.provider.certificate_pem());
+        Ok(service::spawn(config).await?)
+    }
+
+    /// Creates a TPM state directory for a node, its AK certified by the provider.
+    pub fn provision_tpm(&self, tpm_dir: &Path) -> anyhow::Result<()> {
+        std::fs::create_dir_all(tpm_dir)?;
+        self.provider.provision_state_dir(tpm_dir)?;
+        Ok(())
+    }
+}
+
+/// A free TCP port on the loopback interface (race-prone by nature; good enough for a local VM).
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// The LUKS2 UUID in a state disk image's primary binary header (offset 168, 40 bytes,
+/// NUL-padded), or `None` if the image holds no LUKS2 header.
+pub fn luks_uuid(disk: &Path) -> Option<String> {
+    use std::os::unix::fs::FileExt as _;
+    let file = std::fs::File::open(disk).ok()?;
+    let mut magic = [0u8; 6];
+    file.read_exact_at(&mut magic, 0).ok()?;
+    if &magic != b"LUKS\xba\xbe" {
+        return None;
+    }
+    let mut buf = [0u8; 40];
+    file.read_exact_at(&mut buf, 168).ok()?;
+    Some(
+        String::from_utf8_lossy(&buf)
+            .trim_end_matches('\0')
+            .to_owned(),
+    )
+}

@@ -1,0 +1,628 @@
+//! The init server: the node's side of `hawser init` and `hawser recover`.
+//!
+//! While the node waits for its state-disk key, PID 1 listens on [`INIT_PORT`] with aTLS: the
+//! node attests itself (its quote is in the TLS certificate), the admin's CLI checks that quote
+//! against the expected measurements and only then sends the cluster's master secret. The CLI
+//! does not attest, so anyone who reaches the port first may initialize a fresh node — as with
+//! Constellation's bootstrapper, whoever boots a node decides which cluster it starts; what the
+//! admin gains is the proof of *what* they initialized.
+//!
+//! - `Init` is accepted only while the state disk is new: an initialized disk holds a cluster's
+//!   data and is never reformatted for another cluster (`hawser recover` reopens it instead).
+//! - `Recover` is accepted only while the disk is initialized: the node derives its own disk key
+//!   from the master secret when no join service is left to ask.
+//!
+//! A valid request becomes a [`Grant`] handed to the race in [`super::race`]; the first of the
+//! join client and the init server to get secrets takes the node lock. After the grant the call
+//! stays open: the node's log lines stream to the admin until boot reports the outcome through
+//! [`Progress`]. Validation is pure ([`validate_init`], [`validate_recover`]); the gRPC service is
+//! a thin adapter over it.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use hawser_attestation::TpmIssuer;
+use hawser_attestation::atls::{AtlsServer, Identity, PeerPolicy};
+use hawser_keys::MasterSecret;
+use hawser_proto::init::init_service_server::{InitService, InitServiceServer};
+use hawser_proto::init::{
+    InitFailure, InitRequest, InitResponse, InitSuccess, RecoverRequest, init_response,
+};
+use tokio::sync::{mpsc, oneshot};
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+use zeroize::Zeroize as _;
+
+use super::lock::{NodeLock, State};
+use crate::disk::key::DiskStatus;
+
+/// The TCP port the init server listens on (Constellation's bootstrapper uses the same).
+pub const INIT_PORT: u16 = 9000;
+/// The length of the measurement salt the CLI chooses.
+pub const MEASUREMENT_SALT_LEN: usize = 32;
+/// Requests are small; anything bigger is refused before decoding.
+pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
+/// At most this many aTLS handshakes (each a TPM quote) at once.
+const MAX_PENDING_HANDSHAKES: usize = 4;
+/// Buffered responses per call before the node's log lines wait for a slow admin.
+const STREAM_BUFFER: usize = 64;
+
+/// What the admin asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrantKind {
+    /// A new cluster on this node.
+    Init(ClusterSpec),
+    /// This node of an existing cluster, without a join service.
+    Recover,
+}
+
+impl GrantKind {
+    pub fn rpc(&self) -> &'static str {
+        match self {
+            GrantKind::Init(_) => "Init",
+            GrantKind::Recover => "Recover",
+        }
+    }
+}
+
+/// The cluster `hawser init` asks for, validated. Kubernetes itself is started after the pivot
+/// into the rootfs, from these values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSpec {
+    pub cluster_name: String,
+    pub kubernetes_version: String,
+    pub service_cidr: String,
+    pub api_server_cert_sans: Vec<String>,
+}
+
+/// A valid request: the cluster's secrets and the channel back to the admin.
+pub struct Grant {
+    pub kind: GrantKind,
+    pub master: MasterSecret,
+    pub measurement_salt: Vec<u8>,
+    pub progress: Progress,
+}
+
+impl std::fmt::Debug for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant")
+            .field("kind", &self.kind)
+            .field("master", &self.master)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The open call of the admin whose request won: boot reports the outcome through it. Until
+/// then every log line of the node streams to the admin. Dropping it without an outcome tells
+/// the admin the node stopped serving the request.
+#[derive(Debug)]
+pub struct Progress {
+    outcome: Option<oneshot::Sender<InitResponse>>,
+}
+
+impl Progress {
+    /// Starts streaming the node's log lines into `stream`, on the current runtime.
+    fn start(stream: mpsc::Sender<Result<InitResponse, Status>>) -> Progress {
+        let (outcome, mut outcome_rx) = oneshot::channel::<InitResponse>();
+        let mut lines = crate::console::subscribe_lines();
+        tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                tokio::select! {
+                    // Lines logged before the outcome go first.
+                    biased;
+                    line = lines.recv() => {
+                        let text = match line {
+                            Ok(text) => text,
+                            Err(RecvError::Lagged(n)) => format!("({n} log lines skipped)"),
+                            Err(RecvError::Closed) => continue,
+                        };
+                        let message = InitResponse { kind: Some(init_response::Kind::LogLine(text)) };
+                        if stream.send(Ok(message)).await.is_err() {
+                            // The admin hung up; the node carries on regardless.
+                            return;
+                        }
+                    }
+                    outcome = &mut outcome_rx => {
+                        let outcome = outcome.unwrap_or_else(|_| failure(
+                            "the node stopped serving this request before it finished (see its console)",
+                        ));
+                        let _ = stream.send(Ok(outcome)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Progress {
+            outcome: Some(outcome),
+        }
+    }
+
+    /// Reports success: the cluster ID the node is locked to and, once Kubernetes runs, the
+    /// admin kubeconfig (empty otherwise). Ends the call.
+    pub fn succeed(mut self, cluster_id: [u8; 32], kubeconfig: Vec<u8>) {
+        if let Some(sender) = self.outcome.take() {
+            let _ = sender.send(InitResponse {
+                kind: Some(init_response::Kind::Success(InitSuccess {
+                    kubeconfig,
+                    cluster_id: cluster_id.to_vec(),
+                })),
+            });
+        }
+    }
+
+    /// Reports failure with `reason`. Ends the call.
+    pub fn fail(mut self, reason: &str) {
+        if let Some(sender) = self.outcome.take() {
+            let _ = sender.send(failure(reason));
+        }
+    }
+}
+
+fn failure(reason: &str) -> InitResponse {
+    InitResponse {
+        kind: Some(init_response::Kind::Failure(InitFailure {
+            reason: reason.to_owned(),
+        })),
+    }
+}
+
+/// Why a request is refused (→ `InvalidArgument`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("invalid master secret: {0}")]
+    MasterSecret(String),
+    #[error("measurement_salt must be {MEASUREMENT_SALT_LEN} bytes, got {0}")]
+    MeasurementSalt(usize),
+    #[error("cluster_name {0:?} is not a DNS label (1-63 of a-z, 0-9, '-', not at either end)")]
+    ClusterName(String),
+    #[error("kubernetes_version {0:?} is not of the form v<major>.<minor>.<patch>")]
+    KubernetesVersion(String),
+    #[error("service_cidr {0:?} is not a CIDR (e.g. 10.96.0.0/12)")]
+    ServiceCidr(String),
+    #[error("api_server_cert_sans entry {0:?} is neither an IP address nor a DNS name")]
+    CertSan(String),
+}
+
+/// Validates an Init request, taking (and wiping from the request) its secrets.
+pub fn validate_init(
+    request: &mut InitRequest,
+) -> Result<(GrantKind, MasterSecret, Vec<u8>), RequestError> {
+    let master = take_master(&mut request.master_secret, &mut request.master_secret_salt);
+    let salt = std::mem::take(&mut request.measurement_salt);
+    let master = master?;
+    check_salt(&salt)?;
+    if !is_dns_label(&request.cluster_name) {
+        return Err(RequestError::ClusterName(request.cluster_name.clone()));
+    }
+    if !is_kubernetes_version(&request.kubernetes_version) {
+        return Err(RequestError::KubernetesVersion(
+            request.kubernetes_version.clone(),
+        ));
+    }
+    if !is_cidr(&request.service_cidr) {
+        return Err(RequestError::ServiceCidr(request.service_cidr.clone()));
+    }
+    if let Some(bad) = request
+        .api_server_cert_sans
+        .iter()
+        .find(|san| san.parse::<IpAddr>().is_err() && !is_dns_name(san))
+    {
+        return Err(RequestError::CertSan(bad.clone()));
+    }
+    let spec = ClusterSpec {
+        cluster_name: request.cluster_name.clone(),
+        kubernetes_version: request.kubernetes_version.clone(),
+        service_cidr: request.service_cidr.clone(),
+        api_server_cert_sans: request.api_server_cert_sans.clone(),
+    };
+    Ok((GrantKind::Init(spec), master, salt))
+}
+
+/// Validates a Recover request, taking (and wiping from the request) its secrets.
+pub fn validate_recover(
+    request: &mut RecoverRequest,
+) -> Result<(GrantKind, MasterSecret, Vec<u8>), RequestError> {
+    let master = take_master(&mut request.master_secret, &mut request.master_secret_salt);
+    let salt = std::mem::take(&mut request.measurement_salt);
+    let master = master?;
+    check_salt(&salt)?;
+    Ok((GrantKind::Recover, master, salt))
+}
+
+fn take_master(key: &mut Vec<u8>, salt: &mut Vec<u8>) -> Result<MasterSecret, RequestError> {
+    let result = MasterSecret::new(key.clone(), salt.clone())
+        .map_err(|e| RequestError::MasterSecret(e.to_string()));
+    key.zeroize();
+    salt.zeroize();
+    result
+}
+
+fn check_salt(salt: &[u8]) -> Result<(), RequestError> {
+    if salt.len() == MEASUREMENT_SALT_LEN {
+        Ok(())
+    } else {
+        Err(RequestError::MeasurementSalt(salt.len()))
+    }
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_name(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+fn is_kubernetes_version(s: &str) -> bool {
+    s.strip_prefix('v').is_some_and(|rest| {
+        let parts: Vec<&str> = rest.split('.').collect();
+        parts.len() == 3
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+fn is_cidr(s: &str) -> bool {
+    let Some((addr, prefix)) = s.split_once('/') else {
+        return false;
+    };
+    let Ok(prefix) = prefix.parse::<u8>() else {
+        return false;
+    };
+    match addr.parse::<IpAddr>() {
+        Ok(IpAddr::V4(_)) => prefix <= 32,
+        Ok(IpAddr::V6(_)) => prefix <= 128,
+        Err(_) => false,
+    }
+}
+
+/// The gRPC service: validates, hands the first valid request to the race, refuses the rest.
+pub struct InitServer {
+    disk: DiskStatus,
+    lock: Arc<NodeLock>,
+    slot: Mutex<Option<oneshot::Sender<Grant>>>,
+}
+
+impl InitServer {
+    /// A server for a node whose state disk is `disk`; the first valid request goes to `grant`.
+    pub fn new(disk: DiskStatus, lock: Arc<NodeLock>, grant: oneshot::Sender<Grant>) -> Self {
+        InitServer {
+            disk,
+            lock,
+            slot: Mutex::new(Some(grant)),
+        }
+    }
+
+    fn admit(
+        &self,
+        rpc: &'static str,
+        validated: Result<(GrantKind, MasterSecret, Vec<u8>), RequestError>,
+    ) -> Result<mpsc::Receiver<Result<InitResponse, Status>>, Status> {
+        let expected = match self.disk {
+            DiskStatus::New => "Init",
+            DiskStatus::Initialized => "Recover",
+        };
+        if let State::Locked { owner, cluster_id } = self.lock.state() {
+            return Err(Status::failed_precondition(format!(
+                "this node already belongs to cluster {} (the node lock was taken by {owner})",
+                hex::encode(cluster_id)
+            )));
+        }
+        if rpc != expected {
+            return Err(Status::failed_precondition(match self.disk {
+                DiskStatus::New => {
+                    "this node's state disk is new: there is nothing to recover; \
+                                    use `hawser init` to start a cluster on it"
+                }
+                DiskStatus::Initialized => {
+                    "this node's state disk already holds a cluster's data and is never \
+                     reformatted: use `hawser recover` with that cluster's master secret"
+                }
+            }));
+        }
+        let (kind, master, measurement_salt) =
+            validated.map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let sender = self
+            .slot
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take()
+            .ok_or_else(|| {
+                Status::failed_precondition(
+                    "another init or recover request is already being served by this node",
+                )
+            })?;
+        let (stream, receiver) = mpsc::channel(STREAM_BUFFER);
+        info!("{rpc} request accepted from the admin: taking part in the node lock race");
+        let grant = Grant {
+            kind,
+            master,
+            measurement_salt,
+            progress: Progress::start(stream),
+        };
+        if let Err(grant) = sender.send(grant) {
+            // The race is over (the join client won between the check above and now).
+            grant
+                .progress
+                .fail("this node joined a cluster through its join service meanwhile");
+        }
+        Ok(receiver)
+    }
+}
+
+type ResponseStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<InitResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl InitService for InitServer {
+    type InitStream = ResponseStream;
+    type RecoverStream = ResponseStream;
+
+    async fn init(
+        &self,
+        request: Request<InitRequest>,
+    ) -> Result<Response<Self::InitStream>, Status> {
+        let mut request = request.into_inner();
+        let validated = validate_init(&mut request);
+        let receiver = self.admit("Init", validated)?;
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(receiver),
+        )))
+    }
+
+    async fn recover(
+        &self,
+        request: Request<RecoverRequest>,
+    ) -> Result<Response<Self::RecoverStream>, Status> {
+        let mut request = request.into_inner();
+        let validated = validate_recover(&mut request);
+        let receiver = self.admit("Recover", validated)?;
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(receiver),
+        )))
+    }
+}
+
+/// Why the init server cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum InitServerError {
+    #[error("cannot listen on {address} for `hawser init`")]
+    Listen {
+        address: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Listens on `0.0.0.0:port` and serves `server` over aTLS (the node attests with `issuer`, the
+/// admin need not), in a task on the current runtime.
+pub async fn spawn(
+    server: InitServer,
+    port: u16,
+    issuer: Arc<TpmIssuer>,
+) -> Result<tokio::task::JoinHandle<()>, InitServerError> {
+    let address = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| InitServerError::Listen { address, source })?;
+    let atls = AtlsServer::new(Identity::attested(issuer), PeerPolicy::Unauthenticated);
+    let incoming =
+        hawser_attestation::atls::incoming_from(listener, MAX_PENDING_HANDSHAKES, move || {
+            Some(atls.clone())
+        });
+    info!(
+        "init server listening on {address} (aTLS): waiting for `hawser init` or `hawser recover`"
+    );
+    Ok(tokio::spawn(async move {
+        let result = tonic::transport::Server::builder()
+            .add_service(
+                InitServiceServer::new(server).max_decoding_message_size(MAX_REQUEST_BYTES),
+            )
+            .serve_with_incoming(incoming)
+            .await;
+        if let Err(e) = result {
+            warn!("the init server stopped: {}", crate::fatal::error_chain(&e));
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good_init() -> InitRequest {
+        InitRequest {
+            master_secret: vec![7; 32],
+            master_secret_salt: vec![8; 32],
+            measurement_salt: vec![9; 32],
+            cluster_name: "demo".into(),
+            kubernetes_version: "v1.33.4".into(),
+            service_cidr: "10.96.0.0/12".into(),
+            api_server_cert_sans: vec!["10.0.2.15".into(), "api.example.com".into()],
+        }
+    }
+
+    #[test]
+    fn a_good_init_request_is_accepted_and_its_secrets_are_wiped_from_the_request() {
+        let mut request = good_init();
+        let (kind, _master, salt) = validate_init(&mut request).unwrap();
+        assert_eq!(salt, vec![9; 32]);
+        assert!(request.measurement_salt.is_empty());
+        assert!(request.master_secret.iter().all(|&b| b == 0));
+        let GrantKind::Init(spec) = kind else {
+            panic!("not an init")
+        };
+        assert_eq!(spec.cluster_name, "demo");
+        assert_eq!(spec.api_server_cert_sans.len(), 2);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        type Mutation = fn(&mut InitRequest);
+        let cases: [(Mutation, &str); 7] = [
+            (|r| r.master_secret = vec![1; 8], "invalid master secret"),
+            (
+                |r| r.measurement_salt = vec![1; 3],
+                "measurement_salt must be 32 bytes, got 3",
+            ),
+            (|r| r.cluster_name = "Demo".into(), "cluster_name \"Demo\""),
+            (|r| r.cluster_name = "-x".into(), "cluster_name \"-x\""),
+            (
+                |r| r.kubernetes_version = "1.33".into(),
+                "kubernetes_version \"1.33\"",
+            ),
+            (
+                |r| r.service_cidr = "10.96.0.0/33".into(),
+                "service_cidr \"10.96.0.0/33\"",
+            ),
+            (
+                |r| r.api_server_cert_sans.push("a b".into()),
+                "entry \"a b\"",
+            ),
+        ];
+        for (mutate, expected) in cases {
+            let mut request = good_init();
+            mutate(&mut request);
+            let err = validate_init(&mut request).unwrap_err().to_string();
+            assert!(err.contains(expected), "{err} should contain {expected}");
+        }
+    }
+
+    #[test]
+    fn recover_needs_the_measurement_salt() {
+        let mut request = RecoverRequest {
+            master_secret: vec![7; 32],
+            master_secret_salt: vec![8; 32],
+            measurement_salt: Vec::new(),
+        };
+        assert_eq!(
+            validate_recover(&mut request).unwrap_err(),
+            RequestError::MeasurementSalt(0)
+        );
+    }
+
+    fn server(disk: DiskStatus) -> (InitServer, oneshot::Receiver<Grant>, Arc<NodeLock>) {
+        let lock = Arc::new(NodeLock::new());
+        let (sender, receiver) = oneshot::channel();
+        (
+            InitServer::new(disk, Arc::clone(&lock), sender),
+            receiver,
+            lock,
+        )
+    }
+
+    #[tokio::test]
+    async fn init_on_an_initialized_disk_and_recover_on_a_new_disk_are_refused() {
+        let (s, _rx, _) = server(DiskStatus::Initialized);
+        let status = s.init(Request::new(good_init())).await.err().unwrap();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            status.message().contains("never reformatted"),
+            "{}",
+            status.message()
+        );
+
+        let (s, _rx, _) = server(DiskStatus::New);
+        let recover = RecoverRequest {
+            master_secret: vec![7; 32],
+            master_secret_salt: vec![8; 32],
+            measurement_salt: vec![9; 32],
+        };
+        let status = s.recover(Request::new(recover)).await.err().unwrap();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        assert!(
+            status.message().contains("use `hawser init`"),
+            "{}",
+            status.message()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_first_valid_request_wins_and_streams_log_lines_then_the_outcome() {
+        use tokio_stream::StreamExt as _;
+        let (s, grants, _) = server(DiskStatus::New);
+        let mut bad = good_init();
+        bad.cluster_name = String::new();
+        let status = s.init(Request::new(bad)).await.err().unwrap();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument);
+
+        let mut stream = s
+            .init(Request::new(good_init()))
+            .await
+            .unwrap()
+            .into_inner();
+        let second = s.init(Request::new(good_init())).await.err().unwrap();
+        assert!(
+            second.message().contains("already being served"),
+            "{}",
+            second.message()
+        );
+
+        let grant = grants.await.unwrap();
+        assert_eq!(grant.kind.rpc(), "Init");
+        crate::console::emit(None, "formatting the state disk");
+        // Give the forwarder a chance to pick the line up before the outcome.
+        tokio::task::yield_now().await;
+        grant.progress.succeed([5; 32], Vec::new());
+        let mut lines = Vec::new();
+        let mut outcome = None;
+        while let Some(item) = stream.next().await {
+            match item.unwrap().kind.unwrap() {
+                init_response::Kind::LogLine(line) => lines.push(line),
+                other => outcome = Some(other),
+            }
+        }
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("formatting the state disk")),
+            "{lines:?}"
+        );
+        let Some(init_response::Kind::Success(success)) = outcome else {
+            panic!("no success: {outcome:?}")
+        };
+        assert_eq!(success.cluster_id, vec![5; 32]);
+    }
+
+    #[tokio::test]
+    async fn a_locked_node_refuses_and_a_dropped_progress_reports_failure() {
+        use tokio_stream::StreamExt as _;
+        let (s, grants, lock) = server(DiskStatus::New);
+        let mut stream = s
+            .init(Request::new(good_init()))
+            .await
+            .unwrap()
+            .into_inner();
+        drop(grants.await.unwrap());
+        let last = loop {
+            match stream.next().await {
+                Some(item) => {
+                    if let Some(init_response::Kind::Failure(f)) = item.unwrap().kind {
+                        break f.reason;
+                    }
+                }
+                None => panic!("stream ended without an outcome"),
+            }
+        };
+        assert!(last.contains("stopped serving"), "{last}");
+
+        lock.lock(super::super::lock::Owner::JoinClient, [1; 32], |_| {
+            Ok::<(), std::io::Error>(())
+        })
+        .unwrap();
+        let status = s.init(Request::new(good_init())).await.err().unwrap();
+        assert!(
+            status.message().contains("already belongs to cluster"),
+            "{}",
+            status.message()
+        );
+    }
+}
