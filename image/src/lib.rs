@@ -18,9 +18,11 @@
 pub mod build;
 pub mod closure;
 pub mod cpio;
+pub mod disk;
 pub mod initramfs;
 pub mod inputs;
 pub mod pipeline;
+pub mod rootfs;
 pub mod uki;
 
 use std::path::PathBuf;

@@ -51,7 +51,7 @@ use crate::reaper::{self, ChildRegistry};
 use crate::shutdown::{self, KILL_WAIT, STOP_GRACE};
 use crate::syscalls::{LinuxSyscalls, PowerAction, Syscalls};
 use crate::timings::PhaseTimer;
-use crate::{console, entropy, power_button};
+use crate::{console, entropy, node, power_button};
 
 /// How long to wait for the TPM device node: devtmpfs creates it when the TIS/CRB driver has
 /// probed, which can lag behind /init on a slow (TCG) VM.
@@ -86,6 +86,8 @@ pub enum BootError {
     JoinSetup(#[from] crate::join::client::JoinSetupError),
     #[error("cannot attest to the join service or the admin: the TPM issuer cannot start")]
     Issuer(#[source] hawser_attestation::IssuerError),
+    #[error("cannot pivot into the rootfs")]
+    Pivot(#[source] node::PivotError),
     #[error("cannot encode the boot report")]
     Report(#[source] serde_json::Error),
     #[error("a blocking task of the bring-up failed")]
@@ -232,6 +234,8 @@ fn watch_power_buttons(requests: &mpsc::Sender<ShutdownRequest>) -> Option<Strin
 /// Stops everything and powers off. Never returns.
 async fn shutdown(request: ShutdownRequest) -> ! {
     info!("shutdown requested by {request}");
+    // The node's services first, in reverse start order, each given time to stop cleanly.
+    node::stop_services().await;
     let stopped = tokio::task::spawn_blocking(|| {
         shutdown::stop_all_processes(
             &LINUX,
@@ -457,14 +461,30 @@ async fn bring_up(
             return Err(e.into());
         }
     };
+    // What the node does with Kubernetes after the pivot (images with a rootfs).
+    let mut role = node::Role::Rejoin;
+    let mut node_name = None;
     if let Some(outcome) = outcome {
         match serde_json::to_string(&outcome.summary) {
             Ok(json) => console::emit_raw_console_line(&format!("{JOIN_REPORT_MARKER}{json}")),
             Err(e) => warn!("cannot encode the join summary: {e}"),
         }
-        if let Some((kind, progress)) = outcome.admin {
-            report_to_admin(&kind, progress, outcome.cluster_id);
-        }
+        node_name = Some(crate::join::client::node_name(&outcome.summary.disk_uuid));
+        role = match (outcome.admin, outcome.kubeadm) {
+            (Some((GrantKind::Init(spec), progress)), _) if config.root_hash.is_some() => {
+                node::Role::Init {
+                    spec,
+                    cluster_id: outcome.cluster_id,
+                    progress,
+                }
+            }
+            (Some((kind, progress)), _) => {
+                report_to_admin(&kind, progress, outcome.cluster_id);
+                node::Role::Rejoin
+            }
+            (None, Some(ticket)) => node::Role::Join(ticket),
+            (None, None) => node::Role::Rejoin,
+        };
     }
 
     // The quote comes after the state disk: the node lock may have extended PCR 15, and the
@@ -472,6 +492,7 @@ async fn bring_up(
     let start = timer.elapsed_ms();
     let (measurement, quote) = {
         let nonce = nonce.clone();
+        let tpm = Arc::clone(&tpm);
         blocking(move || -> Result<_, TpmStepError> {
             let mut measurement = measurement;
             measurement.pcrs = tpm
@@ -504,6 +525,38 @@ async fn bring_up(
         timer.elapsed_ms()
     );
     emit_event_log();
+
+    if let Some(root_hash) = config.root_hash {
+        let state_disk = config.state_disk.disk.is_some();
+        let pivoted = node::pivot(root_hash, Arc::clone(&tpm), state_disk).await;
+        if let Err(e) = pivoted {
+            if let node::Role::Init { progress, .. } = role {
+                progress.fail(&format!(
+                    "the pivot into the rootfs: {}",
+                    fatal::error_chain(&e)
+                ));
+            }
+            return Err(BootError::Pivot(e));
+        }
+        let identity = match (&config.net, node_name) {
+            (Some(net), Some(name)) => Some(node::NodeIdentity {
+                name,
+                ip: std::net::IpAddr::V4(net.address),
+            }),
+            _ => None,
+        };
+        match identity {
+            Some(identity) => node::run(role, identity, registry).await,
+            None => {
+                let reason = "no node identity for Kubernetes (needs hawser.net and a cluster \
+                              key source): containerd, kubelet and kubeadm are not started";
+                warn!("{reason}");
+                if let node::Role::Init { progress, .. } = role {
+                    progress.fail(reason);
+                }
+            }
+        }
+    }
     Ok(())
 }
 

@@ -87,6 +87,9 @@ pub struct CmdlineConfig {
     pub join_service_trust: JoinServiceTrust,
     /// `hawser.join_endpoint`: the join service (fw_cfg may give one when this is absent).
     pub join_endpoint: Option<JoinEndpoint>,
+    /// `hawser.root_hash`: the dm-verity root hash of the rootfs to pivot into; `None` keeps
+    /// the node in the initramfs (an image without a rootfs).
+    pub root_hash: Option<crate::rootfs::RootHash>,
     /// Things worth a warning line (unknown keys, repeated keys).
     pub warnings: Vec<String>,
 }
@@ -101,6 +104,7 @@ impl Default for CmdlineConfig {
             net: None,
             join_service_trust: JoinServiceTrust::default(),
             join_endpoint: None,
+            root_hash: None,
             warnings: Vec::new(),
         }
     }
@@ -316,6 +320,12 @@ pub fn parse_kernel_cmdline(cmdline: &str) -> Result<CmdlineConfig, ConfigError>
                 config.join_service_trust = value
                     .and_then(JoinServiceTrust::from_cmdline)
                     .ok_or_else(|| malformed(key, value, "expected attested or insecure-dev"))?;
+            }
+            "root_hash" => {
+                config.root_hash = Some(
+                    crate::rootfs::parse_root_hash(value.unwrap_or_default())
+                        .map_err(|e| malformed(key, value, e.reason()))?,
+                );
             }
             "join_endpoint" => {
                 config.join_endpoint =
@@ -645,6 +655,9 @@ mod tests {
         );
         assert_eq!(config.join_service_trust, JoinServiceTrust::InsecureDev);
         assert_eq!(config.join_endpoint.unwrap().to_string(), "10.0.2.100:7000");
+        let hash = "ab".repeat(32);
+        let config = parse_kernel_cmdline(&format!("hawser.root_hash={hash}")).unwrap();
+        assert_eq!(config.root_hash.unwrap().as_bytes(), &[0xab; 32]);
 
         let defaults = parse_kernel_cmdline("").unwrap();
         assert_eq!(defaults.join_service_trust, JoinServiceTrust::Attested);
@@ -656,6 +669,8 @@ mod tests {
             ("hawser.join_service_trust=yes", "hawser.join_service_trust"),
             ("hawser.join_endpoint=10.0.2.100", "hawser.join_endpoint"),
             ("hawser.join_endpoint=:7000", "hawser.join_endpoint"),
+            ("hawser.root_hash=abc", "hawser.root_hash"),
+            ("hawser.root_hash", "hawser.root_hash"),
         ] {
             let err = parse_kernel_cmdline(cmdline).unwrap_err().to_string();
             assert!(err.contains(key), "{cmdline}: {err}");

@@ -1,11 +1,14 @@
 //! hawser-init: the PID 1 of a hawser node, installed as `/init` in the measured initramfs.
 //!
-//! This scope is the bring-up and the first measurement (see [`boot`] for the sequence):
-//! API filesystems, logging to the console and the kernel log, kernel modules, entropy from the
-//! TPM, configuration from the measured kernel command line (and the few unmeasured fw_cfg keys
-//! allowed), PCR 11 ← `enter-initrd`, a TPM quote in a one-line boot report, and then an idle
-//! PID 1 that reaps orphans and shuts down cleanly on SIGTERM, SIGINT, SIGPWR or the ACPI power
-//! button.
+//! The sequence is in [`boot`]: API filesystems, logging to the console and the kernel log,
+//! kernel modules, entropy from the TPM, configuration from the measured kernel command line
+//! (and the few unmeasured fw_cfg keys allowed), PCR 11 ← `enter-initrd`; then the state disk,
+//! whose key comes from the race between the join client and the init server ([`join`]), the
+//! winner taking the node lock (PCR 15 ← cluster ID); a TPM quote in a one-line boot report;
+//! for images with a rootfs, the pivot into it (dm-verity, PCR 11 ← `leave-initrd`,
+//! `switch_root`: [`rootfs`]) and the node's services and kubeadm ([`node`], [`supervisor`],
+//! [`kubeadm`]). PID 1 then reaps orphans and shuts down cleanly on SIGTERM, SIGINT, SIGPWR or
+//! the ACPI power button.
 //!
 //! Two rules shape the code:
 //!
@@ -28,11 +31,15 @@ pub mod entropy;
 pub mod fatal;
 pub mod fw_cfg;
 pub mod join;
+pub mod kubeadm;
 pub mod modules;
 pub mod mounts;
 pub mod net;
+pub mod node;
 pub mod power_button;
 pub mod reaper;
+pub mod rootfs;
 pub mod shutdown;
+pub mod supervisor;
 pub mod syscalls;
 pub mod timings;

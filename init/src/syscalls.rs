@@ -1,21 +1,27 @@
 //! The thin layer between PID 1's bring-up logic and the kernel.
 //!
 //! Everything that changes global machine state — mounting, loading a kernel module, signalling
-//! every process, syncing, rebooting — goes through the [`Syscalls`] trait. [`LinuxSyscalls`]
+//! every process, syncing, rebooting, switching to a new root and deleting the initramfs — goes
+//! through the [`Syscalls`] trait. [`LinuxSyscalls`]
 //! makes the real calls; [`RecordingSyscalls`] records them (and can be told to fail some), so
 //! the decisions about *what* to mount, load and unmount, and in which order, are unit-tested on
 //! a host without root or a VM. This is youki's `Syscall` trait lesson.
 
+use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
 use nix::kmod::ModuleInitFlags;
 use nix::mount::{MntFlags, MsFlags};
 use nix::sys::reboot::RebootMode;
 use nix::sys::signal::Signal;
+use nix::sys::stat::Mode;
+use nix::unistd::UnlinkatFlags;
 
 /// `MODULE_INIT_COMPRESSED_FILE` from `<linux/module.h>`: the kernel decompresses the module
 /// itself (needs `CONFIG_MODULE_DECOMPRESS`). nix does not name this flag.
@@ -29,6 +35,64 @@ pub struct MountSpec {
     pub fstype: &'static str,
     pub flags: MsFlags,
     pub data: Option<&'static str>,
+}
+
+/// A mount(2) call whose strings are only known at run time (a device-mapper node, a path on
+/// the state disk), or that only moves, binds or changes propagation (no source or type).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnedMountSpec {
+    pub source: Option<String>,
+    pub target: PathBuf,
+    pub fstype: Option<String>,
+    pub flags: MsFlags,
+    pub data: Option<String>,
+}
+
+impl From<&MountSpec> for OwnedMountSpec {
+    fn from(spec: &MountSpec) -> Self {
+        OwnedMountSpec {
+            source: Some(spec.source.to_owned()),
+            target: PathBuf::from(spec.target),
+            fstype: Some(spec.fstype.to_owned()),
+            flags: spec.flags,
+            data: spec.data.map(str::to_owned),
+        }
+    }
+}
+
+/// `statfs` magic numbers of the filesystems an initramfs can be unpacked into.
+const RAMFS_MAGIC: i64 = 0x8584_58f6;
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// The initramfs root directory, held open across the switch to the new root so that its
+/// contents can still be deleted when no path leads to it any more (systemd's way; busybox
+/// deletes before the switch, which leaves a half-deleted initramfs if the switch then fails).
+#[derive(Debug)]
+pub struct OldRoot {
+    /// `None` for [`RecordingSyscalls`], which opens nothing.
+    fd: Option<OwnedFd>,
+    /// The device of the old root: removal never crosses onto another filesystem.
+    dev: u64,
+}
+
+impl OldRoot {
+    /// An old root that refers to no directory (for test implementations of [`Syscalls`]).
+    pub fn detached() -> Self {
+        OldRoot { fd: None, dev: 0 }
+    }
+}
+
+/// What deleting the initramfs contents came to.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RemovalSummary {
+    /// Files, links and directories deleted.
+    pub removed: u64,
+    /// Entries left alone because they belong to another filesystem (mount points).
+    pub other_filesystems: u64,
+    /// Entries that could not be deleted.
+    pub failed: u64,
+    /// The first failure, for the log.
+    pub first_failure: Option<String>,
 }
 
 /// What the machine does at the end of a shutdown.
@@ -66,6 +130,23 @@ pub trait Syscalls: Send + Sync {
     fn disable_ctrl_alt_del(&self) -> io::Result<()>;
     /// reboot(2). Returns only if the call failed (or, for [`RecordingSyscalls`], always).
     fn reboot(&self, action: PowerAction) -> io::Result<()>;
+    /// symlink(2) creating `link` pointing to `target`; an existing `link` is left as it is
+    /// (first-use setup that must not undo an operator's change).
+    fn symlink(&self, target: &Path, link: &Path) -> io::Result<()>;
+    /// mount(2) with run-time strings; also bind (`MS_BIND`), move (`MS_MOVE`) and propagation
+    /// changes (`MS_SHARED | MS_REC`), which take no filesystem type.
+    fn mount_owned(&self, spec: &OwnedMountSpec) -> io::Result<()>;
+    /// chdir(2).
+    fn chdir(&self, path: &Path) -> io::Result<()>;
+    /// chroot(2).
+    fn chroot(&self, path: &Path) -> io::Result<()>;
+    /// Opens the directory `path` (the initramfs root, `/`) for [`Syscalls::remove_old_root`],
+    /// refusing unless it is on ramfs or tmpfs: deleting everything on a real disk by mistake
+    /// is the failure this guards against (busybox's `switch_root` has the same check).
+    fn open_old_root(&self, path: &Path) -> io::Result<OldRoot>;
+    /// Deletes everything below `old_root` that is on its filesystem, without crossing mount
+    /// points or following symbolic links, and keeps going past entries that cannot be deleted.
+    fn remove_old_root(&self, old_root: OldRoot) -> io::Result<RemovalSummary>;
 }
 
 /// The real Linux implementation.
@@ -124,6 +205,154 @@ impl Syscalls for LinuxSyscalls {
             Err(errno) => Err(errno.into()),
         }
     }
+
+    fn symlink(&self, target: &Path, link: &Path) -> io::Result<()> {
+        match std::os::unix::fs::symlink(target, link) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            other => other,
+        }
+    }
+
+    fn mount_owned(&self, spec: &OwnedMountSpec) -> io::Result<()> {
+        nix::mount::mount(
+            spec.source.as_deref(),
+            &spec.target,
+            spec.fstype.as_deref(),
+            spec.flags,
+            spec.data.as_deref(),
+        )
+        .map_err(io::Error::from)
+    }
+
+    fn chdir(&self, path: &Path) -> io::Result<()> {
+        nix::unistd::chdir(path).map_err(io::Error::from)
+    }
+
+    fn chroot(&self, path: &Path) -> io::Result<()> {
+        nix::unistd::chroot(path).map_err(io::Error::from)
+    }
+
+    fn open_old_root(&self, path: &Path) -> io::Result<OldRoot> {
+        let fd = nix::fcntl::open(
+            path,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )?;
+        let fs_type = nix::sys::statfs::fstatfs(&fd)?.filesystem_type().0 as i64;
+        if fs_type != RAMFS_MAGIC && fs_type != TMPFS_MAGIC {
+            return Err(io::Error::other(format!(
+                "{} is not on ramfs or tmpfs (filesystem type {fs_type:#x}); refusing to delete \
+                 its contents",
+                path.display()
+            )));
+        }
+        let dev = nix::sys::stat::fstat(&fd)?.st_dev;
+        Ok(OldRoot { fd: Some(fd), dev })
+    }
+
+    fn remove_old_root(&self, old_root: OldRoot) -> io::Result<RemovalSummary> {
+        let fd = old_root.fd.ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the old root was not opened by LinuxSyscalls",
+            )
+        })?;
+        let mut summary = RemovalSummary::default();
+        remove_tree_contents(fd.as_fd(), old_root.dev, &mut summary);
+        Ok(summary)
+    }
+}
+
+fn note_failure(summary: &mut RemovalSummary, what: &CStr, error: impl std::fmt::Display) {
+    summary.failed += 1;
+    if summary.first_failure.is_none() {
+        summary.first_failure = Some(format!("{}: {error}", what.to_string_lossy()));
+    }
+}
+
+/// Deletes the contents of `dir` that are on device `dev` (depth first).
+fn remove_tree_contents(dir: BorrowedFd<'_>, dev: u64, summary: &mut RemovalSummary) {
+    let names = match list_dir(dir) {
+        Ok(names) => names,
+        Err(e) => return note_failure(summary, c"(directory listing)", e),
+    };
+    for name in names {
+        let stat = match nix::sys::stat::fstatat(dir, name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+        {
+            Ok(stat) => stat,
+            Err(e) => {
+                note_failure(summary, &name, e);
+                continue;
+            }
+        };
+        if stat.st_dev != dev {
+            summary.other_filesystems += 1;
+            continue;
+        }
+        let is_dir = stat.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        if is_dir {
+            match nix::fcntl::openat(
+                dir,
+                name.as_c_str(),
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(sub) => remove_tree_contents(sub.as_fd(), dev, summary),
+                Err(e) => {
+                    note_failure(summary, &name, e);
+                    continue;
+                }
+            }
+        }
+        let flag = if is_dir {
+            UnlinkatFlags::RemoveDir
+        } else {
+            UnlinkatFlags::NoRemoveDir
+        };
+        match nix::unistd::unlinkat(dir, name.as_c_str(), flag) {
+            Ok(()) => summary.removed += 1,
+            Err(e) => note_failure(summary, &name, e),
+        }
+    }
+}
+
+/// The names in directory `dir`, without `.` and `..`.
+fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<CString>> {
+    // closedir closes the descriptor fdopendir was given: hand it a duplicate, rewound (a
+    // duplicate shares the file offset).
+    let fd = nix::unistd::dup(dir)?.into_raw_fd();
+    // SAFETY: `fd` is an open directory descriptor owned by nobody else; on success the stream
+    // owns it.
+    let stream = unsafe { libc::fdopendir(fd) };
+    if stream.is_null() {
+        let error = io::Error::last_os_error();
+        // SAFETY: fdopendir failed, so `fd` is still ours, and closed exactly once.
+        unsafe { libc::close(fd) };
+        return Err(error);
+    }
+    // SAFETY: `stream` is a valid directory stream until closedir below.
+    unsafe { libc::rewinddir(stream) };
+    let mut names = Vec::new();
+    let result = loop {
+        Errno::clear();
+        // SAFETY: `stream` is a valid directory stream until closedir below.
+        let entry = unsafe { libc::readdir(stream) };
+        if entry.is_null() {
+            break match Errno::last_raw() {
+                0 => Ok(()),
+                errno => Err(io::Error::from_raw_os_error(errno)),
+            };
+        }
+        // SAFETY: readdir returned a valid entry whose d_name is NUL-terminated; the name is
+        // copied before the next readdir or closedir invalidates it.
+        let name = unsafe { CStr::from_ptr((*entry).d_name.as_ptr()) };
+        if name != c"." && name != c".." {
+            names.push(name.to_owned());
+        }
+    };
+    // SAFETY: `stream` is valid and closed exactly once; it closes `fd`.
+    unsafe { libc::closedir(stream) };
+    result.map(|()| names)
 }
 
 /// One call seen by [`RecordingSyscalls`].
@@ -137,6 +366,12 @@ pub enum Call {
     Sync,
     DisableCtrlAltDel,
     Reboot(PowerAction),
+    MountOwned(OwnedMountSpec),
+    Symlink { target: PathBuf, link: PathBuf },
+    ChangeDir(PathBuf),
+    ChangeRoot(PathBuf),
+    OpenOldRoot(PathBuf),
+    RemoveOldRoot,
 }
 
 /// Records every call instead of making it; calls can be made to fail with an errno.
@@ -217,5 +452,143 @@ impl Syscalls for RecordingSyscalls {
 
     fn reboot(&self, action: PowerAction) -> io::Result<()> {
         self.record(Call::Reboot(action))
+    }
+
+    fn mount_owned(&self, spec: &OwnedMountSpec) -> io::Result<()> {
+        self.record(Call::MountOwned(spec.clone()))
+    }
+
+    fn symlink(&self, target: &Path, link: &Path) -> io::Result<()> {
+        self.record(Call::Symlink {
+            target: target.to_owned(),
+            link: link.to_owned(),
+        })
+    }
+
+    fn chdir(&self, path: &Path) -> io::Result<()> {
+        self.record(Call::ChangeDir(path.to_owned()))
+    }
+
+    fn chroot(&self, path: &Path) -> io::Result<()> {
+        self.record(Call::ChangeRoot(path.to_owned()))
+    }
+
+    fn open_old_root(&self, path: &Path) -> io::Result<OldRoot> {
+        self.record(Call::OpenOldRoot(path.to_owned()))
+            .map(|()| OldRoot::detached())
+    }
+
+    fn remove_old_root(&self, _old_root: OldRoot) -> io::Result<RemovalSummary> {
+        self.record(Call::RemoveOldRoot)
+            .map(|()| RemovalSummary::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A scratch directory on tmpfs, as the initramfs root is.
+    fn tmpfs_dir() -> tempfile::TempDir {
+        tempfile::tempdir_in("/dev/shm").expect("/dev/shm is a tmpfs on Linux hosts")
+    }
+
+    #[test]
+    fn the_old_root_is_emptied_without_following_links() {
+        let root = tmpfs_dir();
+        let outside = tmpfs_dir();
+        let precious = outside.path().join("precious");
+        std::fs::write(&precious, b"keep me").unwrap();
+        std::fs::create_dir_all(root.path().join("usr/lib/x86_64-linux-gnu")).unwrap();
+        std::fs::write(root.path().join("init"), b"\x7fELF").unwrap();
+        std::fs::write(root.path().join("usr/lib/x86_64-linux-gnu/libc.so.6"), b"x").unwrap();
+        symlink("usr/lib", root.path().join("lib")).unwrap();
+        symlink(outside.path(), root.path().join("escape")).unwrap();
+        symlink(&precious, root.path().join("usr/precious-link")).unwrap();
+
+        let old_root = LinuxSyscalls.open_old_root(root.path()).unwrap();
+        let summary = LinuxSyscalls.remove_old_root(old_root).unwrap();
+
+        assert_eq!(std::fs::read_dir(root.path()).unwrap().count(), 0);
+        assert_eq!(std::fs::read(&precious).unwrap(), b"keep me");
+        // init, usr, usr/lib, usr/lib/x86_64-linux-gnu, libc.so.6, lib, escape, precious-link
+        assert_eq!(summary.removed, 8, "{summary:?}");
+        assert_eq!(summary.failed, 0, "{summary:?}");
+    }
+
+    #[test]
+    fn entries_on_another_filesystem_are_left_alone() {
+        let root = tmpfs_dir();
+        std::fs::create_dir(root.path().join("sysroot")).unwrap();
+        std::fs::write(root.path().join("sysroot/file"), b"x").unwrap();
+        let fd = nix::fcntl::open(
+            root.path(),
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        )
+        .unwrap();
+        // Seen from a device number that is not the entries' own, every entry is "another
+        // filesystem": this is how mount points (whose root has the mounted device) are seen.
+        let mut summary = RemovalSummary::default();
+        remove_tree_contents(fd.as_fd(), u64::MAX, &mut summary);
+        assert_eq!(summary.other_filesystems, 1);
+        assert_eq!(summary.removed, 0);
+        assert!(root.path().join("sysroot/file").exists());
+    }
+
+    #[test]
+    fn a_root_on_a_disk_filesystem_is_refused() {
+        // The source tree is on a disk filesystem (ext4, overlay, …), never on tmpfs.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let fs_type = nix::sys::statfs::statfs(dir).unwrap().filesystem_type().0 as i64;
+        assert!(
+            fs_type != TMPFS_MAGIC && fs_type != RAMFS_MAGIC,
+            "{fs_type:#x}"
+        );
+        let err = LinuxSyscalls.open_old_root(dir).unwrap_err();
+        assert!(
+            err.to_string().contains("is not on ramfs or tmpfs"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_existing_link_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("run");
+        LinuxSyscalls.symlink(Path::new("../run"), &link).unwrap();
+        assert_eq!(std::fs::read_link(&link).unwrap(), Path::new("../run"));
+        LinuxSyscalls
+            .symlink(Path::new("/elsewhere"), &link)
+            .unwrap();
+        assert_eq!(std::fs::read_link(&link).unwrap(), Path::new("../run"));
+        // Anything else that fails still fails.
+        let missing_parent = dir.path().join("no/such/dir/link");
+        assert!(
+            LinuxSyscalls
+                .symlink(Path::new("x"), &missing_parent)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn recording_keeps_the_pivot_calls_in_order() {
+        let sys = RecordingSyscalls::new();
+        let old_root = sys.open_old_root(Path::new("/")).unwrap();
+        sys.chdir(Path::new("/sysroot")).unwrap();
+        sys.chroot(Path::new(".")).unwrap();
+        sys.remove_old_root(old_root).unwrap();
+        assert_eq!(
+            sys.calls(),
+            [
+                Call::OpenOldRoot("/".into()),
+                Call::ChangeDir("/sysroot".into()),
+                Call::ChangeRoot(".".into()),
+                Call::RemoveOldRoot,
+            ]
+        );
+        // A detached old root cannot be removed for real.
+        assert!(LinuxSyscalls.remove_old_root(OldRoot::detached()).is_err());
     }
 }

@@ -26,6 +26,9 @@ pub const FW_CFG_PREFIX: &str = "opt/hawser/";
 const FW_CFG_NAME_MAX: usize = 55;
 /// virtio-blk serial numbers are at most 20 bytes (VIRTIO_BLK_ID_BYTES).
 const VIRTIO_BLK_SERIAL_MAX: usize = 20;
+/// The virtio-blk serial of a whole boot disk image ([`Esp::Image`], [`VmConfig::uefi_disk`]):
+/// the guest sees it as `/sys/block/vdX/serial` and `/dev/disk/by-id/virtio-hawser-boot`.
+pub const BOOT_DISK_SERIAL: &str = "hawser-boot";
 
 /// How the guest boots.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +76,11 @@ impl Default for Ovmf {
 pub enum Esp {
     /// Build a GPT + FAT ESP with these files for this VM (see [`crate::build_esp_image`]).
     Files(Vec<EspFile>),
-    /// Boot this existing disk image (raw), attached read-only.
+    /// Boot this existing whole-disk image (raw, e.g. the ESP + root + verity disk of
+    /// `hawser_image::disk::build_disk_image`), attached read-only with the serial
+    /// [`BOOT_DISK_SERIAL`]. Read-only keeps the image pristine, so several boots (also at the
+    /// same time) can share it: OVMF and systemd-stub only read the ESP, and the root and
+    /// verity partitions are read-only by design.
     Image(PathBuf),
 }
 
@@ -205,6 +212,13 @@ impl VmConfig {
         })
     }
 
+    /// OVMF booting a whole disk image (GPT with an ESP whose `\EFI\BOOT\BOOTX64.EFI` is the
+    /// UKI), attached read-only as virtio-blk with the serial [`BOOT_DISK_SERIAL`]; the same as
+    /// `uefi_with_esp(Esp::Image(disk))`.
+    pub fn uefi_disk(disk: impl Into<PathBuf>) -> Self {
+        VmConfig::uefi_with_esp(Esp::Image(disk.into()))
+    }
+
     /// OVMF booting an ESP with these files.
     pub fn uefi_with_esp(esp: Esp) -> Self {
         VmConfig::new(Boot::Uefi {
@@ -333,7 +347,21 @@ impl VmConfig {
                 )));
             }
         }
+        let mut serials = std::collections::BTreeSet::new();
+        if let Boot::Uefi {
+            esp: Esp::Image(_), ..
+        } = &self.boot
+        {
+            serials.insert(BOOT_DISK_SERIAL);
+        }
         for disk in &self.disks {
+            if !serials.insert(disk.serial.as_str()) {
+                return Err(QemuError::invalid(format!(
+                    "disk serial {:?} of {} is used twice",
+                    disk.serial,
+                    disk.path.display()
+                )));
+            }
             if disk.serial.is_empty()
                 || disk.serial.len() > VIRTIO_BLK_SERIAL_MAX
                 || !disk
@@ -408,12 +436,13 @@ impl VmConfig {
                 ));
                 args.push("-drive");
                 args.push(opt("if=pflash,format=raw,unit=1,file=", vars));
-                // A caller's image is never written to. The per-VM ESP stays writable like a
-                // real one (boot loaders write e.g. a random seed to it).
-                let read_only = if matches!(esp_source, Esp::Image(_)) {
-                    ",readonly=on"
+                // A caller's image is never written to, and the guest finds it by its serial.
+                // The per-VM ESP stays writable like a real one (boot loaders write e.g. a
+                // random seed to it).
+                let (read_only, serial) = if matches!(esp_source, Esp::Image(_)) {
+                    (",readonly=on", format!(",serial={BOOT_DISK_SERIAL}"))
                 } else {
-                    ""
+                    ("", String::new())
                 };
                 args.push("-drive");
                 args.push(opt(
@@ -421,7 +450,10 @@ impl VmConfig {
                     esp,
                 ));
                 // bootindex=0: OVMF's boot order (from fw_cfg "bootorder") puts the ESP first.
-                args.push_all(["-device", "virtio-blk-pci,drive=esp,bootindex=0"]);
+                args.push_all([
+                    "-device",
+                    &format!("virtio-blk-pci,drive=esp,bootindex=0{serial}"),
+                ]);
             }
             Boot::DirectKernel {
                 kernel,
@@ -625,6 +657,56 @@ mod tests {
         for forbidden in ["-netdev", "-nic", "-net ", "-kernel", "-nographic"] {
             assert!(!args.contains(forbidden), "{forbidden} in {args}");
         }
+    }
+
+    #[test]
+    fn uefi_disk_vm_boots_the_image_read_only_with_the_boot_serial_beside_a_state_disk() {
+        let config = VmConfig::uefi_disk("/img/disk,1.raw")
+            .tpm(TpmConfig::default())
+            .disk("/disks/state.img", "hawser-state");
+        assert_eq!(
+            config.boot,
+            VmConfig::uefi_with_esp(Esp::Image("/img/disk,1.raw".into())).boot
+        );
+        let mut paths = paths(true, true);
+        paths.esp_image = Some("/img/disk,1.raw".into());
+        assert_eq!(
+            values_of(&config, &paths, "-drive"),
+            vec![
+                "if=pflash,format=raw,unit=0,readonly=on,file=/usr/share/OVMF/OVMF_CODE_4M.fd",
+                "if=pflash,format=raw,unit=1,file=/run/vm/OVMF_VARS.fd",
+                "if=none,id=esp,format=raw,readonly=on,file=/img/disk,,1.raw",
+                "if=none,id=disk0,format=raw,cache=unsafe,file=/disks/state.img",
+            ]
+        );
+        let devices = values_of(&config, &paths, "-device");
+        assert_eq!(
+            devices[0],
+            "virtio-blk-pci,drive=esp,bootindex=0,serial=hawser-boot"
+        );
+        assert!(devices.contains(&"virtio-blk-pci,drive=disk0,serial=hawser-state".to_owned()));
+
+        // The boot disk's serial is taken; a second disk with it would make the guest's
+        // by-id links ambiguous.
+        let error = VmConfig::uefi_disk("/img/disk.raw")
+            .disk("/disks/other.img", BOOT_DISK_SERIAL)
+            .qemu_args(&paths)
+            .unwrap_err();
+        assert!(error.to_string().contains("used twice"), "{error}");
+        let error = VmConfig::direct_kernel("/k", None, "")
+            .disk("/a", "same")
+            .disk("/b", "same")
+            .qemu_args(&paths)
+            .unwrap_err();
+        assert!(
+            error.to_string().contains("\"same\" of /b is used twice"),
+            "{error}"
+        );
+        // Without a boot disk image the serial is free.
+        VmConfig::uefi("/img/hawser.efi")
+            .disk("/disks/x.img", BOOT_DISK_SERIAL)
+            .qemu_args(&paths)
+            .expect("hawser-boot is free without a boot disk image");
     }
 
     #[test]

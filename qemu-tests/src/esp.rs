@@ -6,310 +6,79 @@
 //! disk is partitioned, and OVMF measures the GPT into PCR 5, so the test platform should
 //! look like the real one.
 //!
-//! The GPT is written here (a few fixed structures); the FAT is made by the reference tools,
-//! `mkfs.vfat` (dosfstools) and `mcopy` (mtools), working at the partition's offset. (The
-//! pure-Rust `fatfs` 0.3 writes long-name entries for `.` and `..`, which `fsck.fat` rejects.)
-//!
-//! The image is deterministic: fixed disk and partition GUIDs, a fixed FAT volume id,
-//! `--invariant` formatting and file times pinned with `SOURCE_DATE_EPOCH`. The same files
-//! give the same bytes, hence the same PCR 5 from boot to boot.
+//! The disk is built by the image builder's [`hawser_image::disk::build_gpt_disk`], the same
+//! code that writes the product disk image (ESP + root + verity), so there is one GPT and FAT
+//! writer. What is fixed here are the identities of the test disk: disk and partition GUIDs,
+//! the FAT volume id and the FAT time stamp (1980-01-01). The same files give the same bytes,
+//! hence the same PCR 5 from boot to boot, and the same PCR 5 as when the reference
+//! measurements were taken (a test below pins the GPT bytes).
 
-use std::collections::BTreeSet;
-use std::fs::{File, OpenOptions};
-use std::io;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+
+use hawser_image::disk::{
+    self, DiskError, ESP_LABEL, ESP_VOLUME_LABEL, FatVolume, GptDiskSpec, Guid, PartitionContent,
+    PartitionSpec,
+};
 
 use crate::QemuError;
-use crate::host::find_binary;
+use crate::host::debian_package_for;
 
-const SECTOR: u64 = 512;
-/// The partition starts at 1 MiB, as partitioning tools align it.
-const PARTITION_START_LBA: u64 = 2048;
-/// Room after the partition for the backup GPT (33 sectors), rounded up to 1 MiB.
-const TAIL_SECTORS: u64 = 2048;
-const GPT_ENTRY_COUNT: u32 = 128;
-const GPT_ENTRY_SIZE: u32 = 128;
-const GPT_ENTRY_SECTORS: u64 = (GPT_ENTRY_COUNT as u64 * GPT_ENTRY_SIZE as u64) / SECTOR;
-const MIB: u64 = 1024 * 1024;
-/// The smallest partition built: FAT32 needs 65525 clusters (32 MiB with 512-byte clusters).
-/// The image is sparse, so unused room costs nothing.
-const MIN_PARTITION_BYTES: u64 = 64 * MIB;
-/// 1980-01-01T00:00:00Z, the FAT epoch: the time stamped on every ESP file and directory.
-const FAT_EPOCH: &str = "315532800";
+pub use hawser_image::disk::EspFile;
 
-/// The EFI System Partition type, C12A7328-F81F-11D2-BA4B-00A0C93EC93B.
-pub const ESP_TYPE_GUID: [u8; 16] = guid(
-    0xC12A_7328,
-    0xF81F,
-    0x11D2,
-    [0xBA, 0x4B, 0x00, 0xA0, 0xC9, 0x3E, 0xC9, 0x3B],
-);
-/// The fixed disk GUID of hawser test ESP disks, 6861_7773-6572-4553-8000-455350444953.
-const DISK_GUID: [u8; 16] = guid(
-    0x6861_7773,
-    0x6572,
-    0x4553,
-    [0x80, 0x00, 0x45, 0x53, 0x50, 0x44, 0x49, 0x53],
-);
-/// The fixed unique GUID of the ESP on those disks, 6861_7773-6572-4553-8001-455350504152.
-const PARTITION_GUID: [u8; 16] = guid(
-    0x6861_7773,
-    0x6572,
-    0x4553,
-    [0x80, 0x01, 0x45, 0x53, 0x50, 0x50, 0x41, 0x52],
-);
+/// The EFI System Partition type, C12A7328-F81F-11D2-BA4B-00A0C93EC93B, in its on-disk
+/// (mixed-endian) form.
+pub const ESP_TYPE_GUID: [u8; 16] = disk::ESP_TYPE.to_gpt_bytes();
+/// The fixed disk GUID of hawser test ESP disks.
+const DISK_GUID: Guid = Guid::from_u128(0x6861_7773_6572_4553_8000_4553_5044_4953);
+/// The fixed unique GUID of the ESP on those disks.
+const PARTITION_GUID: Guid = Guid::from_u128(0x6861_7773_6572_4553_8001_4553_5050_4152);
 /// The FAT volume id ("HAWS").
-const VOLUME_ID: &str = "48415753";
-
-/// A GUID in its on-disk (mixed-endian) form.
-const fn guid(d1: u32, d2: u16, d3: u16, d4: [u8; 8]) -> [u8; 16] {
-    let a = d1.to_le_bytes();
-    let b = d2.to_le_bytes();
-    let c = d3.to_le_bytes();
-    [
-        a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], d4[0], d4[1], d4[2], d4[3], d4[4], d4[5],
-        d4[6], d4[7],
-    ]
-}
-
-/// A file to put on the ESP.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EspFile {
-    /// Path inside the ESP, `/` or `\` separated, e.g. `EFI/BOOT/BOOTX64.EFI`.
-    pub path: String,
-    /// The host file to copy.
-    pub source: PathBuf,
-}
-
-impl EspFile {
-    /// A file for the ESP.
-    pub fn new(path: impl Into<String>, source: impl Into<PathBuf>) -> Self {
-        EspFile {
-            path: path.into(),
-            source: source.into(),
-        }
-    }
-
-    /// The file at the removable-media boot path OVMF boots by default.
-    pub fn default_boot_loader(source: impl Into<PathBuf>) -> Self {
-        EspFile::new("EFI/BOOT/BOOTX64.EFI", source)
-    }
-}
-
-/// The IEEE CRC-32 that GPT uses.
-pub(crate) fn crc32(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in data {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
-}
-
-/// The ESP's path components, validated.
-fn esp_components(path: &str) -> Option<Vec<&str>> {
-    let parts: Vec<&str> = path
-        .split(['/', '\\'])
-        .filter(|part| !part.is_empty())
-        .collect();
-    let valid = !parts.is_empty()
-        && parts
-            .iter()
-            .all(|part| *part != "." && *part != ".." && !part.chars().any(char::is_control));
-    valid.then_some(parts)
-}
+const VOLUME_ID: u32 = 0x4841_5753;
+/// 1980-01-01T00:00:00Z, the FAT epoch: the time stamped on every ESP file and directory.
+const FAT_EPOCH: u64 = 315_532_800;
 
 /// Builds a GPT disk image at `image` holding one FAT EFI System Partition with `files`.
 /// Returns the image size in bytes.
 pub fn build_esp_image(image: &Path, files: &[EspFile]) -> Result<u64, QemuError> {
-    let esp_error = |reason: String| QemuError::Esp {
-        image: image.to_path_buf(),
-        reason,
+    let spec = GptDiskSpec {
+        disk_guid: DISK_GUID,
+        partitions: vec![PartitionSpec {
+            label: ESP_LABEL,
+            type_guid: disk::ESP_TYPE,
+            partuuid: PARTITION_GUID,
+            content: PartitionContent::Fat(FatVolume {
+                files,
+                volume_id: VOLUME_ID,
+                volume_label: ESP_VOLUME_LABEL,
+                timestamp: FAT_EPOCH,
+            }),
+        }],
     };
-    let mut content_bytes = 0u64;
-    for file in files {
-        if esp_components(&file.path).is_none() {
-            return Err(esp_error(format!(
-                "{:?} is not a valid path on the ESP",
-                file.path
-            )));
-        }
-        let length = std::fs::metadata(&file.source)
-            .map_err(|e| QemuError::io("read the size of", &file.source, e))?
-            .len();
-        // Cluster rounding (up to 64 KiB clusters) and directory entries.
-        content_bytes += length.div_ceil(64 * 1024) * 64 * 1024 + 64 * 1024;
-    }
-    let partition_bytes = (content_bytes + content_bytes / 20 + 4 * MIB)
-        .max(MIN_PARTITION_BYTES)
-        .div_ceil(MIB)
-        * MIB;
-    let partition_sectors = partition_bytes / SECTOR;
-    let total_sectors = PARTITION_START_LBA + partition_sectors + TAIL_SECTORS;
-
-    let mkfs = find_binary(Path::new("mkfs.vfat"))?;
-    let mcopy = find_binary(Path::new("mcopy"))?;
-    let mmd = find_binary(Path::new("mmd"))?;
-
-    let disk = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(image)
-        .map_err(|e| QemuError::io("create", image, e))?;
-    disk.set_len(total_sectors * SECTOR)
-        .map_err(|e| QemuError::io("size", image, e))?;
-    write_gpt(&disk, total_sectors, partition_sectors)
-        .map_err(|e| QemuError::io("write the partition table of", image, e))?;
-    disk.sync_all()
-        .map_err(|e| QemuError::io("sync", image, e))?;
-    drop(disk);
-
-    let mut format = Command::new(&mkfs);
-    format
-        .args([
-            "-F",
-            "32",
-            "--invariant",
-            "-i",
-            VOLUME_ID,
-            "-n",
-            "HAWSER ESP",
-        ])
-        .arg(format!("--offset={PARTITION_START_LBA}"))
-        .arg(image)
-        .arg((partition_bytes / 1024).to_string());
-    run_tool(format, image)?;
-
-    // mtools addresses the partition as `image@@offset`; the image has no CHS geometry, so
-    // its geometry check is skipped, and no user or system mtools.conf may change the result.
-    let mut target = image.as_os_str().to_owned();
-    target.push(format!("@@{}", PARTITION_START_LBA * SECTOR));
-    let mtools = |binary: &Path| {
-        let mut command = Command::new(binary);
-        command
-            .env("MTOOLS_SKIP_CHECK", "1")
-            .env("MTOOLSRC", "/dev/null")
-            .env("SOURCE_DATE_EPOCH", FAT_EPOCH)
-            .env("TZ", "UTC")
-            .arg("-i")
-            .arg(&target);
-        command
-    };
-    let mut made_dirs = BTreeSet::new();
-    for file in files {
-        let parts = esp_components(&file.path)
-            .ok_or_else(|| esp_error(format!("{:?} is not a valid path on the ESP", file.path)))?;
-        for depth in 1..parts.len() {
-            let dir = parts[..depth].join("/");
-            if made_dirs.insert(dir.clone()) {
-                let mut command = mtools(&mmd);
-                command.arg(format!("::{dir}"));
-                run_tool(command, image)?;
-            }
-        }
-        let mut command = mtools(&mcopy);
-        command
-            .arg("-o")
-            .arg(&file.source)
-            .arg(format!("::{}", parts.join("/")));
-        run_tool(command, image)?;
-    }
-    tracing::debug!(image = %image.display(), bytes = total_sectors * SECTOR, files = files.len(), "built ESP image");
-    Ok(total_sectors * SECTOR)
-}
-
-/// Runs a dosfstools/mtools command; a failure carries its stderr.
-fn run_tool(mut command: Command, image: &Path) -> Result<(), QemuError> {
-    let program = command.get_program().to_string_lossy().into_owned();
-    let output = command
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| QemuError::Spawn {
-            binary: program.clone(),
-            source,
-        })?;
-    if output.status.success() {
-        return Ok(());
-    }
-    let args: Vec<String> = command
-        .get_args()
-        .map(|arg| arg.to_string_lossy().into_owned())
-        .collect();
-    Err(QemuError::Esp {
-        image: image.to_path_buf(),
-        reason: format!(
-            "`{program} {}` failed ({}): {}",
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ),
-    })
-}
-
-fn write_gpt(disk: &File, total_sectors: u64, partition_sectors: u64) -> io::Result<()> {
-    let last_lba = total_sectors - 1;
-
-    // Protective MBR: one partition of type 0xEE covering the disk.
-    let mut mbr = [0u8; SECTOR as usize];
-    let mbr_size = u32::try_from(total_sectors - 1).unwrap_or(u32::MAX);
-    mbr[446..462].copy_from_slice(&[
-        0x00, 0x00, 0x02, 0x00, 0xEE, 0xFF, 0xFF, 0xFF, 1, 0, 0, 0, 0, 0, 0, 0,
-    ]);
-    mbr[458..462].copy_from_slice(&mbr_size.to_le_bytes());
-    mbr[510] = 0x55;
-    mbr[511] = 0xAA;
-    disk.write_all_at(&mbr, 0)?;
-
-    let mut entries = vec![0u8; (GPT_ENTRY_COUNT * GPT_ENTRY_SIZE) as usize];
-    let entry = &mut entries[..GPT_ENTRY_SIZE as usize];
-    entry[0..16].copy_from_slice(&ESP_TYPE_GUID);
-    entry[16..32].copy_from_slice(&PARTITION_GUID);
-    entry[32..40].copy_from_slice(&PARTITION_START_LBA.to_le_bytes());
-    entry[40..48].copy_from_slice(&(PARTITION_START_LBA + partition_sectors - 1).to_le_bytes());
-    for (i, unit) in "EFI System Partition".encode_utf16().enumerate() {
-        entry[56 + 2 * i..58 + 2 * i].copy_from_slice(&unit.to_le_bytes());
-    }
-    let entries_crc = crc32(&entries);
-
-    let header = |my_lba: u64, alternate_lba: u64, entries_lba: u64| {
-        let mut header = [0u8; SECTOR as usize];
-        header[0..8].copy_from_slice(b"EFI PART");
-        header[8..12].copy_from_slice(&0x0001_0000u32.to_le_bytes());
-        header[12..16].copy_from_slice(&92u32.to_le_bytes());
-        header[24..32].copy_from_slice(&my_lba.to_le_bytes());
-        header[32..40].copy_from_slice(&alternate_lba.to_le_bytes());
-        header[40..48].copy_from_slice(&(2 + GPT_ENTRY_SECTORS).to_le_bytes());
-        header[48..56].copy_from_slice(&(last_lba - 1 - GPT_ENTRY_SECTORS).to_le_bytes());
-        header[56..72].copy_from_slice(&DISK_GUID);
-        header[72..80].copy_from_slice(&entries_lba.to_le_bytes());
-        header[80..84].copy_from_slice(&GPT_ENTRY_COUNT.to_le_bytes());
-        header[84..88].copy_from_slice(&GPT_ENTRY_SIZE.to_le_bytes());
-        header[88..92].copy_from_slice(&entries_crc.to_le_bytes());
-        let header_crc = crc32(&header[..92]);
-        header[16..20].copy_from_slice(&header_crc.to_le_bytes());
-        header
-    };
-    let backup_entries_lba = last_lba - GPT_ENTRY_SECTORS;
-    disk.write_all_at(&header(1, last_lba, 2), SECTOR)?;
-    disk.write_all_at(&entries, 2 * SECTOR)?;
-    disk.write_all_at(&entries, backup_entries_lba * SECTOR)?;
-    disk.write_all_at(&header(last_lba, 1, backup_entries_lba), last_lba * SECTOR)?;
-    Ok(())
+    let built = disk::build_gpt_disk(&spec, image).map_err(|error| match error {
+        DiskError::ToolMissing { tool, .. } => QemuError::HostToolMissing {
+            binary: tool.to_owned(),
+            package: debian_package_for(tool),
+        },
+        other => QemuError::Esp {
+            image: image.to_path_buf(),
+            reason: other.to_string(),
+        },
+    })?;
+    tracing::debug!(image = %image.display(), bytes = built.bytes, files = files.len(), "built ESP image");
+    Ok(built.bytes)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::process::Command;
+
+    use sha2::{Digest, Sha256};
+
     use super::*;
+
+    const SECTOR: u64 = 512;
+    const GPT_ENTRY_SECTORS: u64 = 32;
+    const PARTITION_START_LBA: u64 = 2048;
 
     fn u64_at(bytes: &[u8], offset: usize) -> u64 {
         u64::from_le_bytes(bytes[offset..offset + 8].try_into().expect("8 bytes"))
@@ -317,6 +86,23 @@ mod tests {
 
     fn u32_at(bytes: &[u8], offset: usize) -> u32 {
         u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))
+    }
+
+    /// The IEEE CRC-32 that GPT uses, written out here to check the tables independently of
+    /// the crate that wrote them.
+    fn crc32(data: &[u8]) -> u32 {
+        let mut crc = !0u32;
+        for &byte in data {
+            crc ^= u32::from(byte);
+            for _ in 0..8 {
+                crc = if crc & 1 != 0 {
+                    (crc >> 1) ^ 0xEDB8_8320
+                } else {
+                    crc >> 1
+                };
+            }
+        }
+        !crc
     }
 
     #[test]
@@ -339,12 +125,6 @@ mod tests {
 
     #[test]
     fn invalid_esp_paths_are_refused() {
-        assert_eq!(
-            esp_components("\\EFI\\BOOT\\BOOTX64.EFI"),
-            Some(vec!["EFI", "BOOT", "BOOTX64.EFI"])
-        );
-        assert_eq!(esp_components("../x"), None);
-        assert_eq!(esp_components("/"), None);
         let dir = tempfile::tempdir().expect("tempdir");
         let error = build_esp_image(
             &dir.path().join("esp.img"),
@@ -352,6 +132,12 @@ mod tests {
         )
         .unwrap_err();
         assert!(error.to_string().contains("EFI/../x"), "{error}");
+        let error = build_esp_image(
+            &dir.path().join("esp.img"),
+            &[EspFile::default_boot_loader(dir.path().join("missing.efi"))],
+        )
+        .unwrap_err();
+        assert!(error.to_string().contains("missing.efi"), "{error}");
     }
 
     #[test]
@@ -374,6 +160,18 @@ mod tests {
         let disk = std::fs::read(&image).expect("read image");
         assert_eq!(disk.len() as u64, size);
         let total_sectors = size / SECTOR;
+
+        // The tables OVMF measures into PCR 5 (MBR + primary GPT, and the backup GPT) are the
+        // ones the reference measurements were taken with: they depend only on the partition
+        // size, 64 MiB for these files.
+        assert_eq!(
+            hex::encode(Sha256::digest(&disk[..34 * SECTOR as usize])),
+            "5c0706f9ca2ca9450ba3a10898c5db182f13a4ab87de23a3483664cc0f39a09d"
+        );
+        assert_eq!(
+            hex::encode(Sha256::digest(&disk[disk.len() - 33 * SECTOR as usize..])),
+            "4754efb91abe1e6be6dc51b48010887c9f9fb594f542be764f3de9c1fa67174c"
+        );
 
         // Protective MBR.
         assert_eq!(&disk[510..512], &[0x55, 0xAA]);

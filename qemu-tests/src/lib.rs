@@ -5,7 +5,10 @@
 //! - [`VmConfig`]: what the VM looks like; [`VmConfig::qemu_args`] is the pure function that
 //!   turns it into a QEMU command line.
 //! - [`build_esp_image`]: a deterministic GPT disk with a FAT EFI System Partition, so OVMF
-//!   boots the UKI at `\EFI\BOOT\BOOTX64.EFI` as it would from a real disk.
+//!   boots the UKI at `\EFI\BOOT\BOOTX64.EFI` as it would from a real disk (built by
+//!   `hawser_image::disk`, which also writes the product disk image: ESP + root + verity;
+//!   [`VmConfig::uefi_disk`] boots such an image, read-only, with the serial
+//!   [`BOOT_DISK_SERIAL`]).
 //! - [`Swtpm`]: the vTPM, one per boot (it exits when QEMU disconnects), with fresh or reused
 //!   state; also usable over TCP from the host to provision the TPM before a boot.
 //! - [`Vm`]: starts swtpm and QEMU, tails the serial console into timestamped lines
@@ -59,8 +62,8 @@ mod vm;
 mod boot_tests;
 
 pub use config::{
-    Boot, Disk, ENV_ACCEL, ENV_KEEP_LOGS, Esp, FW_CFG_PREFIX, FwCfgEntry, FwCfgValue, Ovmf,
-    RuntimePaths, TpmConfig, TpmModel, VmConfig, default_accel,
+    BOOT_DISK_SERIAL, Boot, Disk, ENV_ACCEL, ENV_KEEP_LOGS, Esp, FW_CFG_PREFIX, FwCfgEntry,
+    FwCfgValue, Ovmf, RuntimePaths, TpmConfig, TpmModel, VmConfig, default_accel,
 };
 pub use error::{Diagnostics, QemuError};
 pub use esp::{ESP_TYPE_GUID, EspFile, build_esp_image};

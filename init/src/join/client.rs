@@ -21,6 +21,7 @@ use zeroize::Zeroizing;
 use super::{Backoff, INSECURE_TRUST_WARNING, JoinEndpoint, jitter_unit};
 use crate::disk::key::DiskStatus;
 use crate::fatal::error_chain;
+use crate::kubeadm::BootstrapToken;
 
 /// Deadline of one attempt (connect, handshake with quotes on both sides, call).
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -50,6 +51,17 @@ pub struct Secrets {
     pub state_disk_key: Zeroizing<Vec<u8>>,
     pub measurement_secret: Zeroizing<Vec<u8>>,
     pub measurement_salt: Vec<u8>,
+    /// What `kubeadm join` needs (`IssueJoinTicket` only; a rejoining node joined before).
+    pub ticket: Option<KubeadmTicket>,
+}
+
+/// The Kubernetes half of a join ticket. The token is secret (zeroized, redacted in `Debug`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KubeadmTicket {
+    pub api_server_endpoint: String,
+    pub token: BootstrapToken,
+    pub ca_cert_hashes: Vec<String>,
+    pub kubernetes_version: String,
 }
 
 /// Whether this disk is new (join) or initialized (rejoin).
@@ -129,16 +141,23 @@ impl JoinClient {
                     .await
                     .map_err(status_text)?
                     .into_inner();
+                let token = BootstrapToken::parse(&response.bootstrap_token)
+                    .map_err(|e| format!("the join service sent an unusable bootstrap token: {e}"));
+                zeroize::Zeroize::zeroize(&mut response.bootstrap_token);
                 let secrets = Secrets {
                     state_disk_key: Zeroizing::new(std::mem::take(&mut response.state_disk_key)),
                     measurement_secret: Zeroizing::new(std::mem::take(
                         &mut response.measurement_secret,
                     )),
                     measurement_salt: std::mem::take(&mut response.measurement_salt),
+                    ticket: Some(KubeadmTicket {
+                        api_server_endpoint: std::mem::take(&mut response.api_server_endpoint),
+                        token: token?,
+                        ca_cert_hashes: std::mem::take(&mut response.discovery_ca_cert_hashes),
+                        kubernetes_version: std::mem::take(&mut response.kubernetes_version),
+                    }),
                 };
-                // The rest of the ticket (bootstrap token, control-plane files) is for a later
-                // issue (kubeadm join); wipe what may be secret.
-                zeroize::Zeroize::zeroize(&mut response.bootstrap_token);
+                // Control-plane files are for control-plane joins (not requested yet).
                 for file in &mut response.control_plane_files {
                     zeroize::Zeroize::zeroize(&mut file.data);
                 }
@@ -158,6 +177,7 @@ impl JoinClient {
                         &mut response.measurement_secret,
                     )),
                     measurement_salt: std::mem::take(&mut response.measurement_salt),
+                    ticket: None,
                 })
             }
         }

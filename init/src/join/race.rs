@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
-use super::client::{JoinClient, Secrets, describe};
+use super::client::{JoinClient, KubeadmTicket, Secrets, describe};
 use super::init_server::{self, GrantKind, InitServer, Progress};
 use super::lock::{NodeLock, Owner, PCR_CLUSTER_ID, predicted_pcr15};
 use crate::disk::key::{DiskStatus, KeyError, KeySource, VolumeKey};
@@ -56,6 +56,8 @@ pub struct Outcome {
     pub cluster_id: [u8; 32],
     /// The admin's open call, when the init server won: boot reports the result through it.
     pub admin: Option<(GrantKind, Progress)>,
+    /// The join ticket's Kubernetes half, when the join service answered `IssueJoinTicket`.
+    pub kubeadm: Option<KubeadmTicket>,
 }
 
 /// The winner of the race, before the lock.
@@ -176,10 +178,12 @@ impl KeySource for ClusterKeySource {
                 self.init_port
             ),
         }
+        let mut kubeadm = None;
         let (key, cluster_id, owner, rpc, attempts, admin) = match self.race(luks_uuid, status)? {
             Winner::Join(secrets, attempts) => {
                 let cluster_id =
                     hawser_keys::cluster_id(&secrets.measurement_secret, &secrets.measurement_salt);
+                kubeadm = secrets.ticket;
                 (
                     secrets.state_disk_key,
                     cluster_id,
@@ -258,6 +262,7 @@ impl KeySource for ClusterKeySource {
             summary,
             cluster_id,
             admin,
+            kubeadm,
         });
         Ok(VolumeKey::new(Zeroizing::new(key.to_vec())))
     }

@@ -1,0 +1,1051 @@
+//! The kubeadm configuration PID 1 hands to `kubeadm init --config` and `kubeadm join --config`.
+//!
+//! kubeadm reads a YAML stream; YAML is a superset of JSON, so hawser writes each document as
+//! one JSON object from typed structs (serde), documents separated by `---` lines. No YAML
+//! library, no string templates: every value is escaped by the JSON encoder.
+//!
+//! The API is kubeadm's `v1beta4` (kubeadm 1.31 and later). Its notable change from `v1beta3`:
+//! `extraArgs` and `nodeRegistration.kubeletExtraArgs` are lists of `{name, value}` objects
+//! (duplicates allowed), no longer string maps.
+//!
+//! What hawser sets, and why:
+//!
+//! - `nodeRegistration.name` and the kubelet's `node-ip`: the node's own name and address,
+//!   never kubeadm's guesses from the hostname and the default route (the VPN address once
+//!   the mesh exists).
+//! - `criSocket`: containerd's socket, so kubeadm does not probe for runtimes.
+//! - `localAPIEndpoint.advertiseAddress`: the node IP, port 6443.
+//! - `controlPlaneEndpoint` (init): set, defaulting to the first node's `<ip>:6443`; kubeadm
+//!   refuses control-plane joins to a cluster initialised without one.
+//! - a `KubeletConfiguration` with `cgroupDriver: cgroupfs` (init; joining nodes receive it
+//!   from the cluster's `kubelet-config` ConfigMap): kubeadm defaults to the systemd driver,
+//!   and there is no systemd on a hawser node. containerd must use cgroupfs as well (its
+//!   default `SystemdCgroup = false`).
+//!
+//! Input is validated before anything is encoded: node name, cluster name and SANs as DNS
+//! names, addresses, CIDRs, the Kubernetes version, the bootstrap token's format, the CA
+//! certificate hashes and the certificate key. Errors never echo secrets (tokens, keys), and
+//! the secret-carrying types redact themselves in `Debug`. The configuration text itself
+//! contains the token: [`KubeadmConfig`] zeroizes it on drop and [`write_config`] creates the
+//! file with mode 0600.
+
+use std::fmt;
+use std::io::{self, Write as _};
+use std::net::IpAddr;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use zeroize::Zeroizing;
+
+/// kubeadm's configuration API version.
+pub const KUBEADM_API_VERSION: &str = "kubeadm.k8s.io/v1beta4";
+/// The kubelet configuration API version.
+pub const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+/// containerd's CRI socket.
+pub const CRI_SOCKET: &str = "unix:///run/containerd/containerd.sock";
+/// The API server's port on every control-plane node.
+pub const API_SERVER_PORT: u16 = 6443;
+/// The groups of a kubeadm node-join token.
+pub const NODE_TOKEN_GROUPS: &[&str] = &["system:bootstrappers:kubeadm:default-node-token"];
+
+/// Input kubeadm cannot be given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KubeadmConfigError {
+    #[error("kubeadm configuration: {field} {value:?} is invalid: {reason}")]
+    Invalid {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    /// A secret's value is never shown.
+    #[error("kubeadm configuration: {field} is invalid (value not shown: secret): {reason}")]
+    InvalidSecret {
+        field: &'static str,
+        reason: &'static str,
+    },
+    #[error("cannot encode the kubeadm configuration: {0}")]
+    Encode(String),
+}
+
+fn invalid(field: &'static str, value: &str, reason: &'static str) -> KubeadmConfigError {
+    KubeadmConfigError::Invalid {
+        field,
+        value: value.to_owned(),
+        reason,
+    }
+}
+
+/// A bootstrap token, `[a-z0-9]{6}.[a-z0-9]{16}`: the ID before the dot is public, the rest
+/// is the secret. `Debug` shows the ID only.
+#[derive(Clone, PartialEq, Eq)]
+pub struct BootstrapToken(Zeroizing<String>);
+
+impl BootstrapToken {
+    pub fn parse(text: &str) -> Result<BootstrapToken, KubeadmConfigError> {
+        let valid_part = |part: &str, len: usize| {
+            part.len() == len
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+        };
+        match text.split_once('.') {
+            Some((id, secret)) if valid_part(id, 6) && valid_part(secret, 16) => {
+                Ok(BootstrapToken(Zeroizing::new(text.to_owned())))
+            }
+            _ => Err(KubeadmConfigError::InvalidSecret {
+                field: "bootstrap token",
+                reason: "expected 6 and 16 lowercase letters or digits separated by a dot",
+            }),
+        }
+    }
+
+    /// The public token ID.
+    pub fn id(&self) -> &str {
+        self.0.split_once('.').map_or("", |(id, _)| id)
+    }
+
+    /// The whole token (secret).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for BootstrapToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BootstrapToken({}.<redacted>)", self.id())
+    }
+}
+
+/// The key that encrypts the control-plane certificates kubeadm shares through the cluster
+/// (`--certificate-key`): 32 bytes as 64 lowercase hex digits. `Debug` shows nothing.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CertificateKey(Zeroizing<String>);
+
+impl CertificateKey {
+    pub fn parse(text: &str) -> Result<CertificateKey, KubeadmConfigError> {
+        if text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+            Ok(CertificateKey(Zeroizing::new(text.to_owned())))
+        } else {
+            Err(KubeadmConfigError::InvalidSecret {
+                field: "certificate key",
+                reason: "expected 64 lowercase hex digits (32 bytes)",
+            })
+        }
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for CertificateKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CertificateKey(<redacted>)")
+    }
+}
+
+/// A token `kubeadm init` creates, for the first joins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitBootstrapToken {
+    pub token: BootstrapToken,
+    pub ttl: Duration,
+}
+
+/// What `kubeadm init` needs to know about the new cluster and this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitRequest {
+    pub cluster_name: String,
+    /// `v1.31.2`.
+    pub kubernetes_version: String,
+    /// `10.96.0.0/12`.
+    pub service_cidr: String,
+    /// For CNIs that allocate from the node's pod CIDR (flannel); `None` leaves it unset.
+    pub pod_cidr: Option<String>,
+    /// `host[:port]` all nodes reach the API server at; `None` means `<node_ip>:6443`.
+    pub control_plane_endpoint: Option<String>,
+    /// Extra names and addresses in the API server certificate.
+    pub cert_sans: Vec<String>,
+    pub node_name: String,
+    pub node_ip: IpAddr,
+    /// `None` lets kubeadm create a token of its own (printed in its output, redacted in the
+    /// log).
+    pub bootstrap_token: Option<InitBootstrapToken>,
+    /// kubeadm preflight checks to ignore, by name.
+    pub ignore_preflight_errors: Vec<String>,
+}
+
+/// A control-plane join's extras.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlPlaneJoin {
+    /// Decrypts the shared control-plane certificates (`kubeadm init --upload-certs`);
+    /// `None` when the certificates were put in place otherwise.
+    pub certificate_key: Option<CertificateKey>,
+}
+
+/// What the join service hands a node to join an existing cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinTicket {
+    /// `host:port` of the API server.
+    pub api_server_endpoint: String,
+    pub token: BootstrapToken,
+    /// `sha256:<64 hex>` pins of the cluster CA's public key; at least one.
+    pub ca_cert_hashes: Vec<String>,
+    pub node_name: String,
+    pub node_ip: IpAddr,
+    /// `Some` for a control-plane node.
+    pub control_plane: Option<ControlPlaneJoin>,
+    pub ignore_preflight_errors: Vec<String>,
+}
+
+/// A rendered configuration: a YAML stream of JSON documents. Contains secrets; zeroized on
+/// drop; `Debug` shows only its size.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KubeadmConfig(Zeroizing<String>);
+
+impl KubeadmConfig {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for KubeadmConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "KubeadmConfig({} bytes, contents redacted)",
+            self.0.len()
+        )
+    }
+}
+
+// --- The v1beta4 documents (only the fields hawser sets). ---
+
+#[derive(Serialize)]
+struct Arg<'a> {
+    name: &'a str,
+    value: String,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NodeRegistration<'a> {
+    name: &'a str,
+    cri_socket: &'a str,
+    kubelet_extra_args: Vec<Arg<'a>>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    ignore_preflight_errors: &'a [String],
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ApiEndpoint {
+    advertise_address: String,
+    bind_port: u16,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BootstrapTokenSpec<'a> {
+    token: &'a str,
+    description: &'a str,
+    ttl: String,
+    usages: [&'a str; 2],
+    groups: &'a [&'a str],
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct InitConfiguration<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    bootstrap_tokens: Vec<BootstrapTokenSpec<'a>>,
+    node_registration: NodeRegistration<'a>,
+    #[serde(rename = "localAPIEndpoint")]
+    local_api_endpoint: ApiEndpoint,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Networking<'a> {
+    service_subnet: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pod_subnet: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ApiServer<'a> {
+    #[serde(rename = "certSANs", skip_serializing_if = "<[_]>::is_empty")]
+    cert_sans: &'a [String],
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ClusterConfiguration<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    cluster_name: &'a str,
+    kubernetes_version: &'a str,
+    control_plane_endpoint: String,
+    networking: Networking<'a>,
+    api_server: ApiServer<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct KubeletConfiguration<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    cgroup_driver: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct BootstrapTokenDiscovery<'a> {
+    token: &'a str,
+    api_server_endpoint: &'a str,
+    ca_cert_hashes: &'a [String],
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Discovery<'a> {
+    bootstrap_token: BootstrapTokenDiscovery<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JoinControlPlane<'a> {
+    #[serde(rename = "localAPIEndpoint")]
+    local_api_endpoint: ApiEndpoint,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    certificate_key: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JoinConfiguration<'a> {
+    api_version: &'a str,
+    kind: &'a str,
+    discovery: Discovery<'a>,
+    node_registration: NodeRegistration<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    control_plane: Option<JoinControlPlane<'a>>,
+}
+
+/// One document as pretty-printed JSON (zeroized on drop: it may hold the token).
+fn render(document: &impl Serialize) -> Result<Zeroizing<String>, KubeadmConfigError> {
+    serde_json::to_string_pretty(document)
+        .map(Zeroizing::new)
+        .map_err(|e| KubeadmConfigError::Encode(e.to_string()))
+}
+
+/// Documents as a YAML stream: each a JSON object, separated by `---` lines.
+fn stream(documents: &[Zeroizing<String>]) -> KubeadmConfig {
+    let len = documents.iter().map(|d| d.len() + 5).sum();
+    let mut text = Zeroizing::new(String::with_capacity(len));
+    for (i, document) in documents.iter().enumerate() {
+        if i > 0 {
+            text.push_str("---\n");
+        }
+        text.push_str(document);
+        text.push('\n');
+    }
+    KubeadmConfig(text)
+}
+
+fn node_registration<'a>(
+    node_name: &'a str,
+    node_ip: IpAddr,
+    ignore_preflight_errors: &'a [String],
+) -> NodeRegistration<'a> {
+    NodeRegistration {
+        name: node_name,
+        cri_socket: CRI_SOCKET,
+        kubelet_extra_args: vec![Arg {
+            name: "node-ip",
+            value: node_ip.to_string(),
+        }],
+        ignore_preflight_errors,
+    }
+}
+
+/// The configuration for `kubeadm init --config`: InitConfiguration, ClusterConfiguration,
+/// KubeletConfiguration.
+pub fn init_config(request: &InitRequest) -> Result<KubeadmConfig, KubeadmConfigError> {
+    check_dns_subdomain("cluster name", &request.cluster_name)?;
+    check_kubernetes_version(&request.kubernetes_version)?;
+    check_cidr("service CIDR", &request.service_cidr, true)?;
+    if let Some(pod_cidr) = &request.pod_cidr {
+        check_cidr("pod CIDR", pod_cidr, false)?;
+    }
+    check_node(&request.node_name, request.node_ip)?;
+    for san in &request.cert_sans {
+        check_san(san)?;
+    }
+    check_preflight_names(&request.ignore_preflight_errors)?;
+    let control_plane_endpoint = match &request.control_plane_endpoint {
+        Some(endpoint) => {
+            check_endpoint("control-plane endpoint", endpoint, false)?;
+            endpoint.clone()
+        }
+        None => host_port(request.node_ip, API_SERVER_PORT),
+    };
+    let bootstrap_tokens = match &request.bootstrap_token {
+        Some(token) => {
+            if token.ttl < Duration::from_secs(1) {
+                return Err(invalid(
+                    "bootstrap token TTL",
+                    &format!("{} s", token.ttl.as_secs()),
+                    "expected at least one second (0 would make it never expire)",
+                ));
+            }
+            vec![BootstrapTokenSpec {
+                token: token.token.expose(),
+                description: "created by hawser at kubeadm init",
+                ttl: format!("{}s", token.ttl.as_secs()),
+                usages: ["signing", "authentication"],
+                groups: NODE_TOKEN_GROUPS,
+            }]
+        }
+        None => Vec::new(),
+    };
+    let init = InitConfiguration {
+        api_version: KUBEADM_API_VERSION,
+        kind: "InitConfiguration",
+        bootstrap_tokens,
+        node_registration: node_registration(
+            &request.node_name,
+            request.node_ip,
+            &request.ignore_preflight_errors,
+        ),
+        local_api_endpoint: ApiEndpoint {
+            advertise_address: request.node_ip.to_string(),
+            bind_port: API_SERVER_PORT,
+        },
+    };
+    let cluster = ClusterConfiguration {
+        api_version: KUBEADM_API_VERSION,
+        kind: "ClusterConfiguration",
+        cluster_name: &request.cluster_name,
+        kubernetes_version: &request.kubernetes_version,
+        control_plane_endpoint,
+        networking: Networking {
+            service_subnet: &request.service_cidr,
+            pod_subnet: request.pod_cidr.as_deref(),
+        },
+        api_server: ApiServer {
+            cert_sans: &request.cert_sans,
+        },
+    };
+    let kubelet = KubeletConfiguration {
+        api_version: KUBELET_API_VERSION,
+        kind: "KubeletConfiguration",
+        cgroup_driver: "cgroupfs",
+    };
+    Ok(stream(&[
+        render(&init)?,
+        render(&cluster)?,
+        render(&kubelet)?,
+    ]))
+}
+
+/// The configuration for `kubeadm join --config`: one JoinConfiguration.
+pub fn join_config(ticket: &JoinTicket) -> Result<KubeadmConfig, KubeadmConfigError> {
+    check_endpoint("API server endpoint", &ticket.api_server_endpoint, true)?;
+    if ticket.ca_cert_hashes.is_empty() {
+        return Err(invalid(
+            "CA certificate hashes",
+            "",
+            "expected at least one: joining without pinning the cluster CA is not allowed",
+        ));
+    }
+    for hash in &ticket.ca_cert_hashes {
+        check_ca_cert_hash(hash)?;
+    }
+    check_node(&ticket.node_name, ticket.node_ip)?;
+    check_preflight_names(&ticket.ignore_preflight_errors)?;
+    let join = JoinConfiguration {
+        api_version: KUBEADM_API_VERSION,
+        kind: "JoinConfiguration",
+        discovery: Discovery {
+            bootstrap_token: BootstrapTokenDiscovery {
+                token: ticket.token.expose(),
+                api_server_endpoint: &ticket.api_server_endpoint,
+                ca_cert_hashes: &ticket.ca_cert_hashes,
+            },
+        },
+        node_registration: node_registration(
+            &ticket.node_name,
+            ticket.node_ip,
+            &ticket.ignore_preflight_errors,
+        ),
+        control_plane: ticket.control_plane.as_ref().map(|cp| JoinControlPlane {
+            local_api_endpoint: ApiEndpoint {
+                advertise_address: ticket.node_ip.to_string(),
+                bind_port: API_SERVER_PORT,
+            },
+            certificate_key: cp.certificate_key.as_ref().map(CertificateKey::expose),
+        }),
+    };
+    Ok(stream(&[render(&join)?]))
+}
+
+/// Writes `config` to `path`, readable by root only (it holds the bootstrap token), replacing
+/// an older file.
+pub fn write_config(path: &Path, config: &KubeadmConfig) -> io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    // A file that existed before keeps its mode: make sure.
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    file.write_all(config.as_str().as_bytes())?;
+    file.sync_all()
+}
+
+// --- Validation. ---
+
+fn host_port(ip: IpAddr, port: u16) -> String {
+    match ip {
+        IpAddr::V4(v4) => format!("{v4}:{port}"),
+        IpAddr::V6(v6) => format!("[{v6}]:{port}"),
+    }
+}
+
+/// An RFC 1123 subdomain, as Kubernetes names nodes: lowercase letters, digits, '-' and '.',
+/// labels of 1 to 63 characters starting and ending with a letter or digit, at most 253 in all.
+fn is_dns_subdomain(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+fn check_dns_subdomain(field: &'static str, name: &str) -> Result<(), KubeadmConfigError> {
+    if is_dns_subdomain(name) {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            name,
+            "expected a lowercase RFC 1123 DNS name (letters, digits, '-', '.'; at most 253)",
+        ))
+    }
+}
+
+fn check_node(node_name: &str, node_ip: IpAddr) -> Result<(), KubeadmConfigError> {
+    check_dns_subdomain("node name", node_name)?;
+    let unusable = node_ip.is_unspecified() || node_ip.is_loopback() || node_ip.is_multicast();
+    if unusable {
+        return Err(invalid(
+            "node IP",
+            &node_ip.to_string(),
+            "expected a unicast address other nodes can reach (not unspecified, loopback or \
+             multicast)",
+        ));
+    }
+    Ok(())
+}
+
+fn check_kubernetes_version(version: &str) -> Result<(), KubeadmConfigError> {
+    const REASON: &str = "expected v<major>.<minor>.<patch>, e.g. v1.31.2";
+    let (core, pre) = match version.strip_prefix('v') {
+        Some(rest) => rest
+            .split_once('-')
+            .map_or((rest, None), |(c, p)| (c, Some(p))),
+        None => return Err(invalid("Kubernetes version", version, REASON)),
+    };
+    let numbers: Vec<&str> = core.split('.').collect();
+    let core_ok = numbers.len() == 3
+        && numbers
+            .iter()
+            .all(|n| !n.is_empty() && n.len() <= 5 && n.bytes().all(|b| b.is_ascii_digit()));
+    let pre_ok = pre.is_none_or(|p| {
+        !p.is_empty()
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    });
+    if core_ok && pre_ok {
+        Ok(())
+    } else {
+        Err(invalid("Kubernetes version", version, REASON))
+    }
+}
+
+/// `<network>/<prefix>` with no host bits set. A service CIDR is at most /12 (IPv4) or /108
+/// (IPv6): the API server's limit on service address ranges.
+fn check_cidr(field: &'static str, cidr: &str, service: bool) -> Result<(), KubeadmConfigError> {
+    const REASON: &str = "expected <network address>/<prefix length> with no host bits set";
+    let (address, prefix) = cidr
+        .split_once('/')
+        .ok_or_else(|| invalid(field, cidr, REASON))?;
+    let address: IpAddr = address.parse().map_err(|_| invalid(field, cidr, REASON))?;
+    if prefix.is_empty() || prefix.len() > 3 || !prefix.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid(field, cidr, REASON));
+    }
+    let prefix: u32 = prefix.parse().map_err(|_| invalid(field, cidr, REASON))?;
+    let (bits, value) = match address {
+        IpAddr::V4(v4) => (32, u128::from(u32::from(v4))),
+        IpAddr::V6(v6) => (128, u128::from(v6)),
+    };
+    if prefix > bits {
+        return Err(invalid(field, cidr, REASON));
+    }
+    let host_mask = if prefix == bits {
+        0
+    } else {
+        (1u128 << (bits - prefix)) - 1
+    };
+    if value & host_mask != 0 {
+        return Err(invalid(field, cidr, REASON));
+    }
+    if service && bits - prefix > 20 {
+        return Err(invalid(
+            field,
+            cidr,
+            "too large: at most 2^20 service addresses (/12 for IPv4, /108 for IPv6)",
+        ));
+    }
+    Ok(())
+}
+
+fn check_san(san: &str) -> Result<(), KubeadmConfigError> {
+    let name = san.strip_prefix("*.").unwrap_or(san);
+    if san.parse::<IpAddr>().is_ok() || is_dns_subdomain(name) {
+        Ok(())
+    } else {
+        Err(invalid(
+            "API server certificate SAN",
+            san,
+            "expected an IP address or a lowercase DNS name (optionally *.-prefixed)",
+        ))
+    }
+}
+
+/// `host:port` (`port_required`) or `host[:port]`, host an IP (IPv6 in brackets) or DNS name.
+fn check_endpoint(
+    field: &'static str,
+    endpoint: &str,
+    port_required: bool,
+) -> Result<(), KubeadmConfigError> {
+    let bad = || {
+        invalid(
+            field,
+            endpoint,
+            "expected <IP or DNS name>:<port> (IPv6 in brackets)",
+        )
+    };
+    let (host_ok, port) = match endpoint.strip_prefix('[') {
+        Some(rest) => {
+            let (host, after) = rest.split_once(']').ok_or_else(bad)?;
+            let port = match after {
+                "" => None,
+                _ => Some(after.strip_prefix(':').ok_or_else(bad)?),
+            };
+            (host.parse::<std::net::Ipv6Addr>().is_ok(), port)
+        }
+        None => {
+            // An IPv6 address without brackets has more colons: its "port" is then invalid.
+            let (host, port) = match endpoint.split_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (endpoint, None),
+            };
+            (
+                host.parse::<std::net::Ipv4Addr>().is_ok() || is_dns_subdomain(host),
+                port,
+            )
+        }
+    };
+    let port_ok = match port {
+        Some(port) => {
+            !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && port.parse::<u16>().is_ok_and(|p| p != 0)
+        }
+        None => !port_required,
+    };
+    if host_ok && port_ok {
+        Ok(())
+    } else {
+        Err(bad())
+    }
+}
+
+fn check_ca_cert_hash(hash: &str) -> Result<(), KubeadmConfigError> {
+    let valid = hash.strip_prefix("sha256:").is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    });
+    if valid {
+        Ok(())
+    } else {
+        Err(invalid(
+            "CA certificate hash",
+            hash,
+            "expected sha256:<64 lowercase hex digits> (the SPKI hash kubeadm prints)",
+        ))
+    }
+}
+
+fn check_preflight_names(names: &[String]) -> Result<(), KubeadmConfigError> {
+    for name in names {
+        let valid = !name.is_empty()
+            && name.len() <= 128
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !valid {
+            return Err(invalid(
+                "ignored preflight check",
+                name,
+                "expected a check name such as SystemVerification",
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const TOKEN: &str = "abcdef.0123456789abcdef";
+    const HASH: &str = "sha256:1234567890abcdef1234567890abcdef1234567890abcdef1234567890abcdef";
+
+    fn init_request() -> InitRequest {
+        InitRequest {
+            cluster_name: "hawser".into(),
+            kubernetes_version: "v1.31.2".into(),
+            service_cidr: "10.96.0.0/12".into(),
+            pod_cidr: Some("10.244.0.0/16".into()),
+            control_plane_endpoint: None,
+            cert_sans: vec!["10.0.2.100".into(), "api.hawser.example".into()],
+            node_name: "node-1".into(),
+            node_ip: "10.0.2.15".parse().unwrap(),
+            bootstrap_token: Some(InitBootstrapToken {
+                token: BootstrapToken::parse(TOKEN).unwrap(),
+                ttl: Duration::from_secs(3600),
+            }),
+            ignore_preflight_errors: vec![],
+        }
+    }
+
+    fn ticket(control_plane: bool) -> JoinTicket {
+        JoinTicket {
+            api_server_endpoint: "10.0.2.15:6443".into(),
+            token: BootstrapToken::parse(TOKEN).unwrap(),
+            ca_cert_hashes: vec![HASH.into()],
+            node_name: "node-2".into(),
+            node_ip: "10.0.2.16".parse().unwrap(),
+            control_plane: control_plane.then(|| ControlPlaneJoin {
+                certificate_key: Some(CertificateKey::parse(&"ab".repeat(32)).unwrap()),
+            }),
+            ignore_preflight_errors: vec!["SystemVerification".into()],
+        }
+    }
+
+    /// The documents of a YAML stream of JSON objects.
+    fn documents(config: &KubeadmConfig) -> Vec<serde_json::Value> {
+        config
+            .as_str()
+            .split("\n---\n")
+            .map(|doc| serde_json::from_str(doc).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn init_configuration_is_v1beta4_with_list_style_kubelet_args() {
+        let config = init_config(&init_request()).unwrap();
+        assert!(config.as_str().ends_with("}\n"));
+        assert_eq!(
+            documents(&config),
+            [
+                json!({
+                    "apiVersion": "kubeadm.k8s.io/v1beta4",
+                    "kind": "InitConfiguration",
+                    "bootstrapTokens": [{
+                        "token": "abcdef.0123456789abcdef",
+                        "description": "created by hawser at kubeadm init",
+                        "ttl": "3600s",
+                        "usages": ["signing", "authentication"],
+                        "groups": ["system:bootstrappers:kubeadm:default-node-token"]
+                    }],
+                    "nodeRegistration": {
+                        "name": "node-1",
+                        "criSocket": "unix:///run/containerd/containerd.sock",
+                        "kubeletExtraArgs": [{"name": "node-ip", "value": "10.0.2.15"}]
+                    },
+                    "localAPIEndpoint": {"advertiseAddress": "10.0.2.15", "bindPort": 6443}
+                }),
+                json!({
+                    "apiVersion": "kubeadm.k8s.io/v1beta4",
+                    "kind": "ClusterConfiguration",
+                    "clusterName": "hawser",
+                    "kubernetesVersion": "v1.31.2",
+                    "controlPlaneEndpoint": "10.0.2.15:6443",
+                    "networking": {"serviceSubnet": "10.96.0.0/12", "podSubnet": "10.244.0.0/16"},
+                    "apiServer": {"certSANs": ["10.0.2.100", "api.hawser.example"]}
+                }),
+                json!({
+                    "apiVersion": "kubelet.config.k8s.io/v1beta1",
+                    "kind": "KubeletConfiguration",
+                    "cgroupDriver": "cgroupfs"
+                }),
+            ]
+        );
+        // Documents are separated by a line of their own.
+        assert_eq!(config.as_str().matches("\n---\n").count(), 2);
+    }
+
+    #[test]
+    fn init_without_a_token_or_pod_cidr_leaves_them_to_kubeadm() {
+        let request = InitRequest {
+            bootstrap_token: None,
+            pod_cidr: None,
+            cert_sans: vec![],
+            control_plane_endpoint: Some("api.hawser.example".into()),
+            node_ip: "fd00::15".parse().unwrap(),
+            ignore_preflight_errors: vec!["SystemVerification".into()],
+            ..init_request()
+        };
+        let docs = documents(&init_config(&request).unwrap());
+        assert!(docs[0].get("bootstrapTokens").is_none());
+        assert_eq!(
+            docs[0]["nodeRegistration"]["ignorePreflightErrors"],
+            json!(["SystemVerification"])
+        );
+        assert_eq!(docs[0]["localAPIEndpoint"]["advertiseAddress"], "fd00::15");
+        assert_eq!(
+            docs[1]["networking"],
+            json!({"serviceSubnet": "10.96.0.0/12"})
+        );
+        assert_eq!(docs[1]["apiServer"], json!({}));
+        assert_eq!(docs[1]["controlPlaneEndpoint"], "api.hawser.example");
+        let v6 = InitRequest {
+            control_plane_endpoint: None,
+            ..request
+        };
+        assert_eq!(
+            documents(&init_config(&v6).unwrap())[1]["controlPlaneEndpoint"],
+            "[fd00::15]:6443"
+        );
+    }
+
+    #[test]
+    fn worker_join_configuration() {
+        let config = join_config(&JoinTicket {
+            control_plane: None,
+            ignore_preflight_errors: vec![],
+            ..ticket(false)
+        })
+        .unwrap();
+        assert_eq!(
+            documents(&config),
+            [json!({
+                "apiVersion": "kubeadm.k8s.io/v1beta4",
+                "kind": "JoinConfiguration",
+                "discovery": {"bootstrapToken": {
+                    "token": "abcdef.0123456789abcdef",
+                    "apiServerEndpoint": "10.0.2.15:6443",
+                    "caCertHashes": [HASH]
+                }},
+                "nodeRegistration": {
+                    "name": "node-2",
+                    "criSocket": "unix:///run/containerd/containerd.sock",
+                    "kubeletExtraArgs": [{"name": "node-ip", "value": "10.0.2.16"}]
+                }
+            })]
+        );
+    }
+
+    #[test]
+    fn control_plane_join_configuration() {
+        let docs = documents(&join_config(&ticket(true)).unwrap());
+        assert_eq!(
+            docs[0]["controlPlane"],
+            json!({
+                "localAPIEndpoint": {"advertiseAddress": "10.0.2.16", "bindPort": 6443},
+                "certificateKey": "ab".repeat(32)
+            })
+        );
+        assert_eq!(
+            docs[0]["nodeRegistration"]["ignorePreflightErrors"],
+            json!(["SystemVerification"])
+        );
+        let without_key = JoinTicket {
+            control_plane: Some(ControlPlaneJoin {
+                certificate_key: None,
+            }),
+            ..ticket(true)
+        };
+        let docs = documents(&join_config(&without_key).unwrap());
+        assert!(docs[0]["controlPlane"].get("certificateKey").is_none());
+    }
+
+    #[test]
+    fn secrets_are_validated_without_being_echoed_and_redacted_in_debug() {
+        for bad in [
+            "abcdef0123456789abcdef",
+            "ABCDEF.0123456789abcdef",
+            "abcde.0123456789abcdefg",
+            "abcdef.0123456789abcde",
+            "abcdef.0123456789abcdeF",
+        ] {
+            let err = BootstrapToken::parse(bad).unwrap_err().to_string();
+            assert!(err.contains("value not shown"), "{err}");
+            assert!(!err.contains(bad), "{err}");
+        }
+        let token = BootstrapToken::parse(TOKEN).unwrap();
+        assert_eq!(token.id(), "abcdef");
+        assert_eq!(format!("{token:?}"), "BootstrapToken(abcdef.<redacted>)");
+        let key = CertificateKey::parse(&"0f".repeat(32)).unwrap();
+        assert_eq!(format!("{key:?}"), "CertificateKey(<redacted>)");
+        for bad in ["0f".repeat(31), "0F".repeat(32), "zz".repeat(32)] {
+            let err = CertificateKey::parse(&bad).unwrap_err().to_string();
+            assert!(!err.contains(&bad), "{err}");
+        }
+        let debug = format!("{:?} {:?}", ticket(true), init_request());
+        assert!(!debug.contains("0123456789abcdef"), "{debug}");
+        assert!(!debug.contains(&"ab".repeat(32)), "{debug}");
+        let config = join_config(&ticket(true)).unwrap();
+        assert!(format!("{config:?}").starts_with("KubeadmConfig("));
+        assert!(!format!("{config:?}").contains("abcdef"));
+    }
+
+    #[test]
+    fn invalid_init_input_is_refused_naming_the_field() {
+        type Edit = fn(&mut InitRequest);
+        let cases: [(Edit, &str); 14] = [
+            (
+                |r| r.cluster_name = "Hawser".into(),
+                "cluster name \"Hawser\"",
+            ),
+            (
+                |r| r.kubernetes_version = "1.31.2".into(),
+                "Kubernetes version",
+            ),
+            (
+                |r| r.kubernetes_version = "v1.31".into(),
+                "Kubernetes version",
+            ),
+            (
+                |r| r.service_cidr = "10.96.0.1/12".into(),
+                "service CIDR \"10.96.0.1/12\"",
+            ),
+            (|r| r.service_cidr = "10.0.0.0/8".into(), "too large"),
+            (|r| r.service_cidr = "10.96.0.0".into(), "service CIDR"),
+            (|r| r.service_cidr = "10.96.0.0/33".into(), "service CIDR"),
+            (|r| r.pod_cidr = Some("10.244.0.0/+16".into()), "pod CIDR"),
+            (|r| r.node_name = "node_1".into(), "node name \"node_1\""),
+            (|r| r.node_name = "-node".into(), "node name"),
+            (
+                |r| r.node_ip = "127.0.0.1".parse().unwrap(),
+                "node IP \"127.0.0.1\"",
+            ),
+            (|r| r.node_ip = "0.0.0.0".parse().unwrap(), "node IP"),
+            (|r| r.cert_sans.push("bad name".into()), "SAN \"bad name\""),
+            (
+                |r| r.control_plane_endpoint = Some("10.0.2.15:0".into()),
+                "control-plane endpoint",
+            ),
+        ];
+        for (edit, message) in cases {
+            let mut request = init_request();
+            edit(&mut request);
+            let err = init_config(&request).unwrap_err().to_string();
+            assert!(err.contains(message), "{message}: {err}");
+        }
+        let mut request = init_request();
+        request.bootstrap_token.as_mut().unwrap().ttl = Duration::ZERO;
+        assert!(
+            init_config(&request)
+                .unwrap_err()
+                .to_string()
+                .contains("bootstrap token TTL")
+        );
+        // Wildcard SANs and IPv6 service ranges are fine.
+        let mut request = init_request();
+        request.cert_sans.push("*.hawser.example".into());
+        request.service_cidr = "fd00:10:96::/108".into();
+        init_config(&request).unwrap();
+    }
+
+    #[test]
+    fn invalid_join_input_is_refused_naming_the_field() {
+        type Edit = fn(&mut JoinTicket);
+        let cases: [(Edit, &str); 8] = [
+            (
+                |t| t.api_server_endpoint = "10.0.2.15".into(),
+                "API server endpoint",
+            ),
+            (
+                |t| t.api_server_endpoint = "10.0.2.15:99999".into(),
+                "API server endpoint",
+            ),
+            (
+                |t| t.api_server_endpoint = "fd00::1:6443".into(),
+                "API server endpoint",
+            ),
+            (|t| t.ca_cert_hashes.clear(), "expected at least one"),
+            (
+                |t| t.ca_cert_hashes = vec!["sha1:abcd".into()],
+                "CA certificate hash",
+            ),
+            (
+                |t| t.ca_cert_hashes = vec![HASH.to_uppercase()],
+                "CA certificate hash",
+            ),
+            (|t| t.node_ip = "224.0.0.1".parse().unwrap(), "node IP"),
+            (
+                |t| t.ignore_preflight_errors = vec!["all;rm".into()],
+                "ignored preflight check",
+            ),
+        ];
+        for (edit, message) in cases {
+            let mut ticket = ticket(true);
+            edit(&mut ticket);
+            let err = join_config(&ticket).unwrap_err().to_string();
+            assert!(err.contains(message), "{message}: {err}");
+        }
+        for endpoint in [
+            "[fd00::1]:6443",
+            "api.hawser.example:6443",
+            "10.0.2.15:6443",
+        ] {
+            let ticket = JoinTicket {
+                api_server_endpoint: endpoint.into(),
+                ..ticket(false)
+            };
+            join_config(&ticket).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_config_file_is_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeadm.yaml");
+        std::fs::write(&path, "old").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let config = join_config(&ticket(false)).unwrap();
+        write_config(&path, &config).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), config.as_str());
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+}

@@ -1,0 +1,727 @@
+//! The mounts of the new root and the switch into it, as a plan of steps run through
+//! [`Syscalls`] (so the order is unit-tested on the host).
+//!
+//! ```text
+//! mount     /dev/dm-N (erofs, ro)                       → /sysroot
+//!           /run/hawser/state/var (bind)                → /sysroot/var
+//!             (+ links var/run → ../run, var/lock → ../run/lock, if missing)
+//!           overlay lower=/sysroot/etc, upper on /run   → /sysroot/etc
+//!           /run/hawser/state/etc/kubernetes (bind)     → /sysroot/etc/kubernetes
+//!           tmpfs                                       → /sysroot/tmp
+//! measure   PCR 11 ← leave-initrd (the caller's callback)
+//! switch    open /; move /dev /proc /sys /run into /sysroot; chdir /sysroot;
+//!           mount --move . /; chroot .; delete the initramfs; chdir /; make / rshared
+//! ```
+//!
+//! **Node state** lives on the encrypted state disk, already mounted at
+//! [`STATE_MOUNT_POINT`]: `/var` (kubelet, containerd, etcd under `/var/lib`) and
+//! `/etc/kubernetes` (kubeadm's certificates and kubeconfigs) are bind mounts of directories
+//! there, created on first use. The image's own `/var` is hidden by the bind: nothing in it is
+//! needed at run time. Without a state disk ([`StateBacking::Ephemeral`]) `/var` is a tmpfs and
+//! `/etc/kubernetes` lives in the `/etc` overlay: a node that forgets everything at reboot.
+//!
+//! **`/etc` is an overlay** of the image's `/etc` with a writable upper layer on the `/run`
+//! tmpfs. Programs may write to `/etc` (CNI plugins install `/etc/cni/net.d`, tools update
+//! `/etc/hosts`), and every boot starts again from exactly the image's `/etc`: an upper layer
+//! on the state disk would let stale files shadow a newer image's after an upgrade, and a
+//! tmpfs copy of `/etc` would cost a copy at every boot and lose nothing the overlay keeps
+//! (ownership, modes, links). Persistent configuration belongs on the state disk explicitly,
+//! as `/etc/kubernetes` is.
+//!
+//! **The switch** follows systemd's `switch_root`: the API filesystems are moved (not
+//! remounted, so open files and the state disk mount under `/run` carry over), the new root is
+//! moved onto `/` and the process chroots into it; the initramfs root is opened before the
+//! move and emptied through that descriptor afterwards, without crossing mount points.
+//! Deleting it only frees memory, so a failure there is a warning. Last, `/` becomes `rshared`
+//! as under systemd: kubelet and container runtimes rely on mount propagation.
+//!
+//! PCR 11 ← `leave-initrd` is extended after every mount of the new root succeeded and before
+//! anything is moved: no code running after the switch can unseal what was sealed to the
+//! initramfs phase, and a failure before it leaves the node in the initramfs, where the
+//! fatal-error path still has its tools.
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use nix::mount::MsFlags;
+use tracing::{info, warn};
+
+use crate::disk::STATE_MOUNT_POINT;
+use crate::syscalls::{MountSpec, OldRoot, OwnedMountSpec, RemovalSummary, Syscalls};
+
+/// Where the new root is assembled.
+pub const SYSROOT: &str = "/sysroot";
+/// The upper and work directories of the `/etc` overlay (on the `/run` tmpfs, which moves
+/// into the new root with everything under it).
+pub const ETC_OVERLAY_DIR: &str = "/run/hawser/etc-overlay";
+/// The API filesystems moved into the new root, in this order.
+pub const MOVED_MOUNTS: [&str; 4] = ["/dev", "/proc", "/sys", "/run"];
+
+const NOSUID_NODEV: MsFlags = MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV);
+
+/// API filesystems the new root needs and the initramfs did not: pseudo-terminals, POSIX
+/// shared memory, and the cgroup v2 hierarchy (kubelet and containerd refuse to run without
+/// it). Mounted after [`switch_root`], through the shutdown mount table so that they are
+/// unmounted at shutdown: `shutdown::mount_table().mount_all(&sys, &NEW_ROOT_API_MOUNTS)`.
+pub const NEW_ROOT_API_MOUNTS: [MountSpec; 3] = [
+    MountSpec {
+        source: "devpts",
+        target: "/dev/pts",
+        fstype: "devpts",
+        flags: MsFlags::MS_NOSUID.union(MsFlags::MS_NOEXEC),
+        data: Some("mode=0620,gid=5,ptmxmode=0666"),
+    },
+    MountSpec {
+        source: "tmpfs",
+        target: "/dev/shm",
+        fstype: "tmpfs",
+        flags: NOSUID_NODEV,
+        data: Some("mode=1777"),
+    },
+    MountSpec {
+        source: "cgroup2",
+        target: "/sys/fs/cgroup",
+        fstype: "cgroup2",
+        flags: NOSUID_NODEV.union(MsFlags::MS_NOEXEC),
+        data: Some("nsdelegate,memory_recursiveprot"),
+    },
+];
+
+/// Where the node's writable state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateBacking {
+    /// The encrypted state disk, mounted at [`STATE_MOUNT_POINT`].
+    Disk,
+    /// No state disk: tmpfs, gone at reboot.
+    Ephemeral,
+}
+
+/// One step of the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Create a directory (and its parents) if missing. On the read-only image this only
+    /// checks that a mount point exists (creating one fails with EROFS).
+    CreateDir(PathBuf),
+    Mount(OwnedMountSpec),
+    /// Create a symbolic link `link` → `target` unless `link` exists.
+    Symlink {
+        target: PathBuf,
+        link: PathBuf,
+    },
+    /// PCR 11 ← `leave-initrd`, through the caller's callback.
+    MeasureLeaveInitrd,
+    /// Open the initramfs root for deletion after the switch.
+    OpenOldRoot(PathBuf),
+    ChangeDir(PathBuf),
+    ChangeRoot(PathBuf),
+    /// Delete the initramfs contents (a failure is only a warning).
+    RemoveOldRoot,
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::CreateDir(path) => write!(f, "create directory {}", path.display()),
+            Step::Mount(spec) => describe_mount(spec, f),
+            Step::Symlink { target, link } => {
+                write!(f, "link {} to {}", link.display(), target.display())
+            }
+            Step::MeasureLeaveInitrd => f.write_str("measure leave-initrd into PCR 11"),
+            Step::OpenOldRoot(path) => write!(f, "open the initramfs root {}", path.display()),
+            Step::ChangeDir(path) => write!(f, "chdir to {}", path.display()),
+            Step::ChangeRoot(path) => write!(f, "chroot to {}", path.display()),
+            Step::RemoveOldRoot => f.write_str("delete the initramfs contents"),
+        }
+    }
+}
+
+fn describe_mount(spec: &OwnedMountSpec, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    let source = spec.source.as_deref().unwrap_or("none");
+    let target = spec.target.display();
+    if spec.flags.contains(MsFlags::MS_MOVE) {
+        write!(f, "move mount {source} to {target}")
+    } else if spec.flags.contains(MsFlags::MS_BIND) {
+        write!(f, "bind-mount {source} on {target}")
+    } else if spec.flags.contains(MsFlags::MS_SHARED) {
+        write!(f, "make {target} and the mounts below it shared")
+    } else {
+        let fstype = spec.fstype.as_deref().unwrap_or("none");
+        let ro = if spec.flags.contains(MsFlags::MS_RDONLY) {
+            " read-only"
+        } else {
+            ""
+        };
+        write!(f, "mount {fstype} {source} on {target}{ro}")
+    }
+}
+
+/// A step that failed; the switch stops there.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchRootError {
+    #[error("cannot switch to the verified rootfs: {step} failed")]
+    Step {
+        step: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot switch to the verified rootfs: measuring leave-initrd into PCR 11 failed")]
+    Measure(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// What the switch came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwitchOutcome {
+    /// The initramfs deletion (`None` if it failed as a whole; the reason is in `warnings`).
+    pub removed: Option<RemovalSummary>,
+    /// Things worth a warning line (and the boot report).
+    pub warnings: Vec<String>,
+}
+
+/// The new root's mounts and the switch into it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RootfsPlan {
+    /// The verified rootfs device (`/dev/dm-N`).
+    pub root_device: PathBuf,
+    pub state: StateBacking,
+}
+
+fn sysroot(path: &str) -> PathBuf {
+    Path::new(SYSROOT).join(path.trim_start_matches('/'))
+}
+
+fn state(path: &str) -> PathBuf {
+    Path::new(STATE_MOUNT_POINT).join(path)
+}
+
+fn mount(source: &str, target: PathBuf, fstype: &str, flags: MsFlags, data: Option<&str>) -> Step {
+    Step::Mount(OwnedMountSpec {
+        source: Some(source.to_owned()),
+        target,
+        fstype: Some(fstype.to_owned()),
+        flags,
+        data: data.map(str::to_owned),
+    })
+}
+
+fn bind(source: PathBuf, target: PathBuf) -> Step {
+    Step::Mount(OwnedMountSpec {
+        source: Some(source.display().to_string()),
+        target,
+        fstype: None,
+        flags: MsFlags::MS_BIND,
+        data: None,
+    })
+}
+
+fn move_mount(source: &str, target: PathBuf) -> Step {
+    Step::Mount(OwnedMountSpec {
+        source: Some(source.to_owned()),
+        target,
+        fstype: None,
+        flags: MsFlags::MS_MOVE,
+        data: None,
+    })
+}
+
+impl RootfsPlan {
+    pub fn new(root_device: impl Into<PathBuf>, state: StateBacking) -> Self {
+        RootfsPlan {
+            root_device: root_device.into(),
+            state,
+        }
+    }
+
+    /// The mounts of the new root, under [`SYSROOT`].
+    pub fn mount_steps(&self) -> Vec<Step> {
+        let mut steps = vec![
+            Step::CreateDir(PathBuf::from(SYSROOT)),
+            mount(
+                &self.root_device.display().to_string(),
+                PathBuf::from(SYSROOT),
+                "erofs",
+                MsFlags::MS_RDONLY | MsFlags::MS_NODEV,
+                None,
+            ),
+        ];
+        match self.state {
+            StateBacking::Disk => steps.extend([
+                Step::CreateDir(state("var")),
+                Step::CreateDir(state("etc/kubernetes")),
+                Step::CreateDir(sysroot("/var")),
+                bind(state("var"), sysroot("/var")),
+            ]),
+            StateBacking::Ephemeral => steps.extend([
+                Step::CreateDir(sysroot("/var")),
+                mount(
+                    "tmpfs",
+                    sysroot("/var"),
+                    "tmpfs",
+                    NOSUID_NODEV,
+                    Some("mode=0755"),
+                ),
+            ]),
+        }
+        // Debian's compatibility links, which systemd-tmpfiles would create: many tools still
+        // name /var/run/... (containerd's socket, CNI plugins).
+        for (link, target) in [("/var/run", "../run"), ("/var/lock", "../run/lock")] {
+            steps.push(Step::Symlink {
+                target: PathBuf::from(target),
+                link: sysroot(link),
+            });
+        }
+        let upper = Path::new(ETC_OVERLAY_DIR).join("upper");
+        let work = Path::new(ETC_OVERLAY_DIR).join("work");
+        let overlay = format!(
+            "lowerdir={},upperdir={},workdir={}",
+            sysroot("/etc").display(),
+            upper.display(),
+            work.display()
+        );
+        steps.extend([
+            Step::CreateDir(upper),
+            Step::CreateDir(work),
+            Step::CreateDir(sysroot("/etc")),
+            mount(
+                "overlay",
+                sysroot("/etc"),
+                "overlay",
+                NOSUID_NODEV,
+                Some(&overlay),
+            ),
+        ]);
+        if self.state == StateBacking::Disk {
+            steps.extend([
+                // In the overlay's upper layer: the image need not have the directory.
+                Step::CreateDir(sysroot("/etc/kubernetes")),
+                bind(state("etc/kubernetes"), sysroot("/etc/kubernetes")),
+            ]);
+        }
+        steps.extend([
+            Step::CreateDir(sysroot("/tmp")),
+            mount(
+                "tmpfs",
+                sysroot("/tmp"),
+                "tmpfs",
+                NOSUID_NODEV,
+                Some("mode=1777"),
+            ),
+        ]);
+        steps
+    }
+
+    /// The measurement and the switch.
+    pub fn switch_steps(&self) -> Vec<Step> {
+        let mut steps = vec![
+            Step::MeasureLeaveInitrd,
+            Step::OpenOldRoot(PathBuf::from("/")),
+        ];
+        for api in MOVED_MOUNTS {
+            steps.push(Step::CreateDir(sysroot(api)));
+            steps.push(move_mount(api, sysroot(api)));
+        }
+        steps.extend([
+            Step::ChangeDir(PathBuf::from(SYSROOT)),
+            move_mount(".", PathBuf::from("/")),
+            Step::ChangeRoot(PathBuf::from(".")),
+            Step::RemoveOldRoot,
+            Step::ChangeDir(PathBuf::from("/")),
+            Step::Mount(OwnedMountSpec {
+                source: None,
+                target: PathBuf::from("/"),
+                fstype: None,
+                flags: MsFlags::MS_SHARED | MsFlags::MS_REC,
+                data: None,
+            }),
+        ]);
+        steps
+    }
+
+    /// Every step, in order.
+    pub fn steps(&self) -> Vec<Step> {
+        let mut steps = self.mount_steps();
+        steps.extend(self.switch_steps());
+        steps
+    }
+
+    /// The mounts made by the plan that shutdown should detach, with their paths in the new
+    /// root, in mount order (the API filesystems moved from the initramfs keep their paths and
+    /// are already in the shutdown mount table).
+    pub fn shutdown_mounts(&self) -> &'static [MountSpec] {
+        const OVERLAY: &str = "lowerdir=/etc,upperdir=/run/hawser/etc-overlay/upper,\
+                               workdir=/run/hawser/etc-overlay/work";
+        const DISK: [MountSpec; 4] = [
+            MountSpec {
+                source: "/run/hawser/state/var",
+                target: "/var",
+                fstype: "none",
+                flags: MsFlags::MS_BIND,
+                data: None,
+            },
+            MountSpec {
+                source: "overlay",
+                target: "/etc",
+                fstype: "overlay",
+                flags: NOSUID_NODEV,
+                data: Some(OVERLAY),
+            },
+            MountSpec {
+                source: "/run/hawser/state/etc/kubernetes",
+                target: "/etc/kubernetes",
+                fstype: "none",
+                flags: MsFlags::MS_BIND,
+                data: None,
+            },
+            MountSpec {
+                source: "tmpfs",
+                target: "/tmp",
+                fstype: "tmpfs",
+                flags: NOSUID_NODEV,
+                data: Some("mode=1777"),
+            },
+        ];
+        const EPHEMERAL: [MountSpec; 3] = [
+            MountSpec {
+                source: "tmpfs",
+                target: "/var",
+                fstype: "tmpfs",
+                flags: NOSUID_NODEV,
+                data: Some("mode=0755"),
+            },
+            DISK[1],
+            DISK[3],
+        ];
+        match self.state {
+            StateBacking::Disk => &DISK,
+            StateBacking::Ephemeral => &EPHEMERAL,
+        }
+    }
+}
+
+/// Runs the plan: the new root's mounts, the leave-initrd measurement (`measure_leave_initrd`,
+/// which the caller backs with the TPM), then the switch. Blocking; call it from a blocking
+/// thread. Stops at the first failing step; after the measurement a failure leaves a
+/// half-switched machine, which only the fatal-error path (reboot) can end.
+pub fn switch_root(
+    sys: &dyn Syscalls,
+    plan: &RootfsPlan,
+    measure_leave_initrd: &mut dyn FnMut() -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+) -> Result<SwitchOutcome, SwitchRootError> {
+    let mut old_root: Option<OldRoot> = None;
+    let mut outcome = SwitchOutcome {
+        removed: None,
+        warnings: Vec::new(),
+    };
+    for step in plan.steps() {
+        let failed = |source| SwitchRootError::Step {
+            step: step.to_string(),
+            source,
+        };
+        match &step {
+            Step::CreateDir(path) => sys.create_dir_all(path).map_err(failed)?,
+            Step::Mount(spec) => sys.mount_owned(spec).map_err(failed)?,
+            Step::Symlink { target, link } => sys.symlink(target, link).map_err(failed)?,
+            Step::MeasureLeaveInitrd => measure_leave_initrd().map_err(SwitchRootError::Measure)?,
+            Step::OpenOldRoot(path) => old_root = Some(sys.open_old_root(path).map_err(failed)?),
+            Step::ChangeDir(path) => sys.chdir(path).map_err(failed)?,
+            Step::ChangeRoot(path) => sys.chroot(path).map_err(failed)?,
+            Step::RemoveOldRoot => {
+                let removal = match old_root.take() {
+                    Some(old_root) => sys.remove_old_root(old_root),
+                    None => Err(io::Error::other("the initramfs root was not opened")),
+                };
+                match removal {
+                    Ok(summary) => {
+                        if let Some(failure) = &summary.first_failure {
+                            outcome.warnings.push(format!(
+                                "{} initramfs entries could not be deleted (first: {failure}); \
+                                 their memory stays in use",
+                                summary.failed
+                            ));
+                        }
+                        outcome.removed = Some(summary);
+                    }
+                    Err(e) => outcome.warnings.push(format!(
+                        "cannot delete the initramfs contents ({e}); its memory stays in use"
+                    )),
+                }
+            }
+        }
+    }
+    if let Some(summary) = &outcome.removed {
+        info!(
+            "switched to the verified rootfs {}; deleted {} initramfs entries",
+            plan.root_device.display(),
+            summary.removed
+        );
+    }
+    for warning in &outcome.warnings {
+        warn!("{warning}");
+    }
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::syscalls::{Call, RecordingSyscalls};
+    use nix::errno::Errno;
+    use std::cell::Cell;
+
+    fn dir(path: &str) -> Call {
+        Call::CreateDirAll(PathBuf::from(path))
+    }
+
+    fn owned(
+        source: Option<&str>,
+        target: &str,
+        fstype: Option<&str>,
+        flags: MsFlags,
+        data: Option<&str>,
+    ) -> OwnedMountSpec {
+        OwnedMountSpec {
+            source: source.map(str::to_owned),
+            target: PathBuf::from(target),
+            fstype: fstype.map(str::to_owned),
+            flags,
+            data: data.map(str::to_owned),
+        }
+    }
+
+    fn mounted(
+        source: &str,
+        target: &str,
+        fstype: &str,
+        flags: MsFlags,
+        data: Option<&str>,
+    ) -> Call {
+        Call::MountOwned(owned(Some(source), target, Some(fstype), flags, data))
+    }
+
+    fn bound(source: &str, target: &str) -> Call {
+        Call::MountOwned(owned(Some(source), target, None, MsFlags::MS_BIND, None))
+    }
+
+    fn moved(source: &str, target: &str) -> Call {
+        Call::MountOwned(owned(Some(source), target, None, MsFlags::MS_MOVE, None))
+    }
+
+    fn no_measurement() -> impl FnMut() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        || Ok(())
+    }
+
+    #[test]
+    fn the_switch_with_a_state_disk_runs_in_order() {
+        let sys = RecordingSyscalls::new();
+        let plan = RootfsPlan::new("/dev/dm-1", StateBacking::Disk);
+        let measured_after = Cell::new(None);
+        let outcome = switch_root(&sys, &plan, &mut || {
+            measured_after.set(Some(sys.calls().len()));
+            Ok(())
+        })
+        .unwrap();
+        assert!(outcome.warnings.is_empty(), "{:?}", outcome.warnings);
+        let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        let expected = [
+            dir("/sysroot"),
+            mounted(
+                "/dev/dm-1",
+                "/sysroot",
+                "erofs",
+                MsFlags::MS_RDONLY | MsFlags::MS_NODEV,
+                None,
+            ),
+            dir("/run/hawser/state/var"),
+            dir("/run/hawser/state/etc/kubernetes"),
+            dir("/sysroot/var"),
+            bound("/run/hawser/state/var", "/sysroot/var"),
+            Call::Symlink {
+                target: "../run".into(),
+                link: "/sysroot/var/run".into(),
+            },
+            Call::Symlink {
+                target: "../run/lock".into(),
+                link: "/sysroot/var/lock".into(),
+            },
+            dir("/run/hawser/etc-overlay/upper"),
+            dir("/run/hawser/etc-overlay/work"),
+            dir("/sysroot/etc"),
+            mounted(
+                "overlay",
+                "/sysroot/etc",
+                "overlay",
+                nosuid_nodev,
+                Some(
+                    "lowerdir=/sysroot/etc,upperdir=/run/hawser/etc-overlay/upper,\
+                     workdir=/run/hawser/etc-overlay/work",
+                ),
+            ),
+            dir("/sysroot/etc/kubernetes"),
+            bound(
+                "/run/hawser/state/etc/kubernetes",
+                "/sysroot/etc/kubernetes",
+            ),
+            dir("/sysroot/tmp"),
+            mounted(
+                "tmpfs",
+                "/sysroot/tmp",
+                "tmpfs",
+                nosuid_nodev,
+                Some("mode=1777"),
+            ),
+            // The measurement happens here.
+            Call::OpenOldRoot("/".into()),
+            dir("/sysroot/dev"),
+            moved("/dev", "/sysroot/dev"),
+            dir("/sysroot/proc"),
+            moved("/proc", "/sysroot/proc"),
+            dir("/sysroot/sys"),
+            moved("/sys", "/sysroot/sys"),
+            dir("/sysroot/run"),
+            moved("/run", "/sysroot/run"),
+            Call::ChangeDir("/sysroot".into()),
+            moved(".", "/"),
+            Call::ChangeRoot(".".into()),
+            Call::RemoveOldRoot,
+            Call::ChangeDir("/".into()),
+            Call::MountOwned(owned(
+                None,
+                "/",
+                None,
+                MsFlags::MS_SHARED | MsFlags::MS_REC,
+                None,
+            )),
+        ];
+        assert_eq!(sys.calls(), expected);
+        // Every mount of the new root before the measurement, nothing moved before it.
+        assert_eq!(measured_after.get(), Some(16));
+    }
+
+    #[test]
+    fn without_a_state_disk_var_is_a_tmpfs_and_nothing_touches_the_state_mount() {
+        let sys = RecordingSyscalls::new();
+        let plan = RootfsPlan::new("/dev/dm-0", StateBacking::Ephemeral);
+        switch_root(&sys, &plan, &mut no_measurement()).unwrap();
+        let calls = sys.calls();
+        assert!(calls.contains(&mounted(
+            "tmpfs",
+            "/sysroot/var",
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0755")
+        )));
+        let touches_state = calls
+            .iter()
+            .any(|call| format!("{call:?}").contains(STATE_MOUNT_POINT));
+        assert!(!touches_state, "{calls:?}");
+    }
+
+    #[test]
+    fn a_failed_mount_stops_before_the_measurement() {
+        let sys = RecordingSyscalls::new();
+        // The image has no /tmp: creating the mount point on the read-only erofs fails.
+        sys.fail(dir("/sysroot/tmp"), Errno::EROFS);
+        let plan = RootfsPlan::new("/dev/dm-1", StateBacking::Disk);
+        let measured = Cell::new(false);
+        let err = switch_root(&sys, &plan, &mut || {
+            measured.set(true);
+            Ok(())
+        })
+        .unwrap_err();
+        assert_eq!(
+            crate::fatal::error_chain(&err),
+            "cannot switch to the verified rootfs: create directory /sysroot/tmp failed: \
+             Read-only file system (os error 30)"
+        );
+        assert!(!measured.get());
+        assert_eq!(sys.calls().last(), Some(&dir("/sysroot/tmp")));
+    }
+
+    #[test]
+    fn a_failed_measurement_moves_nothing() {
+        let sys = RecordingSyscalls::new();
+        let plan = RootfsPlan::new("/dev/dm-1", StateBacking::Disk);
+        let err = switch_root(&sys, &plan, &mut || Err("TPM went away".into())).unwrap_err();
+        assert_eq!(
+            crate::fatal::error_chain(&err),
+            "cannot switch to the verified rootfs: measuring leave-initrd into PCR 11 failed: \
+             TPM went away"
+        );
+        assert!(
+            !sys.calls()
+                .iter()
+                .any(|call| matches!(call, Call::OpenOldRoot(_) | Call::ChangeRoot(_)))
+        );
+    }
+
+    #[test]
+    fn a_failed_move_names_the_mount() {
+        let sys = RecordingSyscalls::new();
+        sys.fail(moved("/sys", "/sysroot/sys"), Errno::EINVAL);
+        let plan = RootfsPlan::new("/dev/dm-1", StateBacking::Disk);
+        let err = switch_root(&sys, &plan, &mut no_measurement()).unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("move mount /sys to /sysroot/sys failed"),
+            "{err}"
+        );
+        assert!(!sys.calls().contains(&Call::ChangeRoot(".".into())));
+    }
+
+    #[test]
+    fn a_failed_initramfs_deletion_is_only_a_warning() {
+        let sys = RecordingSyscalls::new();
+        sys.fail(Call::RemoveOldRoot, Errno::EIO);
+        let plan = RootfsPlan::new("/dev/dm-1", StateBacking::Disk);
+        let outcome = switch_root(&sys, &plan, &mut no_measurement()).unwrap();
+        assert_eq!(outcome.removed, None);
+        assert_eq!(
+            outcome.warnings,
+            [
+                "cannot delete the initramfs contents (Input/output error (os error 5)); its \
+              memory stays in use"
+            ]
+        );
+        // The switch went on to the end.
+        assert_eq!(
+            sys.calls().last().map(|c| matches!(c, Call::MountOwned(_))),
+            Some(true)
+        );
+        assert!(sys.calls().contains(&Call::ChangeDir("/".into())));
+    }
+
+    #[test]
+    fn shutdown_mounts_are_the_plans_mounts_seen_from_the_new_root() {
+        for state in [StateBacking::Disk, StateBacking::Ephemeral] {
+            let plan = RootfsPlan::new("/dev/dm-1", state);
+            let planned: Vec<PathBuf> = plan
+                .mount_steps()
+                .into_iter()
+                .filter_map(|step| match step {
+                    Step::Mount(spec) if spec.target != Path::new(SYSROOT) => {
+                        Some(Path::new("/").join(spec.target.strip_prefix(SYSROOT).unwrap()))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let recorded: Vec<PathBuf> = plan
+                .shutdown_mounts()
+                .iter()
+                .map(|m| PathBuf::from(m.target))
+                .collect();
+            assert_eq!(planned, recorded, "{state:?}");
+        }
+    }
+
+    #[test]
+    fn steps_read_as_sentences() {
+        let plan = RootfsPlan::new("/dev/dm-1", StateBacking::Disk);
+        let text: Vec<String> = plan.steps().iter().map(Step::to_string).collect();
+        assert_eq!(text[1], "mount erofs /dev/dm-1 on /sysroot read-only");
+        assert_eq!(text[5], "bind-mount /run/hawser/state/var on /sysroot/var");
+        assert_eq!(
+            text.last().unwrap(),
+            "make / and the mounts below it shared"
+        );
+    }
+}

@@ -1,0 +1,355 @@
+//! One-shot jobs that run once per node lifetime: `kubeadm init` or `kubeadm join`.
+//!
+//! "Once" is remembered by a marker file on the state disk, written only after the job
+//! succeeded, and made durable (file and directory fsynced, written under a temporary name and
+//! renamed) before [`run_once`] returns: a power cut either leaves no marker (the job runs
+//! again at the next boot) or a complete one.
+//!
+//! **A failed job is not retried.** `kubeadm init` and `kubeadm join` are not idempotent: a
+//! failed run leaves certificates, static pod manifests, kubeconfigs and possibly an etcd
+//! member behind, a second run stops at its preflight checks, and making it pass needs
+//! `kubeadm reset`, which deletes what the first run created — a decision for an operator
+//! (with `hawser recover`), not for PID 1 in a loop. So a failure is reported with the exit
+//! status and the job's last lines of output, the node stays up with containerd and kubelet
+//! running for diagnosis, and no marker is written: the next boot tries again.
+
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::output::{self, Redaction, Tail};
+use super::{KILL_WAIT, SERVICE_PATH, StopOutcome, terminate};
+use crate::reaper::ChildRegistry;
+
+/// A program to run once per node lifetime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OneShotJob {
+    /// Short name: the log prefix, e.g. `kubeadm`.
+    pub name: String,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+    /// The whole environment (nothing is inherited from PID 1).
+    pub env: Vec<(String, String)>,
+    /// Exists once the job has succeeded (on the state disk).
+    pub marker: PathBuf,
+    /// The job is stopped (SIGTERM, then SIGKILL) after this long.
+    pub timeout: Option<Duration>,
+}
+
+impl OneShotJob {
+    /// A job with `PATH` as its environment and no timeout.
+    pub fn new(name: &str, argv: &[&str], marker: impl Into<PathBuf>) -> Self {
+        let (program, args) = argv.split_first().map_or(("", &[][..]), |(p, a)| (*p, a));
+        OneShotJob {
+            name: name.to_owned(),
+            program: PathBuf::from(program),
+            args: args.iter().map(|&a| a.to_owned()).collect(),
+            env: vec![("PATH".to_owned(), SERVICE_PATH.to_owned())],
+            marker: marker.into(),
+            timeout: None,
+        }
+    }
+}
+
+/// What [`run_once`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OneShotOutcome {
+    /// The marker exists: the job succeeded on an earlier boot.
+    AlreadyDone,
+    /// The job ran now and succeeded; the marker is written.
+    Succeeded { took: Duration },
+}
+
+/// Why a one-shot job did not succeed. The last lines of output are redacted like the log.
+#[derive(Debug, thiserror::Error)]
+pub enum OneShotError {
+    #[error("cannot check {name}'s marker {}", marker.display())]
+    MarkerRead {
+        name: String,
+        marker: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot start {name} ({})", program.display())]
+    Spawn {
+        name: String,
+        program: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{name} failed with {status}; last output: {}", join_tail(tail))]
+    Failed {
+        name: String,
+        status: ExitStatus,
+        tail: Vec<String>,
+    },
+    #[error(
+        "{name} did not finish within {:.1} s and was stopped; last output: {}",
+        timeout.as_secs_f64(), join_tail(tail)
+    )]
+    Timeout {
+        name: String,
+        timeout: Duration,
+        tail: Vec<String>,
+    },
+    #[error("cannot wait for {name}")]
+    Wait {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{name} succeeded, but its marker {} cannot be written", marker.display())]
+    MarkerWrite {
+        name: String,
+        marker: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+fn join_tail(tail: &[String]) -> String {
+    if tail.is_empty() {
+        "(none)".to_owned()
+    } else {
+        tail.join(" | ")
+    }
+}
+
+/// Runs `job` unless its marker exists; writes the marker after success. Output is forwarded
+/// to the log as `[name] …`, with bootstrap tokens and certificate keys redacted.
+pub async fn run_once(
+    registry: &ChildRegistry,
+    job: &OneShotJob,
+) -> Result<OneShotOutcome, OneShotError> {
+    match std::fs::symlink_metadata(&job.marker) {
+        Ok(_) => {
+            info!(
+                "{} already ran on this node (marker {}); not running it again",
+                job.name,
+                job.marker.display()
+            );
+            return Ok(OneShotOutcome::AlreadyDone);
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(OneShotError::MarkerRead {
+                name: job.name.clone(),
+                marker: job.marker.clone(),
+                source,
+            });
+        }
+    }
+
+    let mut command = tokio::process::Command::new(&job.program);
+    command
+        .args(&job.args)
+        .env_clear()
+        .envs(job.env.iter().map(|(k, v)| (k, v)))
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let started = Instant::now();
+    let mut child = registry
+        .spawn(&mut command)
+        .map_err(|source| OneShotError::Spawn {
+            name: job.name.clone(),
+            program: job.program.clone(),
+            source,
+        })?;
+    info!(
+        "running {} once: {}",
+        job.name,
+        output::redact(
+            &format!("{} {}", job.program.display(), job.args.join(" ")),
+            Redaction::TokensAndKeys
+        )
+    );
+    let tail = Tail::default();
+    let forwarders = output::forward_child_output(
+        &mut child,
+        &job.name,
+        Redaction::TokensAndKeys,
+        Some(tail.clone()),
+    );
+
+    let waited = match job.timeout {
+        Some(limit) => tokio::time::timeout(limit, child.wait()).await.ok(),
+        None => Some(child.wait().await),
+    };
+    let status = match waited {
+        Some(status) => status.map_err(|source| OneShotError::Wait {
+            name: job.name.clone(),
+            source,
+        })?,
+        None => {
+            let outcome = terminate(&mut child, &job.name, KILL_WAIT).await;
+            if outcome == StopOutcome::Stuck {
+                warn!("{} did not exit after SIGKILL", job.name);
+            }
+            drain(forwarders).await;
+            return Err(OneShotError::Timeout {
+                name: job.name.clone(),
+                timeout: job.timeout.unwrap_or_default(),
+                tail: tail.lines(),
+            });
+        }
+    };
+    // The rest of the output (a child of the job could keep the pipes open: bounded).
+    drain(forwarders).await;
+    if !status.success() {
+        return Err(OneShotError::Failed {
+            name: job.name.clone(),
+            status,
+            tail: tail.lines(),
+        });
+    }
+    let took = started.elapsed();
+    let marker_text = format!(
+        "{} succeeded in {:.1} s (hawser {})\n",
+        job.name,
+        took.as_secs_f64(),
+        env!("CARGO_PKG_VERSION")
+    );
+    write_marker(&job.marker, &marker_text).map_err(|source| OneShotError::MarkerWrite {
+        name: job.name.clone(),
+        marker: job.marker.clone(),
+        source,
+    })?;
+    info!(
+        "{} succeeded in {:.1} s; marker {} written",
+        job.name,
+        took.as_secs_f64(),
+        job.marker.display()
+    );
+    Ok(OneShotOutcome::Succeeded { took })
+}
+
+async fn drain(forwarders: Vec<tokio::task::JoinHandle<()>>) {
+    for forwarder in forwarders {
+        let _ = tokio::time::timeout(Duration::from_secs(1), forwarder).await;
+    }
+}
+
+/// Writes `text` to `marker` durably: a temporary file, fsynced, renamed, directory fsynced.
+fn write_marker(marker: &Path, text: &str) -> io::Result<()> {
+    let dir = marker
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut temporary = marker.as_os_str().to_owned();
+    temporary.push(".tmp");
+    let temporary = PathBuf::from(temporary);
+    let mut file = std::fs::File::create(&temporary)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&temporary, marker)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervisor::tests::capture_logs;
+
+    fn job(dir: &Path, script: &str) -> OneShotJob {
+        OneShotJob::new(
+            "job",
+            &["/bin/sh", "-c", script],
+            dir.join("state/hawser/job.done"),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_job_runs_once_and_is_remembered_by_its_marker() {
+        let (_logs, _guard) = capture_logs();
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("runs");
+        let job = job(dir.path(), &format!("echo ran >> {}", runs.display()));
+        let registry = ChildRegistry::new();
+        let first = run_once(&registry, &job).await.unwrap();
+        assert!(matches!(first, OneShotOutcome::Succeeded { .. }));
+        assert!(
+            std::fs::read_to_string(&job.marker)
+                .unwrap()
+                .starts_with("job succeeded in ")
+        );
+        assert!(!dir.path().join("state/hawser/job.done.tmp").exists());
+        assert_eq!(
+            run_once(&registry, &job).await.unwrap(),
+            OneShotOutcome::AlreadyDone
+        );
+        assert_eq!(std::fs::read_to_string(&runs).unwrap(), "ran\n");
+    }
+
+    #[tokio::test]
+    async fn a_failure_reports_status_and_last_lines_and_writes_no_marker() {
+        let (logs, _guard) = capture_logs();
+        let dir = tempfile::tempdir().unwrap();
+        let job = job(
+            dir.path(),
+            "echo '[preflight] Running pre-flight checks'; \
+             echo 'error execution phase preflight: port 6443 is in use' >&2; \
+             echo 'kubeadm join 10.0.0.1:6443 --token abcdef.0123456789abcdef'; exit 7",
+        );
+        let err = run_once(&ChildRegistry::new(), &job).await.unwrap_err();
+        let OneShotError::Failed { status, tail, .. } = &err else {
+            panic!("unexpected {err:?}");
+        };
+        assert_eq!(status.code(), Some(7));
+        assert!(tail.contains(&"error execution phase preflight: port 6443 is in use".to_owned()));
+        assert!(tail.contains(&"kubeadm join 10.0.0.1:6443 --token abcdef.<redacted>".to_owned()));
+        let message = err.to_string();
+        assert!(
+            message.starts_with("job failed with exit status: 7; last output: "),
+            "{message}"
+        );
+        assert!(!message.contains("0123456789abcdef"), "{message}");
+        assert!(!job.marker.exists());
+        assert!(
+            logs.contains("[job] [preflight] Running pre-flight checks"),
+            "{:?}",
+            logs.lines()
+        );
+        assert!(!logs.lines().iter().any(|l| l.contains("0123456789abcdef")));
+    }
+
+    #[tokio::test]
+    async fn a_job_past_its_timeout_is_stopped() {
+        let (_logs, _guard) = capture_logs();
+        let dir = tempfile::tempdir().unwrap();
+        let mut job = job(dir.path(), "echo waiting; exec sleep 60");
+        job.timeout = Some(Duration::from_millis(300));
+        let started = Instant::now();
+        let err = run_once(&ChildRegistry::new(), &job).await.unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(
+            err.to_string(),
+            "job did not finish within 0.3 s and was stopped; last output: waiting"
+        );
+        assert!(!job.marker.exists());
+    }
+
+    #[tokio::test]
+    async fn a_missing_program_is_a_spawn_error() {
+        let (_logs, _guard) = capture_logs();
+        let dir = tempfile::tempdir().unwrap();
+        let job = OneShotJob::new(
+            "kubeadm",
+            &["/nonexistent/kubeadm", "init"],
+            dir.path().join("m"),
+        );
+        let err = run_once(&ChildRegistry::new(), &job).await.unwrap_err();
+        assert_eq!(
+            crate::fatal::error_chain(&err),
+            "cannot start kubeadm (/nonexistent/kubeadm): No such file or directory (os error 2)"
+        );
+    }
+}

@@ -1,0 +1,39 @@
+//! `kubelet` STAND-IN (not Kubernetes): see the hawser-standin crate.
+//!
+//! Checks its flags, records the start, then waits for SIGTERM (or SIGINT) and exits 0. A
+//! refused start exits 1 with the reason, so a supervisor's restart backoff can be exercised.
+
+use hawser_standin::{KUBELET_LABEL, StandinEnv, kubelet, labelled};
+use nix::sys::signal::{SigSet, Signal};
+
+fn main() {
+    // Blocked before anything else, so a SIGTERM that arrives during the checks is waited for
+    // below instead of killing the process with a signal status.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    if let Err(e) = signals.thread_block() {
+        eprintln!("{KUBELET_LABEL}: error: cannot block SIGTERM: {e}");
+        std::process::exit(1);
+    }
+    let env = StandinEnv::from_process();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let start = match kubelet::prepare(&args, &env) {
+        Ok(start) => start,
+        Err(e) => {
+            eprintln!("{}", labelled(KUBELET_LABEL, &format!("error: {e}")));
+            std::process::exit(1);
+        }
+    };
+    println!("{}", start.banner());
+    match signals.wait() {
+        Ok(signal) => {
+            kubelet::record_stop(&env, signal.as_str());
+            println!("{KUBELET_LABEL}: {} received, exiting", signal.as_str());
+        }
+        Err(e) => {
+            eprintln!("{KUBELET_LABEL}: error: waiting for SIGTERM failed: {e}");
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! hawser-standin: honest stand-ins for `kubeadm` and `kubelet`.
+//!
+//! Kubernetes' own packages (pkgs.k8s.io) cannot be reached from every build machine. When the
+//! rootfs build cannot have them, it installs these two binaries instead — at /usr/bin/kubeadm
+//! and /usr/bin/kubelet, next to a marker file /usr/share/hawser/STAND-IN saying what was
+//! substituted and why — so that hawser's node logic (run `kubeadm init|join` once, supervise
+//! the kubelet, issue join tokens) can be exercised end to end.
+//!
+//! They are stand-ins, never Kubernetes: every line they print says so
+//! ("kubeadm STAND-IN (not Kubernetes)"), the CA they make is labelled as theirs, and the
+//! kubeconfigs they write name a "standin" cluster. What they do check is real: kubeadm's
+//! configuration is decoded strictly against the kubeadm v1beta4 API and validated as kubeadm
+//! validates it ([`config`]), so a configuration hawser writes that real kubeadm would refuse
+//! is refused here too, with the document, field and problem named.
+//!
+//! Every call is recorded as a JSON line under `<root>/var/log/hawser-standin/` ([`record`]).
+//! `<root>` is `/`, or `$HAWSER_STANDIN_ROOT` so tests run without root.
+
+pub mod config;
+pub mod kubeadm;
+pub mod kubelet;
+pub mod pki;
+pub mod record;
+pub mod validate;
+
+use std::path::PathBuf;
+
+/// How the kubeadm stand-in labels its output.
+pub const KUBEADM_LABEL: &str = "kubeadm STAND-IN (not Kubernetes)";
+/// How the kubelet stand-in labels its output.
+pub const KUBELET_LABEL: &str = "kubelet STAND-IN (not Kubernetes)";
+/// The environment variable that moves the stand-ins' file system root.
+pub const ROOT_ENV: &str = "HAWSER_STANDIN_ROOT";
+
+/// Where the stand-ins read and write, and the node's hostname.
+#[derive(Debug, Clone)]
+pub struct StandinEnv {
+    /// Prefix for /etc/kubernetes, /var/lib/kubelet and /var/log/hawser-standin.
+    pub root: PathBuf,
+    /// The kernel's hostname (kubeadm's default node name, lower-cased by the caller).
+    pub hostname: String,
+}
+
+impl StandinEnv {
+    /// `$HAWSER_STANDIN_ROOT` (default `/`) and the kernel's hostname.
+    pub fn from_process() -> Self {
+        let root = std::env::var_os(ROOT_ENV)
+            .filter(|r| !r.is_empty())
+            .map_or_else(|| PathBuf::from("/"), PathBuf::from);
+        let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        Self { root, hostname }
+    }
+}
+
+/// Prefixes every line of `text` with `label: `.
+pub fn labelled(label: &str, text: &str) -> String {
+    text.lines()
+        .map(|l| format!("{label}: {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
