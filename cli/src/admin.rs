@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use clap::Args;
 use hawser_cli::cluster::{self, InitOptions, RecoverOptions};
 
-/// Verify a waiting node and initialize a new cluster on it.
+/// Which node, and how to recognise it (both commands verify the node before sending it
+/// anything).
 #[derive(Args)]
-pub struct InitArgs {
+pub struct NodeArgs {
     /// The node's init server, HOST:PORT (port 9000 on the node).
     #[arg(long)]
     node: String,
@@ -19,6 +20,13 @@ pub struct InitArgs {
     /// PEM of the CA that certified the node's attestation key (the cloud provider's).
     #[arg(long)]
     provider_ca: PathBuf,
+}
+
+/// Verify a waiting node and initialize a new cluster on it.
+#[derive(Args)]
+pub struct InitArgs {
+    #[command(flatten)]
+    target: NodeArgs,
     /// Where to write the new master secret (0600; never overwritten).
     #[arg(long, default_value = "hawser-master-secret.json")]
     master_secret: PathBuf,
@@ -45,15 +53,8 @@ pub struct InitArgs {
 /// Verify a node of an existing cluster and let it reopen its state disk without a join service.
 #[derive(Args)]
 pub struct RecoverArgs {
-    /// The node's init server, HOST:PORT.
-    #[arg(long)]
-    node: String,
-    /// Expected measurements of the node's image.
-    #[arg(long)]
-    measurements: PathBuf,
-    /// PEM of the CA that certified the node's attestation key.
-    #[arg(long)]
-    provider_ca: PathBuf,
+    #[command(flatten)]
+    target: NodeArgs,
     /// The cluster's master secret, as written by `hawser init`.
     #[arg(long, default_value = "hawser-master-secret.json")]
     master_secret: PathBuf,
@@ -79,9 +80,9 @@ fn node_log(line: &str) {
 
 pub fn init(args: InitArgs) -> anyhow::Result<()> {
     let opts = InitOptions {
-        node: args.node,
-        measurements: args.measurements,
-        provider_ca: args.provider_ca,
+        node: args.target.node,
+        measurements: args.target.measurements,
+        provider_ca: args.target.provider_ca,
         master_secret: args.master_secret,
         cluster_file: args.cluster_file,
         kubeconfig: args.kubeconfig,
@@ -101,9 +102,9 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
 
 pub fn recover(args: RecoverArgs) -> anyhow::Result<()> {
     let opts = RecoverOptions {
-        node: args.node,
-        measurements: args.measurements,
-        provider_ca: args.provider_ca,
+        node: args.target.node,
+        measurements: args.target.measurements,
+        provider_ca: args.target.provider_ca,
         master_secret: args.master_secret,
         cluster_file: args.cluster_file,
     };

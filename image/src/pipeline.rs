@@ -138,44 +138,54 @@ fn read_provider_ca(path: &Path) -> Result<String, PipelineError> {
     Ok(text)
 }
 
-/// Compiles `hawser-init` with the `image` profile and remapped paths; returns the binary.
-fn compile_init(opts: &PipelineOptions, epoch: u64) -> Result<PathBuf, PipelineError> {
-    let target_dir = opts
-        .target_dir
-        .clone()
+/// The cargo target directory of image builds: `explicit`, else `$CARGO_TARGET_DIR`, else
+/// `<workspace>/target`.
+pub fn image_target_dir(workspace: &Path, explicit: Option<&Path>) -> PathBuf {
+    explicit
+        .map(Path::to_owned)
         .or_else(|| std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| opts.workspace.join("target"));
+        .unwrap_or_else(|| workspace.join("target"))
+}
+
+/// `cargo build --locked --profile image -p <package>` for a binary that goes into the image:
+/// `SOURCE_DATE_EPOCH` set, and the workspace, cargo home and target directory remapped so
+/// no build-host path ends up in the binary.
+pub fn image_cargo_build(
+    workspace: &Path,
+    target_dir: &Path,
+    package: &str,
+    epoch: u64,
+) -> Command {
     let cargo_home = std::env::var_os("CARGO_HOME").map_or_else(
         || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"),
         PathBuf::from,
     );
     let absolute = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
-    let remaps = [
-        (absolute(&opts.workspace), "/hawser"),
+    let rustflags = [
+        (absolute(workspace), "/hawser"),
         (absolute(&cargo_home), "/cargo"),
-        (absolute(&target_dir), "/target"),
-    ];
-    let rustflags = remaps
-        .iter()
-        .map(|(from, to)| format!("--remap-path-prefix={}={to}", from.display()))
-        .collect::<Vec<_>>()
-        .join("\x1f");
+        (absolute(target_dir), "/target"),
+    ]
+    .iter()
+    .map(|(from, to)| format!("--remap-path-prefix={}={to}", from.display()))
+    .collect::<Vec<_>>()
+    .join("\x1f");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(&opts.workspace)
-        .args([
-            "build",
-            "--locked",
-            "--profile",
-            "image",
-            "-p",
-            "hawser-init",
-        ])
+    cmd.current_dir(workspace)
+        .args(["build", "--locked", "--profile", "image", "-p", package])
         .arg("--target-dir")
-        .arg(&target_dir)
+        .arg(target_dir)
         .env("SOURCE_DATE_EPOCH", epoch.to_string())
         .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
         .env_remove("RUSTFLAGS");
+    cmd
+}
+
+/// Compiles `hawser-init` with the `image` profile and remapped paths; returns the binary.
+fn compile_init(opts: &PipelineOptions, epoch: u64) -> Result<PathBuf, PipelineError> {
+    let target_dir = image_target_dir(&opts.workspace, opts.target_dir.as_deref());
+    let mut cmd = image_cargo_build(&opts.workspace, &target_dir, "hawser-init", epoch);
     tracing::info!("compiling the init binary (cargo build --profile image -p hawser-init)");
     let status = cmd.status().map_err(PipelineError::Cargo)?;
     if !status.success() {

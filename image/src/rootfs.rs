@@ -905,45 +905,18 @@ pub fn compile_standins(
     target_dir: Option<&Path>,
     source_date_epoch: u64,
 ) -> Result<PathBuf, RootfsError> {
-    let target_dir = target_dir
-        .map(Path::to_owned)
-        .or_else(|| std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from))
-        .unwrap_or_else(|| workspace.join("target"));
-    let cargo_home = std::env::var_os("CARGO_HOME").map_or_else(
-        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"),
-        PathBuf::from,
-    );
-    let absolute = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
-    let rustflags = [
-        (absolute(workspace), "/hawser"),
-        (absolute(&cargo_home), "/cargo"),
-        (absolute(&target_dir), "/target"),
-    ]
-    .iter()
-    .map(|(from, to)| format!("--remap-path-prefix={}={to}", from.display()))
-    .collect::<Vec<_>>()
-    .join("\x1f");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = Command::new(cargo)
-        .current_dir(workspace)
-        .args([
-            "build",
-            "--locked",
-            "--profile",
-            "image",
-            "-p",
-            "hawser-standin",
-        ])
-        .arg("--target-dir")
-        .arg(&target_dir)
-        .env("SOURCE_DATE_EPOCH", source_date_epoch.to_string())
-        .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
-        .env_remove("RUSTFLAGS")
-        .status()
-        .map_err(|source| RootfsError::Spawn {
-            tool: "cargo".into(),
-            source,
-        })?;
+    let target_dir = crate::pipeline::image_target_dir(workspace, target_dir);
+    let status = crate::pipeline::image_cargo_build(
+        workspace,
+        &target_dir,
+        "hawser-standin",
+        source_date_epoch,
+    )
+    .status()
+    .map_err(|source| RootfsError::Spawn {
+        tool: "cargo".into(),
+        source,
+    })?;
     if !status.success() {
         return Err(RootfsError::ToolFailed {
             tool: "cargo build --locked --profile image -p hawser-standin".into(),
