@@ -28,6 +28,47 @@ use crate::tpm_types::{
 /// The console line carrying a boot report is this marker followed by one JSON object.
 pub const BOOT_REPORT_MARKER: &str = "HAWSER_BOOT_REPORT ";
 
+/// The console line carrying a [`JoinReport`] is this marker followed by one JSON object.
+pub const JOIN_REPORT_MARKER: &str = "HAWSER_JOIN_REPORT ";
+
+/// How a node came to belong to its cluster, printed by PID 1 once it holds its state-disk key.
+/// No secrets: the key's fingerprint and the public cluster ID.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinReport {
+    /// The state disk's LUKS2 UUID.
+    pub disk_uuid: String,
+    /// `IssueJoinTicket`, `IssueRejoinTicket`, `Init` or `Recover`.
+    pub rpc: String,
+    /// `join-service` or `admin`.
+    pub via: String,
+    /// Join attempts (1 for the admin's calls).
+    pub attempts: u32,
+    pub key_fingerprint: String,
+    /// Hex.
+    pub cluster_id: String,
+    /// Hex: PCR 15 after the node lock.
+    pub pcr15: String,
+}
+
+impl JoinReport {
+    /// The console line for this report.
+    pub fn to_console_line(&self) -> Result<String, serde_json::Error> {
+        Ok(format!(
+            "{JOIN_REPORT_MARKER}{}",
+            serde_json::to_string(self)?
+        ))
+    }
+
+    /// The report in a console line (or text) containing [`JOIN_REPORT_MARKER`]; `None` if
+    /// there is no marker.
+    pub fn find_in_console(text: &str) -> Option<Result<Self, serde_json::Error>> {
+        text.lines().find_map(|line| {
+            line.find(JOIN_REPORT_MARKER)
+                .map(|at| serde_json::from_str(line[at + JOIN_REPORT_MARKER.len()..].trim_end()))
+        })
+    }
+}
+
 /// The console line carrying the firmware's TCG event log (defined with its parser).
 pub use hawser_measurements::eventlog::EVENT_LOG_MARKER;
 

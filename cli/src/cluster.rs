@@ -24,10 +24,9 @@ use hawser_proto::init::init_service_client::InitServiceClient;
 use hawser_proto::init::{InitRequest, InitResponse, RecoverRequest, init_response};
 use serde::{Deserialize, Serialize};
 
-/// The PCR the node lock extends with the cluster ID.
-pub const PCR_CLUSTER_ID: u8 = 15;
-/// Length of the measurement salt.
-pub const MEASUREMENT_SALT_LEN: usize = 32;
+use hawser_keys::MEASUREMENT_SALT_LEN;
+use hawser_measurements::{PCR_CLUSTER_ID, cluster_lock_pcr};
+
 /// Bound on one aTLS handshake (a TPM quote under TCG takes a fraction of a second).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -252,8 +251,7 @@ pub async fn init(
     say(&describe_evidence(&evidence));
 
     let master = MasterSecret::generate()?;
-    let mut salt = vec![0u8; MEASUREMENT_SALT_LEN];
-    getrandom(&mut salt)?;
+    let salt = hawser_keys::random_bytes(MEASUREMENT_SALT_LEN)?;
     let cluster_id = hawser_keys::cluster_id(master.measurement_secret().as_slice(), &salt);
     master.write_new_file(&opts.master_secret)?;
     say(&format!(
@@ -374,7 +372,7 @@ async fn confirm(
             hex::encode(cluster_id)
         );
     }
-    let pcr15 = hawser_measurements::extend_sha256(&[0; 32], &cluster_id);
+    let pcr15 = cluster_lock_pcr(&cluster_id);
     attest(node, &trust.client(Some(pcr15))?)
         .await
         .context("re-attesting the node after the node lock")?;
@@ -399,11 +397,4 @@ fn describe_evidence(evidence: &ValidatedEvidence) -> String {
         text.push_str(&format!("\n  warning: {warning}"));
     }
     text
-}
-
-fn getrandom(buf: &mut [u8]) -> anyhow::Result<()> {
-    use std::io::Read as _;
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(buf))
-        .context("reading /dev/urandom")
 }

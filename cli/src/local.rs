@@ -22,7 +22,9 @@ use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use std::net::SocketAddr;
 
-use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, VerifiedReport};
+use hawser_attestation::report::{
+    BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MARKER, JoinReport, VerifiedReport,
+};
 use hawser_cli::localhost::{self, LocalCluster};
 use hawser_image::inputs;
 use hawser_image::pipeline::{self, PipelineOptions};
@@ -197,7 +199,7 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
         .and_then(|f| f.set_len(STATE_DISK_BYTES))
         .with_context(|| format!("creating the state disk {}", disk.display()))?;
 
-    let nonce: [u8; 32] = rand_nonce()?;
+    let nonce = hawser_keys::random_bytes(32)?;
     let mut config = VmConfig::uefi(&uki)
         .name("hawser-local")
         .memory_mib(opts.memory)
@@ -206,7 +208,7 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
             ..TpmConfig::default()
         })
         .disk(&disk, localhost::STATE_DISK_SERIAL)
-        .fw_cfg_string("quote_nonce", hex::encode(nonce));
+        .fw_cfg_string("quote_nonce", hex::encode(&nonce));
     config
         .extra_args
         .extend(localhost::user_net_args(join_port, Some(opts.init_port)));
@@ -294,29 +296,11 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
 
 /// Size of a local node's (sparse) state disk.
 const STATE_DISK_BYTES: u64 = 256 << 20;
-/// The console marker of PID 1's node-lock summary.
-const JOIN_REPORT_MARKER: &str = "HAWSER_JOIN_REPORT ";
-
-/// PID 1's node-lock summary (no secrets).
-#[derive(serde::Deserialize)]
-struct JoinReport {
-    disk_uuid: String,
-    rpc: String,
-    via: String,
-    attempts: u32,
-    key_fingerprint: String,
-    cluster_id: String,
-    pcr15: String,
-}
-
 /// Prints how the node got its key, checked against the host's own derivation.
 fn print_join(line: &str, cluster: &LocalCluster) -> anyhow::Result<JoinReport> {
-    let json = line
-        .split_once(JOIN_REPORT_MARKER)
-        .map(|(_, json)| json.trim())
-        .context("join report marker without a report")?;
-    let report: JoinReport =
-        serde_json::from_str(json).context("the node's join report is not valid JSON")?;
+    let report = JoinReport::find_in_console(line)
+        .context("join report marker without a report")?
+        .context("the node's join report is not valid JSON")?;
     let from_join_service = report.via == "join-service";
     let expected = hawser_keys::fingerprint(
         cluster
@@ -442,15 +426,6 @@ fn print_summary(report: &BootReport, verified: &VerifiedReport, vm: &Vm, starte
         "total since `hawser local up`: {:.1}s",
         started.elapsed().as_secs_f64()
     );
-}
-
-fn rand_nonce() -> anyhow::Result<[u8; 32]> {
-    use std::io::Read as _;
-    let mut nonce = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut nonce))
-        .context("reading /dev/urandom")?;
-    Ok(nonce)
 }
 
 /// Echoes console lines to stderr, dimmed, so the summary on stdout stands out.

@@ -128,11 +128,7 @@ impl LocalCluster {
         std::fs::write(dir.join("provider-ca.pem"), provider.certificate_pem())?;
         let master = MasterSecret::generate()?;
         master.write_new_file(&dir.join("master-secret.json"))?;
-        let mut measurement_salt = vec![0u8; 32];
-        {
-            use std::io::Read as _;
-            std::fs::File::open("/dev/urandom")?.read_exact(&mut measurement_salt)?;
-        }
+        let measurement_salt = hawser_keys::random_bytes(hawser_keys::MEASUREMENT_SALT_LEN)?;
         std::fs::write(dir.join("measurement-salt"), &measurement_salt)?;
         Ok(LocalCluster {
             dir: dir.to_owned(),

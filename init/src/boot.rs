@@ -41,7 +41,7 @@ use crate::fatal::{self, fatal, fatal_error};
 use crate::fw_cfg::{self, FwCfgError};
 use crate::join::client::JoinClient;
 use crate::join::init_server::{GrantKind, INIT_PORT, Progress};
-use crate::join::race::{ClusterKeySource, JOIN_REPORT_MARKER};
+use crate::join::race::ClusterKeySource;
 use crate::join::{
     INSECURE_TRUST_WARNING, JoinServiceTrust, PROVIDER_CA_PATH, join_service_policy,
 };
@@ -465,8 +465,8 @@ async fn bring_up(
     let mut role = node::Role::Rejoin;
     let mut node_name = None;
     if let Some(outcome) = outcome {
-        match serde_json::to_string(&outcome.summary) {
-            Ok(json) => console::emit_raw_console_line(&format!("{JOIN_REPORT_MARKER}{json}")),
+        match outcome.summary.to_console_line() {
+            Ok(line) => console::emit_raw_console_line(&line),
             Err(e) => warn!("cannot encode the join summary: {e}"),
         }
         node_name = Some(crate::join::client::node_name(&outcome.summary.disk_uuid));

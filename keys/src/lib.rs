@@ -30,6 +30,8 @@ pub const MASTER_SECRET_MIN_LEN: usize = 16;
 pub const STATE_DISK_KEY_LEN: usize = 64;
 /// The prefix of every HKDF info string.
 pub const INFO_PREFIX: &str = "key-";
+/// Length of a cluster's measurement salt (the cluster ID's HKDF salt).
+pub const MEASUREMENT_SALT_LEN: usize = 32;
 
 /// Why a key could not be derived or a master secret not be used.
 #[derive(Debug, thiserror::Error)]
@@ -216,6 +218,13 @@ pub fn canonical_uuid(uuid: &str) -> Result<String, KeyError> {
     } else {
         Err(KeyError::BadUuid(uuid.to_owned()))
     }
+}
+
+/// `len` bytes from the operating system's CSPRNG (salts, nonces).
+pub fn random_bytes(len: usize) -> Result<Vec<u8>, KeyError> {
+    let mut bytes = vec![0u8; len];
+    getrandom(&mut bytes)?;
+    Ok(bytes)
 }
 
 fn getrandom(buf: &mut [u8]) -> Result<(), KeyError> {

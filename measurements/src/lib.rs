@@ -30,7 +30,8 @@ pub mod reference;
 pub mod stub;
 
 pub use pcr::{
-    PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, extend_sha256, phase_digest,
+    PCR_CLUSTER_ID, PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, cluster_lock_pcr,
+    extend_sha256, phase_digest,
 };
 pub use predict::{PREDICTED_PCRS, Phase, PredictError, Prediction};
 

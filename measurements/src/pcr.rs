@@ -49,6 +49,15 @@ pub fn extend_sha256(pcr: &[u8; 32], digest: &[u8; 32]) -> [u8; 32] {
     hasher.finalize().into()
 }
 
+/// The PCR a node's lock extends with its cluster ID (Constellation's convention).
+pub const PCR_CLUSTER_ID: u8 = 15;
+
+/// PCR 15 (sha256 bank) of a node locked to `cluster_id` in this boot: the cluster ID itself is
+/// the extended digest, so the value is `SHA256(0³² ‖ cluster ID)`.
+pub fn cluster_lock_pcr(cluster_id: &[u8; 32]) -> [u8; 32] {
+    extend_sha256(&[0; 32], cluster_id)
+}
+
 /// The sha256-bank digest systemd-pcrextend extends for a boot-phase word: `SHA256(word)`, the
 /// UTF-8 bytes without a trailing NUL (see the module docs for the source).
 pub fn phase_digest(phase: &str) -> [u8; 32] {

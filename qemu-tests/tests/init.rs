@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport};
+use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MARKER, JoinReport};
 use hawser_cli::cluster::{self, ClusterFile, InitOptions, RecoverOptions};
 use hawser_cli::localhost::{self, LocalCluster, free_port, luks_uuid};
 use hawser_image::pipeline::DEFAULT_CMDLINE;
@@ -24,7 +24,6 @@ use hawser_qemu::{TpmConfig, Vm, VmConfig};
 mod common;
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
-const JOIN_REPORT_MARKER: &str = "HAWSER_JOIN_REPORT ";
 const WAITING: &str = "init server listening on 0.0.0.0:9000";
 
 fn console(vm: &Vm) -> String {
@@ -47,12 +46,11 @@ fn boot(uki: &Path, cluster: &LocalCluster, disk: &Path, init_port: u16, name: &
 }
 
 /// The node's `HAWSER_JOIN_REPORT` and the PCR 15 of its verified boot report.
-fn reports(vm: &Vm) -> (serde_json::Value, [u8; 32]) {
+fn reports(vm: &Vm) -> (JoinReport, [u8; 32]) {
     let line = vm
         .wait_for_marker("join report", JOIN_REPORT_MARKER, BOOT_TIMEOUT)
         .unwrap_or_else(|e| panic!("{e}\n{}", console(vm)));
-    let json = &line[line.find(JOIN_REPORT_MARKER).unwrap() + JOIN_REPORT_MARKER.len()..];
-    let join: serde_json::Value = serde_json::from_str(json).unwrap();
+    let join = JoinReport::find_in_console(&line).unwrap().unwrap();
     let line = vm
         .wait_for_marker("boot report", BOOT_REPORT_MARKER, BOOT_TIMEOUT)
         .unwrap_or_else(|e| panic!("{e}\n{}", console(vm)));
@@ -155,18 +153,18 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
     let master = MasterSecret::read_file(&opts.master_secret).unwrap();
     let cluster_file = ClusterFile::read(&opts.cluster_file).unwrap();
     let uuid = luks_uuid(&disk).expect("the node formatted its state disk");
-    assert_eq!(join["disk_uuid"], uuid.as_str());
-    assert_eq!(join["rpc"], "Init");
-    assert_eq!(join["via"], "admin");
+    assert_eq!(join.disk_uuid, uuid.as_str());
+    assert_eq!(join.rpc, "Init");
+    assert_eq!(join.via, "admin");
     let key = master.state_disk_key(&uuid).unwrap();
     assert_eq!(
-        join["key_fingerprint"],
+        join.key_fingerprint,
         hawser_keys::fingerprint(&*key).as_str()
     );
     assert_eq!(cluster_file.cluster_id, hex::encode(done.cluster_id));
     assert_eq!(
         pcr15,
-        hawser_measurements::extend_sha256(&[0; 32], &done.cluster_id)
+        hawser_measurements::cluster_lock_pcr(&done.cluster_id)
     );
     assert_eq!(pcr15, done.pcr15);
 
@@ -219,8 +217,8 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         ))
         .unwrap_or_else(|e| panic!("{e:#}\n{}", console(&vm)));
     let (join, pcr15) = reports(&vm);
-    assert_eq!(join["rpc"], "Recover");
-    assert_eq!(join["disk_uuid"], uuid.as_str(), "the disk was reformatted");
+    assert_eq!(join.rpc, "Recover");
+    assert_eq!(join.disk_uuid, uuid.as_str(), "the disk was reformatted");
     assert_eq!(pcr15, done.pcr15);
     assert_eq!(hex::encode(done.cluster_id), cluster_file.cluster_id);
     let text = console(&vm);

@@ -16,13 +16,12 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport};
+use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MARKER, JoinReport};
 use hawser_cli::localhost::{self, LocalCluster, free_port, luks_uuid};
 use hawser_image::build::BuildOutput;
 use hawser_image::pipeline::DEFAULT_CMDLINE;
 use hawser_joinservice::service::RunningService;
 use hawser_qemu::{TpmConfig, Vm, VmConfig};
-use sha2::{Digest as _, Sha256};
 
 mod common;
 use common::build_image;
@@ -32,7 +31,6 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
-const JOIN_REPORT_MARKER: &str = "HAWSER_JOIN_REPORT ";
 
 fn join_cmdline() -> String {
     localhost::node_cmdline(DEFAULT_CMDLINE, true)
@@ -101,15 +99,6 @@ impl Host {
     }
 }
 
-/// Constellation's node lock: the sha256 bank of PCR 15 extended with the cluster ID itself.
-fn pcr15_for(cluster_id: &[u8; 32]) -> [u8; 32] {
-    Sha256::new()
-        .chain_update([0u8; 32])
-        .chain_update(cluster_id)
-        .finalize()
-        .into()
-}
-
 /// (1) + (2): the join service is down when the node boots; the node retries, logging why;
 /// the service comes up; the node receives the key derived for its disk's UUID, and its quote
 /// shows PCR 15 locked to the cluster ID.
@@ -130,8 +119,7 @@ fn a_node_joins_after_retries_and_gets_the_key_of_its_disk() {
     let line = vm
         .wait_for_marker("join report", JOIN_REPORT_MARKER, BOOT_TIMEOUT)
         .unwrap_or_else(|e| panic!("{e}\n{}", vm.console_lines().join("\n")));
-    let json = &line[line.find(JOIN_REPORT_MARKER).unwrap() + JOIN_REPORT_MARKER.len()..];
-    let join: serde_json::Value = serde_json::from_str(json).unwrap();
+    let join = JoinReport::find_in_console(&line).unwrap().unwrap();
     let report_line = vm
         .wait_for_marker("boot report", BOOT_REPORT_MARKER, Duration::from_secs(120))
         .unwrap_or_else(|e| panic!("{e}\n{}", vm.console_lines().join("\n")));
@@ -143,23 +131,26 @@ fn a_node_joins_after_retries_and_gets_the_key_of_its_disk() {
 
     // The node told the truth about its disk, and its key is the KDF's for that disk.
     let uuid = luks_uuid(&disk).expect("the node formatted its state disk");
-    assert_eq!(join["disk_uuid"], uuid.as_str(), "{console}");
-    assert_eq!(join["rpc"], "IssueJoinTicket");
-    assert_eq!(join["via"], "join-service");
+    assert_eq!(join.disk_uuid, uuid.as_str(), "{console}");
+    assert_eq!(join.rpc, "IssueJoinTicket");
+    assert_eq!(join.via, "join-service");
     let expected_key = host.cluster.master_secret().state_disk_key(&uuid).unwrap();
     assert_eq!(
-        join["key_fingerprint"],
+        join.key_fingerprint,
         hawser_keys::fingerprint(&*expected_key).as_str()
     );
-    assert!(join["attempts"].as_u64().unwrap() >= 3, "{join}");
+    assert!(u64::from(join.attempts) >= 3, "{join:?}");
     assert!(
         console.contains("join attempt 1 (IssueJoinTicket to 10.0.2.100:7000) failed"),
         "{console}"
     );
     // The lock: PCR 15 in the signed quote is the cluster ID's extension.
     let cluster_id = host.cluster.cluster_id();
-    assert_eq!(join["cluster_id"], hex::encode(cluster_id).as_str());
-    assert_eq!(verified.pcrs[&15], pcr15_for(&cluster_id));
+    assert_eq!(join.cluster_id, hex::encode(cluster_id).as_str());
+    assert_eq!(
+        verified.pcrs[&15],
+        hawser_measurements::cluster_lock_pcr(&cluster_id)
+    );
     // Secrets never reach the console.
     assert!(!console.contains(&hex::encode(*expected_key)));
     assert!(!console.contains("FATAL"), "{console}");

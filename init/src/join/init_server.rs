@@ -39,8 +39,7 @@ use crate::disk::key::DiskStatus;
 
 /// The TCP port the init server listens on (Constellation's bootstrapper uses the same).
 pub const INIT_PORT: u16 = 9000;
-/// The length of the measurement salt the CLI chooses.
-pub const MEASUREMENT_SALT_LEN: usize = 32;
+pub use hawser_keys::MEASUREMENT_SALT_LEN;
 /// Requests are small; anything bigger is refused before decoding.
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
 /// At most this many aTLS handshakes (each a TPM quote) at once.

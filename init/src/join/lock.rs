@@ -7,12 +7,11 @@
 //! once, under the lock, by the winner.
 //!
 //! PCR 15's sha256 bank is extended with the cluster ID itself as the digest, as Constellation's
-//! bootstrapper does, so `PCR 15 = SHA-256(0³² ‖ cluster ID)` — see [`predicted_pcr15`].
+//! bootstrapper does, so `PCR 15 = SHA-256(0³² ‖ cluster ID)` — see [`cluster_lock_pcr`].
 
 use std::sync::Mutex;
 
-/// The PCR the node lock extends.
-pub const PCR_CLUSTER_ID: u8 = 15;
+pub use hawser_measurements::{PCR_CLUSTER_ID, cluster_lock_pcr};
 
 /// Who took the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,11 +95,6 @@ impl NodeLock {
     }
 }
 
-/// PCR 15 (sha256 bank) of a node locked to `cluster_id`, from PCR 15 = 0.
-pub fn predicted_pcr15(cluster_id: &[u8; 32]) -> [u8; 32] {
-    hawser_measurements::extend_sha256(&[0; 32], cluster_id)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,7 +150,7 @@ mod tests {
         // SHA-256(0^32 || 0xab^32), computed independently with coreutils:
         // (head -c32 /dev/zero; printf '\xab%.0s' {1..32}) | sha256sum
         assert_eq!(
-            hex::encode(predicted_pcr15(&[0xab; 32])),
+            hex::encode(cluster_lock_pcr(&[0xab; 32])),
             "debb3e7acfff6dd18d501042273629f0b79cb206bb8c24f59f62ddb80849403b"
         );
     }

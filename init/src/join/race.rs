@@ -18,41 +18,22 @@
 use std::sync::{Arc, Mutex};
 
 use hawser_attestation::TpmIssuer;
+use hawser_attestation::report::JoinReport;
 use hawser_attestation::tpm::Tpm;
-use serde::Serialize;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
 use super::client::{JoinClient, KubeadmTicket, Secrets, describe};
 use super::init_server::{self, GrantKind, InitServer, Progress};
-use super::lock::{NodeLock, Owner, PCR_CLUSTER_ID, predicted_pcr15};
+use super::lock::{NodeLock, Owner, PCR_CLUSTER_ID, cluster_lock_pcr};
 use crate::disk::key::{DiskStatus, KeyError, KeySource, VolumeKey};
 use crate::fatal::error_chain;
-
-/// The console line marker of the node-lock summary (one JSON object follows).
-pub const JOIN_REPORT_MARKER: &str = "HAWSER_JOIN_REPORT ";
-
-/// How the node came to belong to its cluster, for the console (no secrets: a fingerprint and
-/// the public cluster ID).
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct JoinSummary {
-    pub disk_uuid: String,
-    /// `IssueJoinTicket`, `IssueRejoinTicket`, `Init` or `Recover`.
-    pub rpc: &'static str,
-    /// `join-service` or `admin`.
-    pub via: &'static str,
-    /// Join attempts (1 for the admin's calls).
-    pub attempts: u32,
-    pub key_fingerprint: String,
-    pub cluster_id: String,
-    pub pcr15: String,
-}
 
 /// What the race decided.
 #[derive(Debug)]
 pub struct Outcome {
-    pub summary: JoinSummary,
+    pub summary: JoinReport,
     pub cluster_id: [u8; 32],
     /// The admin's open call, when the init server won: boot reports the result through it.
     pub admin: Option<(GrantKind, Progress)>,
@@ -237,18 +218,19 @@ impl KeySource for ClusterKeySource {
             }
             return Err(failed(reason));
         }
-        let summary = JoinSummary {
+        let summary = JoinReport {
             disk_uuid: luks_uuid.to_owned(),
-            rpc,
+            rpc: rpc.to_owned(),
             via: if admin.is_some() {
                 "admin"
             } else {
                 "join-service"
-            },
+            }
+            .to_owned(),
             attempts,
             key_fingerprint: hawser_keys::fingerprint(&key),
             cluster_id: hex::encode(cluster_id),
-            pcr15: hex::encode(predicted_pcr15(&cluster_id)),
+            pcr15: hex::encode(cluster_lock_pcr(&cluster_id)),
         };
         info!(
             "node lock taken by {owner} ({rpc}, {attempts} attempt(s)): cluster {}, PCR \

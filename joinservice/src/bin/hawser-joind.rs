@@ -2,7 +2,6 @@
 //! expected-measurements file (reloaded when it changes), derives their state-disk keys from the
 //! cluster's master secret and issues kubeadm bootstrap tokens. See docs/joinservice.md.
 
-use std::io::Read as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -196,10 +195,7 @@ fn salt_in_state_dir(path: &Path) -> anyhow::Result<Vec<u8>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
-    let mut salt = vec![0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut salt))
-        .context("cannot read random bytes from /dev/urandom")?;
+    let salt = hawser_keys::random_bytes(hawser_keys::MEASUREMENT_SALT_LEN)?;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
