@@ -37,7 +37,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -677,18 +677,16 @@ fn copy_into(disk: &File, partition: &Planned, path: &Path, out: &Path) -> Resul
         path: path.to_path_buf(),
         source,
     })?;
-    let mut writer = disk;
-    writer
-        .seek(SeekFrom::Start(partition.first_lba * SECTOR_SIZE))
-        .map_err(io_error("seek in", out))?;
-    let copied =
-        io::copy(&mut input.take(partition.content_bytes), &mut writer).map_err(|source| {
-            DiskError::Io {
-                action: "copy a partition into",
-                path: out.to_path_buf(),
-                source,
-            }
-        })?;
+    let copied = copy_sparse(
+        &mut input.take(partition.content_bytes),
+        disk,
+        partition.first_lba * SECTOR_SIZE,
+    )
+    .map_err(|source| DiskError::Io {
+        action: "copy a partition into",
+        path: out.to_path_buf(),
+        source,
+    })?;
     if copied != partition.content_bytes {
         return Err(DiskError::Input {
             role,
@@ -702,7 +700,38 @@ fn copy_into(disk: &File, partition: &Planned, path: &Path, out: &Path) -> Resul
             ),
         });
     }
-    writer.flush().map_err(io_error("write", out))
+    Ok(())
+}
+
+/// Block size of [`copy_sparse`]: all-zero blocks of this size are skipped.
+const SPARSE_BLOCK: usize = 64 * 1024;
+
+/// Copies `input` to `out` at `offset`, skipping all-zero blocks: `out` is already sized and
+/// zero there, so a skipped block reads back as zeros and stays a hole on disk (an image with
+/// a mostly empty partition costs its data, not its size). Returns the bytes read.
+fn copy_sparse(input: &mut impl Read, out: &File, offset: u64) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt as _;
+    let mut buf = vec![0u8; SPARSE_BLOCK];
+    let mut done = 0u64;
+    loop {
+        let mut filled = 0;
+        while filled < buf.len() {
+            match input.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if filled == 0 {
+            return Ok(done);
+        }
+        let block = &buf[..filled];
+        if block.iter().any(|&b| b != 0) {
+            out.write_all_at(block, offset + done)?;
+        }
+        done += filled as u64;
+    }
 }
 
 /// The ESP's path components, validated.

@@ -468,6 +468,12 @@ fn the_esp_is_valid_fat32_on_a_disk_much_larger_than_it() {
     };
     let out = dir.path().join("disk.raw");
     let built = disk::build_gpt_disk(&spec, &out).expect("build");
+    let allocated =
+        std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&out).expect("stat")) * 512;
+    assert!(
+        allocated < 80 * MIB,
+        "the empty 400 MiB partition stays a hole: {allocated} bytes allocated"
+    );
     let esp = &built.partitions[0];
     assert_eq!(esp.bytes(), 64 * MIB);
     let esp_part = dir.path().join("esp.part");
