@@ -25,7 +25,8 @@ use hawser_proto::init::{InitRequest, InitResponse, RecoverRequest, init_respons
 use serde::{Deserialize, Serialize};
 
 use hawser_keys::MEASUREMENT_SALT_LEN;
-use hawser_measurements::{PCR_CLUSTER_ID, cluster_lock_pcr};
+use hawser_measurements::pcr::{extend_sha256, phase_digest};
+use hawser_measurements::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD, cluster_lock_pcr};
 
 /// Bound on one aTLS handshake (a TPM quote under TCG takes a fraction of a second).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -104,6 +105,25 @@ impl NodeTrust {
             measurements,
             ak_trust,
         })
+    }
+
+    /// The same trust for a node that has left the initramfs: PCR 11 extended with
+    /// `leave-initrd` (its other PCRs stay as they were).
+    fn after_pivot(&self) -> NodeTrust {
+        let mut measurements = self.measurements.clone();
+        if let Some(pcr11) = measurements.get(PCR_KERNEL_BOOT).cloned() {
+            measurements.insert(
+                PCR_KERNEL_BOOT,
+                ExpectedPcr {
+                    expected: extend_sha256(&pcr11.expected, &phase_digest(PHASE_LEAVE_INITRD)),
+                    warn_only: pcr11.warn_only,
+                },
+            );
+        }
+        NodeTrust {
+            measurements,
+            ak_trust: self.ak_trust.clone(),
+        }
     }
 
     /// A client that requires the node to match these measurements, with PCR 15 pinned to
@@ -373,9 +393,14 @@ async fn confirm(
         );
     }
     let pcr15 = cluster_lock_pcr(&cluster_id);
-    attest(node, &trust.client(Some(pcr15))?)
-        .await
-        .context("re-attesting the node after the node lock")?;
+    // A node with a rootfs answers after its pivot: PCR 11 then also holds `leave-initrd`.
+    let locked = match attest(node, &trust.client(Some(pcr15))?).await {
+        Ok(evidence) => Ok(evidence),
+        Err(in_initrd) => attest(node, &trust.after_pivot().client(Some(pcr15))?)
+            .await
+            .map_err(|_| in_initrd),
+    };
+    locked.context("re-attesting the node after the node lock")?;
     say(&format!(
         "node locked to cluster {}: a fresh quote shows PCR 15 = {}",
         hex::encode(cluster_id),

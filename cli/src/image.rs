@@ -9,7 +9,9 @@ use hawser_image::pipeline::{self, PipelineOptions};
 
 #[derive(Subcommand)]
 pub enum ImageCommand {
-    /// Build the UKI (hawser.efi) and initramfs from the locked inputs.
+    /// Build the node image from the locked inputs: the verified rootfs (mkosi → erofs +
+    /// dm-verity), the UKI (hawser.efi) with the root hash on its measured command line, and
+    /// the GPT disk image (hawser-disk.raw) holding both.
     Build {
         /// Output directory.
         #[arg(long, default_value = "out")]
@@ -27,6 +29,10 @@ pub enum ImageCommand {
         /// service (`hawser.join_service_trust=attested`) with it. Changes PCR 9 and 11.
         #[arg(long)]
         provider_ca: Option<PathBuf>,
+        /// Only the UKI and initramfs, without rootfs and disk image (PID 1 then stops after
+        /// the state disk: the image of the boot-phase tests).
+        #[arg(long)]
+        uki_only: bool,
     },
     /// Download, verify and unpack the inputs named in inputs.lock.
     Fetch,
@@ -58,6 +64,7 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
             cmdline,
             target_dir,
             provider_ca,
+            uki_only,
         } => {
             let opts = PipelineOptions {
                 init_binary: init,
@@ -66,8 +73,16 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
                 provider_ca,
                 ..PipelineOptions::new(&ws, &out)
             };
-            let (output, timeline) = pipeline::build_image(&opts)?;
-            print_build_summary(&output, &timeline);
+            if uki_only {
+                let (output, timeline) = pipeline::build_image(&opts)?;
+                println!("{output}");
+                print_timeline(&timeline);
+            } else {
+                let (node, timeline) =
+                    pipeline::build_node_image(&opts, &mut |line| eprintln!("{line}"))?;
+                println!("{node}");
+                print_timeline(&timeline);
+            }
         }
         ImageCommand::Fetch => {
             let lock = InputLock::load(&lock_path)?;
@@ -107,11 +122,8 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_build_summary(
-    output: &hawser_image::build::BuildOutput,
-    timeline: &pipeline::PipelineTimeline,
-) {
-    println!("{output}");
+/// One line: each step of the build and how long it took.
+pub fn print_timeline(timeline: &pipeline::PipelineTimeline) {
     let steps: Vec<String> = timeline
         .steps
         .iter()

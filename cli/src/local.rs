@@ -32,9 +32,12 @@ use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
 
 #[derive(Subcommand)]
 pub enum LocalCommand {
-    /// Build the image (unless --image is given) and boot it in QEMU with a software TPM.
+    /// Build the node image (unless --image is given) and boot its disk in QEMU with a
+    /// software TPM: attestation, state disk key, verified rootfs, kubeadm.
     Up {
-        /// Boot this hawser.efi instead of building one.
+        /// Boot the node image already built in this directory (`hawser image build --out
+        /// DIR` with the local command line: hawser.efi and hawser-disk.raw) instead of
+        /// building one.
         #[arg(long)]
         image: Option<PathBuf>,
         /// Where to build the image.
@@ -123,35 +126,34 @@ struct UpOptions {
 
 fn up(opts: UpOptions) -> anyhow::Result<()> {
     let started = Instant::now();
-    let uki = match opts.image {
-        Some(uki) => uki,
+    let dir = match opts.image {
+        Some(dir) => dir,
         None => {
             let ws = crate::image::workspace()?;
             let mut build = PipelineOptions::new(&ws, &opts.out);
             build.cmdline = localhost::node_cmdline(pipeline::DEFAULT_CMDLINE, !opts.init);
             eprintln!(
-                "building the image into {} (command line: {}) …",
+                "building the node image into {} (command line: {}) …",
                 opts.out.display(),
                 build.cmdline
             );
-            let (output, timeline) = pipeline::build_image(&build)?;
-            eprintln!("{output}");
-            eprintln!(
-                "built in {:.1}s",
-                timeline
-                    .steps
-                    .iter()
-                    .map(|(_, d)| d.as_secs_f64())
-                    .sum::<f64>()
-            );
-            output.uki.path
+            let (node, timeline) =
+                pipeline::build_node_image(&build, &mut |line| eprintln!("{line}"))?;
+            eprintln!("{node}");
+            crate::image::print_timeline(&timeline);
+            opts.out.clone()
         }
     };
-    if !uki.is_file() {
-        bail!(
-            "{} does not exist: build it with `hawser image build`",
-            uki.display()
-        );
+    let uki = dir.join(hawser_image::build::UKI_FILE);
+    let disk_image = dir.join(pipeline::DISK_FILE);
+    for file in [&uki, &disk_image] {
+        if !file.is_file() {
+            bail!(
+                "{} does not exist: build the node image with `hawser image build --out {}`",
+                file.display(),
+                dir.display()
+            );
+        }
     }
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -200,7 +202,7 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
         .with_context(|| format!("creating the state disk {}", disk.display()))?;
 
     let nonce = hawser_keys::random_bytes(32)?;
-    let mut config = VmConfig::uefi(&uki)
+    let mut config = VmConfig::uefi_disk(&disk_image)
         .name("hawser-local")
         .memory_mib(opts.memory)
         .tpm(TpmConfig {
@@ -209,15 +211,16 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
         })
         .disk(&disk, localhost::STATE_DISK_SERIAL)
         .fw_cfg_string("quote_nonce", hex::encode(&nonce));
-    config
-        .extra_args
-        .extend(localhost::user_net_args(join_port, Some(opts.init_port)));
+    config.extra_args.extend(localhost::user_net_args(
+        join_port,
+        &[(opts.init_port, localhost::NODE_INIT_PORT)],
+    ));
     if let Some(accel) = opts.accel {
         config = config.accel(accel);
     }
     eprintln!(
         "booting {} in QEMU ({}, OVMF, swtpm); Ctrl-C powers it off",
-        uki.display(),
+        disk_image.display(),
         config.accel
     );
     let vm = if opts.quiet {
@@ -277,6 +280,18 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
             power_off(&vm, "verification failed")?;
             bail!("the boot report did not verify: {e}");
         }
+    }
+    // After the pivot: kubeadm, once per node lifetime.
+    let kubeadm = |line: &str| {
+        line.contains("kubeadm init succeeded")
+            || line.contains("kubeadm join succeeded")
+            || line.contains("kubeadm does not run again")
+            || (line.contains("kubeadm") && line.contains("failed"))
+            || line.contains("containerd, kubelet and kubeadm are not started")
+    };
+    match wait_or_stop(&vm, kubeadm, Duration::from_secs(600), &stop)? {
+        Some(line) => print_kubernetes(&vm, &line),
+        None => return power_off(&vm, "interrupted before kubeadm"),
     }
     if opts.once {
         return power_off(&vm, "--once");
@@ -349,18 +364,53 @@ fn print_join(line: &str, cluster: &LocalCluster) -> anyhow::Result<JoinReport> 
 }
 
 /// Waits for `marker`, returning `None` if a stop signal arrives first.
+/// What the node did with Kubernetes: the kubeadm outcome, and what the stand-ins said.
+fn print_kubernetes(vm: &Vm, outcome: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "\n── Kubernetes ──────────────────────────────────────────────"
+    );
+    let console = vm.console_lines();
+    for line in console.iter().filter(|l| {
+        l.contains("rootfs mapped at")
+            || l.contains("switched into the rootfs")
+            || l.contains("running kubeadm once")
+            || l.contains("[kubeadm]")
+            || l.contains("STAND-IN (not Kubernetes): started")
+    }) {
+        let text = line
+            .split_once("hawser: ")
+            .map_or(line.as_str(), |(_, t)| t);
+        let _ = writeln!(out, "{text}");
+    }
+    let text = outcome.split_once("hawser: ").map_or(outcome, |(_, t)| t);
+    let _ = writeln!(out, "{text}");
+    if console
+        .iter()
+        .any(|l| l.contains("STAND-IN (not Kubernetes)"))
+    {
+        let _ = writeln!(
+            out,
+            "(this image carries hawser's kubeadm and kubelet STAND-INS, not Kubernetes: \
+             pkgs.k8s.io was not reachable when it was built)"
+        );
+    }
+}
+
 fn wait_or_stop(
     vm: &Vm,
-    marker: &str,
+    marker: impl hawser_qemu::LineMatcher + Copy,
     timeout: Duration,
     stop: &AtomicBool,
 ) -> anyhow::Result<Option<String>> {
     let deadline = Instant::now() + timeout;
+    let label = marker.describe();
     loop {
         if stop.load(Ordering::Relaxed) {
             return Ok(None);
         }
-        match vm.wait_for_marker(marker, marker, Duration::from_millis(500)) {
+        match vm.wait_for_marker(&label, marker, Duration::from_millis(500)) {
             Ok(line) => return Ok(Some(line)),
             Err(hawser_qemu::QemuError::Timeout { .. }) if Instant::now() < deadline => {}
             Err(e) => return Err(e.into()),

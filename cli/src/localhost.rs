@@ -53,10 +53,15 @@ pub fn node_cmdline(base: &str, join_service: bool) -> String {
     cmdline
 }
 
+/// The port of the cluster's join service on its first control-plane node (PID 1's
+/// `JOIND_PORT`).
+pub const NODE_JOIND_PORT: u16 = 7000;
+
 /// QEMU arguments for the node's NIC: restricted user networking, the join service (if any)
-/// forwarded from [`GUEST_JOIN_ENDPOINT`] to `join_port` on the host's loopback, and the node's
-/// init port published on `127.0.0.1:init_port` (if any).
-pub fn user_net_args(join_port: Option<u16>, init_port: Option<u16>) -> Vec<String> {
+/// forwarded from [`GUEST_JOIN_ENDPOINT`] to `join_port` on the host's loopback, and each
+/// `(host port, guest port)` of `published` forwarded from `127.0.0.1:<host port>` to the node
+/// (its init port [`NODE_INIT_PORT`], its join service [`NODE_JOIND_PORT`]).
+pub fn user_net_args(join_port: Option<u16>, published: &[(u16, u16)]) -> Vec<String> {
     let mut netdev = "user,id=n0,restrict=on".to_owned();
     if let Some(port) = join_port {
         let (host, guest_port) = GUEST_JOIN_ENDPOINT
@@ -70,9 +75,10 @@ pub fn user_net_args(join_port: Option<u16>, init_port: Option<u16>) -> Vec<Stri
              'exec 3<>/dev/tcp/127.0.0.1/{port} || exit 1; cat <&3 & cat >&3; kill %1'"
         ));
     }
-    if let Some(port) = init_port {
+    let guest = GUEST_NET.split('/').next().unwrap_or("10.0.2.15");
+    for (host_port, guest_port) in published {
         netdev.push_str(&format!(
-            ",hostfwd=tcp:127.0.0.1:{port}-10.0.2.15:{NODE_INIT_PORT}"
+            ",hostfwd=tcp:127.0.0.1:{host_port}-{guest}:{guest_port}"
         ));
     }
     vec![

@@ -23,6 +23,8 @@ use hawser_measurements::reference::{
 
 /// Where the committed reference for the QEMU image lives, relative to the workspace.
 pub const QEMU_REFERENCE: &str = "measurements/qemu.json";
+/// The reference measurements of the QEMU node image (UKI with the rootfs's root hash).
+pub const QEMU_NODE_REFERENCE: &str = "measurements/qemu-node.json";
 
 /// What the QEMU reference's firmware values come from.
 const QEMU_PLATFORM: &str =
@@ -75,6 +77,10 @@ pub enum MeasurementsCommand {
         /// (firmware values kept). Exits zero.
         #[arg(long)]
         update: bool,
+        /// Rebuild the node image (rootfs with mkosi, its root hash on the command line) and
+        /// compare with measurements/qemu-node.json.
+        #[arg(long, conflicts_with = "uki")]
+        node: bool,
     },
     /// Compare a real boot's TCG event log with the prediction for UKI, event by event.
     Explain {
@@ -108,7 +114,8 @@ pub fn run(cmd: MeasurementsCommand) -> anyhow::Result<()> {
             init,
             uki,
             update,
-        } => check(reference, out, init, uki, update),
+            node,
+        } => check(reference, out, init, uki, update, node),
         MeasurementsCommand::Explain {
             uki,
             event_log,
@@ -393,9 +400,15 @@ fn check(
     init: Option<PathBuf>,
     uki: Option<PathBuf>,
     update: bool,
+    node: bool,
 ) -> anyhow::Result<()> {
     let ws = crate::image::workspace()?;
-    let reference_path = reference_path.unwrap_or_else(|| ws.join(QEMU_REFERENCE));
+    let default_reference = if node {
+        QEMU_NODE_REFERENCE
+    } else {
+        QEMU_REFERENCE
+    };
+    let reference_path = reference_path.unwrap_or_else(|| ws.join(default_reference));
     let reference = load_reference(&reference_path)?;
     let uki = match uki {
         Some(uki) => uki,
@@ -403,7 +416,11 @@ fn check(
             let out = out.unwrap_or_else(|| {
                 std::env::var_os("CARGO_TARGET_DIR")
                     .map_or_else(|| ws.join("target"), PathBuf::from)
-                    .join("measurements-check")
+                    .join(if node {
+                        "measurements-check-node"
+                    } else {
+                        "measurements-check"
+                    })
             });
             eprintln!(
                 "rebuilding the image from {} into {} …",
@@ -414,8 +431,13 @@ fn check(
                 init_binary: init,
                 ..PipelineOptions::new(&ws, &out)
             };
-            let (output, _) = pipeline::build_image(&opts)?;
-            output.uki.path
+            if node {
+                let (node, _) = pipeline::build_node_image(&opts, &mut |line| eprintln!("{line}"))?;
+                node.image.uki.path
+            } else {
+                let (output, _) = pipeline::build_image(&opts)?;
+                output.uki.path
+            }
         }
     };
     let prediction = predict_file(&uki)?;

@@ -8,7 +8,7 @@
 //! usr/lib/x86_64-linux-gnu/…             its shared-library closure (closure.rs)
 //! usr/sbin/mke2fs                        programs PID 1 runs (PROGRAMS), and their closures
 //! usr/lib64/ld-linux-x86-64.so.2         -> ../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
-//! usr/lib/modules/<kver>/kernel/….ko.xz  the modules of hawser_kmod::BOOT_MODULES + dependencies
+//! usr/lib/modules/<kver>/kernel/….ko.xz  hawser_kmod::BOOT_MODULES, KUBERNETES_MODULES + dependencies
 //! usr/lib/modules/<kver>/modules.dep     of exactly the shipped modules (PID 1 reads it)
 //! usr/lib/modules/<kver>/modules.builtin the kernel package's, unchanged
 //! dev/console                            char 5:1, so fds 0-2 of PID 1 are the console
@@ -76,8 +76,8 @@ pub struct InitramfsSpec {
 pub const PROVIDER_CA_PATH: &str = "etc/hawser/provider-ca.pem";
 
 impl InitramfsSpec {
-    /// The spec for hawser's PID 1: [`DLOPENED_LIBRARIES`], [`PROGRAMS`] and
-    /// [`hawser_kmod::BOOT_MODULES`].
+    /// The spec for hawser's PID 1: [`DLOPENED_LIBRARIES`], [`PROGRAMS`],
+    /// [`hawser_kmod::BOOT_MODULES`] and [`hawser_kmod::KUBERNETES_MODULES`].
     pub fn for_hawser(
         init_binary: &Path,
         lib_roots: &[PathBuf],
@@ -94,6 +94,7 @@ impl InitramfsSpec {
             kernel_release: kernel_release.to_owned(),
             modules: hawser_kmod::BOOT_MODULES
                 .iter()
+                .chain(hawser_kmod::KUBERNETES_MODULES)
                 .map(|s| (*s).to_owned())
                 .collect(),
             source_date_epoch,

@@ -1,5 +1,7 @@
 //! The whole image build, as `hawser image build` and the end-to-end tests run it: fetch the
-//! locked inputs, compile PID 1 reproducibly, assemble initramfs and UKI.
+//! locked inputs, compile PID 1 reproducibly, assemble initramfs and UKI ([`build_image`]);
+//! for a node image also the verified rootfs, its root hash on the UKI's measured command line,
+//! and the GPT disk image holding all three ([`build_node_image`]).
 //!
 //! Reproducibility of the init binary: it is compiled with the `image` profile (one codegen
 //! unit, fat LTO, stripped) and every build-machine path that could end up in it is remapped
@@ -13,7 +15,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use crate::build::{self, BuildInputs, BuildOutput};
+use crate::disk::{self, DiskImage, DiskLayout};
 use crate::inputs::{self, InputLock};
+use crate::rootfs::{self, Rootfs, RootfsOptions};
 
 /// What to build, and from where.
 #[derive(Debug, Clone)]
@@ -66,6 +70,10 @@ pub enum PipelineError {
     Compile { command: String, status: String },
     #[error("cannot run cargo: {0}")]
     Cargo(std::io::Error),
+    #[error(transparent)]
+    Rootfs(#[from] rootfs::RootfsError),
+    #[error(transparent)]
+    Disk(#[from] disk::DiskError),
 }
 
 /// Timings of one pipeline run, for the summary line.
@@ -80,11 +88,7 @@ pub fn build_image(
 ) -> Result<(BuildOutput, PipelineTimeline), PipelineError> {
     let mut timeline = PipelineTimeline::default();
     let t = Instant::now();
-    let lock = InputLock::load(&opts.workspace.join("inputs.lock"))?;
-    let epoch = opts
-        .source_date_epoch
-        .or_else(|| std::env::var("SOURCE_DATE_EPOCH").ok()?.parse().ok())
-        .unwrap_or(lock.source_date_epoch);
+    let (lock, epoch) = lock_and_epoch(opts)?;
     let fetched = inputs::fetch(&lock, &inputs::cache_dir())?;
     timeline.steps.push(("fetch inputs", t.elapsed()));
 
@@ -117,6 +121,123 @@ pub fn build_image(
     )?;
     timeline.steps.push(("assemble image", t.elapsed()));
     Ok((output, timeline))
+}
+
+/// The input lock and the build's `SOURCE_DATE_EPOCH`: the option, else the environment, else
+/// the epoch pinned in the lock.
+fn lock_and_epoch(opts: &PipelineOptions) -> Result<(InputLock, u64), PipelineError> {
+    let lock = InputLock::load(&opts.workspace.join("inputs.lock"))?;
+    let epoch = opts
+        .source_date_epoch
+        .or_else(|| std::env::var("SOURCE_DATE_EPOCH").ok()?.parse().ok())
+        .unwrap_or(lock.source_date_epoch);
+    Ok((lock, epoch))
+}
+
+/// The disk image in the output directory of a node image build.
+pub const DISK_FILE: &str = "hawser-disk.raw";
+
+/// A node image: the UKI (with `hawser.root_hash=` on its command line), the rootfs it
+/// verifies, and the GPT disk image holding both.
+#[derive(Debug)]
+pub struct NodeImage {
+    pub image: BuildOutput,
+    pub rootfs: Rootfs,
+    pub disk: DiskImage,
+}
+
+impl std::fmt::Display for NodeImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mib = |n: u64| n as f64 / (1024.0 * 1024.0);
+        writeln!(f, "{}", self.image)?;
+        writeln!(
+            f,
+            "rootfs   {:>7.2} MiB erofs + {:.2} MiB dm-verity  {}",
+            mib(self.rootfs.erofs_bytes),
+            mib(self.rootfs.verity_bytes),
+            self.rootfs.erofs.display()
+        )?;
+        writeln!(f, "roothash {}", hex::encode(self.rootfs.root_hash))?;
+        match &self.rootfs.kubernetes {
+            rootfs::KubernetesSource::Upstream { version } => {
+                writeln!(f, "k8s      kubeadm {version} from pkgs.k8s.io")?
+            }
+            rootfs::KubernetesSource::StandIn { reason } => writeln!(
+                f,
+                "k8s      STAND-INS for kubeadm and kubelet, NOT Kubernetes ({reason})"
+            )?,
+        }
+        write!(
+            f,
+            "disk     {:>7.2} MiB GPT (ESP, root, verity)  {}",
+            mib(self.disk.bytes),
+            self.disk.path.display()
+        )
+    }
+}
+
+/// Builds a node image: the rootfs first (its root hash goes on the measured command line,
+/// so PCR 11 covers the whole operating system), then the UKI with `opts.cmdline` plus
+/// `hawser.root_hash=…`, then the disk image [`DISK_FILE`] from both. `progress` gets a line
+/// per step of the rootfs build (mkosi takes minutes on a cold cache).
+pub fn build_node_image(
+    opts: &PipelineOptions,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(NodeImage, PipelineTimeline), PipelineError> {
+    let (_, epoch) = lock_and_epoch(opts)?;
+    let mut timeline = PipelineTimeline::default();
+    let t = Instant::now();
+    let standin_bin_dir =
+        rootfs::compile_rootfs_binaries(&opts.workspace, opts.target_dir.as_deref(), epoch)?;
+    timeline
+        .steps
+        .push(("compile hawser-joind, stand-ins", t.elapsed()));
+    let t = Instant::now();
+    let rootfs = rootfs::build_rootfs(
+        &RootfsOptions {
+            workspace: opts.workspace.clone(),
+            out_dir: opts.out_dir.clone(),
+            cache_dir: inputs::cache_dir(),
+            source_date_epoch: epoch,
+            standin_bin_dir,
+        },
+        progress,
+    )?;
+    timeline.steps.push(("rootfs", t.elapsed()));
+
+    let uki_opts = PipelineOptions {
+        cmdline: format!(
+            "{} {}",
+            opts.cmdline,
+            rootfs::root_hash_cmdline_arg(&rootfs.root_hash)
+        ),
+        source_date_epoch: Some(epoch),
+        ..opts.clone()
+    };
+    progress(&format!("UKI: command line {}", uki_opts.cmdline));
+    let (image, uki_timeline) = build_image(&uki_opts)?;
+    timeline.steps.extend(uki_timeline.steps);
+
+    let t = Instant::now();
+    let disk = disk::build_disk_image(
+        &DiskLayout {
+            uki: &image.uki.path,
+            rootfs: &rootfs.erofs,
+            verity: &rootfs.verity,
+            root_hash: rootfs.root_hash,
+            source_date_epoch: epoch,
+        },
+        &opts.out_dir.join(DISK_FILE),
+    )?;
+    timeline.steps.push(("disk image", t.elapsed()));
+    Ok((
+        NodeImage {
+            image,
+            rootfs,
+            disk,
+        },
+        timeline,
+    ))
 }
 
 /// Reads a provider CA PEM file, refusing one without a certificate.

@@ -77,7 +77,8 @@ pub struct RootfsOptions {
     pub cache_dir: PathBuf,
     /// Every timestamp in the tree and the image (the epoch pinned in `inputs.lock`).
     pub source_date_epoch: u64,
-    /// Where the built stand-in binaries `kubeadm` and `kubelet` are (`target/<profile>/`).
+    /// Where the built binaries `hawser-joind`, `kubeadm` and `kubelet` (stand-ins) are
+    /// (`target/<profile>/`).
     pub standin_bin_dir: PathBuf,
 }
 
@@ -150,7 +151,7 @@ pub enum RootfsError {
     },
     /// The stand-in binaries were not built.
     #[error(
-        "the kubeadm/kubelet stand-ins are not at {path}: build them first (cargo build --profile image -p hawser-standin, or rootfs::compile_standins)"
+        "the kubeadm/kubelet stand-ins are not at {path}: build them first (cargo build --profile image -p hawser-standin -p hawser-joinservice, or rootfs::compile_rootfs_binaries)"
     )]
     StandInsMissing { path: PathBuf },
     /// mkosi finished without the directory it was configured to make.
@@ -306,6 +307,8 @@ pub fn build_rootfs(
     let t = Instant::now();
     let tree = run_mkosi(opts, upstream_tree.as_deref(), progress)?;
     timings.push(("mkosi".to_owned(), t.elapsed()));
+    install_joind(&tree, &opts.standin_bin_dir, opts.source_date_epoch)?;
+    progress(&format!("rootfs: installed /{JOIND_PATH}"));
 
     let kubernetes = match kubernetes_reachable {
         Ok(()) => {
@@ -469,6 +472,10 @@ fn run_mkosi(
     let mkosi = find_tool("mkosi", "mkosi (bookworm-backports)")?;
     let package_cache = opts.cache_dir.join("mkosi");
     std::fs::create_dir_all(&package_cache).map_err(io_err("create directory", &package_cache))?;
+    // mkosi's scratch space: never inside the source tree (mkosi refuses that, and an output
+    // directory under `target/` is), and off tmpfs (the tree is hundreds of MiB).
+    let scratch = opts.cache_dir.join("mkosi-workspace");
+    std::fs::create_dir_all(&scratch).map_err(io_err("create directory", &scratch))?;
     let mut cmd = Command::new(&mkosi);
     cmd.current_dir(&opts.workspace)
         .arg("--directory")
@@ -476,7 +483,7 @@ fn run_mkosi(
         .arg("--force")
         .arg(format!("--source-date-epoch={}", opts.source_date_epoch))
         .arg(format!("--output-dir={}", opts.out_dir.display()))
-        .arg(format!("--workspace-dir={}", opts.out_dir.display()))
+        .arg(format!("--workspace-dir={}", scratch.display()))
         .arg(format!("--package-cache-dir={}", package_cache.display()));
     if let Some(tree) = extra_package_manager_tree {
         cmd.arg(format!("--package-manager-tree={}", tree.display()))
@@ -630,8 +637,26 @@ pub fn install_standins(tree: &Path, bin_dir: &Path, epoch: u64) -> Result<(), R
     }
     std::fs::write(&marker, standin_marker_text()).map_err(io_err("write", &marker))?;
     installed.push((marker, Some(0o644)));
+    set_modes_and_epoch(installed, epoch)
+}
+
+/// The join service binary in the rootfs: PID 1 runs it on a cluster's first control-plane
+/// node so that later nodes can join (and attest it).
+pub const JOIND_PATH: &str = "usr/bin/hawser-joind";
+
+/// Installs `hawser-joind` from `bin_dir` (built by [`compile_rootfs_binaries`]) as
+/// [`JOIND_PATH`].
+pub fn install_joind(tree: &Path, bin_dir: &Path, epoch: u64) -> Result<(), RootfsError> {
+    let from = bin_dir.join("hawser-joind");
+    let to = tree.join(JOIND_PATH);
+    std::fs::copy(&from, &to).map_err(io_err("copy hawser-joind to", &to))?;
+    set_modes_and_epoch(vec![(to, Some(0o755)), (tree.join("usr/bin"), None)], epoch)
+}
+
+/// Sets each path's mode (if given) and its mtime to `epoch`.
+fn set_modes_and_epoch(paths: Vec<(PathBuf, Option<u32>)>, epoch: u64) -> Result<(), RootfsError> {
     let epoch_time = SystemTime::UNIX_EPOCH + Duration::from_secs(epoch);
-    for (path, mode) in installed {
+    for (path, mode) in paths {
         if let Some(mode) = mode {
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
                 .map_err(io_err("set permissions of", &path))?;
@@ -898,9 +923,10 @@ pub fn normalize_tree(tree: &Path, epoch: u64) -> Result<[u8; 32], RootfsError> 
     Ok(digest.finalize().into())
 }
 
-/// Compiles the stand-ins as the init binary is compiled (the `image` profile, build paths
-/// remapped) and returns the directory holding `kubeadm` and `kubelet`.
-pub fn compile_standins(
+/// Compiles the binaries hawser puts into the rootfs — `hawser-joind` and the stand-ins — as
+/// the init binary is compiled (the `image` profile, build paths remapped), and returns the
+/// directory holding `hawser-joind`, `kubeadm` and `kubelet`.
+pub fn compile_rootfs_binaries(
     workspace: &Path,
     target_dir: Option<&Path>,
     source_date_epoch: u64,
@@ -912,6 +938,7 @@ pub fn compile_standins(
         "hawser-standin",
         source_date_epoch,
     )
+    .args(["-p", "hawser-joinservice"])
     .status()
     .map_err(|source| RootfsError::Spawn {
         tool: "cargo".into(),
@@ -919,7 +946,8 @@ pub fn compile_standins(
     })?;
     if !status.success() {
         return Err(RootfsError::ToolFailed {
-            tool: "cargo build --locked --profile image -p hawser-standin".into(),
+            tool: "cargo build --locked --profile image -p hawser-standin -p hawser-joinservice"
+                .into(),
             status: status.to_string(),
             output_tail: "(cargo's own output is above)".into(),
             hint: String::new(),

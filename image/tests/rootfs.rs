@@ -268,7 +268,7 @@ fn the_full_rootfs_build_is_reproducible() {
     }
     let workspace = workspace();
     let lock = InputLock::load(&workspace.join("inputs.lock")).unwrap();
-    let standin_bin_dir = rootfs::compile_standins(&workspace, None, lock.source_date_epoch)
+    let standin_bin_dir = rootfs::compile_rootfs_binaries(&workspace, None, lock.source_date_epoch)
         .unwrap_or_else(|e| panic!("{e}"));
     let scratch = tempfile::tempdir().unwrap();
     let build = |name: &str| {

@@ -178,7 +178,13 @@ async fn supervise(timer: PhaseTimer, warnings: Vec<String>) {
 
     tokio::select! {
         result = bring_up(timer, warnings, requests.clone(), &registry) => match result {
-            Ok(()) => info!("boot complete; idle"),
+            Ok(()) => {
+                // The bring-up's buffers (image reads, TLS, the initramfs index) are freed:
+                // hand the heap's free pages back to the kernel.
+                // SAFETY: malloc_trim only walks glibc's own heap under its lock.
+                unsafe { libc::malloc_trim(0) };
+                info!("boot complete; idle; {}", memory_summary())
+            }
             Err(e) => fatal_error(&e),
         },
         Some(request) = requested.recv() => shutdown(request).await,
@@ -254,6 +260,31 @@ async fn shutdown(request: ShutdownRequest) -> ! {
     fatal(&format!("cannot power off: reboot(2) failed: {error}"));
 }
 
+/// PID 1's resident memory now and at its peak (`VmRSS`, `VmHWM` of /proc/self/status).
+fn memory_summary() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().strip_suffix("kB"))
+            .and_then(|kib| kib.trim().parse::<u64>().ok())
+            .map_or_else(
+                || "?".to_owned(),
+                |kib| format!("{:.1} MiB", kib as f64 / 1024.0),
+            )
+    };
+    format!(
+        "PID 1 resident memory {} ({} anonymous, {} of its binary and libraries in the freed \
+         initramfs, {} other files; peak {})",
+        field("VmRSS:"),
+        field("RssAnon:"),
+        field("RssShmem:"),
+        field("RssFile:"),
+        field("VmHWM:")
+    )
+}
+
 /// Runs blocking TPM (or other) work off the event loop.
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
@@ -300,13 +331,7 @@ async fn bring_up(
 
     // Kernel modules (decompressing .ko.xz takes a while: off the event loop).
     let start = timer.elapsed_ms();
-    let dir = modules::modules_dir(&kernel_release);
-    let loaded = blocking(move || -> Result<usize, ModuleError> {
-        let index = modules::read_index(&dir)?;
-        let paths = modules::plan(&index, &dir, hawser_kmod::BOOT_MODULES)?;
-        Ok(modules::load_all(&LINUX, &paths)?.len())
-    })
-    .await??;
+    let loaded = blocking(|| modules::load_named(&LINUX, hawser_kmod::BOOT_MODULES)).await??;
     timer.record("modules", start);
     info!("loaded {loaded} kernel modules");
 
@@ -472,10 +497,19 @@ async fn bring_up(
         node_name = Some(crate::join::client::node_name(&outcome.summary.disk_uuid));
         role = match (outcome.admin, outcome.kubeadm) {
             (Some((GrantKind::Init(spec), progress)), _) if config.root_hash.is_some() => {
+                // The image's provider CA is in the initramfs, which the pivot frees: read now.
+                let provider_ca = std::fs::read_to_string(PROVIDER_CA_PATH).ok();
                 node::Role::Init {
                     spec,
                     cluster_id: outcome.cluster_id,
                     progress,
+                    join_service: outcome.secrets.zip(provider_ca).map(|(secrets, pem)| {
+                        node::InClusterJoinService {
+                            secrets,
+                            joiner_measurements: serde_json::Value::Null,
+                            provider_ca_pem: pem,
+                        }
+                    }),
                 }
             }
             (Some((kind, progress)), _) => {
@@ -504,6 +538,16 @@ async fn bring_up(
         .await??
     };
     timer.record("attest", start);
+
+    // The cluster's join service expects joining nodes to measure as this one did.
+    if let node::Role::Init {
+        join_service: Some(join_service),
+        ..
+    } = &mut role
+    {
+        join_service.joiner_measurements =
+            crate::join::fresh_node_measurements_json(&measurement.pcrs);
+    }
 
     let attestation = Attestation {
         nonce,

@@ -96,6 +96,18 @@ pub fn is_compressed(path: &Path) -> bool {
     !name.ends_with(".ko")
 }
 
+/// Loads `names` and their dependencies from the initramfs's modules of the running kernel;
+/// returns how many were loaded or already there. Blocking (decompression).
+pub fn load_named(sys: &dyn Syscalls, names: &[&str]) -> Result<usize, ModuleError> {
+    let release = nix::sys::utsname::uname()
+        .map(|uts| uts.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dir = modules_dir(&release);
+    let index = read_index(&dir)?;
+    let paths = plan(&index, &dir, names)?;
+    Ok(load_all(sys, &paths)?.len())
+}
+
 /// Loads `paths` in order; stops at the first failure.
 pub fn load_all(
     sys: &dyn Syscalls,

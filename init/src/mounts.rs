@@ -64,22 +64,95 @@ pub struct MountError {
     pub source: io::Error,
 }
 
-/// The mounts made so far, in mount order: what the shutdown unmounts.
+/// A step of the teardown that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TeardownError {
+    #[error("cannot unmount {target} ({fstype})")]
+    Unmount {
+        fstype: &'static str,
+        target: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot close the device-mapper device {name}")]
+    CloseDevice {
+        name: &'static str,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl TeardownError {
+    pub fn io(&self) -> &io::Error {
+        match self {
+            TeardownError::Unmount { source, .. } | TeardownError::CloseDevice { source, .. } => {
+                source
+            }
+        }
+    }
+}
+
+/// What the teardown undoes, in the order it was set up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Mount(MountSpec),
+    /// A device-mapper device: closed after the mounts made after it (the file system on it)
+    /// are gone, and before the ones made before it (`/dev`, where its control node lives).
+    Device(&'static str),
+}
+
+/// The mounts made so far and the device-mapper devices under them, in setup order: what the
+/// shutdown unmounts and closes, in reverse.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct MountTable {
-    mounted: Vec<MountSpec>,
+    entries: Vec<Entry>,
 }
 
 impl MountTable {
     pub const fn new() -> Self {
         Self {
-            mounted: Vec::new(),
+            entries: Vec::new(),
         }
     }
 
     /// The mounts, in the order they were made.
-    pub fn mounted(&self) -> &[MountSpec] {
-        &self.mounted
+    pub fn mounted(&self) -> Vec<MountSpec> {
+        self.entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Mount(spec) => Some(*spec),
+                Entry::Device(_) => None,
+            })
+            .collect()
+    }
+
+    /// The recorded devices, in recording order.
+    pub fn devices(&self) -> Vec<&'static str> {
+        self.entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Device(name) => Some(*name),
+                Entry::Mount(_) => None,
+            })
+            .collect()
+    }
+
+    /// Records a mount made elsewhere (the pivot's, whose paths change with the switch).
+    pub fn record(&mut self, spec: MountSpec) {
+        self.entries.push(Entry::Mount(spec));
+    }
+
+    /// Records a device-mapper device just created (stacked devices in creation order).
+    pub fn record_device(&mut self, name: &'static str) {
+        if !self.entries.contains(&Entry::Device(name)) {
+            self.entries.push(Entry::Device(name));
+        }
+    }
+
+    /// Forgets a device that was closed on another path (cleanup after a failed step).
+    pub fn forget_device(&mut self, name: &str) {
+        self.entries
+            .retain(|e| !matches!(e, Entry::Device(d) if *d == name));
     }
 
     /// Creates the mount point and mounts `spec`, recording it on success.
@@ -91,7 +164,7 @@ impl MountTable {
         };
         sys.create_dir_all(Path::new(spec.target)).map_err(error)?;
         sys.mount(spec).map_err(error)?;
-        self.mounted.push(*spec);
+        self.entries.push(Entry::Mount(*spec));
         Ok(())
     }
 
@@ -100,21 +173,36 @@ impl MountTable {
         specs.iter().try_for_each(|spec| self.mount(sys, spec))
     }
 
-    /// Detaches every mount in reverse mount order and forgets it. Returns the failures (each is
-    /// also worth a log line, but teardown never stops half-way).
+    /// Undoes everything in reverse setup order and forgets it: unmounts, and closes each
+    /// device-mapper device once the file systems on it are gone. Returns the failures (each
+    /// is also worth a log line, but teardown never stops half-way).
     ///
-    /// The API filesystems are detached lazily (`MNT_DETACH`): PID 1 itself keeps
-    /// `/dev/console` and `/dev/kmsg` open until the power goes off, so a plain unmount of
-    /// `/dev` would fail with EBUSY, and no data lives on them.
-    pub fn unmount_all(&mut self, sys: &dyn Syscalls) -> Vec<MountError> {
+    /// A plain unmount comes first: for a disk file system it returns only once the file
+    /// system is written back and marked clean. A mount still busy is then detached lazily
+    /// (`MNT_DETACH`), which is expected for the API filesystems: PID 1 itself keeps
+    /// `/dev/console` and `/dev/kmsg` open until the power goes off, and no data lives on them.
+    pub fn unmount_all(&mut self, sys: &dyn Syscalls) -> Vec<TeardownError> {
         let mut failures = Vec::new();
-        while let Some(spec) = self.mounted.pop() {
-            if let Err(source) = sys.unmount(Path::new(spec.target), MntFlags::MNT_DETACH) {
-                failures.push(MountError {
-                    fstype: spec.fstype,
-                    target: spec.target,
-                    source,
-                });
+        while let Some(entry) = self.entries.pop() {
+            match entry {
+                Entry::Mount(spec) => {
+                    let target = Path::new(spec.target);
+                    let result = sys
+                        .unmount(target, MntFlags::empty())
+                        .or_else(|_| sys.unmount(target, MntFlags::MNT_DETACH));
+                    if let Err(source) = result {
+                        failures.push(TeardownError::Unmount {
+                            fstype: spec.fstype,
+                            target: spec.target,
+                            source,
+                        });
+                    }
+                }
+                Entry::Device(name) => {
+                    if let Err(source) = sys.remove_dm_device(name) {
+                        failures.push(TeardownError::CloseDevice { name, source });
+                    }
+                }
             }
         }
         failures
@@ -185,30 +273,81 @@ mod tests {
     }
 
     #[test]
-    fn teardown_detaches_in_reverse_order_and_continues_past_failures() {
+    fn teardown_unmounts_in_reverse_order_detaches_busy_ones_and_continues_past_failures() {
         let sys = RecordingSyscalls::new();
         let mut table = MountTable::new();
         table.mount_all(&sys, &EARLY_MOUNTS).unwrap();
         let sys = RecordingSyscalls::new();
+        // /dev is busy (PID 1's console) and cannot even be detached; /run is busy and is.
+        for flags in [MntFlags::empty(), MntFlags::MNT_DETACH] {
+            sys.fail(Call::Unmount(PathBuf::from("/dev"), flags), Errno::EBUSY);
+        }
         sys.fail(
-            Call::Unmount(PathBuf::from("/dev"), MntFlags::MNT_DETACH),
-            Errno::EINVAL,
+            Call::Unmount(PathBuf::from("/run"), MntFlags::empty()),
+            Errno::EBUSY,
         );
         let failures = table.unmount_all(&sys);
-        let unmounted: Vec<_> = sys
+        let calls: Vec<_> = sys
             .calls()
             .into_iter()
             .map(|call| match call {
-                Call::Unmount(path, MntFlags::MNT_DETACH) => path,
+                Call::Unmount(path, flags) => (path, flags == MntFlags::MNT_DETACH),
                 other => panic!("unexpected call {other:?}"),
             })
             .collect();
-        assert_eq!(
-            unmounted,
-            ["/sys/kernel/security", "/run", "/dev", "/sys", "/proc"].map(PathBuf::from)
-        );
+        let expected = [
+            ("/sys/kernel/security", false),
+            ("/run", false),
+            ("/run", true),
+            ("/dev", false),
+            ("/dev", true),
+            ("/sys", false),
+            ("/proc", false),
+        ]
+        .map(|(path, lazy)| (PathBuf::from(path), lazy));
+        assert_eq!(calls, expected);
         assert_eq!(failures.len(), 1);
-        assert_eq!(failures[0].target, "/dev");
+        assert!(
+            matches!(failures[0], TeardownError::Unmount { target: "/dev", .. }),
+            "{failures:?}"
+        );
         assert!(table.mounted().is_empty());
+    }
+
+    #[test]
+    fn devices_close_after_the_file_systems_on_them_and_before_older_mounts() {
+        let sys = RecordingSyscalls::new();
+        let mut table = MountTable::new();
+        table.mount_all(&sys, &EARLY_MOUNTS[2..3]).unwrap(); // /dev
+        table.record_device("hawser-state_dif");
+        table.record_device("hawser-state");
+        table.record_device("hawser-state");
+        table.record(MountSpec {
+            source: "/dev/dm-1",
+            target: "/run/hawser/state",
+            fstype: "ext4",
+            flags: MsFlags::empty(),
+            data: None,
+        });
+        table.record(MountSpec {
+            source: "/run/hawser/state/var",
+            target: "/var",
+            fstype: "bind",
+            flags: MsFlags::MS_BIND,
+            data: None,
+        });
+        let sys = RecordingSyscalls::new();
+        assert!(table.unmount_all(&sys).is_empty());
+        assert_eq!(
+            sys.calls(),
+            [
+                Call::Unmount(PathBuf::from("/var"), MntFlags::empty()),
+                Call::Unmount(PathBuf::from("/run/hawser/state"), MntFlags::empty()),
+                Call::RemoveDmDevice("hawser-state"),
+                Call::RemoveDmDevice("hawser-state_dif"),
+                Call::Unmount(PathBuf::from("/dev"), MntFlags::empty()),
+            ]
+        );
+        assert!(table.devices().is_empty() && table.mounted().is_empty());
     }
 }

@@ -25,6 +25,7 @@ use tracing::{info, warn};
 use crate::fatal::error_chain;
 use crate::join::client::KubeadmTicket;
 use crate::join::init_server::{ClusterSpec, Progress};
+use crate::join::race::ClusterSecrets;
 use crate::kubeadm::{self, InitRequest, JoinTicket};
 use crate::reaper::ChildRegistry;
 use crate::rootfs::{self, RootHash, RootfsPlan, StateBacking};
@@ -40,21 +41,120 @@ pub const ADMIN_KUBECONFIG: &str = "/etc/kubernetes/admin.conf";
 /// The kubeadm binary in the rootfs.
 pub const KUBEADM: &str = "/usr/bin/kubeadm";
 
+/// containerd's CRI socket, which the kubelet needs.
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+/// How long the kubelet's start waits for [`CONTAINERD_SOCKET`].
+const CONTAINERD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Waits until `path` exists or `limit` passed (then says so and goes on).
+async fn wait_for_path(path: &Path, limit: std::time::Duration) {
+    let started = tokio::time::Instant::now();
+    while !path.exists() {
+        if started.elapsed() >= limit {
+            warn!(
+                "{} did not appear within {} s; starting the kubelet anyway",
+                path.display(),
+                limit.as_secs()
+            );
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    info!(
+        "{} is there after {:.1} s",
+        path.display(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
 /// The running services, for the shutdown path.
 static SUPERVISOR: OnceLock<tokio::sync::Mutex<Supervisor>> = OnceLock::new();
 
 /// What the node does with Kubernetes after the pivot.
 pub enum Role {
-    /// `hawser init`: a new cluster on this node; the kubeconfig goes back to the admin.
+    /// `hawser init`: a new cluster on this node; the kubeconfig goes back to the admin, and
+    /// the node runs the cluster's join service for the nodes that follow.
     Init {
         spec: ClusterSpec,
         cluster_id: [u8; 32],
         progress: Progress,
+        join_service: Option<InClusterJoinService>,
     },
     /// A join ticket from the join service: `kubeadm join`.
     Join(KubeadmTicket),
     /// A rejoining or recovered node: kubeadm ran on an earlier boot; services only.
     Rejoin,
+}
+
+/// What the cluster's first control-plane node needs to run `hawser-joind` for the nodes
+/// that follow: the secrets the admin sent, what a fresh node of this image measures, and the
+/// provider CA that certifies nodes' attestation keys.
+pub struct InClusterJoinService {
+    pub secrets: ClusterSecrets,
+    /// `hawser-joind`'s expected measurements (JSON): a fresh node of this same image.
+    pub joiner_measurements: serde_json::Value,
+    /// The provider CA the image carries (`hawser image build --provider-ca`).
+    pub provider_ca_pem: String,
+}
+
+/// Where PID 1 puts `hawser-joind`'s inputs (tmpfs: the master secret never touches a disk
+/// unencrypted).
+pub const JOIND_DIR: &str = "/run/hawser/joind";
+/// The port of the in-cluster join service.
+pub const JOIND_PORT: u16 = 7000;
+
+impl InClusterJoinService {
+    /// Writes the inputs under [`JOIND_DIR`] and returns the service to supervise.
+    fn prepare(&self, kubernetes_version: &str) -> std::io::Result<supervisor::ServiceSpec> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let dir = Path::new(JOIND_DIR);
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let secret = dir.join("master-secret.json");
+        self.secrets
+            .master
+            .write_new_file(&secret)
+            .map_err(std::io::Error::other)?;
+        let salt = dir.join("measurement-salt");
+        std::fs::write(&salt, &self.secrets.measurement_salt)?;
+        let measurements = dir.join("measurements.json");
+        std::fs::write(&measurements, self.joiner_measurements.to_string())?;
+        let provider_ca = dir.join("provider-ca.pem");
+        std::fs::write(&provider_ca, &self.provider_ca_pem)?;
+        let listen = format!("0.0.0.0:{JOIND_PORT}");
+        let path = |p: &Path| p.display().to_string();
+        let args = [
+            "--listen".to_owned(),
+            listen,
+            "--measurements".to_owned(),
+            path(&measurements),
+            "--master-secret".to_owned(),
+            path(&secret),
+            "--measurement-salt-file".to_owned(),
+            path(&salt),
+            "--provider-ca".to_owned(),
+            path(&provider_ca),
+            "--kubeadm".to_owned(),
+            KUBEADM.to_owned(),
+            "--kubeconfig".to_owned(),
+            ADMIN_KUBECONFIG.to_owned(),
+            "--state-dir".to_owned(),
+            "/var/lib/hawser-joind".to_owned(),
+            "--kubernetes-version".to_owned(),
+            kubernetes_version.to_owned(),
+            "--attest-with-tpm".to_owned(),
+            "device:/dev/tpmrm0".to_owned(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Ok(supervisor::ServiceSpec::new(
+            "hawser-joind",
+            "/usr/bin/hawser-joind",
+            &args,
+        ))
+    }
 }
 
 /// This node as Kubernetes will know it.
@@ -84,11 +184,29 @@ pub async fn pivot(
     tpm: Arc<Tpm>,
     state_disk: bool,
 ) -> Result<Vec<String>, PivotError> {
+    // The initramfs holds the kernel's modules and is freed by the switch: what Kubernetes
+    // networking needs is loaded now. A failure costs the pod network, not the node.
+    match tokio::task::spawn_blocking(prepare_kubernetes_networking).await {
+        Ok(Ok(loaded)) => info!(
+            "loaded {loaded} kernel modules for Kubernetes networking; {}",
+            KUBERNETES_SYSCTLS
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        Ok(Err(e)) => warn!(
+            "Kubernetes networking is not prepared (pods may get no network): {}",
+            error_chain(&e)
+        ),
+        Err(e) => warn!("preparing Kubernetes networking failed: {e}"),
+    }
     let device = rootfs::open_verity_root(root_hash, rootfs::PARTITION_WAIT).await?;
     info!(
-        "rootfs verified against root hash {} and mapped at {}",
-        hex::encode(root_hash.as_bytes()),
-        device.path.display()
+        "rootfs mapped at {} with dm-verity against root hash {}: every block is checked \
+         when read, and a corrupted one stops the node (kernel panic: dm-verity device corrupted)",
+        device.path.display(),
+        hex::encode(root_hash.as_bytes())
     );
     let backing = if state_disk {
         StateBacking::Disk
@@ -96,6 +214,7 @@ pub async fn pivot(
         StateBacking::Ephemeral
     };
     let plan = RootfsPlan::new(device.path.clone(), backing);
+    let after_switch = plan.mounts_after_switch();
     let outcome = tokio::task::spawn_blocking(move || {
         rootfs::plan::switch_root(&LinuxSyscalls, &plan, &mut || {
             tpm.extend_phase(PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD)
@@ -105,9 +224,15 @@ pub async fn pivot(
     })
     .await
     .map_err(PivotError::Task)??;
-    crate::shutdown::mount_table()
+    let mut table = crate::shutdown::mount_table();
+    // The shutdown unmounts these before the state disk they bind from.
+    for spec in after_switch {
+        table.record(spec);
+    }
+    table
         .mount_all(&LinuxSyscalls, &rootfs::plan::NEW_ROOT_API_MOUNTS)
         .map_err(PivotError::Mounts)?;
+    drop(table);
     info!("measured {PHASE_LEAVE_INITRD} into PCR {PCR_KERNEL_BOOT} and switched into the rootfs");
     for warning in &outcome.warnings {
         warn!("{warning}");
@@ -115,11 +240,56 @@ pub async fn pivot(
     Ok(outcome.warnings)
 }
 
+/// The sysctls kubeadm's preflight requires and kube-proxy and CNI plugins rely on (systemd's
+/// `sysctl.d` would set them on a general-purpose distribution).
+pub const KUBERNETES_SYSCTLS: [(&str, &str); 3] = [
+    ("net.ipv4.ip_forward", "1"),
+    ("net.bridge.bridge-nf-call-iptables", "1"),
+    ("net.bridge.bridge-nf-call-ip6tables", "1"),
+];
+
+/// Why Kubernetes networking could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkingError {
+    #[error(transparent)]
+    Modules(#[from] crate::modules::ModuleError),
+    #[error("cannot set {key}={value}")]
+    Sysctl {
+        key: &'static str,
+        value: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Loads [`hawser_kmod::KUBERNETES_MODULES`] and sets [`KUBERNETES_SYSCTLS`]; returns how many
+/// modules are loaded.
+fn prepare_kubernetes_networking() -> Result<usize, NetworkingError> {
+    let loaded = crate::modules::load_named(&LinuxSyscalls, hawser_kmod::KUBERNETES_MODULES)?;
+    for (key, value) in KUBERNETES_SYSCTLS {
+        let path = Path::new("/proc/sys").join(key.replace('.', "/"));
+        std::fs::write(&path, value).map_err(|source| NetworkingError::Sysctl {
+            key,
+            value,
+            source,
+        })?;
+    }
+    Ok(loaded)
+}
+
 /// Starts the node's services and runs kubeadm for `role` (steps 3–5). Never fails: what
 /// goes wrong is logged (and reported to the admin), and the node stays up.
 pub async fn run(role: Role, identity: NodeIdentity, registry: &ChildRegistry) {
+    // The kubelet and kubeadm name the node after the host unless told otherwise.
+    match nix::unistd::sethostname(&identity.name) {
+        Ok(()) => info!("hostname set to {}", identity.name),
+        Err(e) => warn!("cannot set the hostname to {}: {e}", identity.name),
+    }
     let mut services = Supervisor::new(registry.clone());
     services.start(supervisor::containerd());
+    // As systemd's `After=containerd.service` (with containerd's sd_notify) does: the kubelet
+    // refuses to start without the runtime's socket. The supervisor restarts it either way.
+    wait_for_path(Path::new(CONTAINERD_SOCKET), CONTAINERD_WAIT).await;
     services.start(supervisor::kubelet());
     if SUPERVISOR.set(tokio::sync::Mutex::new(services)).is_err() {
         warn!("the node's services were already started once; not starting them again");
@@ -168,8 +338,12 @@ pub async fn run(role: Role, identity: NodeIdentity, registry: &ChildRegistry) {
         spec,
         cluster_id,
         progress,
+        join_service,
     } = role
     {
+        if outcome.is_ok() {
+            start_join_service(join_service.as_ref(), &spec.kubernetes_version).await;
+        }
         match outcome.and_then(|()| {
             std::fs::read(ADMIN_KUBECONFIG).map_err(|e| {
                 format!("kubeadm init succeeded but {ADMIN_KUBECONFIG} is unreadable: {e}")
@@ -206,6 +380,34 @@ async fn run_kubeadm(
         }
         Ok(OneShotOutcome::AlreadyDone) => Ok(()),
         Err(e) => Err(format!("kubeadm {verb} failed: {}", error_chain(&e))),
+    }
+}
+
+/// Starts `hawser-joind` on the cluster's first control-plane node, under the supervisor:
+/// later nodes join through it (and, with `hawser.join_service_trust=attested`, verify that it
+/// runs this same image).
+async fn start_join_service(join_service: Option<&InClusterJoinService>, version: &str) {
+    let Some(join_service) = join_service else {
+        warn!(
+            "the cluster's join service is not started: this image carries no provider CA to \
+             verify joining nodes with (hawser image build --provider-ca); nodes can join only \
+             through a join service elsewhere"
+        );
+        return;
+    };
+    match join_service.prepare(version) {
+        Ok(spec) => {
+            if let Some(services) = SUPERVISOR.get() {
+                services.lock().await.start(spec);
+                info!(
+                    "started the cluster's join service on port {JOIND_PORT} (attested with this node's TPM)"
+                );
+            }
+        }
+        Err(e) => warn!(
+            "the cluster's join service is not started: cannot write its inputs under \
+             {JOIND_DIR}: {e}"
+        ),
     }
 }
 

@@ -1,4 +1,5 @@
-//! Orderly shutdown: stop every process, sync, unmount in reverse order, power off or reboot.
+//! Orderly shutdown: stop every process, sync, unmount in reverse order, close the state
+//! disk's device-mapper devices, power off or reboot.
 //!
 //! Used for a requested shutdown (SIGTERM, SIGINT, SIGPWR, the power button) and, with
 //! [`PowerAction::Reboot`], after a fatal error. The order of the steps is unit-tested through
@@ -90,7 +91,8 @@ fn wait_until_gone(
     }
 }
 
-/// The last steps: sync, detach the mounts in reverse order, sync, reboot(2). Returns the
+/// The last steps: sync, unmount in reverse order, close the recorded device-mapper devices,
+/// sync, reboot(2). Returns the
 /// error of reboot(2) if it returned at all (it does not on success).
 pub fn power_down(
     sys: &dyn Syscalls,
@@ -98,9 +100,15 @@ pub fn power_down(
     action: PowerAction,
 ) -> std::io::Error {
     sys.sync();
-    for failure in mounts.unmount_all(sys) {
-        tracing::warn!("{failure}: {}", failure.source);
+    let (mounted, devices) = (mounts.mounted().len(), mounts.devices().len());
+    let failures = mounts.unmount_all(sys);
+    for failure in &failures {
+        tracing::warn!("{failure}: {}", failure.io());
     }
+    tracing::info!(
+        "unmounted {mounted} file systems and closed {devices} device-mapper devices ({} failed)",
+        failures.len()
+    );
     sys.sync();
     match sys.reboot(action) {
         Err(e) => e,
@@ -149,22 +157,25 @@ mod tests {
     fn no_sleep(_: Duration) {}
 
     #[test]
-    fn power_down_syncs_unmounts_in_reverse_and_powers_off() {
+    fn power_down_syncs_unmounts_in_reverse_closes_devices_and_powers_off() {
         let mounter = RecordingSyscalls::new();
         let mut table = MountTable::new();
-        table.mount_all(&mounter, &EARLY_MOUNTS).unwrap();
+        table.mount_all(&mounter, &EARLY_MOUNTS[..4]).unwrap();
+        table.record_device("hawser-state");
+        table.mount_all(&mounter, &EARLY_MOUNTS[4..]).unwrap();
         let sys = RecordingSyscalls::new();
         let _ = power_down(&sys, &mut table, PowerAction::PowerOff);
-        let detach = |p: &str| Call::Unmount(PathBuf::from(p), MntFlags::MNT_DETACH);
+        let unmount = |p: &str| Call::Unmount(PathBuf::from(p), MntFlags::empty());
         assert_eq!(
             sys.calls(),
             [
                 Call::Sync,
-                detach("/sys/kernel/security"),
-                detach("/run"),
-                detach("/dev"),
-                detach("/sys"),
-                detach("/proc"),
+                unmount("/sys/kernel/security"),
+                Call::RemoveDmDevice("hawser-state"),
+                unmount("/run"),
+                unmount("/dev"),
+                unmount("/sys"),
+                unmount("/proc"),
                 Call::Sync,
                 Call::Reboot(PowerAction::PowerOff),
             ]

@@ -125,6 +125,9 @@ pub trait Syscalls: Send + Sync {
     fn kill_all(&self, signal: Signal) -> io::Result<()>;
     /// sync(2).
     fn sync(&self);
+    /// Removes the device-mapper device `name` (a closed dm-crypt mapping no longer holds its
+    /// key in the kernel).
+    fn remove_dm_device(&self, name: &'static str) -> io::Result<()>;
     /// reboot(2) with `RB_DISABLE_CAD`: Ctrl-Alt-Del becomes SIGINT to PID 1 instead of an
     /// immediate reboot.
     fn disable_ctrl_alt_del(&self) -> io::Result<()>;
@@ -193,6 +196,10 @@ impl Syscalls for LinuxSyscalls {
 
     fn sync(&self) {
         nix::unistd::sync();
+    }
+
+    fn remove_dm_device(&self, name: &'static str) -> io::Result<()> {
+        crate::disk::dm::remove(name).map_err(io::Error::other)
     }
 
     fn disable_ctrl_alt_del(&self) -> io::Result<()> {
@@ -364,6 +371,7 @@ pub enum Call {
     LoadModule { path: PathBuf, compressed: bool },
     KillAll(Signal),
     Sync,
+    RemoveDmDevice(&'static str),
     DisableCtrlAltDel,
     Reboot(PowerAction),
     MountOwned(OwnedMountSpec),
@@ -444,6 +452,10 @@ impl Syscalls for RecordingSyscalls {
     fn sync(&self) {
         // Sync cannot fail; a configured failure is ignored.
         let _ = self.record(Call::Sync);
+    }
+
+    fn remove_dm_device(&self, name: &'static str) -> io::Result<()> {
+        self.record(Call::RemoveDmDevice(name))
     }
 
     fn disable_ctrl_alt_del(&self) -> io::Result<()> {

@@ -43,6 +43,37 @@ pub const BOOT_MODULES: &[&str] = &[
     "evdev",
 ];
 
+/// Modules a Kubernetes node needs after the pivot, loaded by PID 1 just before it (the
+/// initramfs, which carries them, is freed by the switch, and the rootfs has no modules):
+/// - `br_netfilter` (with `bridge`): bridged pod traffic through iptables, and its sysctl
+///   `net.bridge.bridge-nf-call-iptables` that kubeadm's preflight checks;
+/// - `veth`, `vxlan`: pod network interfaces and the overlay of the common CNI plugins;
+/// - `nf_conntrack`, `nf_nat`, `nf_tables`, `nft_compat`, `nft_chain_nat`, `ip_tables`,
+///   `iptable_filter`, `iptable_nat` and the `xt_*` matches and targets kube-proxy's rules
+///   use (Debian's `iptables` is the nf_tables flavour, which loads `nft_compat` for `xt_*`);
+/// - `ip_set`: network policies of CNI plugins such as Calico.
+pub const KUBERNETES_MODULES: &[&str] = &[
+    "br_netfilter",
+    "veth",
+    "vxlan",
+    "nf_conntrack",
+    "nf_nat",
+    "nf_tables",
+    "nft_compat",
+    "nft_chain_nat",
+    "ip_tables",
+    "iptable_filter",
+    "iptable_nat",
+    "xt_conntrack",
+    "xt_MASQUERADE",
+    "xt_addrtype",
+    "xt_comment",
+    "xt_mark",
+    "xt_nat",
+    "ipt_REJECT",
+    "ip_set",
+];
+
 /// Why a module set could not be resolved.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum KmodError {

@@ -17,14 +17,13 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MARKER, JoinReport};
-use hawser_cli::localhost::{self, LocalCluster, free_port, luks_uuid};
+use hawser_cli::localhost::{self, free_port, luks_uuid};
 use hawser_image::build::BuildOutput;
 use hawser_image::pipeline::DEFAULT_CMDLINE;
-use hawser_joinservice::service::RunningService;
-use hawser_qemu::{TpmConfig, Vm, VmConfig};
+use hawser_qemu::{Vm, VmConfig};
 
 mod common;
-use common::build_image;
+use common::{Host, build_image};
 
 fn scratch(name: &str) -> PathBuf {
     common::fresh_scratch("e2e-join", name)
@@ -45,58 +44,14 @@ fn image() -> &'static BuildOutput {
     IMAGE.get_or_init(|| build("image", &join_cmdline()))
 }
 
-/// The host side (`hawser local up`'s): provider CA, master secret, join service.
-struct Host {
-    runtime: tokio::runtime::Runtime,
-    cluster: LocalCluster,
-    measurements: PathBuf,
+fn host(name: &str, uki: &Path) -> Host {
+    Host::new(&scratch(name), uki)
 }
 
-impl Host {
-    /// A cluster whose join service expects the measurements predicted from `uki`.
-    fn new(name: &str, uki: &Path) -> Host {
-        let cluster = LocalCluster::create(&scratch(name)).unwrap();
-        let measurements = cluster.dir.join("measurements.json");
-        localhost::write_expected_measurements(uki, &measurements).unwrap();
-        Host {
-            runtime: tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap(),
-            cluster,
-            measurements,
-        }
-    }
-
-    fn start_service(&self, listen: SocketAddr) -> RunningService {
-        self.runtime
-            .block_on(self.cluster.start_join_service(listen, &self.measurements))
-            .unwrap()
-    }
-
-    /// A VM for `uki` whose NIC reaches only `port` on the host's loopback.
-    fn boot(&self, uki: &Path, port: u16) -> (Vm, PathBuf) {
-        let tpm_dir = self.cluster.dir.join("tpm");
-        self.cluster.provision_tpm(&tpm_dir).unwrap();
-        let disk = self.cluster.dir.join("state.img");
-        std::fs::File::create(&disk)
-            .unwrap()
-            .set_len(256 << 20)
-            .unwrap();
-        let mut config = VmConfig::uefi(uki)
-            .name("join")
-            .tpm(TpmConfig {
-                state_dir: Some(tpm_dir),
-                ..TpmConfig::default()
-            })
-            .disk(&disk, localhost::STATE_DISK_SERIAL)
-            .keep_logs_in(self.cluster.dir.join("logs"));
-        config
-            .extra_args
-            .extend(localhost::user_net_args(Some(port), None));
-        (Vm::start(config).unwrap(), disk)
-    }
+/// A fresh node of `host` booting `uki`.
+fn boot(host: &Host, uki: &Path, port: u16) -> (Vm, PathBuf) {
+    let config = host.node(VmConfig::uefi(uki), "join", port, true);
+    (Vm::start(config).unwrap(), host.state_disk())
 }
 
 /// (1) + (2): the join service is down when the node boots; the node retries, logging why;
@@ -106,9 +61,9 @@ impl Host {
 #[ignore = "boots QEMU (~1 min under TCG)"]
 fn a_node_joins_after_retries_and_gets_the_key_of_its_disk() {
     let image = image();
-    let host = Host::new("join", &image.uki.path);
+    let host = host("join", &image.uki.path);
     let port = free_port().unwrap();
-    let (vm, disk) = host.boot(&image.uki.path, port);
+    let (vm, disk) = boot(&host, &image.uki.path, port);
 
     let failure = vm
         .wait_for_line("join attempt 2", BOOT_TIMEOUT)
@@ -164,10 +119,10 @@ fn a_node_with_a_changed_cmdline_is_refused_naming_the_pcr() {
     let good = image();
     let changed = join_cmdline().replace("panic=30", "panic=31");
     let bad = build("image-changed", &changed);
-    let host = Host::new("join-refused", &good.uki.path);
+    let host = host("join-refused", &good.uki.path);
     let port = free_port().unwrap();
     let service = host.start_service(SocketAddr::from(([127, 0, 0, 1], port)));
-    let (vm, _disk) = host.boot(&bad.uki.path, port);
+    let (vm, _disk) = boot(&host, &bad.uki.path, port);
     let refusal = vm
         .wait_for_line(
             |line: &str| {

@@ -236,6 +236,15 @@ fn recorded_config(config: &KubeadmConfig) -> Value {
     )
 }
 
+/// What the stand-in prints of the configuration it received: one line of compact JSON
+/// (secrets redacted) after [`CONFIG_RECEIVED`], for whoever watches the node's console.
+fn say_config(out: &mut Output, config: &KubeadmConfig) {
+    out.say(format!("{CONFIG_RECEIVED}{}", recorded_config(config)));
+}
+
+/// The prefix of the line [`say_config`] prints.
+pub const CONFIG_RECEIVED: &str = "configuration received (secrets redacted): ";
+
 fn write_record(env: &StandinEnv, entry: &Value) -> Result<PathBuf, KubeadmError> {
     let path = record::record_path(&env.root, "kubeadm");
     record::append(&env.root, "kubeadm", entry).map_err(io_err("append to", &path))
@@ -373,6 +382,7 @@ fn init(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
             record::redact_token(&t.token)
         ));
     }
+    say_config(&mut out, &config);
     let record_path = write_record(
         env,
         &json!({
@@ -440,6 +450,7 @@ fn join(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
         written.push(path);
         write_kubelet_files(env, None, &join.node_registration, &mut written)?;
     }
+    say_config(&mut out, &config);
     let record_path = write_record(
         env,
         &json!({

@@ -287,12 +287,20 @@ impl Platform for LinuxPlatform {
         integrity: Integrity,
         key: &VolumeKey,
     ) -> Result<PathBuf, DmError> {
-        dm::map(self.disk.devnum, self.disk.size, luks_uuid, integrity, key).map(|m| m.path)
+        let mapped = dm::map(self.disk.devnum, self.disk.size, luks_uuid, integrity, key)?;
+        // Closed at shutdown after the state file system is unmounted, crypt before integrity.
+        let mut table = crate::shutdown::mount_table();
+        if integrity == Integrity::HmacSha256 {
+            table.record_device(dm::DM_INTEGRITY_NAME);
+        }
+        table.record_device(dm::DM_NAME);
+        Ok(mapped.path)
     }
 
     fn unmap(&self) {
         for name in [dm::DM_NAME, dm::DM_INTEGRITY_NAME] {
             let _ = dm::remove(name);
+            crate::shutdown::mount_table().forget_device(name);
         }
     }
 
@@ -367,6 +375,7 @@ impl Platform for LinuxPlatform {
         let leak = |p: &Path| -> &'static str {
             Box::leak(p.to_string_lossy().into_owned().into_boxed_str())
         };
+        report_clean_state(mapped);
         let spec = MountSpec {
             source: leak(mapped),
             target: leak(target),
@@ -381,6 +390,29 @@ impl Platform for LinuxPlatform {
 
     fn random(&self, buf: &mut [u8]) -> io::Result<()> {
         fill_random(buf)
+    }
+}
+
+/// `s_feature_incompat` of the ext4 superblock (1024 bytes into the device) and its
+/// `RECOVER` bit: set while the file system is mounted, cleared by a clean unmount.
+const EXT4_INCOMPAT_OFFSET: u64 = 1024 + 0x60;
+const EXT4_INCOMPAT_RECOVER: u32 = 0x0004;
+
+/// Says whether the state file system was cleanly unmounted at the last shutdown (read from its
+/// superblock before mounting; the mount itself replays the journal if it was not).
+fn report_clean_state(mapped: &Path) {
+    let mut bytes = [0u8; 4];
+    let read =
+        std::fs::File::open(mapped).and_then(|f| f.read_exact_at(&mut bytes, EXT4_INCOMPAT_OFFSET));
+    match read {
+        Ok(()) if u32::from_le_bytes(bytes) & EXT4_INCOMPAT_RECOVER == 0 => {
+            info!("state file system: clean (nothing in its journal to replay)")
+        }
+        Ok(()) => warn!(
+            "state file system: NOT cleanly unmounted at the last shutdown (power loss or \
+             crash): ext4 replays its journal"
+        ),
+        Err(e) => warn!("cannot read the state file system's superblock: {e}"),
     }
 }
 

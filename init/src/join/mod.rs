@@ -129,6 +129,29 @@ pub fn same_image_measurements(own: &BTreeMap<u8, [u8; 32]>) -> ExpectedMeasurem
     expected
 }
 
+/// What the cluster's join service expects of a joining node booted from this same image:
+/// PCRs [`SAME_IMAGE_PCRS`] and PCR 11 (after `enter-initrd`) equal this node's own values at
+/// the same phase, PCR 15 zero (a fresh node). The expected-measurements JSON of `hawser-joind`.
+pub fn fresh_node_measurements_json(own: &BTreeMap<u8, [u8; 32]>) -> serde_json::Value {
+    let mut map = serde_json::Map::new();
+    for pcr in SAME_IMAGE_PCRS
+        .into_iter()
+        .chain([hawser_measurements::PCR_KERNEL_BOOT])
+    {
+        if let Some(value) = own.get(&pcr) {
+            map.insert(
+                pcr.to_string(),
+                serde_json::json!({"expected": hex::encode(value), "warnOnly": false}),
+            );
+        }
+    }
+    map.insert(
+        hawser_measurements::PCR_CLUSTER_ID.to_string(),
+        serde_json::json!({"expected": hex::encode([0u8; 32]), "warnOnly": false}),
+    );
+    map.into()
+}
+
 /// The join client's policy for the join service, per the measured `trust`. Blocking (reads
 /// the TPM's PCRs). `attested` needs the provider CA the image carries at `provider_ca`.
 pub fn join_service_policy(
@@ -294,5 +317,29 @@ mod tests {
             assert_eq!(JoinServiceTrust::from_cmdline(t.cmdline_name()), Some(t));
         }
         assert_eq!(JoinServiceTrust::from_cmdline("none"), None);
+    }
+
+    #[test]
+    fn a_fresh_node_of_this_image_is_what_the_in_cluster_join_service_expects() {
+        let own: BTreeMap<u8, [u8; 32]> = [
+            (4, [4; 32]),
+            (9, [9; 32]),
+            (11, [11; 32]),
+            (12, [12; 32]),
+            (13, [13; 32]),
+            (15, [15; 32]),
+            (0, [0xaa; 32]),
+        ]
+        .into_iter()
+        .collect();
+        let json = fresh_node_measurements_json(&own);
+        let expected = ExpectedMeasurements::from_json(&json.to_string()).unwrap();
+        for pcr in [4u8, 9, 11, 12, 13] {
+            assert_eq!(expected.get(pcr).unwrap().expected, [pcr; 32], "PCR {pcr}");
+        }
+        // A joining node is fresh: its PCR 15 is zero, whatever this node's lock is.
+        assert_eq!(expected.get(15).unwrap().expected, [0; 32]);
+        // Firmware PCRs differ between VMs and are not pinned.
+        assert!(expected.get(0).is_none());
     }
 }

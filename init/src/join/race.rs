@@ -39,6 +39,21 @@ pub struct Outcome {
     pub admin: Option<(GrantKind, Progress)>,
     /// The join ticket's Kubernetes half, when the join service answered `IssueJoinTicket`.
     pub kubeadm: Option<KubeadmTicket>,
+    /// The cluster's secrets, when the admin sent them (`hawser init`/`recover`): the first
+    /// control-plane node runs the cluster's join service with them.
+    pub secrets: Option<ClusterSecrets>,
+}
+
+/// The master secret and measurement salt the admin sent (redacted in Debug).
+pub struct ClusterSecrets {
+    pub master: hawser_keys::MasterSecret,
+    pub measurement_salt: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClusterSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClusterSecrets(<redacted>)")
+    }
 }
 
 /// The winner of the race, before the lock.
@@ -160,6 +175,7 @@ impl KeySource for ClusterKeySource {
             ),
         }
         let mut kubeadm = None;
+        let mut cluster_secrets = None;
         let (key, cluster_id, owner, rpc, attempts, admin) = match self.race(luks_uuid, status)? {
             Winner::Join(secrets, attempts) => {
                 let cluster_id =
@@ -190,6 +206,10 @@ impl KeySource for ClusterKeySource {
                     &grant.measurement_salt,
                 );
                 let rpc = grant.kind.rpc();
+                cluster_secrets = Some(ClusterSecrets {
+                    master: grant.master,
+                    measurement_salt: grant.measurement_salt,
+                });
                 (
                     key,
                     cluster_id,
@@ -245,6 +265,7 @@ impl KeySource for ClusterKeySource {
             cluster_id,
             admin,
             kubeadm,
+            secrets: cluster_secrets,
         });
         Ok(VolumeKey::new(Zeroizing::new(key.to_vec())))
     }

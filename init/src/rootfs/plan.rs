@@ -310,6 +310,36 @@ impl RootfsPlan {
         steps
     }
 
+    /// The new root's mounts as they are after the switch (`/sysroot` stripped), in mount
+    /// order and without the root itself (it stays until the power goes off): what the
+    /// shutdown unmounts before the state disk under them. Leaks the paths once per boot
+    /// (the mount table lives as long as PID 1).
+    pub fn mounts_after_switch(&self) -> Vec<MountSpec> {
+        let leak = |text: String| -> &'static str { Box::leak(text.into_boxed_str()) };
+        self.mount_steps()
+            .into_iter()
+            .filter_map(|step| match step {
+                Step::Mount(spec) => {
+                    let target = spec.target.strip_prefix(SYSROOT).ok()?;
+                    if target.as_os_str().is_empty() {
+                        return None;
+                    }
+                    Some(MountSpec {
+                        source: leak(spec.source.unwrap_or_default()),
+                        target: leak(format!("/{}", target.display())),
+                        fstype: match spec.fstype {
+                            Some(fstype) => leak(fstype),
+                            None => "bind",
+                        },
+                        flags: spec.flags,
+                        data: None,
+                    })
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The measurement and the switch.
     pub fn switch_steps(&self) -> Vec<Step> {
         let mut steps = vec![
@@ -723,5 +753,31 @@ mod tests {
             text.last().unwrap(),
             "make / and the mounts below it shared"
         );
+    }
+
+    #[test]
+    fn the_mounts_after_the_switch_are_the_new_roots_without_the_root_itself() {
+        let plan = RootfsPlan::new("/dev/dm-1", StateBacking::Disk);
+        let targets: Vec<_> = plan
+            .mounts_after_switch()
+            .iter()
+            .map(|m| (m.target, m.fstype))
+            .collect();
+        assert_eq!(
+            targets,
+            [
+                ("/var", "bind"),
+                ("/etc", "overlay"),
+                ("/etc/kubernetes", "bind"),
+                ("/tmp", "tmpfs"),
+            ]
+        );
+        let ephemeral = RootfsPlan::new("/dev/dm-1", StateBacking::Ephemeral);
+        let targets: Vec<_> = ephemeral
+            .mounts_after_switch()
+            .iter()
+            .map(|m| m.target)
+            .collect();
+        assert_eq!(targets, ["/var", "/etc", "/tmp"]);
     }
 }

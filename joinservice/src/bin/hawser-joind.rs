@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
+use hawser_attestation::atls::Identity;
+use hawser_attestation::issuer::TpmIssuer;
+use hawser_attestation::tpm::Tpm;
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
@@ -78,6 +81,12 @@ struct Args {
     /// Log filter (tracing EnvFilter syntax); RUST_LOG overrides it.
     #[arg(long, default_value = "info")]
     log: String,
+    /// Attest the service itself with this TPM (a TCTI, e.g. `device:/dev/tpmrm0`), so that
+    /// joining nodes with `hawser.join_service_trust=attested` can verify it (mutual aTLS):
+    /// its attestation key must be certified by the provider. As hawser's PID 1 runs it on a
+    /// cluster's first control-plane node.
+    #[arg(long)]
+    attest_with_tpm: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -149,6 +158,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     .context("cannot start the join core")?;
 
     let mut config = ServiceConfig::new(args.listen, Arc::new(core), provider_ca_pem);
+    if let Some(tcti) = &args.attest_with_tpm {
+        let tpm = Tpm::open(tcti).with_context(|| format!("cannot open the TPM {tcti}"))?;
+        let issuer = TpmIssuer::new(Arc::new(tpm)).with_context(|| {
+            format!("cannot load the provider-certified attestation key from the TPM {tcti}")
+        })?;
+        config.identity = Identity::attested(Arc::new(issuer));
+    }
     config.max_concurrent_calls = args.max_concurrent_calls;
     config.rate_per_sec = args.rate_per_sec;
     config.burst = args.burst;
@@ -169,7 +185,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         policy = %current.digest,
         enforced_pcrs = %enforced.join(","),
         measurements = %args.measurements.display(),
-        "hawser-joind listening (client-attested TLS)"
+        attested = args.attest_with_tpm.is_some(),
+        "hawser-joind listening (client-attested TLS; with `attested`, the service attests too)"
     );
     // Tests and scripts read the bound address from stdout.
     println!("listening on {}", running.local_addr);

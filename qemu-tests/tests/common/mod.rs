@@ -3,10 +3,14 @@
 // Each suite is its own test binary and uses a different subset of these.
 #![allow(dead_code)]
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use hawser_cli::localhost::{self, LocalCluster};
 use hawser_image::build::BuildOutput;
-use hawser_image::pipeline::{self, PipelineOptions};
+use hawser_image::pipeline::{self, NodeImage, PipelineOptions};
+use hawser_joinservice::service::RunningService;
+use hawser_qemu::{TpmConfig, VmConfig};
 
 /// The hawser workspace this crate lives in.
 pub fn workspace() -> PathBuf {
@@ -45,4 +49,86 @@ pub fn build_image(dir: &Path, cmdline: Option<&str>) -> BuildOutput {
         pipeline::build_image(&opts).unwrap_or_else(|e| panic!("image build failed: {e}"));
     eprintln!("image built in {}: {timeline:?}", dir.display());
     output
+}
+
+/// Builds the node image (rootfs, UKI with its root hash, disk image) into `dir` with the
+/// measured command line `cmdline` (the root hash is appended) and, if given, the provider CA
+/// that certifies nodes' attestation keys.
+pub fn build_node_image(dir: &Path, cmdline: &str, provider_ca: Option<&Path>) -> NodeImage {
+    let mut opts = PipelineOptions::new(&workspace(), dir);
+    opts.cmdline = cmdline.to_owned();
+    opts.provider_ca = provider_ca.map(Path::to_owned);
+    let (node, timeline) = pipeline::build_node_image(&opts, &mut |line| eprintln!("{line}"))
+        .unwrap_or_else(|e| panic!("node image build failed: {e}"));
+    eprintln!("{node}\nnode image built: {timeline:?}");
+    node
+}
+
+/// The host side of a local cluster (`hawser local up`'s): provider CA, master secret,
+/// expected measurements and the join service.
+pub struct Host {
+    pub runtime: tokio::runtime::Runtime,
+    pub cluster: LocalCluster,
+    pub measurements: PathBuf,
+}
+
+impl Host {
+    /// A cluster in `dir` whose join service expects the measurements predicted from `uki`.
+    pub fn new(dir: &Path, uki: &Path) -> Host {
+        let cluster = LocalCluster::create(dir).expect("create the local cluster");
+        let measurements = cluster.dir.join("measurements.json");
+        localhost::write_expected_measurements(uki, &measurements)
+            .expect("predict the measurements");
+        Host {
+            runtime: tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("tokio runtime"),
+            cluster,
+            measurements,
+        }
+    }
+
+    pub fn start_service(&self, listen: SocketAddr) -> RunningService {
+        self.runtime
+            .block_on(self.cluster.start_join_service(listen, &self.measurements))
+            .expect("start the join service")
+    }
+
+    /// The state disk of this cluster's node.
+    pub fn state_disk(&self) -> PathBuf {
+        self.cluster.dir.join("state.img")
+    }
+
+    /// `base` as this cluster's node: its TPM (AK certified by the provider; kept across
+    /// boots), its state disk (`fresh` = a new empty one, else the one from the last boot),
+    /// and a NIC that reaches only `port` on the host's loopback.
+    pub fn node(&self, base: VmConfig, name: &str, port: u16, fresh: bool) -> VmConfig {
+        let tpm_dir = self.cluster.dir.join("tpm");
+        if fresh || !tpm_dir.exists() {
+            let _ = std::fs::remove_dir_all(&tpm_dir);
+            self.cluster
+                .provision_tpm(&tpm_dir)
+                .expect("provision the TPM");
+        }
+        let disk = self.state_disk();
+        if fresh || !disk.exists() {
+            std::fs::File::create(&disk)
+                .and_then(|f| f.set_len(256 << 20))
+                .expect("create the state disk");
+        }
+        let mut config = base
+            .name(name)
+            .tpm(TpmConfig {
+                state_dir: Some(tpm_dir),
+                ..TpmConfig::default()
+            })
+            .disk(&disk, localhost::STATE_DISK_SERIAL)
+            .keep_logs_in(self.cluster.dir.join("logs").join(name));
+        config
+            .extra_args
+            .extend(localhost::user_net_args(Some(port), &[]));
+        config
+    }
 }
