@@ -14,6 +14,7 @@ use clap::Subcommand;
 use hawser_attestation::report::BootReport;
 use hawser_image::inputs::InputLock;
 use hawser_image::pipeline::{self, PipelineOptions};
+use hawser_image::rootfs;
 use hawser_measurements::eventlog::{self, EventLog};
 use hawser_measurements::explain::explain;
 use hawser_measurements::predict::{Phase, Prediction};
@@ -410,6 +411,8 @@ fn check(
     };
     let reference_path = reference_path.unwrap_or_else(|| ws.join(default_reference));
     let reference = load_reference(&reference_path)?;
+    // The node image's package versions (mkosi's manifest), when it was rebuilt here.
+    let mut rootfs_manifest = None;
     let uki = match uki {
         Some(uki) => uki,
         None => {
@@ -433,6 +436,7 @@ fn check(
             };
             if node {
                 let (node, _) = pipeline::build_node_image(&opts, &mut |line| eprintln!("{line}"))?;
+                rootfs_manifest = Some(out.join(format!("{}.manifest", rootfs::TREE_DIR)));
                 node.image.uki.path
             } else {
                 let (output, _) = pipeline::build_image(&opts)?;
@@ -457,7 +461,26 @@ fn check(
         current.metadata.image_version,
         short(&current.metadata.input_lock_digest)
     );
+    let packages_path = reference_path.with_extension("packages.json");
+    let write_packages = || -> anyhow::Result<()> {
+        if let Some(manifest) = &rootfs_manifest {
+            let packages = rootfs_packages(manifest)?;
+            std::fs::write(
+                &packages_path,
+                serde_json::to_string_pretty(&packages)? + "\n",
+            )
+            .with_context(|| format!("cannot write {}", packages_path.display()))?;
+            println!(
+                "updated {} (the rootfs's Debian packages)",
+                packages_path.display()
+            );
+        }
+        Ok(())
+    };
     if diff.is_empty() {
+        if update {
+            write_packages()?;
+        }
         println!("identical: UKI sha256 {}", current.metadata.uki.sha256);
         for (phase, map) in [
             ("", &current.measurements),
@@ -484,12 +507,65 @@ fn check(
             "updated {} (review and commit it; firmware values kept)",
             reference_path.display()
         );
+        write_packages()?;
         return Ok(());
+    }
+    // The rootfs comes from the Debian archive, which moves (security updates): a rebuild
+    // from a newer archive cannot reproduce the reference's root hash, whatever hawser did.
+    if let Some(manifest) = &rootfs_manifest {
+        let now = rootfs_packages(manifest)?;
+        let then: BTreeMap<String, String> = std::fs::read_to_string(&packages_path)
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
+        if !then.is_empty() && then != now {
+            println!(
+                "WARNING: the rootfs's Debian packages differ from those of the reference \
+                 ({}):",
+                packages_path.display()
+            );
+            for (name, version) in &now {
+                match then.get(name) {
+                    Some(old) if old == version => {}
+                    Some(old) => println!("  {name} {old} → {version}"),
+                    None => println!("  {name} {version} (new)"),
+                }
+            }
+            for name in then.keys().filter(|n| !now.contains_key(*n)) {
+                println!("  {name} (gone)");
+            }
+            println!(
+                "The Debian archive has moved since the reference was made, so its root hash \
+                 (and PCRs 9, 11, 12) cannot be reproduced from today's archive; this alone \
+                 does not implicate hawser's sources. Publish new measurements with \
+                 `hawser measurements check --node --update`."
+            );
+            return Ok(());
+        }
     }
     bail!(
         "the rebuilt image's measurements differ from {} (see above); if the change is intended, run `hawser measurements check --update`",
         reference_path.display()
     )
+}
+
+/// Package name → version from mkosi's JSON manifest of the rootfs.
+fn rootfs_packages(manifest: &Path) -> anyhow::Result<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(manifest)
+        .with_context(|| format!("cannot read the rootfs manifest {}", manifest.display()))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not JSON", manifest.display()))?;
+    Ok(json["packages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| {
+            Some((
+                p["name"].as_str()?.to_owned(),
+                p["version"].as_str()?.to_owned(),
+            ))
+        })
+        .collect())
 }
 
 fn short(digest: &str) -> &str {

@@ -252,6 +252,7 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
             &InitOptions {
                 master_secret: admin.join("other-secret.json"),
                 cluster_file: admin.join("other-cluster.json"),
+                kubeconfig: admin.join("other-admin.conf"),
                 ..opts.clone()
             },
             &mut |_| {},
