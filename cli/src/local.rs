@@ -126,12 +126,20 @@ struct UpOptions {
 
 fn up(opts: UpOptions) -> anyhow::Result<()> {
     let started = Instant::now();
+    // The host side first: provider CA, master secret. With --init, an image built here carries
+    // this run's CA, so that after `hawser init` the node's own join service can verify joining
+    // nodes' attestation keys with it (without, the node says it does not start the service).
+    let cluster_dir = inputs::cache_dir().join("local/cluster");
+    let cluster = LocalCluster::create(&cluster_dir)?;
     let dir = match opts.image {
         Some(dir) => dir,
         None => {
             let ws = crate::image::workspace()?;
             let mut build = PipelineOptions::new(&ws, &opts.out);
             build.cmdline = localhost::node_cmdline(pipeline::DEFAULT_CMDLINE, !opts.init);
+            if opts.init {
+                build.provider_ca = Some(cluster.provider_ca_path());
+            }
             eprintln!(
                 "building the node image into {} (command line: {}) …",
                 opts.out.display(),
@@ -162,9 +170,8 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
             .context("installing signal handlers")?;
     }
 
-    // The host side: provider CA, master secret, expected measurements, join service.
-    let dir = inputs::cache_dir().join("local/cluster");
-    let cluster = LocalCluster::create(&dir)?;
+    // Expected measurements and the join service.
+    let dir = cluster_dir;
     let measurements = dir.join("measurements.json");
     localhost::write_expected_measurements(&uki, &measurements)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

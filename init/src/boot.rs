@@ -449,7 +449,10 @@ async fn bring_up(
                         })
                         .await??
                     };
-                    Some(JoinClient::new(endpoint, policy, Arc::clone(&issuer)))
+                    Some(
+                        JoinClient::new(endpoint, policy, Arc::clone(&issuer))
+                            .control_plane(fw_cfg.control_plane),
+                    )
                 }
                 None => None,
             };

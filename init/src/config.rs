@@ -34,7 +34,8 @@ pub const DEFAULT_REBOOT_DELAY: Duration = Duration::from_secs(30);
 /// TPM device when `hawser.tpm` is not given (the kernel's resource-managed TPM node).
 pub const DEFAULT_TPM_DEVICE: &str = "/dev/tpmrm0";
 /// The fw_cfg keys (under `opt/hawser/`) hawser accepts from the unmeasured host.
-pub const FW_CFG_ALLOWED_KEYS: &[&str] = &["quote_nonce", "state_disk_key", "join_endpoint"];
+pub const FW_CFG_ALLOWED_KEYS: &[&str] =
+    &["quote_nonce", "state_disk_key", "join_endpoint", "role"];
 /// Longest accepted quote nonce: a TPM2B_DATA holds at most 64 bytes of qualifying data.
 pub const MAX_NONCE_LEN: usize = 64;
 /// Longest accepted state disk key: XTS and HMAC keys (see [`Integrity::key_len`]).
@@ -352,6 +353,11 @@ pub struct FwCfgConfig {
     pub state_disk_key: Option<VolumeKey>,
     /// The join service's address (unmeasured: the node trusts it only through aTLS).
     pub join_endpoint: Option<JoinEndpoint>,
+    /// `role`: `control-plane` asks the join service for a control-plane join (the cluster's
+    /// shared certificates); `worker` (the default) for a worker join. Unmeasured, like a
+    /// cloud's instance metadata: the join service decides what an attested node of this
+    /// image gets.
+    pub control_plane: bool,
     /// Keys present but not allowed, each worth a warning.
     pub warnings: Vec<String>,
 }
@@ -379,6 +385,20 @@ pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, 
                     }
                 })?;
                 config.join_endpoint = Some(endpoint);
+            }
+            "role" => {
+                let text = String::from_utf8_lossy(raw);
+                config.control_plane = match text.trim_ascii() {
+                    "control-plane" => true,
+                    "worker" => false,
+                    _ => {
+                        return Err(ConfigError::MalformedFwCfg {
+                            key: key.clone(),
+                            value: text.into_owned(),
+                            reason: "expected control-plane or worker",
+                        });
+                    }
+                };
             }
             _ => config.quote_nonce = Some(parse_nonce(key, raw)?),
         }
@@ -675,6 +695,26 @@ mod tests {
             let err = parse_kernel_cmdline(cmdline).unwrap_err().to_string();
             assert!(err.contains(key), "{cmdline}: {err}");
         }
+    }
+
+    #[test]
+    fn fw_cfg_role_is_control_plane_or_worker() {
+        assert!(
+            parse_fw_cfg(&fw(&[("role", b"control-plane\n")]))
+                .unwrap()
+                .control_plane
+        );
+        assert!(
+            !parse_fw_cfg(&fw(&[("role", b"worker")]))
+                .unwrap()
+                .control_plane
+        );
+        assert!(!parse_fw_cfg(&fw(&[])).unwrap().control_plane);
+        let err = parse_fw_cfg(&fw(&[("role", b"master")])).unwrap_err();
+        assert!(
+            err.to_string().contains("expected control-plane or worker"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD};
 use tracing::{info, warn};
 
 use crate::fatal::error_chain;
-use crate::join::client::KubeadmTicket;
+use crate::join::client::{ControlPlaneFile, KubeadmTicket};
 use crate::join::init_server::{ClusterSpec, Progress};
 use crate::join::race::ClusterSecrets;
 use crate::kubeadm::{self, InitRequest, JoinTicket};
@@ -40,6 +40,47 @@ pub const KUBEADM_MARKER: &str = "/var/lib/hawser/kubeadm.done";
 pub const ADMIN_KUBECONFIG: &str = "/etc/kubernetes/admin.conf";
 /// The kubeadm binary in the rootfs.
 pub const KUBEADM: &str = "/usr/bin/kubeadm";
+
+/// kubeadm's certificate directory (on the state disk, through the `/etc/kubernetes` bind).
+pub const PKI_DIR: &str = "/etc/kubernetes/pki";
+
+/// Writes the join service's control-plane files under `pki_dir`: keys 0600, certificates
+/// and public keys 0644, as kubeadm writes them. A name that is absolute or climbs out of
+/// `pki_dir` is refused (the service is attested, but a path is still input).
+fn write_control_plane_files(pki_dir: &Path, files: &[ControlPlaneFile]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    for file in files {
+        let relative = Path::new(&file.name);
+        let plain = relative
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if file.name.is_empty() || !plain {
+            return Err(std::io::Error::other(format!(
+                "refusing the control-plane file name {:?}",
+                file.name
+            )));
+        }
+        let path = pki_dir.join(relative);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let mode = if file.name.ends_with(".key") {
+            0o600
+        } else {
+            0o644
+        };
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&path)?;
+        out.write_all(&file.data)?;
+        out.sync_all()?;
+    }
+    Ok(())
+}
 
 /// containerd's CRI socket, which the kubelet needs.
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
@@ -143,6 +184,8 @@ impl InClusterJoinService {
             ADMIN_KUBECONFIG.to_owned(),
             "--state-dir".to_owned(),
             "/var/lib/hawser-joind".to_owned(),
+            "--pki-dir".to_owned(),
+            PKI_DIR.to_owned(),
             "--kubernetes-version".to_owned(),
             kubernetes_version.to_owned(),
             "--attest-with-tpm".to_owned(),
@@ -309,16 +352,34 @@ pub async fn run(role: Role, identity: NodeIdentity, registry: &ChildRegistry) {
             ignore_preflight_errors: Vec::new(),
         })
         .map(|c| (c, "init")),
-        Role::Join(ticket) => kubeadm::join_config(&JoinTicket {
-            api_server_endpoint: ticket.api_server_endpoint.clone(),
-            token: ticket.token.clone(),
-            ca_cert_hashes: ticket.ca_cert_hashes.clone(),
-            node_name: identity.name.clone(),
-            node_ip: identity.ip,
-            control_plane: None,
-            ignore_preflight_errors: Vec::new(),
-        })
-        .map(|c| (c, "join")),
+        Role::Join(ticket) => {
+            // A control-plane join without `--upload-certs`: the cluster's shared certificates
+            // must be in place before kubeadm runs (it refuses otherwise).
+            if let Some(files) = &ticket.control_plane_files {
+                match write_control_plane_files(Path::new(PKI_DIR), files) {
+                    Ok(()) => info!(
+                        "control-plane join: wrote the cluster's {} shared certificate and key \
+                         files to {PKI_DIR}",
+                        files.len()
+                    ),
+                    Err(e) => warn!("cannot write the control-plane files to {PKI_DIR}: {e}"),
+                }
+            }
+            kubeadm::join_config(&JoinTicket {
+                api_server_endpoint: ticket.api_server_endpoint.clone(),
+                token: ticket.token.clone(),
+                ca_cert_hashes: ticket.ca_cert_hashes.clone(),
+                node_name: identity.name.clone(),
+                node_ip: identity.ip,
+                control_plane: ticket.control_plane_files.as_ref().map(|_| {
+                    kubeadm::ControlPlaneJoin {
+                        certificate_key: None,
+                    }
+                }),
+                ignore_preflight_errors: Vec::new(),
+            })
+            .map(|c| (c, "join"))
+        }
         Role::Rejoin => {
             info!("this node joined on an earlier boot: kubeadm does not run again");
             return;
@@ -417,6 +478,49 @@ pub async fn stop_services() {
         let reports = services.lock().await.stop_all().await;
         for report in reports {
             info!("service {}: {:?}", report.name, report.outcome);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+    use zeroize::Zeroizing;
+
+    fn file(name: &str, data: &[u8]) -> ControlPlaneFile {
+        ControlPlaneFile {
+            name: name.to_owned(),
+            data: Zeroizing::new(data.to_vec()),
+        }
+    }
+
+    #[test]
+    fn control_plane_files_land_under_pki_with_kubeadms_modes() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        write_control_plane_files(
+            &pki,
+            &[
+                file("ca.crt", b"cert"),
+                file("ca.key", b"key"),
+                file("etcd/ca.key", b"etcd"),
+            ],
+        )
+        .unwrap();
+        let mode = |p: &str| std::fs::metadata(pki.join(p)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode("ca.crt"), 0o644);
+        assert_eq!(mode("ca.key"), 0o600);
+        assert_eq!(mode("etcd/ca.key"), 0o600);
+        assert_eq!(std::fs::read(pki.join("etcd/ca.key")).unwrap(), b"etcd");
+    }
+
+    #[test]
+    fn control_plane_file_names_cannot_leave_the_pki_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in ["../evil", "/etc/shadow", "", "a/../../b"] {
+            let err = write_control_plane_files(dir.path(), &[file(name, b"x")]).unwrap_err();
+            assert!(err.to_string().contains("refusing"), "{name}: {err}");
         }
     }
 }

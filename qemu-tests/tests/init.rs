@@ -233,9 +233,10 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
     );
     assert_eq!(pcr15, done.pcr15);
 
-    // (1b) A second node joins through the first one's join service: both attest (mutual
-    // aTLS), the service derives the new node's disk key from the admin's master secret, and
-    // the new node runs `kubeadm join` against the first one's (stand-in) control plane.
+    // (1b) A second node joins through the first one's join service as a control-plane node:
+    // both attest (mutual aTLS), the service derives the new node's disk key from the admin's
+    // master secret and hands out the cluster's shared certificates, and the new node runs
+    // `kubeadm join --control-plane` against the first one's (stand-in) control plane.
     second_node_joins(
         &vm,
         &node_image.disk.path,
@@ -348,6 +349,7 @@ fn second_node_joins(
         })
         .disk(&disk, localhost::STATE_DISK_SERIAL)
         .fw_cfg_string("join_endpoint", localhost::GUEST_JOIN_ENDPOINT)
+        .fw_cfg_string("role", "control-plane")
         .keep_logs_in(node_dir.join("logs"));
     config
         .extra_args
@@ -400,6 +402,27 @@ fn second_node_joins(
             .as_str()
             .is_some_and(|e| e.ends_with(":6443")),
         "{docs:#}"
+    );
+    // A control-plane join: the service handed out the cluster's shared certificates (from
+    // the first node's /etc/kubernetes/pki), written before kubeadm ran; no key was shown.
+    assert!(
+        join_config["controlPlane"]["localAPIEndpoint"]["advertiseAddress"] == "10.0.2.15",
+        "{docs:#}"
+    );
+    assert!(
+        text.contains("wrote the cluster's 8 shared certificate and key files"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "the shared certificates are in /etc/kubernetes/pki (cluster CA {pin})"
+        )),
+        "{text}"
+    );
+    assert!(text.contains("as a control-plane node"), "{text}");
+    assert!(
+        !text.contains("PRIVATE KEY"),
+        "key material on the console:\n{text}"
     );
     eprintln!("second node joined: {join:?}");
 }

@@ -336,6 +336,9 @@ fn init(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
         if created {
             written.push(kube_dir.join("pki/ca.key"));
         }
+        written.extend(pki::create_shared_control_plane_files(
+            &kube_dir.join("pki"),
+        )?);
         let (admin_cert, admin_key) =
             ca.client_cert("kubernetes-admin", Some("kubeadm:cluster-admins"))?;
         let admin = pki::kubeconfig(
@@ -431,6 +434,34 @@ fn join(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
          discovery is not performed and no kubelet TLS bootstrap happens"
     ));
     let mut written = Vec::new();
+    if let Some(control_plane) = &join.control_plane {
+        // Without a certificate key (`--upload-certs`), kubeadm needs the cluster's shared
+        // certificates and keys in place before it joins a control-plane node.
+        if control_plane.certificate_key.is_empty() {
+            let pki_dir = env.root.join("etc/kubernetes/pki");
+            let missing: Vec<&str> = ["ca.crt", "ca.key"]
+                .iter()
+                .chain(pki::SHARED_CONTROL_PLANE_FILES)
+                .copied()
+                .filter(|name| !pki_dir.join(name).is_file())
+                .collect();
+            if !missing.is_empty() {
+                return Err(KubeadmError::Refused(format!(
+                    "a control-plane join without certificateKey needs the shared certificates \
+                     in {}: missing {}",
+                    pki_dir.display(),
+                    missing.join(", ")
+                )));
+            }
+            let ca = std::fs::read_to_string(pki_dir.join("ca.crt"))
+                .map_err(io_err("read", &pki_dir.join("ca.crt")))?;
+            let pin = pki::ca_cert_hash(&ca).map_err(KubeadmError::Refused)?;
+            out.say(format!(
+                "control-plane join: the shared certificates are in {} (cluster CA {pin})",
+                pki_dir.display()
+            ));
+        }
+    }
     if dry_run {
         out.say("dry run: no files written");
     } else {

@@ -170,6 +170,45 @@ impl Ca {
     }
 }
 
+/// The key material every control-plane node shares besides the cluster CA, relative to
+/// `/etc/kubernetes/pki`: what `kubeadm init` creates and `kubeadm join --control-plane`
+/// needs in place (or from `--upload-certs`).
+pub const SHARED_CONTROL_PLANE_FILES: &[&str] = &[
+    "sa.key",
+    "sa.pub",
+    "front-proxy-ca.crt",
+    "front-proxy-ca.key",
+    "etcd/ca.crt",
+    "etcd/ca.key",
+];
+
+/// Makes the shared control-plane key material that is missing under `pki_dir` (the service
+/// account key pair, the front-proxy CA and the etcd CA — each a fresh key, self-signed where a
+/// certificate); returns the files written.
+pub fn create_shared_control_plane_files(pki_dir: &Path) -> Result<Vec<PathBuf>, PkiError> {
+    let mut written = Vec::new();
+    let sa_key = pki_dir.join("sa.key");
+    if !sa_key.exists() {
+        let key = KeyPair::generate().map_err(gen_err("the service account key"))?;
+        write_file(&sa_key, key.serialize_pem().as_bytes(), 0o600)?;
+        let sa_pub = pki_dir.join("sa.pub");
+        write_file(&sa_pub, key.public_key_pem().as_bytes(), 0o644)?;
+        written.extend([sa_key, sa_pub]);
+    }
+    for stem in ["front-proxy-ca", "etcd/ca"] {
+        let cert = pki_dir.join(format!("{stem}.crt"));
+        let key = pki_dir.join(format!("{stem}.key"));
+        if cert.exists() && key.exists() {
+            continue;
+        }
+        let ca = Ca::generate()?;
+        write_file(&cert, ca.cert_pem.as_bytes(), 0o644)?;
+        write_file(&key, ca.key_pem.as_bytes(), 0o600)?;
+        written.extend([cert, key]);
+    }
+    Ok(written)
+}
+
 /// `sha256:<hex>` of a PEM certificate's SubjectPublicKeyInfo, as kubeadm pins CAs.
 pub fn ca_cert_hash(cert_pem: &str) -> Result<String, String> {
     let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())

@@ -121,6 +121,12 @@ fn init_writes_what_hawser_reads_after_kubeadm_init() {
         ca.subject()
     );
     assert_eq!(mode(&node.path("etc/kubernetes/pki/ca.key")), 0o600);
+    // The key material other control-plane nodes share (handed out by hawser-joind).
+    for name in pki::SHARED_CONTROL_PLANE_FILES {
+        let path = node.path(&format!("etc/kubernetes/pki/{name}"));
+        let expected = if name.ends_with(".key") { 0o600 } else { 0o644 };
+        assert_eq!(mode(&path), expected, "{name}");
+    }
 
     // admin.conf: a standin-named cluster at the advertised endpoint, its CA, a client
     // certificate the CA signed.
@@ -295,10 +301,28 @@ fn join_writes_the_kubelet_kubeconfig_and_records_the_call() {
             "\"controlPlane\": {\"localAPIEndpoint\": {\"advertiseAddress\": \"10.42.0.2\"}}, \"discovery\"",
         ),
     );
+    // Without a certificate key the shared certificates must be in place, as for kubeadm.
+    let out = node.kubeadm(&["join", "--config", cp.to_str().unwrap(), "--v=5"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("missing ca.crt, ca.key, sa.key, sa.pub, front-proxy-ca.crt"),
+        "{}",
+        stderr(&out)
+    );
+    let pki_dir = node.path("etc/kubernetes/pki");
+    let (ca, _) = pki::Ca::load_or_create(&pki_dir).unwrap();
+    let shared = pki::create_shared_control_plane_files(&pki_dir).unwrap();
+    assert_eq!(shared.len(), pki::SHARED_CONTROL_PLANE_FILES.len());
+    assert_eq!(mode(&pki_dir.join("sa.key")), 0o600);
     let out = node.kubeadm(&["join", "--config", cp.to_str().unwrap(), "--v=5"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         stdout(&out).contains("as a control-plane node"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains(&ca.cert_hash().unwrap()),
         "{}",
         stdout(&out)
     );

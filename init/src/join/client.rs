@@ -62,6 +62,28 @@ pub struct KubeadmTicket {
     pub token: BootstrapToken,
     pub ca_cert_hashes: Vec<String>,
     pub kubernetes_version: String,
+    /// A control-plane join: the cluster's shared certificates and keys (name relative to
+    /// `/etc/kubernetes/pki`, content); `None` for a worker.
+    pub control_plane_files: Option<Vec<ControlPlaneFile>>,
+}
+
+/// One of the cluster's shared control-plane files. The content is key material: zeroized on
+/// drop and never shown by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ControlPlaneFile {
+    pub name: String,
+    pub data: Zeroizing<Vec<u8>>,
+}
+
+impl std::fmt::Debug for ControlPlaneFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ControlPlaneFile({}, <{} bytes>)",
+            self.name,
+            self.data.len()
+        )
+    }
 }
 
 /// Whether this disk is new (join) or initialized (rejoin).
@@ -78,6 +100,8 @@ pub struct JoinClient {
     pub(super) endpoint: JoinEndpoint,
     atls: AtlsClient,
     backoff: Backoff,
+    /// Ask for a control-plane join (fw_cfg `role=control-plane`).
+    control_plane: bool,
 }
 
 impl JoinClient {
@@ -93,7 +117,14 @@ impl JoinClient {
             endpoint,
             atls,
             backoff: Backoff::default(),
+            control_plane: false,
         }
+    }
+
+    /// Asks for a control-plane join instead of a worker join.
+    pub fn control_plane(mut self, control_plane: bool) -> Self {
+        self.control_plane = control_plane;
+        self
     }
 
     /// Asks until the join service answers. Returns the secrets and the number of attempts.
@@ -133,7 +164,7 @@ impl JoinClient {
                 let request = IssueJoinTicketRequest {
                     disk_uuid: disk_uuid.to_owned(),
                     node_name: node_name(disk_uuid),
-                    is_control_plane: false,
+                    is_control_plane: self.control_plane,
                     kubelet_csr: Vec::new(),
                 };
                 let mut response = client
@@ -155,9 +186,18 @@ impl JoinClient {
                         token: token?,
                         ca_cert_hashes: std::mem::take(&mut response.discovery_ca_cert_hashes),
                         kubernetes_version: std::mem::take(&mut response.kubernetes_version),
+                        control_plane_files: self.control_plane.then(|| {
+                            response
+                                .control_plane_files
+                                .iter_mut()
+                                .map(|file| ControlPlaneFile {
+                                    name: std::mem::take(&mut file.name),
+                                    data: Zeroizing::new(std::mem::take(&mut file.data)),
+                                })
+                                .collect()
+                        }),
                     }),
                 };
-                // Control-plane files are for control-plane joins (not requested yet).
                 for file in &mut response.control_plane_files {
                     zeroize::Zeroize::zeroize(&mut file.data);
                 }
