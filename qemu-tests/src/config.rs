@@ -305,6 +305,38 @@ impl VmConfig {
     }
 
     /// Checks what QEMU would only report at run time, or misparse.
+    /// The same configuration with every host file path absolute: QEMU runs in the VM's work
+    /// directory, where a path relative to the caller's would name nothing.
+    pub fn with_absolute_paths(mut self) -> Self {
+        fn absolute(path: &mut PathBuf) {
+            if let Ok(abs) = std::path::absolute(&*path) {
+                *path = abs;
+            }
+        }
+        match &mut self.boot {
+            Boot::Uefi {
+                esp: Esp::Image(image),
+                ..
+            } => absolute(image),
+            Boot::Uefi { .. } => {}
+            Boot::DirectKernel { kernel, initrd, .. } => {
+                absolute(kernel);
+                if let Some(initrd) = initrd {
+                    absolute(initrd);
+                }
+            }
+        }
+        for disk in &mut self.disks {
+            absolute(&mut disk.path);
+        }
+        for entry in &mut self.fw_cfg {
+            if let FwCfgValue::File(path) = &mut entry.value {
+                absolute(path);
+            }
+        }
+        self
+    }
+
     pub fn validate(&self) -> Result<(), QemuError> {
         if self.name.is_empty()
             || !self
@@ -835,5 +867,20 @@ mod tests {
             args.ends_with("-netdev socket,id=n0,listen=127.0.0.1:5555"),
             "{args}"
         );
+    }
+
+    #[test]
+    fn relative_paths_become_absolute_for_qemus_work_directory() {
+        let config = VmConfig::uefi_disk("out/hawser-disk.raw")
+            .disk("state.img", "hawser-state")
+            .fw_cfg_file("opt/hawser/x", "x.bin")
+            .with_absolute_paths();
+        let cwd = std::env::current_dir().unwrap();
+        assert!(matches!(
+            &config.boot,
+            Boot::Uefi { esp: Esp::Image(p), .. } if *p == cwd.join("out/hawser-disk.raw")
+        ));
+        assert_eq!(config.disks[0].path, cwd.join("state.img"));
+        assert!(matches!(&config.fw_cfg[0].value, FwCfgValue::File(p) if *p == cwd.join("x.bin")));
     }
 }

@@ -139,6 +139,7 @@ impl Vm {
     fn start_inner(config: VmConfig, echo: Option<Box<dyn Write + Send>>) -> Result<Vm, QemuError> {
         let started = Instant::now();
         let mut events = Vec::new();
+        let config = config.with_absolute_paths();
         config.validate()?;
         let qemu_binary = find_binary(&config.qemu_binary)?;
         if let Boot::Uefi { firmware, .. } = &config.boot {
