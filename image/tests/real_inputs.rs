@@ -12,7 +12,7 @@ use std::process::Command;
 
 use hawser_image::build::{self, BuildInputs};
 use hawser_image::initramfs::{self, InitramfsSpec};
-use hawser_kmod::{BOOT_MODULES, ModuleIndex};
+use hawser_kmod::{BOOT_MODULES, KUBERNETES_MODULES, ModuleIndex};
 
 /// Paths in the unpacked input cache.
 struct CachedInputs {
@@ -265,8 +265,21 @@ fn initramfs_from_real_inputs_is_complete_and_deterministic() {
     let dep = std::fs::read_to_string(modules_base.join("modules.dep")).unwrap();
     let builtin = std::fs::read_to_string(modules_base.join("modules.builtin")).unwrap();
     let index = ModuleIndex::parse(&dep, Some(&builtin)).unwrap();
-    let order = index.load_order(BOOT_MODULES).unwrap();
+    let shipped: Vec<&str> = BOOT_MODULES
+        .iter()
+        .chain(KUBERNETES_MODULES)
+        .copied()
+        .collect();
+    let order = index.load_order(&shipped).unwrap();
     assert_eq!(order, first.modules);
+    // What PID 1 loads before the pivot resolves from the same index.
+    assert!(
+        index
+            .load_order(KUBERNETES_MODULES)
+            .unwrap()
+            .iter()
+            .any(|p| p.ends_with("/br_netfilter.ko.xz"))
+    );
     assert!(
         order.iter().any(|p| p.ends_with("/dm-crypt.ko.xz")),
         "{order:?}"
