@@ -10,7 +10,8 @@
 //!   the ESP, root and verity partitions and the root hash's halves as PARTUUIDs, and the event
 //!   log replays to the quoted PCR 5: firmware saw the whole disk, and the quote covers it.
 //!
-//! PID 1 does not mount the root partition yet; that is the rootfs issue's test.
+//! The root here is a small synthetic erofs and the UKI has no `hawser.root_hash`, so PID 1 does
+//! not pivot: the whole node (rootfs, pivot, kubeadm) is `tests/node.rs`.
 //!
 //! `#[ignore]`d in plain `cargo test`; run with
 //! `cargo test -p hawser-qemu --test disk_image -- --ignored --nocapture`.
