@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use std::net::SocketAddr;
 
 use hawser_attestation::report::{
@@ -34,34 +34,7 @@ use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
 pub enum LocalCommand {
     /// Build the node image (unless --image is given) and boot its disk in QEMU with a
     /// software TPM: attestation, state disk key, verified rootfs, kubeadm.
-    Up {
-        /// Boot the node image already built in this directory (`hawser image build --out
-        /// DIR` with the local command line: hawser.efi and hawser-disk.raw) instead of
-        /// building one.
-        #[arg(long)]
-        image: Option<PathBuf>,
-        /// Where to build the image.
-        #[arg(long, default_value = "out")]
-        out: PathBuf,
-        /// QEMU accelerator (tcg, kvm); default: $HAWSER_QEMU_ACCEL or tcg.
-        #[arg(long)]
-        accel: Option<String>,
-        /// Guest memory in MiB.
-        #[arg(long, default_value_t = 1024)]
-        memory: u32,
-        /// Do not echo the serial console (the boot report summary is still printed).
-        #[arg(long)]
-        quiet: bool,
-        /// Power off once the boot report has been verified, instead of waiting for Ctrl-C.
-        #[arg(long)]
-        once: bool,
-        /// Start no join service: the node waits for `hawser init` on 127.0.0.1:<init-port>.
-        #[arg(long)]
-        init: bool,
-        /// The host port forwarded to the node's init server (port 9000 in the guest).
-        #[arg(long, default_value_t = 9000)]
-        init_port: u16,
-    },
+    Up(UpOptions),
     /// Power off the VM started by `hawser local up`.
     Down,
 }
@@ -73,25 +46,7 @@ fn state_file() -> PathBuf {
 
 pub fn run(cmd: LocalCommand) -> anyhow::Result<()> {
     match cmd {
-        LocalCommand::Up {
-            image,
-            out,
-            accel,
-            memory,
-            quiet,
-            once,
-            init,
-            init_port,
-        } => up(UpOptions {
-            image,
-            out,
-            accel,
-            memory,
-            quiet,
-            once,
-            init,
-            init_port,
-        }),
+        LocalCommand::Up(opts) => up(opts),
         LocalCommand::Down => down(),
     }
 }
@@ -113,14 +68,34 @@ fn down() -> anyhow::Result<()> {
     Ok(())
 }
 
-struct UpOptions {
+#[derive(Args)]
+pub struct UpOptions {
+    /// Boot the node image already built in this directory (`hawser image build --out
+    /// DIR` with the local command line: hawser.efi and hawser-disk.raw) instead of
+    /// building one.
+    #[arg(long)]
     image: Option<PathBuf>,
+    /// Where to build the image.
+    #[arg(long, default_value = "out")]
     out: PathBuf,
+    /// QEMU accelerator (tcg, kvm); default: $HAWSER_QEMU_ACCEL or tcg.
+    #[arg(long)]
     accel: Option<String>,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 1024)]
     memory: u32,
+    /// Do not echo the serial console (the boot report summary is still printed).
+    #[arg(long)]
     quiet: bool,
+    /// Power off once the boot report is verified and kubeadm has run (or the node said why
+    /// not), instead of waiting for Ctrl-C.
+    #[arg(long)]
     once: bool,
+    /// Start no join service: the node waits for `hawser init` on 127.0.0.1:<init-port>.
+    #[arg(long)]
     init: bool,
+    /// The host port forwarded to the node's init server (port 9000 in the guest).
+    #[arg(long, default_value_t = 9000)]
     init_port: u16,
 }
 

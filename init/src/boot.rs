@@ -509,7 +509,11 @@ async fn bring_up(
                     join_service: outcome.secrets.zip(provider_ca).map(|(secrets, pem)| {
                         node::InClusterJoinService {
                             secrets,
-                            joiner_measurements: serde_json::Value::Null,
+                            // Read at `enter-initrd`, before the lock: what a fresh node of
+                            // this image measures.
+                            joiner_measurements: crate::join::fresh_node_measurements_json(
+                                &measurement.pcrs,
+                            ),
                             provider_ca_pem: pem,
                         }
                     }),
@@ -541,16 +545,6 @@ async fn bring_up(
         .await??
     };
     timer.record("attest", start);
-
-    // The cluster's join service expects joining nodes to measure as this one did.
-    if let node::Role::Init {
-        join_service: Some(join_service),
-        ..
-    } = &mut role
-    {
-        join_service.joiner_measurements =
-            crate::join::fresh_node_measurements_json(&measurement.pcrs);
-    }
 
     let attestation = Attestation {
         nonce,

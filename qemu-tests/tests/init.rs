@@ -26,13 +26,10 @@ use hawser_keys::MasterSecret;
 use hawser_qemu::{TpmConfig, Vm, VmConfig};
 
 mod common;
+use common::{CONFIG_RECEIVED, NO_SECOND_KUBEADM, kubeadm_document, kubeadm_documents};
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 const WAITING: &str = "init server listening on 0.0.0.0:9000";
-/// What the stand-in kubeadm prints before the configuration it received.
-const CONFIG_RECEIVED: &str = "configuration received (secrets redacted): ";
-/// PID 1's line on a node whose kubeadm ran on an earlier boot.
-const NO_SECOND_KUBEADM: &str = "kubeadm does not run again";
 
 fn console(vm: &Vm) -> String {
     vm.console_lines().join("\n")
@@ -190,28 +187,20 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         .find(|l| l.contains(CONFIG_RECEIVED))
         .cloned()
         .unwrap_or_else(|| panic!("no kubeadm configuration line\n{}", console(&vm)));
-    let docs: serde_json::Value = serde_json::from_str(
-        &config_line[config_line.find(CONFIG_RECEIVED).unwrap() + CONFIG_RECEIVED.len()..],
-    )
-    .unwrap();
-    let cluster_config = docs
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["kind"] == "ClusterConfiguration")
-        .unwrap_or_else(|| panic!("{docs:#}"));
+    let docs = kubeadm_documents(&config_line);
+    let cluster_config = kubeadm_document(&docs, "ClusterConfiguration");
     assert_eq!(cluster_config["apiVersion"], "kubeadm.k8s.io/v1beta4");
-    assert_eq!(cluster_config["clusterName"], "demo", "{docs:#}");
-    assert_eq!(cluster_config["kubernetesVersion"], "v1.33.4", "{docs:#}");
+    assert_eq!(cluster_config["clusterName"], "demo", "{docs:#?}");
+    assert_eq!(cluster_config["kubernetesVersion"], "v1.33.4", "{docs:#?}");
     assert_eq!(
         cluster_config["networking"]["serviceSubnet"], "10.96.0.0/12",
-        "{docs:#}"
+        "{docs:#?}"
     );
     assert!(
         cluster_config["apiServer"]["certSANs"]
             .to_string()
             .contains("10.0.2.15"),
-        "{docs:#}"
+        "{docs:#?}"
     );
 
     let (join, pcr15) = reports(&vm);
@@ -379,35 +368,27 @@ fn second_node_joins(
     // It verified the service (attested trust is the default of this image).
     assert!(!text.contains("INSECURE"), "{text}");
     // kubeadm join: the first node's control plane, its CA pin, a token from its kubeadm.
-    let docs: serde_json::Value = serde_json::from_str(
-        &config_line[config_line.find(CONFIG_RECEIVED).unwrap() + CONFIG_RECEIVED.len()..],
-    )
-    .unwrap();
-    let join_config = docs
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["kind"] == "JoinConfiguration")
-        .unwrap_or_else(|| panic!("{docs:#}"));
+    let docs = kubeadm_documents(&config_line);
+    let join_config = kubeadm_document(&docs, "JoinConfiguration");
     let discovery = &join_config["discovery"]["bootstrapToken"];
-    assert_eq!(discovery["caCertHashes"][0], pin.as_str(), "{docs:#}");
+    assert_eq!(discovery["caCertHashes"][0], pin.as_str(), "{docs:#?}");
     assert!(
         discovery["token"]
             .as_str()
             .is_some_and(|t| t.ends_with(".<redacted>")),
-        "{docs:#}"
+        "{docs:#?}"
     );
     assert!(
         discovery["apiServerEndpoint"]
             .as_str()
             .is_some_and(|e| e.ends_with(":6443")),
-        "{docs:#}"
+        "{docs:#?}"
     );
     // A control-plane join: the service handed out the cluster's shared certificates (from
     // the first node's /etc/kubernetes/pki), written before kubeadm ran; no key was shown.
     assert!(
         join_config["controlPlane"]["localAPIEndpoint"]["advertiseAddress"] == "10.0.2.15",
-        "{docs:#}"
+        "{docs:#?}"
     );
     assert!(
         text.contains("wrote the cluster's 8 shared certificate and key files"),

@@ -30,23 +30,21 @@ use hawser_attestation::report::{JOIN_REPORT_MARKER, JoinReport};
 use hawser_cli::localhost::{self, free_port};
 use hawser_image::pipeline::{DEFAULT_CMDLINE, NodeImage};
 use hawser_qemu::{Vm, VmConfig, format_timeline};
-use serde_json::Value;
 
 mod common;
-use common::{Host, build_node_image};
+use common::{
+    CONFIG_RECEIVED, Host, NO_SECOND_KUBEADM, build_node_image, kubeadm_document as document,
+    kubeadm_documents,
+};
 
 /// Generous: OVMF + pivot + services under TCG on a loaded 2-core CI machine.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(360);
-/// What the stand-in kubeadm prints before the configuration it received.
-const CONFIG_RECEIVED: &str = "configuration received (secrets redacted): ";
 /// The kubelet stand-in's line once it runs with the configuration kubeadm wrote.
 const KUBELET_RUNNING: &str = "[kubelet] kubelet STAND-IN (not Kubernetes): started for node";
 /// PID 1's teardown with every file system unmounted and the state disk closed.
 const CLEAN_TEARDOWN: &str = "device-mapper devices (0 failed)";
 /// PID 1's line on a state disk that was cleanly unmounted.
 const CLEAN_STATE: &str = "state file system: clean (nothing in its journal to replay)";
-/// PID 1's line on a node whose kubeadm ran on an earlier boot.
-const NO_SECOND_KUBEADM: &str = "kubeadm does not run again";
 
 fn scratch(name: &str) -> PathBuf {
     common::fresh_scratch("e2e-node", name)
@@ -72,21 +70,6 @@ fn wait(vm: &Vm, label: &str, what: &str) -> String {
         .unwrap_or_else(|e| panic!("{e}\n{}", console(vm)))
 }
 
-/// The documents of the stand-in kubeadm's configuration line, by kind.
-fn kubeadm_documents(line: &str) -> Vec<Value> {
-    let json = &line[line.find(CONFIG_RECEIVED).expect("config line") + CONFIG_RECEIVED.len()..];
-    match serde_json::from_str(json) {
-        Ok(Value::Array(docs)) => docs,
-        other => panic!("the stand-in's configuration is not a JSON array: {other:?}\n{json}"),
-    }
-}
-
-fn document<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
-    docs.iter()
-        .find(|d| d["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind} in {docs:#?}"))
-}
-
 #[test]
 #[ignore = "boots QEMU three times (~4 min under TCG); run by scripts/test"]
 fn a_node_joins_runs_kubeadm_once_and_rejoins_after_a_clean_power_off() {
@@ -110,6 +93,10 @@ fn a_node_joins_runs_kubeadm_once_and_rejoins_after_a_clean_power_off() {
         .unwrap_or_else(|e| panic!("no power-off after ACPI: {e}\n{}", console(&vm)));
     let first = console(&vm);
     eprintln!("boot 1: {}", format_timeline(&vm.timeline()));
+    // PID 1's memory after the pivot and kubeadm, for docs/rootfs.md.
+    let memory = first.lines().find(|l| l.contains("PID 1 resident memory"));
+    eprintln!("boot 1: {}", memory.unwrap_or("(no memory line)"));
+    assert!(memory.is_some(), "{first}");
     assert!(status.success(), "{status:?}\n{first}");
 
     // The configuration kubeadm received is the join ticket's, for this node.

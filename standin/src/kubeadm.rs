@@ -64,6 +64,16 @@ impl Output {
         self.stdout
             .push(format!("{KUBEADM_LABEL}: {}", line.as_ref()));
     }
+
+    /// The closing lines of `init` and `join`: each file written, and where the call is
+    /// recorded.
+    fn wrote(mut self, written: &[PathBuf], record: &Path) -> Self {
+        for p in written {
+            self.say(format!("wrote {}", p.display()));
+        }
+        self.say(format!("recorded the call in {}", record.display()));
+        self
+    }
 }
 
 /// Runs `kubeadm <args>` (without the program name).
@@ -402,11 +412,7 @@ fn init(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
             "written": written,
         }),
     )?;
-    for p in &written {
-        out.say(format!("wrote {}", p.display()));
-    }
-    out.say(format!("recorded the call in {}", record_path.display()));
-    Ok(out)
+    Ok(out.wrote(&written, &record_path))
 }
 
 fn join(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, KubeadmError> {
@@ -497,11 +503,7 @@ fn join(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
             "written": written,
         }),
     )?;
-    for p in &written {
-        out.say(format!("wrote {}", p.display()));
-    }
-    out.say(format!("recorded the call in {}", record_path.display()));
-    Ok(out)
+    Ok(out.wrote(&written, &record_path))
 }
 
 /// A fresh bootstrap token from the kernel's CSPRNG.

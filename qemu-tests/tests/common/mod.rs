@@ -132,3 +132,25 @@ impl Host {
         config
     }
 }
+
+/// What the stand-in kubeadm prints before the configuration it received
+/// (`hawser_standin::kubeadm::CONFIG_RECEIVED`).
+pub const CONFIG_RECEIVED: &str = "configuration received (secrets redacted): ";
+/// PID 1's line on a node whose kubeadm ran on an earlier boot.
+pub const NO_SECOND_KUBEADM: &str = "kubeadm does not run again";
+
+/// The documents of the stand-in kubeadm's configuration line.
+pub fn kubeadm_documents(line: &str) -> Vec<serde_json::Value> {
+    let json = &line[line.find(CONFIG_RECEIVED).expect("config line") + CONFIG_RECEIVED.len()..];
+    match serde_json::from_str(json) {
+        Ok(serde_json::Value::Array(docs)) => docs,
+        other => panic!("the stand-in's configuration is not a JSON array: {other:?}\n{json}"),
+    }
+}
+
+/// The document of `kind` among `docs`.
+pub fn kubeadm_document<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a serde_json::Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {docs:#?}"))
+}
