@@ -1,7 +1,10 @@
 //! The input lock: every external input of the image, pinned by version and sha256.
 //!
 //! The image's content comes from Debian 13 "trixie" packages (kernel, systemd-stub, and the
-//! shared libraries PID 1 runs against). They are fetched as `.deb` files into a cache and
+//! shared libraries PID 1 runs against). One more package is pinned beside them, not built into
+//! the image: trixie's `systemd-ukify`, the ukify of the same systemd as the stub, which the UKI
+//! tests compare hawser's assembly with byte for byte (bookworm has no ukify, and backports'
+//! systemd 254 none of the 257 layout rules). They are fetched as `.deb` files into a cache and
 //! unpacked there, never installed on the build host. `inputs.lock` at the repository root names
 //! each package's version, archive URL and sha256, so anyone can rebuild the image from the same
 //! bytes; the sha256 in the lock is the trust anchor for each download.
@@ -31,6 +34,9 @@ pub enum Role {
     Stub,
     /// Shared libraries in the initramfs (the init binary's closure is taken from these).
     Library,
+    /// A build or test tool, not part of the image: outside the lock's digest, so pinning one
+    /// leaves the image's measurement metadata unchanged.
+    Tool,
 }
 
 /// The packages the lock pins: (package or meta-package, role). A meta-package (the kernel's)
@@ -57,6 +63,9 @@ pub const WANTED: &[(&str, Role)] = &[
     ("libcom-err2", Role::Library),
     ("libblkid1", Role::Library),
     ("libuuid1", Role::Library),
+    // ukify 257, the reference the UKI assembly is checked against (image/tests/uki.rs); a Python
+    // script, run with the host's python3-pefile and python3-zstandard.
+    ("systemd-ukify", Role::Tool),
 ];
 
 /// One pinned package.
@@ -195,9 +204,19 @@ impl InputLock {
         out
     }
 
-    /// sha256 over the rendered lock: names the exact input set in measurement metadata.
+    /// sha256 over the rendered lock of the image's packages (tools left out): names the exact
+    /// input set in measurement metadata.
     pub fn digest(&self) -> String {
-        hex::encode(Sha256::digest(self.render().as_bytes()))
+        let image = Self {
+            packages: self
+                .packages
+                .iter()
+                .filter(|p| p.role != Role::Tool)
+                .cloned()
+                .collect(),
+            ..self.clone()
+        };
+        hex::encode(Sha256::digest(image.render().as_bytes()))
     }
 
     /// The locked packages of one role.
@@ -228,6 +247,9 @@ pub struct FetchedInputs {
     pub stub: PathBuf,
     /// Unpacked library package trees, in lock order.
     pub lib_roots: Vec<PathBuf>,
+    /// ukify 257 (`usr/bin/ukify` of the pinned systemd-ukify): run it with `/usr/bin/python3`,
+    /// whose pefile and zstandard modules it needs.
+    pub ukify: PathBuf,
     /// The lock digest these were fetched from.
     pub lock_digest: String,
 }
@@ -419,7 +441,17 @@ fn locate(
             dir: stub_root.clone(),
         });
     }
+    let (_, ukify_name, ukify_root) = find(Role::Tool)?;
+    let ukify = ukify_root.join(UKIFY);
+    if !ukify.is_file() {
+        return Err(InputError::Layout {
+            name: ukify_name.clone(),
+            what: UKIFY,
+            dir: ukify_root.clone(),
+        });
+    }
     Ok(FetchedInputs {
+        ukify,
         modules_dir: modules_base.join(&kernel_release),
         kernel_image,
         kernel_release,
@@ -432,6 +464,9 @@ fn locate(
         lock_digest: lock.digest(),
     })
 }
+
+/// ukify inside the unpacked systemd-ukify package.
+pub const UKIFY: &str = "usr/bin/ukify";
 
 /// A private apt configuration for the image suite under the cache: never touches the host's
 /// package state or sources.
@@ -620,10 +655,36 @@ mod tests {
     fn committed_lock_covers_every_role() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../inputs.lock");
         let lock = InputLock::load(&path).unwrap();
-        for role in [Role::Kernel, Role::Stub, Role::Library] {
+        for role in [Role::Kernel, Role::Stub, Role::Library, Role::Tool] {
             assert!(lock.by_role(role).next().is_some(), "{role:?} missing");
         }
-        assert_eq!(lock.by_role(Role::Library).count(), WANTED.len() - 2);
+        assert_eq!(lock.by_role(Role::Library).count(), WANTED.len() - 3);
+        let stub = lock.by_role(Role::Stub).next().unwrap();
+        let ukify = lock.by_role(Role::Tool).next().unwrap();
+        assert_eq!(
+            (ukify.name.as_str(), &ukify.version),
+            ("systemd-ukify", &stub.version),
+            "ukify must come from the same systemd as the stub it is compared on"
+        );
+    }
+
+    #[test]
+    fn tools_are_outside_the_image_digest() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../inputs.lock");
+        let lock = InputLock::load(&path).unwrap();
+        let mut image_only = lock.clone();
+        image_only.packages.retain(|p| p.role != Role::Tool);
+        assert_eq!(lock.digest(), image_only.digest());
+        let mut other_tool = lock.clone();
+        other_tool
+            .packages
+            .iter_mut()
+            .filter(|p| p.role == Role::Tool)
+            .for_each(|p| p.version.push_str("+other"));
+        assert_eq!(lock.digest(), other_tool.digest());
+        let mut other_kernel = lock.clone();
+        other_kernel.packages[0].version.push_str("+other");
+        assert_ne!(lock.digest(), other_kernel.digest(), "image packages count");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! UKI assembly checked from the outside: binutils' `objdump` reads the result, the layout is
-//! recomputed from ukify 257's rules (see `hawser_image::uki`'s module docs), and, where a
-//! ukify is available (`HAWSER_UKIFY=/path/to/ukify` or `ukify` on PATH), the bytes are
-//! compared with ukify's own output.
+//! recomputed from ukify 257's rules (see `hawser_image::uki`'s module docs), and the bytes are
+//! compared with the output of ukify 257 itself: the pinned `systemd-ukify` input of the same
+//! systemd as the stub, run with the host's `/usr/bin/python3` (`HAWSER_UKIFY=/path/to/ukify`
+//! runs another one instead).
 //!
 //! Tests that need the pinned trixie inputs (systemd-stub 257, the 6.12 kernel) look for them in
 //! the input cache (`$HAWSER_CACHE/inputs`, default `~/.cache/hawser/inputs`, filled by
@@ -456,18 +457,29 @@ fn pe_checksum_matches_the_debian_kernels_checksum_field() {
     assert_eq!(pe_checksum(&kernel).unwrap(), field);
 }
 
-/// ukify itself, if this machine has one: `HAWSER_UKIFY`, else `ukify` on PATH.
-fn ukify() -> Option<PathBuf> {
+/// The command that runs ukify: `HAWSER_UKIFY` as it is, else the pinned ukify 257 from the
+/// input cache under Debian's `/usr/bin/python3` (a `python3` found first on PATH, such as a
+/// pyenv one, lacks the pefile and zstandard modules that python3-pefile and python3-zstandard
+/// give Debian's).
+fn ukify() -> Option<Command> {
     if let Some(p) = std::env::var_os("HAWSER_UKIFY") {
-        return Some(PathBuf::from(p));
+        return Some(Command::new(p));
     }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join("ukify"))
-        .find(|p| p.is_file())
+    let script = find_input("systemd-ukify_", hawser_image::inputs::UKIFY);
+    if script.is_some() {
+        assert!(
+            Path::new("/usr/bin/python3").is_file(),
+            "ukify needs /usr/bin/python3: install the Debian packages python3, python3-pefile and \
+             python3-zstandard (scripts/setup-host does)"
+        );
+    }
+    require("ukify 257 (systemd-ukify)", script.clone())?;
+    let mut command = Command::new("/usr/bin/python3");
+    command.arg(script?);
+    Some(command)
 }
 
-fn run_ukify(ukify: &Path, stub: &[u8], sections: &UkiSections) -> Vec<u8> {
+fn run_ukify(mut ukify: Command, stub: &[u8], sections: &UkiSections) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let file = |name: &str, data: &[u8]| {
         let p = dir.path().join(name);
@@ -480,7 +492,7 @@ fn run_ukify(ukify: &Path, stub: &[u8], sections: &UkiSections) -> Vec<u8> {
     let cmdline = file("cmdline", &sections.cmdline);
     let osrel = file("os-release", &sections.osrel);
     let out = dir.path().join("uki.efi");
-    let status = Command::new(ukify)
+    let status = ukify
         .arg("build")
         .arg("--stub")
         .arg(&stub_path)
@@ -500,7 +512,7 @@ fn run_ukify(ukify: &Path, stub: &[u8], sections: &UkiSections) -> Vec<u8> {
         .expect("run ukify");
     assert!(
         status.status.success(),
-        "ukify failed: {}",
+        "ukify failed (a missing Python module? python3-pefile and python3-zstandard): {}",
         String::from_utf8_lossy(&status.stderr)
     );
     std::fs::read(out).unwrap()
@@ -508,10 +520,6 @@ fn run_ukify(ukify: &Path, stub: &[u8], sections: &UkiSections) -> Vec<u8> {
 
 #[test]
 fn same_bytes_as_ukify_except_checksum() {
-    let Some(ukify) = ukify() else {
-        eprintln!("skipping: no ukify (set HAWSER_UKIFY=/path/to/ukify to compare with systemd's)");
-        return;
-    };
     let Some(stub) = real_stub() else { return };
     let mut cases = vec![small_sections()];
     if let Some((kernel, release)) = real_kernel() {
@@ -522,8 +530,9 @@ fn same_bytes_as_ukify_except_checksum() {
         });
     }
     for sections in cases {
+        let Some(ukify) = ukify() else { return };
         let ours = assemble_uki(&stub, &sections).unwrap();
-        let mut theirs = run_ukify(&ukify, &stub, &sections);
+        let mut theirs = run_ukify(ukify, &stub, &sections);
         let checksum = opt_offset(&ours) + 64;
         assert_eq!(u32_at(&theirs, checksum), 0, "ukify 257 writes CheckSum 0");
         theirs[checksum..checksum + 4].copy_from_slice(&ours[checksum..checksum + 4]);
