@@ -5,18 +5,19 @@
 //! verifier accepts it only if the measurements and the attestation key (AK) are trusted. The
 //! pieces, in the order evidence flows through them:
 //!
-//! - **Issuer** (feature `tpm`: [`tpm`], [`issuer`]): the PID 1's side, over tss-esapi and the
-//!   system's libtss2. It extends boot phases like systemd-pcrphase, reads the sha256 bank,
-//!   creates the AK from a fixed template ([`tpm_types::AK_TEMPLATE`]), reads the AK
-//!   certificate the provider stored in NV ([`tpm_types::AK_CERT_NV_INDEX`]) and quotes with
-//!   qualifying data that binds a peer's nonce and the TLS key ([`evidence`]).
+//! - **Issuer** (feature `tpm`: [`tpm`], [`issuer`]): the PID 1's side (and `hawser-joind`'s
+//!   when it attests itself, `--attest-with-tpm`), over tss-esapi and the system's libtss2. It
+//!   extends boot phases like systemd-pcrphase, reads the sha256 bank, creates the AK from a
+//!   fixed template ([`tpm_types::AK_TEMPLATE`]), reads the AK certificate the provider stored
+//!   in NV ([`tpm_types::AK_CERT_NV_INDEX`]) and quotes with qualifying data that binds a peer's
+//!   nonce and the TLS key ([`evidence`]).
 //! - **Evidence** ([`evidence`]): the protobuf `hawser.evidence.v1.Evidence`, small enough for
 //!   a certificate extension.
 //! - **Validator** (always built, pure Rust, no libtss2): [`tpm_types`] parses the marshalled
 //!   TPM structures with bounds-checked readers that report offsets; [`validator`] checks a
 //!   quote's signature, its binding, the AK's certificate chain to a provider CA, and the PCR
-//!   values against [`measurements::ExpectedMeasurements`]. The join service and the CLI use
-//!   only this half.
+//!   values against [`measurements::ExpectedMeasurements`]. The CLI uses only this half; the
+//!   join service also issues when it attests itself.
 //! - **aTLS** (feature `atls`, [`atls`]; feature `tonic` adds the tonic transport): TLS 1.3 on
 //!   rustls with the evidence in the certificate, nonces in the handshake, and a verdict after
 //!   it, in client-attests, server-attests or mutual mode.

@@ -841,10 +841,13 @@ fn tpm2_checkquote_verifies_atls_evidence() {
     std::fs::write(dir.path().join("ak.pub"), &evidence.ak_public).expect("write");
     std::fs::write(dir.path().join("attest.bin"), &evidence.quote).expect("write");
     std::fs::write(dir.path().join("sig.bin"), &evidence.signature).expect("write");
+    // A missing tpm2_checkquote fails naming its Debian package (tpm2-tools).
+    let tpm2_checkquote = hawser_qemu::find_binary(std::path::Path::new("tpm2_checkquote"))
+        .unwrap_or_else(|e| panic!("{e}"));
     // tpm2-tools' own verifier: the signature over the attest with the AK, and the qualifying
     // data it must find for this binding.
     let checkquote = |qualification: &str| {
-        Command::new("tpm2_checkquote")
+        Command::new(&tpm2_checkquote)
             .args([
                 "-u",
                 "ak.pub",

@@ -26,7 +26,7 @@ pub enum ImageCommand {
         #[arg(long)]
         target_dir: Option<PathBuf>,
         /// PEM of the CA(s) certifying attestation keys: PID 1 verifies an attesting join
-        /// service (`hawser.join_service_trust=attested`) with it. Changes PCR 9 and 11.
+        /// service (`hawser.join_service_trust=attested`) with it. Changes PCRs 4, 9 and 11.
         #[arg(long)]
         provider_ca: Option<PathBuf>,
         /// Only the UKI and initramfs, without rootfs and disk image (PID 1 then stops after

@@ -200,10 +200,9 @@ fn predict(uki: &Path, json: bool, events: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The locked packages as reference metadata.
+/// The image's locked packages as reference metadata (tools are not part of the image).
 fn lock_inputs(lock: &InputLock) -> Vec<InputPackage> {
-    lock.packages
-        .iter()
+    lock.image_packages()
         .map(|p| InputPackage {
             name: p.name.clone(),
             version: p.version.clone(),

@@ -524,7 +524,7 @@ mod tests {
             .env("TZ", "UTC")
             .env("LC_ALL", "C")
             .output()
-            .expect("GNU cpio is installed");
+            .expect("GNU cpio runs (Debian package cpio)");
         assert!(listing.status.success(), "{listing:?}");
         let listing = String::from_utf8(listing.stdout).unwrap();
         let lines: Vec<&str> = listing.lines().collect();

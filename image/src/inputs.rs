@@ -34,8 +34,8 @@ pub enum Role {
     Stub,
     /// Shared libraries in the initramfs (the init binary's closure is taken from these).
     Library,
-    /// A build or test tool, not part of the image: outside the lock's digest, so pinning one
-    /// leaves the image's measurement metadata unchanged.
+    /// A build or test tool, not part of the image: outside the lock's digest and the input
+    /// list of the measurement metadata, so pinning one leaves the references unchanged.
     Tool,
 }
 
@@ -208,15 +208,15 @@ impl InputLock {
     /// input set in measurement metadata.
     pub fn digest(&self) -> String {
         let image = Self {
-            packages: self
-                .packages
-                .iter()
-                .filter(|p| p.role != Role::Tool)
-                .cloned()
-                .collect(),
+            packages: self.image_packages().cloned().collect(),
             ..self.clone()
         };
         hex::encode(Sha256::digest(image.render().as_bytes()))
+    }
+
+    /// The packages the image is made of: all but the tools.
+    pub fn image_packages(&self) -> impl Iterator<Item = &LockedPackage> {
+        self.packages.iter().filter(|p| p.role != Role::Tool)
     }
 
     /// The locked packages of one role.

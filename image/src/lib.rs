@@ -23,6 +23,8 @@ pub mod initramfs;
 pub mod inputs;
 pub mod pipeline;
 pub mod rootfs;
+#[doc(hidden)]
+pub mod test_support;
 pub mod uki;
 
 use std::path::PathBuf;

@@ -5,7 +5,8 @@
 //! from `SOURCE_DATE_EPOCH`; and `veritysetup verify` accepts the root and verity partitions
 //! cut out of the image.
 //!
-//! Host tools: `veritysetup` (cryptsetup-bin), `sfdisk` (fdisk), mtools, dosfstools (`fsck.vfat`).
+//! Host tools: `veritysetup` (cryptsetup-bin), `sfdisk` (fdisk), mtools, dosfstools (`fsck.vfat`);
+//! a missing one fails the test, naming its Debian package.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -16,6 +17,7 @@ use hawser_image::disk::{
     self, DiskError, DiskImage, DiskLayout, ESP_TYPE, Guid, ROOT_X86_64_TYPE,
     ROOT_X86_64_VERITY_TYPE, build_disk_image, root_partuuids, verity_root_hash,
 };
+use hawser_image::test_support::require_tool;
 
 const MIB: u64 = 1024 * 1024;
 /// 2023-11-14T22:13:20Z.
@@ -50,7 +52,7 @@ fn run(command: &mut Command) -> String {
 /// `veritysetup format` of `rootfs` into `verity`, with a fixed salt and UUID (reproducible);
 /// returns the root hash.
 fn veritysetup_format(rootfs: &Path, verity: &Path) -> [u8; 32] {
-    let stdout = run(Command::new("veritysetup")
+    let stdout = run(Command::new(require_tool("veritysetup", "cryptsetup-bin"))
         .args([
             "format",
             "--salt=6861777365722d746573742d73616c74",
@@ -127,7 +129,7 @@ fn read_range(image: &Path, offset: u64, len: u64) -> Vec<u8> {
 
 /// mtools on the ESP inside the image, without any mtools.conf.
 fn mtools(tool: &str, image: &Path, esp_offset: u64) -> Command {
-    let mut command = Command::new(tool);
+    let mut command = Command::new(require_tool(tool, "mtools"));
     command
         .env("MTOOLSRC", "/dev/null")
         .env("MTOOLS_SKIP_CHECK", "1")
@@ -215,8 +217,9 @@ fn disk_image_is_reproducible_and_reads_back_as_built() {
     );
 
     // The table as util-linux reads it: the same, and nothing to complain about.
+    let sfdisk = require_tool("sfdisk", "fdisk");
     let dump: serde_json::Value =
-        serde_json::from_str(&run(Command::new("sfdisk").arg("--json").arg(&first_path)))
+        serde_json::from_str(&run(Command::new(&sfdisk).arg("--json").arg(&first_path)))
             .expect("sfdisk JSON");
     let table = &dump["partitiontable"];
     assert_eq!(table["label"], "gpt");
@@ -244,7 +247,7 @@ fn disk_image_is_reproducible_and_reads_back_as_built() {
         );
         assert_eq!(entry["name"].as_str(), Some(info.name.as_str()));
     }
-    let verify = Command::new("sfdisk")
+    let verify = Command::new(&sfdisk)
         .arg("--verify")
         .arg(&first_path)
         .output()
@@ -289,7 +292,7 @@ fn disk_image_is_reproducible_and_reads_back_as_built() {
         std::fs::write(path, read_range(&first_path, info.offset(), info.bytes()))
             .expect("write partition");
     }
-    run(Command::new("veritysetup")
+    run(Command::new(require_tool("veritysetup", "cryptsetup-bin"))
         .arg("verify")
         .arg(&root_part)
         .arg(&verity_part)
@@ -304,7 +307,9 @@ fn disk_image_is_reproducible_and_reads_back_as_built() {
         read_range(&first_path, esp.offset(), esp.bytes()),
     )
     .expect("write ESP");
-    run(Command::new("fsck.vfat").arg("-n").arg(&esp_part));
+    run(Command::new(require_tool("fsck.vfat", "dosfstools"))
+        .arg("-n")
+        .arg(&esp_part));
     let boot_sector = read_range(&esp_part, 0, 512);
     assert_eq!(
         &boot_sector[82..90],
@@ -478,7 +483,9 @@ fn the_esp_is_valid_fat32_on_a_disk_much_larger_than_it() {
     assert_eq!(esp.bytes(), 64 * MIB);
     let esp_part = dir.path().join("esp.part");
     std::fs::write(&esp_part, read_range(&out, esp.offset(), esp.bytes())).expect("write ESP");
-    run(Command::new("fsck.vfat").arg("-n").arg(&esp_part));
+    run(Command::new(require_tool("fsck.vfat", "dosfstools"))
+        .arg("-n")
+        .arg(&esp_part));
     let boot_sector = read_range(&esp_part, 0, 512);
     assert_eq!(&boot_sector[82..90], b"FAT32   ");
     assert_eq!(boot_sector[13], 1, "sectors per cluster of a 64 MiB FAT32");

@@ -1,7 +1,8 @@
 //! The image builder on the real trixie inputs from the input cache (`hawser image fetch`).
 //!
 //! Skipped, with the reason printed, when the cache is absent; with `HAWSER_REQUIRE_INPUTS=1`
-//! an absent cache is a failure instead (CI sets it after fetching).
+//! an absent cache is a failure instead (CI sets it after fetching), and so is not being root
+//! for the chroot run of the initramfs's /init (`hawser_image::test_support`).
 //!
 //! The init binary is a small C program built here that links the tss2 libraries PID 1 links and
 //! dlopens the device TCTI, as PID 1 does: it runs inside a chroot of the extracted initramfs, so
@@ -12,6 +13,7 @@ use std::process::Command;
 
 use hawser_image::build::{self, BuildInputs};
 use hawser_image::initramfs::{self, InitramfsSpec};
+use hawser_image::test_support;
 use hawser_kmod::{BOOT_MODULES, KUBERNETES_MODULES, ModuleIndex};
 
 /// Paths in the unpacked input cache.
@@ -24,12 +26,7 @@ struct CachedInputs {
 }
 
 fn cache_root() -> PathBuf {
-    std::env::var_os("HAWSER_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/hawser")
-        })
-        .join("inputs")
+    hawser_image::inputs::cache_dir().join("inputs")
 }
 
 /// Finds the unpacked packages; `Err` says what is missing.
@@ -75,20 +72,17 @@ fn find_inputs() -> Result<CachedInputs, String> {
     })
 }
 
-/// The cached inputs, or `None` after printing why the test is skipped.
-fn inputs_or_skip(test: &str) -> Option<CachedInputs> {
-    match find_inputs() {
-        Ok(inputs) => Some(inputs),
-        Err(reason) => {
-            assert!(
-                std::env::var("HAWSER_REQUIRE_INPUTS").as_deref() != Ok("1"),
-                "HAWSER_REQUIRE_INPUTS=1 but the image inputs are missing ({reason}); \
-                 run `hawser image fetch` first"
+/// The cached inputs, or `None` after printing why the test is skipped (a failure with
+/// `HAWSER_REQUIRE_INPUTS=1`).
+fn inputs_or_skip() -> Option<CachedInputs> {
+    find_inputs()
+        .inspect_err(|reason| {
+            test_support::missing(
+                &format!("an image input ({reason})"),
+                test_support::FETCH_INPUTS,
             );
-            eprintln!("{test}: skipped: {reason} (run `hawser image fetch`)");
-            None
-        }
-    }
+        })
+        .ok()
 }
 
 /// A host-built stand-in for PID 1 with PID 1's library needs: tss2 ESYS + TCTI loader, libcrypto,
@@ -132,14 +126,25 @@ int main(void) {
             "-lcrypto",
         ])
         .status()
-        .expect("a C compiler (cc) is installed");
-    assert!(status.success(), "compiling the stand-in init failed");
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run cc ({e}): {}",
+                test_support::install("build-essential")
+            )
+        });
+    assert!(
+        status.success(),
+        "compiling the stand-in init failed (its headers: {})",
+        test_support::install("libtss2-dev")
+    );
     binary
 }
 
 /// Extracts a compressed initramfs with the host's zstd and GNU cpio, as a person would.
 fn extract(compressed: &Path, into: &Path) -> String {
     std::fs::create_dir_all(into).unwrap();
+    test_support::require_tool("zstd", "zstd");
+    test_support::require_tool("cpio", "cpio");
     let output = Command::new("sh")
         .arg("-c")
         .arg("zstd -dc \"$1\" | cpio -idv --no-absolute-filenames 2>&1")
@@ -154,8 +159,7 @@ fn extract(compressed: &Path, into: &Path) -> String {
 
 #[test]
 fn initramfs_from_real_inputs_is_complete_and_deterministic() {
-    let Some(inputs) = inputs_or_skip("initramfs_from_real_inputs_is_complete_and_deterministic")
-    else {
+    let Some(inputs) = inputs_or_skip() else {
         return;
     };
     let work = tempfile::tempdir().unwrap();
@@ -239,10 +243,8 @@ fn initramfs_from_real_inputs_is_complete_and_deterministic() {
     }
 
     // As root, run /init inside the extracted tree: the kernel's view of it.
-    let chroot = ["/usr/sbin/chroot", "/usr/bin/chroot", "/sbin/chroot"]
-        .into_iter()
-        .find(|p| Path::new(p).exists());
-    if let (true, Some(chroot)) = (is_root(), chroot) {
+    if is_root() {
+        let chroot = test_support::require_tool("chroot", "coreutils");
         let run = Command::new(chroot)
             .arg(&root)
             .arg("/init")
@@ -256,7 +258,10 @@ fn initramfs_from_real_inputs_is_complete_and_deterministic() {
         );
         eprintln!("chroot run of /init: {}", stdout.trim());
     } else {
-        eprintln!("not root or no chroot(8): skipped running /init in a chroot of the initramfs");
+        test_support::missing(
+            "root (for the run of /init in a chroot of the initramfs)",
+            "run this test as root",
+        );
     }
 
     // Modules: the shipped modules.dep resolves every boot module to a shipped file, and the
@@ -309,7 +314,7 @@ fn is_root() -> bool {
 
 #[test]
 fn missing_library_in_roots_names_soname() {
-    let Some(inputs) = inputs_or_skip("missing_library_in_roots_names_soname") else {
+    let Some(inputs) = inputs_or_skip() else {
         return;
     };
     let work = tempfile::tempdir().unwrap();
@@ -334,7 +339,7 @@ fn missing_library_in_roots_names_soname() {
 /// The whole build: outputs exist, the manifest matches them, and a rebuild is identical.
 #[test]
 fn full_build_from_real_inputs() {
-    let Some(inputs) = inputs_or_skip("full_build_from_real_inputs") else {
+    let Some(inputs) = inputs_or_skip() else {
         return;
     };
     let work = tempfile::tempdir().unwrap();

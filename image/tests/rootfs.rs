@@ -1,9 +1,9 @@
 //! The rootfs image: erofs + dm-verity from a directory tree, deterministic.
 //!
 //! The synthetic-tree tests need mkfs.erofs and veritysetup; the full build also needs mkosi
-//! (bookworm-backports), root and the Debian mirror. Each is skipped, with the reason printed,
-//! when its tools are missing — unless `HAWSER_REQUIRE_INPUTS=1`, which makes that a failure
-//! (CI sets it after scripts/setup-host).
+//! (bookworm-backports), dump.erofs, root and the Debian mirror. A missing tool skips a test,
+//! saying which and what to install, unless `HAWSER_REQUIRE_INPUTS=1` (CI sets it after
+//! scripts/setup-host), which makes it a failure (`hawser_image::test_support`).
 
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -13,28 +13,30 @@ use hawser_image::inputs::InputLock;
 use hawser_image::rootfs::{
     self, KubernetesSource, RootfsOptions, STANDIN_MARKER, TOOL_PATH, TreeImages,
 };
+use hawser_image::test_support;
 
 const EPOCH: u64 = 1_767_225_600;
 
-/// `Some(reason)` when a needed tool is missing and the test may be skipped.
-fn missing(tools: &[&str]) -> Option<String> {
-    let absent: Vec<&str> = tools
+/// The tools of the synthetic-tree tests (and their Debian packages).
+const TREE_TOOLS: &[(&str, &str)] = &[
+    ("mkfs.erofs", "erofs-utils"),
+    ("veritysetup", "cryptsetup-bin"),
+];
+/// What the full build needs on top (mkosi 24 is in bookworm-backports).
+const BUILD_TOOLS: &[(&str, &str)] = &[
+    ("mkosi", "mkosi from bookworm-backports"),
+    ("dump.erofs", "erofs-utils"),
+];
+
+/// Whether all `tools` are installed; when one is not, the test skips or, with
+/// `HAWSER_REQUIRE_INPUTS=1`, fails, naming its Debian package.
+fn have(tools: &[(&str, &str)]) -> bool {
+    // Every tool is looked up (no short circuit): a skip names all the missing ones.
+    let found: Vec<bool> = tools
         .iter()
-        .copied()
-        .filter(|t| !TOOL_PATH.split(':').any(|d| Path::new(d).join(t).is_file()))
+        .map(|(tool, package)| test_support::find_tool(tool, package).is_some())
         .collect();
-    if absent.is_empty() {
-        return None;
-    }
-    let reason = format!(
-        "{} not installed (run scripts/setup-host)",
-        absent.join(", ")
-    );
-    assert!(
-        std::env::var("HAWSER_REQUIRE_INPUTS").as_deref() != Ok("1"),
-        "HAWSER_REQUIRE_INPUTS=1 but {reason}"
-    );
-    Some(reason)
+    found.into_iter().all(|found| found)
 }
 
 /// A small tree: nested directories, modes, a symlink, a hard link, an empty directory.
@@ -121,8 +123,7 @@ fn read_superblock(path: &Path) -> VeritySuperblock {
 
 #[test]
 fn the_same_tree_in_another_place_and_order_gives_identical_images() {
-    if let Some(reason) = missing(&["mkfs.erofs", "veritysetup"]) {
-        eprintln!("skipped: {reason}");
+    if !have(TREE_TOOLS) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -161,8 +162,7 @@ fn the_same_tree_in_another_place_and_order_gives_identical_images() {
 
 #[test]
 fn the_verity_superblock_is_what_the_initramfs_expects() {
-    if let Some(reason) = missing(&["mkfs.erofs", "veritysetup"]) {
-        eprintln!("skipped: {reason}");
+    if !have(TREE_TOOLS) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -198,8 +198,7 @@ fn the_verity_superblock_is_what_the_initramfs_expects() {
 
 #[test]
 fn any_change_to_the_tree_changes_the_root_hash_and_breaks_verification() {
-    if let Some(reason) = missing(&["mkfs.erofs", "veritysetup"]) {
-        eprintln!("skipped: {reason}");
+    if !have(TREE_TOOLS) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -253,17 +252,14 @@ fn dump_erofs_has(image: &Path, path: &str) -> bool {
 /// Two full builds (mkosi, stand-ins, erofs, verity) into different directories: byte-identical.
 #[test]
 fn the_full_rootfs_build_is_reproducible() {
-    if let Some(reason) = missing(&["mkosi", "mkfs.erofs", "veritysetup", "dump.erofs"]) {
-        eprintln!("skipped: {reason}");
+    if !have(&[TREE_TOOLS, BUILD_TOOLS].concat()) {
         return;
     }
     if std::fs::metadata("/proc/self").unwrap().uid() != 0 {
-        let reason = "mkosi builds here as root";
-        assert!(
-            std::env::var("HAWSER_REQUIRE_INPUTS").as_deref() != Ok("1"),
-            "HAWSER_REQUIRE_INPUTS=1 but {reason}"
+        test_support::missing(
+            "root (mkosi builds the rootfs as root)",
+            "run this test as root",
         );
-        eprintln!("skipped: {reason}");
         return;
     }
     let workspace = workspace();

@@ -4,14 +4,16 @@
 //! systemd as the stub, run with the host's `/usr/bin/python3` (`HAWSER_UKIFY=/path/to/ukify`
 //! runs another one instead).
 //!
-//! Tests that need the pinned trixie inputs (systemd-stub 257, the 6.12 kernel) look for them in
-//! the input cache (`$HAWSER_CACHE/inputs`, default `~/.cache/hawser/inputs`, filled by
-//! `hawser image fetch`); they say so and return when the inputs are absent, and
-//! `HAWSER_REQUIRE_INPUTS=1` turns that into a failure. The synthetic-stub tests always run.
+//! Tests that need the pinned trixie inputs (systemd-stub 257, the 6.12 kernel, ukify 257) look
+//! for them in the input cache (`$HAWSER_CACHE/inputs`, default `~/.cache/hawser/inputs`, filled
+//! by `hawser image fetch`); they say so and return when the inputs are absent, and
+//! `HAWSER_REQUIRE_INPUTS=1` turns that into a failure (`hawser_image::test_support`). The
+//! synthetic-stub tests always run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use hawser_image::test_support;
 use hawser_image::uki::{
     Image, UkiError, UkiSections, assemble_uki, pe_checksum, read_uki_sections,
 };
@@ -42,11 +44,7 @@ fn require(what: &str, path: Option<PathBuf>) -> Option<Vec<u8>> {
             Some(std::fs::read(&p).unwrap_or_else(|e| panic!("reading {}: {e}", p.display())))
         }
         None => {
-            assert!(
-                std::env::var_os("HAWSER_REQUIRE_INPUTS").is_none(),
-                "{what} is not in the input cache and HAWSER_REQUIRE_INPUTS is set"
-            );
-            eprintln!("skipping: {what} is not in the input cache (run `hawser image fetch`)");
+            test_support::missing_input(what);
             None
         }
     }
@@ -114,7 +112,7 @@ fn objdump(args: &[&str], bytes: &[u8]) -> String {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("image.efi");
     std::fs::write(&path, bytes).expect("write image");
-    let out = Command::new("objdump")
+    let out = Command::new(test_support::require_tool("objdump", "binutils"))
         .args(args)
         .arg(&path)
         .output()
@@ -466,12 +464,12 @@ fn ukify() -> Option<Command> {
         return Some(Command::new(p));
     }
     let script = find_input("systemd-ukify_", hawser_image::inputs::UKIFY);
-    if script.is_some() {
-        assert!(
-            Path::new("/usr/bin/python3").is_file(),
-            "ukify needs /usr/bin/python3: install the Debian packages python3, python3-pefile and \
-             python3-zstandard (scripts/setup-host does)"
+    if script.is_some() && !Path::new("/usr/bin/python3").is_file() {
+        test_support::missing(
+            "/usr/bin/python3 (ukify runs on it)",
+            &test_support::install("python3 python3-pefile python3-zstandard"),
         );
+        return None;
     }
     require("ukify 257 (systemd-ukify)", script.clone())?;
     let mut command = Command::new("/usr/bin/python3");

@@ -7,8 +7,8 @@
 //! is a pure function of the pinned inputs and the committed fixture files, so these tests
 //! rebuild it from the input cache (`hawser image fetch`), predict it, and hold the prediction
 //! against what firmware, systemd-stub and the kernel really measured. Without the input cache
-//! they say so and skip; `HAWSER_REQUIRE_INPUTS=1` makes that a failure. The event-log-only
-//! tests always run.
+//! they say so and skip; `HAWSER_REQUIRE_INPUTS=1` makes that a failure
+//! (`hawser_image::test_support`). The event-log-only tests always run.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -50,28 +50,29 @@ fn guest_pcrs() -> BTreeMap<u8, [u8; 32]> {
         .collect()
 }
 
-/// The pinned kernel and stub, or `None` (test skipped) without the input cache.
+/// The pinned kernel and stub, or `None` (test skipped, saying so) without the input cache; with
+/// `HAWSER_REQUIRE_INPUTS=1`, a failure instead.
 fn inputs() -> Option<(Vec<u8>, Vec<u8>)> {
     let lock_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../inputs.lock");
     let lock = hawser_image::inputs::InputLock::load(&lock_path).expect("inputs.lock");
-    let cached = hawser_image::inputs::cached(&lock, &hawser_image::inputs::cache_dir())
-        .ok()
-        .filter(|c| c.kernel_release == RELEASE);
-    match cached {
-        Some(c) => Some((
-            std::fs::read(&c.stub).expect("read stub"),
-            std::fs::read(&c.kernel_image).expect("read kernel"),
-        )),
-        None => {
-            assert!(
-                std::env::var("HAWSER_REQUIRE_INPUTS").as_deref() != Ok("1"),
-                "HAWSER_REQUIRE_INPUTS=1 but systemd-boot-efi 257.13 or the {RELEASE} kernel is not in the input cache"
+    match hawser_image::inputs::cached(&lock, &hawser_image::inputs::cache_dir()) {
+        Ok(c) => {
+            // Another pinned kernel is no missing input but a stale fixture: never a skip.
+            assert_eq!(
+                c.kernel_release, RELEASE,
+                "inputs.lock pins another kernel than the capture boot's: capture the fixture \
+                 again (tests/fixtures/ovmf-boot/README.md)"
             );
-            eprintln!(
-                "skipping: the pinned stub and kernel are not in the input cache (run `hawser image fetch`)"
-            );
+            Some((
+                std::fs::read(&c.stub).expect("read stub"),
+                std::fs::read(&c.kernel_image).expect("read kernel"),
+            ))
+        }
+        Err(hawser_image::inputs::InputError::NotFetched { name, version }) => {
+            hawser_image::test_support::missing_input(&format!("{name} {version}"));
             None
         }
+        Err(e) => panic!("the pinned stub and kernel are unusable: {e}"),
     }
 }
 

@@ -16,7 +16,9 @@ use std::time::Duration;
 #[derive(thiserror::Error)]
 pub enum QemuError {
     /// A host binary the harness runs is not installed.
-    #[error("`{binary}` was not found in PATH; install the Debian package `{package}`")]
+    #[error(
+        "`{binary}` was not found in PATH; run scripts/setup-host (it installs the Debian package `{package}`)"
+    )]
     HostToolMissing {
         binary: String,
         package: &'static str,

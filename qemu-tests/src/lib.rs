@@ -36,13 +36,12 @@
 //! `PR_SET_PDEATHSIG = SIGKILL` for the cases where no destructor runs.
 //!
 //! # Environment
-//! - `HAWSER_QEMU_TESTS=1` enables the tests that start real swtpm and QEMU processes (these
-//!   take seconds to minutes under TCG); without it, only the pure unit tests run.
 //! - `HAWSER_QEMU_ACCEL` sets the default accelerator (`tcg` if unset; `kvm` where usable).
 //! - `HAWSER_QEMU_KEEP_LOGS=<dir>` keeps every VM's console, QEMU and swtpm logs in `<dir>`
 //!   (as `<name>.console.log` etc.), for CI to show after a failure.
-//! - `HAWSER_CACHE` (default `~/.cache/hawser`): where the real-boot tests find the kernel and
-//!   systemd-boot from the image inputs.
+//! - `HAWSER_CACHE` (default `~/.cache/hawser`): where the harness's own boot tests
+//!   (`tests/harness.rs`, `#[ignore]`d like every QEMU boot) find the kernel and systemd-boot
+//!   from the image inputs.
 //!
 //! Nothing here opens a network: VMs have no NIC unless `extra_args` adds one, and the TCP
 //! swtpm listens on 127.0.0.1 only.
@@ -58,9 +57,6 @@ mod qmp;
 mod swtpm;
 mod vm;
 
-#[cfg(test)]
-mod boot_tests;
-
 pub use config::{
     BOOT_DISK_SERIAL, Boot, Disk, ENV_ACCEL, ENV_KEEP_LOGS, Esp, FW_CFG_PREFIX, FwCfgEntry,
     FwCfgValue, Ovmf, RuntimePaths, TpmConfig, TpmModel, VmConfig, default_accel,
@@ -72,14 +68,6 @@ pub use provider::{ProviderCa, ProviderError, ProvisionedAk};
 pub use qmp::{Qmp, QmpMessage, parse_message as parse_qmp_message};
 pub use swtpm::{Swtpm, SwtpmOptions, SwtpmTransport};
 pub use vm::{LineMatcher, Timeline, Vm};
-
-/// Environment variable that enables tests which start real swtpm/QEMU processes.
-pub const ENV_REAL_TESTS: &str = "HAWSER_QEMU_TESTS";
-
-/// Whether `HAWSER_QEMU_TESTS=1`: tests that boot real VMs should run (they skip otherwise).
-pub fn real_vm_tests_enabled() -> bool {
-    std::env::var(ENV_REAL_TESTS).is_ok_and(|value| value == "1")
-}
 
 /// Formats a timeline as aligned `+seconds label` lines, for summaries and benchmarks.
 pub fn format_timeline(timeline: &[(String, std::time::Duration)]) -> String {

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport};
 use hawser_image::build::BuildOutput;
+use hawser_image::test_support::require_tool;
 use hawser_qemu::{Disk, TpmConfig, Vm, VmConfig};
 use sha2::{Digest, Sha256};
 
@@ -77,10 +78,10 @@ fn contains(path: &Path, needle: &[u8]) -> bool {
 }
 
 fn cryptsetup(args: &[&str]) -> (bool, String) {
-    let out = Command::new("cryptsetup")
+    let out = Command::new(require_tool("cryptsetup", "cryptsetup-bin"))
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run cryptsetup ({e}): run scripts/setup-host"));
+        .unwrap_or_else(|e| panic!("cannot run cryptsetup: {e}"));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -392,17 +393,11 @@ fn disks_that_are_not_hawsers_are_refused_and_left_untouched() {
 
     let ext4 = dir.join("ext4.img");
     sparse_disk(&ext4, 128);
-    let status = Command::new("mkfs.ext4")
+    let status = Command::new(require_tool("mkfs.ext4", "e2fsprogs"))
         .args(["-q", "-F"])
         .arg(&ext4)
         .status()
-        .or_else(|_| {
-            Command::new("/usr/sbin/mkfs.ext4")
-                .args(["-q", "-F"])
-                .arg(&ext4)
-                .status()
-        })
-        .expect("run mkfs.ext4 (e2fsprogs)");
+        .expect("run mkfs.ext4");
     assert!(status.success());
 
     let luks = dir.join("luks.img");

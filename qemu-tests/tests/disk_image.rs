@@ -18,6 +18,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use hawser_image::test_support::require_tool;
 use std::time::{Duration, Instant};
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport};
@@ -66,12 +68,12 @@ fn synthetic_root(dir: &Path) -> (PathBuf, PathBuf, [u8; 32]) {
     let verity = dir.join("rootfs.verity");
     let _ = std::fs::remove_file(&rootfs);
     let _ = std::fs::remove_file(&verity);
-    run(Command::new("mkfs.erofs")
+    run(Command::new(require_tool("mkfs.erofs", "erofs-utils"))
         .arg(format!("-T{SOURCE_DATE_EPOCH}"))
         .arg("-U68617773-6572-4000-8000-726f6f746673")
         .arg(&rootfs)
         .arg(&tree));
-    let stdout = run(Command::new("veritysetup")
+    let stdout = run(Command::new(require_tool("veritysetup", "cryptsetup-bin"))
         .args([
             "format",
             "--salt=6861777365722d6469736b2d696d616765",

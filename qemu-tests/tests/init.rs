@@ -2,14 +2,17 @@
 //! aTLS, the admin's CLI (the library the `hawser` binary runs) verifies it against the
 //! measurements predicted from the UKI, and only then sends the master secret.
 //!
-//! One node booted from the node disk image (UKI + verified rootfs with the kubeadm and kubelet
-//! stand-ins), two boots: (1) a fresh node with no join service waits; a CLI holding wrong
-//! measurements is refused naming the PCR and writes nothing; the right one initializes the
-//! cluster: the node pivots into its rootfs and runs `kubeadm init` with the configuration
-//! built from the admin's request (checked as the stand-in received it), and the admin
-//! kubeconfig comes back to the CLI; the signed quote shows PCR 15 = the node lock for the
-//! cluster ID the CLI computed; a second init is refused. (2) The same node (same TPM, same
-//! disk) boots again, waits for `hawser recover` (an initialized disk refuses `init`), reopens
+//! Nodes booted from the node disk image (UKI + verified rootfs with the kubeadm and kubelet
+//! stand-ins; the image carries the provider CA), three boots: (1) a fresh node with no join
+//! service waits; a CLI holding wrong measurements is refused naming the PCR and writes nothing;
+//! the right one initializes the cluster: the node pivots into its rootfs and runs `kubeadm
+//! init` with the configuration built from the admin's request (checked as the stand-in received
+//! it), and the admin kubeconfig comes back to the CLI; the signed quote shows PCR 15 = the node
+//! lock for the cluster ID the CLI computed. (1b) A second node joins through the first node's
+//! `hawser-joind` as a control-plane node, both sides attesting: it gets the key derived from
+//! the admin's master secret and the cluster's shared certificates, and runs `kubeadm join`.
+//! Then a second init of the first node is refused. (2) The first node (same TPM, same disk)
+//! boots again, waits for `hawser recover` (an initialized disk refuses `init`), reopens
 //! its disk with the key derived from the master secret, locks to the same cluster, and starts
 //! its services without running kubeadm again.
 //!

@@ -23,7 +23,9 @@ impl Swtpm {
     /// Runs a tpm2-tools command against this swtpm (no Tpm connection may be open: swtpm
     /// serves one client at a time).
     pub fn tpm2_tool(&self, tool: &str, args: &[&str], cwd: &Path) -> std::process::Output {
-        Command::new(tool)
+        // A missing tool fails naming its Debian package (tpm2-tools).
+        let binary = hawser_qemu::find_binary(Path::new(tool)).unwrap_or_else(|e| panic!("{e}"));
+        Command::new(binary)
             .args(args)
             .env("TPM2TOOLS_TCTI", self.tcti())
             .current_dir(cwd)

@@ -1,38 +1,46 @@
-//! Tests that start real swtpm and QEMU processes. They run only with `HAWSER_QEMU_TESTS=1`
-//! (see the crate docs); otherwise each returns at once. With the variable set, a missing
-//! input (kernel, systemd-boot) is a failure, not a skip.
+//! The harness itself against real processes: OVMF boots systemd-boot and the kernel from an
+//! ESP with a TPM, QEMU is driven over QMP, a kernel panic ends a wait early with the console's
+//! tail, a QEMU that cannot start is reported with its stderr, dropping a VM kills QEMU and
+//! swtpm and keeps the logs asked for, and a TCP swtpm serves tpm2-tools and keeps its state.
 //!
-//! The guest is the trixie cloud kernel from the image inputs, without an initramfs: it boots
-//! to "VFS: Unable to mount root fs" and panics, which is enough to see firmware, ESP, boot
-//! loader, kernel, TPM and console work together. With `panic=-1` the panic reboots, and
-//! `-no-reboot` turns that into a QEMU exit.
+//! The guest is the trixie cloud kernel from the image inputs (`hawser image fetch`), without an
+//! initramfs: it boots to "VFS: Unable to mount root fs" and panics, which is enough to see
+//! firmware, ESP, boot loader, kernel, TPM and console work together. With `panic=-1` the panic
+//! reboots, and `-no-reboot` turns that into a QEMU exit. A missing input or tool fails a test,
+//! naming what to run or install; none skips.
+//!
+//! The QEMU boots are `#[ignore]`d in plain `cargo test` (seconds to a minute each under TCG):
+//! `cargo test -p hawser-qemu --test harness -- --ignored --test-threads=1`. The swtpm test
+//! boots nothing and runs with the unit tests.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::{
+use hawser_image::test_support;
+use hawser_qemu::{
     Esp, EspFile, QemuError, Swtpm, SwtpmOptions, TpmConfig, TpmModel, Vm, VmConfig,
-    format_timeline, real_vm_tests_enabled,
+    format_timeline,
 };
 
 /// Generous: two TCG guests may boot at once on two host cores.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 
 fn inputs_dir() -> PathBuf {
-    let cache = std::env::var_os("HAWSER_CACHE")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache/hawser")))
-        .expect("HAWSER_CACHE or HOME must be set");
-    cache.join("inputs")
+    hawser_image::inputs::cache_dir().join("inputs")
 }
 
 /// The first file matching `<inputs>/<package_prefix>*/<relative_dir>/<file_prefix>*`.
 fn input_file(package_prefix: &str, relative_dir: &str, file_prefix: &str) -> PathBuf {
     let inputs = inputs_dir();
-    let entries = std::fs::read_dir(&inputs)
-        .unwrap_or_else(|e| panic!("cannot read the image inputs {}: {e}", inputs.display()));
+    let entries = std::fs::read_dir(&inputs).unwrap_or_else(|e| {
+        panic!(
+            "cannot read the image inputs {} ({e}): {}",
+            inputs.display(),
+            test_support::FETCH_INPUTS
+        )
+    });
     let mut found: Vec<PathBuf> = entries
         .flatten()
         .filter(|entry| {
@@ -53,8 +61,9 @@ fn input_file(package_prefix: &str, relative_dir: &str, file_prefix: &str) -> Pa
     found.sort();
     found.pop().unwrap_or_else(|| {
         panic!(
-            "no {package_prefix}*/{relative_dir}/{file_prefix}* under {}; fetch the image inputs first",
-            inputs.display()
+            "no {package_prefix}*/{relative_dir}/{file_prefix}* under {}: {}",
+            inputs.display(),
+            test_support::FETCH_INPUTS
         )
     })
 }
@@ -90,10 +99,8 @@ fn systemd_boot_esp(dir: &Path, options: &str) -> Esp {
 }
 
 #[test]
+#[ignore = "boots QEMU: cargo test -p hawser-qemu --test harness -- --ignored"]
 fn uefi_boots_systemd_boot_and_the_kernel_from_the_esp_with_a_tpm() {
-    if !real_vm_tests_enabled() {
-        return;
-    }
     let dir = tempfile::tempdir().expect("tempdir");
     let config = VmConfig::uefi_with_esp(systemd_boot_esp(dir.path(), "console=ttyS0 panic=-1"))
         .name("uefi-smoke")
@@ -148,10 +155,8 @@ fn uefi_boots_systemd_boot_and_the_kernel_from_the_esp_with_a_tpm() {
 }
 
 #[test]
+#[ignore = "boots QEMU: cargo test -p hawser-qemu --test harness -- --ignored"]
 fn direct_kernel_boot_reaches_the_kernel_and_quits_over_qmp() {
-    if !real_vm_tests_enabled() {
-        return;
-    }
     let config = VmConfig::direct_kernel(kernel(), None, "console=ttyS0 panic=0")
         .name("direct-smoke")
         .tpm(TpmConfig {
@@ -191,10 +196,8 @@ fn direct_kernel_boot_reaches_the_kernel_and_quits_over_qmp() {
 }
 
 #[test]
+#[ignore = "boots QEMU: cargo test -p hawser-qemu --test harness -- --ignored"]
 fn a_kernel_panic_fails_the_wait_early_with_the_console_tail() {
-    if !real_vm_tests_enabled() {
-        return;
-    }
     // No panic=: the kernel hangs after panicking; only the fail pattern can end the wait early.
     let config = VmConfig::direct_kernel(kernel(), None, "console=ttyS0").name("panic-smoke");
     let vm = Vm::start(config).expect("start VM");
@@ -217,10 +220,8 @@ fn a_kernel_panic_fails_the_wait_early_with_the_console_tail() {
 }
 
 #[test]
+#[ignore = "boots QEMU: cargo test -p hawser-qemu --test harness -- --ignored"]
 fn qemu_that_cannot_start_is_reported_with_its_stderr() {
-    if !real_vm_tests_enabled() {
-        return;
-    }
     let mut config = VmConfig::direct_kernel(kernel(), None, "console=ttyS0").name("bad-args");
     config.extra_args = vec!["-device".into(), "no-such-device-model".into()];
     let vm = Vm::start(config).expect("QEMU is spawned");
@@ -249,10 +250,8 @@ impl Write for SharedBuffer {
 }
 
 #[test]
+#[ignore = "boots QEMU: cargo test -p hawser-qemu --test harness -- --ignored"]
 fn drop_kills_qemu_and_swtpm_removes_the_workdir_and_keeps_logs() {
-    if !real_vm_tests_enabled() {
-        return;
-    }
     let logs = tempfile::tempdir().expect("tempdir");
     let echo = SharedBuffer::default();
     let config = VmConfig::direct_kernel(kernel(), None, "console=ttyS0")
@@ -286,19 +285,16 @@ fn drop_kills_qemu_and_swtpm_removes_the_workdir_and_keeps_logs() {
 
 /// `tpm2_*` from tpm2-tools against the TCP swtpm.
 fn tpm2_tool(tcti: &str, args: &[&str]) -> std::process::Output {
-    let tool = args[0];
-    std::process::Command::new(tool)
+    let tool = test_support::require_tool(args[0], "tpm2-tools");
+    std::process::Command::new(&tool)
         .args(&args[1..])
         .env("TPM2TOOLS_TCTI", tcti)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {tool} (Debian package tpm2-tools): {e}"))
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", tool.display()))
 }
 
 #[test]
 fn tcp_swtpm_serves_the_swtpm_tcti_and_its_state_dir_survives_a_restart() {
-    if !real_vm_tests_enabled() {
-        return;
-    }
     let state = tempfile::tempdir().expect("tempdir");
     const INDEX: &str = "0x1500016";
     {
