@@ -1,4 +1,5 @@
-//! The PID 1 sequence: bring-up, measurement, attestation, boot report, idle, shutdown.
+//! The PID 1 sequence: bring-up, measurement, the state disk, attestation, boot report, the
+//! pivot and the node's services (images with a rootfs), idle, shutdown.
 //!
 //! ```text
 //! /init ─ fds 0-2, console log, panic hook
@@ -7,14 +8,17 @@
 //!       ─ /proc/cmdline → hawser.* keys, reboot policy, log level [cmdline]
 //!       ─ kernel modules in modules.dep order                    [modules]
 //!       ─ power button watcher; fw_cfg keys                      [fw-cfg]
+//!       ─ network (hawser.net)                                   [net]
 //!       ─ wait for the TPM node; open it                         [tpm-wait, tpm-open]
 //!       ─ seed the kernel pool from TPM2_GetRandom               [entropy]
 //!       ─ PCR 11 before; extend "enter-initrd"; read PCRs 0-23   [measure]
-//!       ─ network (hawser.net), join client (join-service key)  [net]
 //!       ─ state disk: find, format or open, map, mount           [state-disk-*]
-//!         (join-service key: join over aTLS, node lock → PCR 15)
+//!         (join-service key: join client races init server, node lock → PCR 15)
 //!       ─ AK; quote PCRs 0-23 with the nonce                     [attest]
-//!       ─ boot report line; "hawser: boot complete; idle"
+//!       ─ boot report line; firmware event log line
+//!       ─ hawser.root_hash: pivot into the rootfs (PCR 11 ← "leave-initrd"), then
+//!         containerd, kubelet, kubeadm once (node.rs)
+//!       ─ "hawser: boot complete; idle"
 //!       ─ shutdown request → stop processes, unmount, power off
 //! ```
 //!
@@ -329,11 +333,14 @@ async fn bring_up(
         .map(|uts| uts.release().to_string_lossy().into_owned())
         .unwrap_or_default();
 
-    // Kernel modules (decompressing .ko.xz takes a while: off the event loop).
+    // Kernel modules (decompressing .ko.xz takes a while: off the event loop). An optional
+    // module the machine cannot use was logged as a warning; the boot report lists it too.
     let start = timer.elapsed_ms();
-    let loaded = blocking(|| modules::load_named(&LINUX, hawser_kmod::BOOT_MODULES)).await??;
+    let kernel_modules =
+        blocking(|| modules::load_table(&LINUX, hawser_kmod::BOOT_MODULE_TABLE)).await??;
     timer.record("modules", start);
-    info!("loaded {loaded} kernel modules");
+    info!("{kernel_modules}");
+    warnings.extend(kernel_modules.skipped.iter().map(ToString::to_string));
 
     if let Some(warning) = watch_power_buttons(&requests) {
         warn!("{warning}");

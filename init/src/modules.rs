@@ -1,14 +1,23 @@
 //! Kernel module loading: `modules.dep` order, `finit_module(2)`, compressed modules.
 //!
-//! There is no udev and no modprobe in the initramfs: PID 1 loads a fixed list of modules
-//! ([`hawser_kmod::BOOT_MODULES`]), dependencies first, from `/usr/lib/modules/<release>/`.
-//! The image builder ships exactly the closure of that list, so a module that cannot be found
+//! There is no udev and no modprobe in the initramfs: PID 1 loads a fixed table of modules
+//! ([`hawser_kmod::BOOT_MODULE_TABLE`]), dependencies first, from `/usr/lib/modules/<release>/`.
+//! The image builder ships exactly the closure of that table, so a module that cannot be found
 //! or loaded is an image defect and fatal. A module that is already loaded (EEXIST) is fine.
+//!
+//! One failure is not a defect: the kernel refusing a module with ENODEV because the machine
+//! lacks the CPU feature or device the module's init checks for (`aesni_intel` on QEMU's
+//! default `qemu64` CPU). [`judge`] decides from the table's classification
+//! ([`hawser_kmod::Need`]) what that means: an optional module is skipped with a warning naming
+//! what is lost and why, and so is anything that depends on it; a required one is fatal,
+//! naming what the boot path needs it for and what the VM lacks.
 
+use std::collections::BTreeSet;
+use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use hawser_kmod::{KmodError, ModuleIndex};
+use hawser_kmod::{KernelModule, KmodError, ModuleIndex, PlannedModule};
 
 use crate::syscalls::Syscalls;
 
@@ -20,27 +29,61 @@ pub fn modules_dir(kernel_release: &str) -> PathBuf {
 /// A module that could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {
+    /// The initramfs's module index is unreadable.
     #[error("cannot read {path}")]
     ReadIndex {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
+    /// The modules to load are not all in the index.
     #[error("cannot resolve the kernel modules to load from {path}")]
     Resolve {
         path: PathBuf,
         #[source]
         source: KmodError,
     },
+    /// A module file the index names is not in the initramfs.
     #[error("kernel module {module} is missing: {path} does not exist")]
     Missing { module: String, path: PathBuf },
-    #[error("cannot load kernel module {module} from {path}")]
+    /// The kernel refuses a module the boot path cannot do without, for a CPU feature or
+    /// device this machine lacks (ENODEV).
+    #[error("the kernel module {module} is required for {purpose}; {}", lacking(.hardware))]
+    Unsupported {
+        module: String,
+        purpose: String,
+        hardware: Option<&'static str>,
+        #[source]
+        source: io::Error,
+    },
+    /// A module the boot path cannot do without depends on a module that was skipped.
+    #[error(
+        "the kernel module {module} is required for {purpose}, but the module it depends on, \
+         {dependency}, is not loaded"
+    )]
+    DependencySkipped {
+        module: String,
+        purpose: String,
+        dependency: String,
+    },
+    /// The kernel refuses a module for another reason than missing hardware: the image's
+    /// module does not fit this kernel, or is damaged.
+    #[error("cannot load kernel module {module} (for {purpose}) from {path}")]
     Load {
         module: String,
+        purpose: String,
         path: PathBuf,
         #[source]
         source: io::Error,
     },
+}
+
+/// The end of [`ModuleError::Unsupported`]'s message.
+fn lacking(hardware: &Option<&'static str>) -> String {
+    match hardware {
+        Some(hardware) => format!("the VM lacks {hardware}"),
+        None => "the kernel refuses it on this machine".to_owned(),
+    }
 }
 
 /// What happened to one module file.
@@ -48,6 +91,67 @@ pub enum ModuleError {
 pub enum ModuleOutcome {
     Loaded,
     AlreadyLoaded,
+    /// Not loaded; the boot goes on without it.
+    Skipped(SkippedModule),
+}
+
+/// An optional module the boot goes on without. Its `Display` is the warning: the module, why
+/// it is not loaded, and what the machine loses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedModule {
+    pub module: String,
+    pub cause: SkipCause,
+    /// What the machine loses, from the table ([`PlannedModule::without`]).
+    pub without: String,
+}
+
+/// Why a module was skipped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SkipCause {
+    /// The kernel refused it (ENODEV); `hardware` is what its init checks for, if the table
+    /// says.
+    NoDevice { hardware: Option<&'static str> },
+    /// A module it depends on was skipped.
+    Dependency { dependency: String },
+}
+
+impl fmt::Display for SkippedModule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "kernel module {} is not loaded: ", self.module)?;
+        match &self.cause {
+            SkipCause::NoDevice {
+                hardware: Some(hardware),
+            } => write!(f, "the VM lacks {hardware}")?,
+            SkipCause::NoDevice { hardware: None } => {
+                f.write_str("the kernel refuses it on this machine (no such device)")?
+            }
+            SkipCause::Dependency { dependency } => {
+                write!(f, "it depends on {dependency}, which is not loaded")?
+            }
+        }
+        write!(f, "; {}", self.without)
+    }
+}
+
+/// What loading a table came to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadSummary {
+    /// Module files loaded now or already loaded.
+    pub loaded: usize,
+    /// Optional modules left out, in load order.
+    pub skipped: Vec<SkippedModule>,
+}
+
+impl fmt::Display for LoadSummary {
+    /// "loaded 25 kernel modules; skipped aesni_intel".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "loaded {} kernel modules", self.loaded)?;
+        if !self.skipped.is_empty() {
+            let names: Vec<&str> = self.skipped.iter().map(|s| s.module.as_str()).collect();
+            write!(f, "; skipped {}", names.join(", "))?;
+        }
+        Ok(())
+    }
 }
 
 /// Reads `modules.dep` (and `modules.builtin` if present) from `dir`.
@@ -74,20 +178,18 @@ pub fn read_index(dir: &Path) -> Result<ModuleIndex, ModuleError> {
     })
 }
 
-/// The module files to load for `names`, dependencies first, as absolute paths under `dir`.
-pub fn plan(index: &ModuleIndex, dir: &Path, names: &[&str]) -> Result<Vec<PathBuf>, ModuleError> {
-    let order = index
-        .load_order(names)
+/// The module files to load for `table`, dependencies first, each with what needs it.
+pub fn plan<'t>(
+    index: &ModuleIndex,
+    dir: &Path,
+    table: &'t [KernelModule],
+) -> Result<Vec<PlannedModule<'t>>, ModuleError> {
+    index
+        .load_plan(table)
         .map_err(|source| ModuleError::Resolve {
             path: dir.join("modules.dep"),
             source,
-        })?;
-    Ok(order.iter().map(|relative| dir.join(relative)).collect())
-}
-
-/// The module name of a module file path, for messages ("dm-crypt.ko.xz" → "dm_crypt").
-pub fn module_name(path: &Path) -> String {
-    hawser_kmod::normalize_name(&path.to_string_lossy())
+        })
 }
 
 /// Whether the kernel must decompress this file (`.ko.xz`, `.ko.zst`, `.ko.gz`).
@@ -96,53 +198,136 @@ pub fn is_compressed(path: &Path) -> bool {
     !name.ends_with(".ko")
 }
 
-/// Loads `names` and their dependencies from the initramfs's modules of the running kernel;
-/// returns how many were loaded or already there. Blocking (decompression).
-pub fn load_named(sys: &dyn Syscalls, names: &[&str]) -> Result<usize, ModuleError> {
+/// Loads `table` and its dependencies from the initramfs's modules of the running kernel.
+/// Blocking (decompression).
+pub fn load_table(sys: &dyn Syscalls, table: &[KernelModule]) -> Result<LoadSummary, ModuleError> {
     let release = nix::sys::utsname::uname()
         .map(|uts| uts.release().to_string_lossy().into_owned())
         .unwrap_or_default();
     let dir = modules_dir(&release);
     let index = read_index(&dir)?;
-    let paths = plan(&index, &dir, names)?;
-    Ok(load_all(sys, &paths)?.len())
+    let plan = plan(&index, &dir, table)?;
+    Ok(summarize(load_all(sys, &dir, &plan)?))
 }
 
-/// Loads `paths` in order; stops at the first failure.
+/// Counts what [`load_all`] loaded and collects what it skipped.
+pub fn summarize(outcomes: Vec<(String, ModuleOutcome)>) -> LoadSummary {
+    let mut summary = LoadSummary::default();
+    for (_, outcome) in outcomes {
+        match outcome {
+            ModuleOutcome::Loaded | ModuleOutcome::AlreadyLoaded => summary.loaded += 1,
+            ModuleOutcome::Skipped(skipped) => summary.skipped.push(skipped),
+        }
+    }
+    summary
+}
+
+/// Loads the files of `plan` (relative to `dir`) in order; stops at the first fatal failure.
+/// A module whose dependency was skipped is not tried (the kernel would refuse its unresolved
+/// symbols): [`judge_skipped_dependency`] decides. Each skip is logged as a warning.
 pub fn load_all(
     sys: &dyn Syscalls,
-    paths: &[PathBuf],
+    dir: &Path,
+    plan: &[PlannedModule<'_>],
 ) -> Result<Vec<(String, ModuleOutcome)>, ModuleError> {
-    let mut outcomes = Vec::with_capacity(paths.len());
-    for path in paths {
-        let module = module_name(path);
-        let outcome = match sys.load_module(path, is_compressed(path)) {
-            Ok(()) => ModuleOutcome::Loaded,
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => ModuleOutcome::AlreadyLoaded,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(ModuleError::Missing {
-                    module,
-                    path: path.clone(),
-                });
-            }
-            Err(source) => {
-                return Err(ModuleError::Load {
-                    module,
-                    path: path.clone(),
-                    source,
-                });
-            }
+    let mut outcomes = Vec::with_capacity(plan.len());
+    let mut skipped = BTreeSet::new();
+    for planned in plan {
+        let path = dir.join(&planned.path);
+        let skipped_dependency = planned
+            .dependencies
+            .iter()
+            .find(|dependency| skipped.contains(*dependency));
+        let outcome = match skipped_dependency {
+            Some(dependency) => judge_skipped_dependency(planned, dependency)?,
+            None => judge(planned, &path, sys.load_module(&path, is_compressed(&path)))?,
         };
-        tracing::debug!(module = %module, ?outcome, "kernel module");
-        outcomes.push((module, outcome));
+        if let ModuleOutcome::Skipped(skip) = &outcome {
+            tracing::warn!("{skip}");
+            skipped.insert(planned.name.clone());
+        } else {
+            tracing::debug!(module = %planned.name, ?outcome, "kernel module");
+        }
+        outcomes.push((planned.name.clone(), outcome));
     }
     Ok(outcomes)
+}
+
+/// What the kernel's answer to loading `planned` (from `path`) means for the boot: ENODEV
+/// skips a module only optional modules need, and is fatal for one the boot path requires;
+/// EEXIST is fine; anything else is fatal.
+pub fn judge(
+    planned: &PlannedModule<'_>,
+    path: &Path,
+    result: io::Result<()>,
+) -> Result<ModuleOutcome, ModuleError> {
+    let error = match result {
+        Ok(()) => return Ok(ModuleOutcome::Loaded),
+        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+            return Ok(ModuleOutcome::AlreadyLoaded);
+        }
+        Err(e) => e,
+    };
+    if error.kind() == io::ErrorKind::NotFound {
+        return Err(ModuleError::Missing {
+            module: planned.name.clone(),
+            path: path.to_owned(),
+        });
+    }
+    if error.raw_os_error() != Some(libc::ENODEV) {
+        return Err(ModuleError::Load {
+            module: planned.name.clone(),
+            purpose: planned.purpose(),
+            path: path.to_owned(),
+            source: error,
+        });
+    }
+    match planned.required_for() {
+        Some(purpose) => Err(ModuleError::Unsupported {
+            module: planned.name.clone(),
+            purpose,
+            hardware: planned.hardware(),
+            source: error,
+        }),
+        None => Ok(ModuleOutcome::Skipped(SkippedModule {
+            module: planned.name.clone(),
+            cause: SkipCause::NoDevice {
+                hardware: planned.hardware(),
+            },
+            without: planned.without(),
+        })),
+    }
+}
+
+/// `planned` depends on `dependency`, which was skipped: skipped too when only optional
+/// modules need it. A required module cannot get here through [`load_all`] (its dependencies
+/// are required too, and fail first), but a plan built otherwise is refused, not trusted.
+pub fn judge_skipped_dependency(
+    planned: &PlannedModule<'_>,
+    dependency: &str,
+) -> Result<ModuleOutcome, ModuleError> {
+    match planned.required_for() {
+        Some(purpose) => Err(ModuleError::DependencySkipped {
+            module: planned.name.clone(),
+            purpose,
+            dependency: dependency.to_owned(),
+        }),
+        None => Ok(ModuleOutcome::Skipped(SkippedModule {
+            module: planned.name.clone(),
+            cause: SkipCause::Dependency {
+                dependency: dependency.to_owned(),
+            },
+            without: planned.without(),
+        })),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fatal::error_chain;
     use crate::syscalls::{Call, RecordingSyscalls};
+    use hawser_kmod::{BOOT_MODULE_TABLE, Need};
     use nix::errno::Errno;
 
     const DEP: &str = "\
@@ -153,8 +338,60 @@ kernel/drivers/block/virtio_blk.ko:
 ";
     const BUILTIN: &str = "kernel/drivers/virtio/virtio.ko\n";
 
+    /// The boot modules' part of the trixie cloud kernel's modules.dep (6.12.117, dependencies
+    /// from each module's .modinfo, transitive as depmod writes them).
+    const TRIXIE_BOOT_DEP: &str = "\
+kernel/drivers/block/virtio_blk.ko.xz:
+kernel/drivers/net/virtio_net.ko.xz: kernel/drivers/net/net_failover.ko.xz kernel/net/core/failover.ko.xz
+kernel/drivers/net/net_failover.ko.xz: kernel/net/core/failover.ko.xz
+kernel/net/core/failover.ko.xz:
+kernel/drivers/char/hw_random/virtio-rng.ko.xz:
+kernel/drivers/firmware/qemu_fw_cfg.ko.xz:
+kernel/drivers/md/dm-mod.ko.xz:
+kernel/drivers/md/dm-crypt.ko.xz: kernel/drivers/md/dm-mod.ko.xz
+kernel/drivers/md/dm-verity.ko.xz: kernel/drivers/md/dm-bufio.ko.xz kernel/drivers/md/dm-mod.ko.xz kernel/lib/reed_solomon/reed_solomon.ko.xz
+kernel/drivers/md/dm-bufio.ko.xz: kernel/drivers/md/dm-mod.ko.xz
+kernel/lib/reed_solomon/reed_solomon.ko.xz:
+kernel/drivers/md/dm-integrity.ko.xz: kernel/drivers/md/dm-bufio.ko.xz kernel/drivers/md/dm-mod.ko.xz kernel/crypto/async_tx/async_xor.ko.xz kernel/crypto/async_tx/async_tx.ko.xz kernel/crypto/xor.ko.xz
+kernel/crypto/async_tx/async_xor.ko.xz: kernel/crypto/async_tx/async_tx.ko.xz kernel/crypto/xor.ko.xz
+kernel/crypto/async_tx/async_tx.ko.xz:
+kernel/crypto/xor.ko.xz:
+kernel/crypto/xts.ko.xz:
+kernel/arch/x86/crypto/aesni-intel.ko.xz: kernel/crypto/crypto_simd.ko.xz kernel/crypto/cryptd.ko.xz kernel/lib/crypto/gf128mul.ko.xz
+kernel/crypto/crypto_simd.ko.xz: kernel/crypto/cryptd.ko.xz
+kernel/crypto/cryptd.ko.xz:
+kernel/lib/crypto/gf128mul.ko.xz:
+kernel/crypto/authenc.ko.xz:
+kernel/drivers/net/tun.ko.xz:
+kernel/fs/erofs/erofs.ko.xz: kernel/lib/libcrc32c.ko.xz
+kernel/lib/libcrc32c.ko.xz:
+kernel/fs/overlayfs/overlay.ko.xz:
+kernel/drivers/acpi/button.ko.xz:
+kernel/drivers/input/evdev.ko.xz:
+";
+
+    /// An optional accelerator `fast_aes` over a helper `simd` only it uses, and a required
+    /// `dm_crypt`; `simd_user` is optional and needs `fast_aes`.
+    const CHAIN_DEP: &str = "\
+kernel/simd.ko:
+kernel/fast_aes.ko: kernel/simd.ko
+kernel/simd_user.ko: kernel/fast_aes.ko kernel/simd.ko
+kernel/dm-crypt.ko:
+";
+    const FAST_AES: KernelModule =
+        KernelModule::optional("fast_aes", "fast AES for dm-crypt", "dm-crypt is slower")
+            .checks_for("a fast CPU (give QEMU -cpu fast)");
+    const SIMD_USER: KernelModule =
+        KernelModule::optional("simd_user", "fast hashing", "hashing is slower");
+    const DM_CRYPT: KernelModule =
+        KernelModule::required("dm_crypt", "the state disk's encryption");
+
     fn dir() -> PathBuf {
         PathBuf::from("/usr/lib/modules/6.12.0-test")
+    }
+
+    fn required(name: &'static str) -> KernelModule {
+        KernelModule::required(name, "the test")
     }
 
     fn loaded(sys: &RecordingSyscalls) -> Vec<(String, bool)> {
@@ -169,17 +406,39 @@ kernel/drivers/block/virtio_blk.ko:
             .collect()
     }
 
+    fn fail(sys: &RecordingSyscalls, relative: &str, errno: Errno) {
+        let path = dir().join(relative);
+        sys.fail(
+            Call::LoadModule {
+                compressed: is_compressed(&path),
+                path,
+            },
+            errno,
+        );
+    }
+
+    fn skipped(outcomes: &[(String, ModuleOutcome)]) -> Vec<String> {
+        outcomes
+            .iter()
+            .filter_map(|(_, outcome)| match outcome {
+                ModuleOutcome::Skipped(skip) => Some(skip.to_string()),
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn loads_dependencies_first_each_once_with_the_compressed_flag() {
         let index = ModuleIndex::parse(DEP, Some(BUILTIN)).unwrap();
-        let paths = plan(
-            &index,
-            &dir(),
-            &["dm_crypt", "dm-mod", "virtio_blk", "virtio"],
-        )
-        .unwrap();
+        let table = [
+            required("dm_crypt"),
+            required("dm_mod"),
+            required("virtio_blk"),
+            required("virtio"),
+        ];
+        let plan = plan(&index, &dir(), &table).unwrap();
         let sys = RecordingSyscalls::new();
-        let outcomes = load_all(&sys, &paths).unwrap();
+        let outcomes = load_all(&sys, &dir(), &plan).unwrap();
         assert_eq!(
             loaded(&sys),
             [
@@ -204,16 +463,11 @@ kernel/drivers/block/virtio_blk.ko:
     #[test]
     fn already_loaded_is_fine() {
         let index = ModuleIndex::parse(DEP, None).unwrap();
-        let paths = plan(&index, &dir(), &["dm_crypt"]).unwrap();
+        let table = [required("dm_crypt")];
+        let plan = plan(&index, &dir(), &table).unwrap();
         let sys = RecordingSyscalls::new();
-        sys.fail(
-            Call::LoadModule {
-                path: paths[0].clone(),
-                compressed: true,
-            },
-            Errno::EEXIST,
-        );
-        let outcomes = load_all(&sys, &paths).unwrap();
+        fail(&sys, "kernel/drivers/md/dm-mod.ko.xz", Errno::EEXIST);
+        let outcomes = load_all(&sys, &dir(), &plan).unwrap();
         assert_eq!(
             outcomes,
             [
@@ -226,16 +480,15 @@ kernel/drivers/block/virtio_blk.ko:
     #[test]
     fn a_missing_module_file_is_an_error_naming_the_module() {
         let index = ModuleIndex::parse(DEP, None).unwrap();
-        let paths = plan(&index, &dir(), &["qemu_fw_cfg", "virtio_blk"]).unwrap();
+        let table = [required("qemu_fw_cfg"), required("virtio_blk")];
+        let plan = plan(&index, &dir(), &table).unwrap();
         let sys = RecordingSyscalls::new();
-        sys.fail(
-            Call::LoadModule {
-                path: paths[0].clone(),
-                compressed: true,
-            },
+        fail(
+            &sys,
+            "kernel/drivers/firmware/qemu_fw_cfg.ko.xz",
             Errno::ENOENT,
         );
-        let err = load_all(&sys, &paths).unwrap_err();
+        let err = load_all(&sys, &dir(), &plan).unwrap_err();
         assert_eq!(
             err.to_string(),
             "kernel module qemu_fw_cfg is missing: \
@@ -246,31 +499,200 @@ kernel/drivers/block/virtio_blk.ko:
     }
 
     #[test]
-    fn a_failing_module_is_an_error_naming_it() {
+    fn a_failing_module_is_an_error_naming_it_and_its_purpose() {
         let index = ModuleIndex::parse(DEP, None).unwrap();
-        let paths = plan(&index, &dir(), &["virtio_blk"]).unwrap();
+        let table = [required("virtio_blk")];
+        let plan = plan(&index, &dir(), &table).unwrap();
         let sys = RecordingSyscalls::new();
-        sys.fail(
-            Call::LoadModule {
-                path: paths[0].clone(),
-                compressed: false,
-            },
-            Errno::ENOEXEC,
-        );
-        let err = load_all(&sys, &paths).unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with("cannot load kernel module virtio_blk from /usr/lib/modules/"),
-            "{err}"
+        fail(&sys, "kernel/drivers/block/virtio_blk.ko", Errno::ENOEXEC);
+        let err = load_all(&sys, &dir(), &plan).unwrap_err();
+        assert_eq!(
+            error_chain(&err),
+            "cannot load kernel module virtio_blk (for the test) from \
+             /usr/lib/modules/6.12.0-test/kernel/drivers/block/virtio_blk.ko: \
+             Exec format error (os error 8)"
         );
     }
 
     #[test]
     fn a_module_unknown_to_modules_dep_is_an_error_naming_it() {
         let index = ModuleIndex::parse(DEP, None).unwrap();
-        let err = plan(&index, &dir(), &["wireguard"]).unwrap_err();
-        let chain = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+        let err = plan(&index, &dir(), &[required("wireguard")]).unwrap_err();
+        let chain = error_chain(&err);
         assert!(chain.contains("wireguard"), "{chain}");
+    }
+
+    /// errno × classification, for a module with a table entry of its own.
+    #[test]
+    fn the_kernels_answer_and_the_table_decide_together() {
+        let index = ModuleIndex::parse(CHAIN_DEP, None).unwrap();
+        let table = [FAST_AES, DM_CRYPT];
+        let plan = plan(&index, &dir(), &table).unwrap();
+        let get = |name: &str| plan.iter().find(|p| p.name == name).unwrap();
+        let path = Path::new("/m.ko");
+        let errno = |errno: Errno| Err(io::Error::from(errno));
+        let kind = |outcome: Result<ModuleOutcome, ModuleError>| match outcome {
+            Ok(ModuleOutcome::Loaded) => "loaded",
+            Ok(ModuleOutcome::AlreadyLoaded) => "already loaded",
+            Ok(ModuleOutcome::Skipped(_)) => "skipped",
+            Err(ModuleError::Unsupported { .. }) => "fatal: unsupported",
+            Err(ModuleError::Missing { .. }) => "fatal: missing",
+            Err(ModuleError::Load { .. }) => "fatal: load",
+            Err(other) => panic!("unexpected {other}"),
+        };
+        for (module, result, expected) in [
+            ("fast_aes", Ok(()), "loaded"),
+            ("fast_aes", errno(Errno::EEXIST), "already loaded"),
+            ("fast_aes", errno(Errno::ENODEV), "skipped"),
+            // Only ENODEV means "this machine lacks it"; anything else is a broken image.
+            ("fast_aes", errno(Errno::ENOEXEC), "fatal: load"),
+            ("fast_aes", errno(Errno::EINVAL), "fatal: load"),
+            ("fast_aes", errno(Errno::ENOENT), "fatal: missing"),
+            ("dm_crypt", Ok(()), "loaded"),
+            ("dm_crypt", errno(Errno::ENODEV), "fatal: unsupported"),
+            ("dm_crypt", errno(Errno::ENOEXEC), "fatal: load"),
+            // simd has no entry: only the optional fast_aes needs it.
+            ("simd", errno(Errno::ENODEV), "skipped"),
+        ] {
+            assert_eq!(
+                kind(judge(get(module), path, result)),
+                expected,
+                "{module} {expected}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cpu_without_aes_ni_skips_aesni_intel_with_a_warning_and_boots() {
+        let index = ModuleIndex::parse(TRIXIE_BOOT_DEP, None).unwrap();
+        let plan = plan(&index, &dir(), BOOT_MODULE_TABLE).unwrap();
+        let sys = RecordingSyscalls::new();
+        // What aesni_intel's init returns on QEMU's default qemu64 CPU.
+        fail(
+            &sys,
+            "kernel/arch/x86/crypto/aesni-intel.ko.xz",
+            Errno::ENODEV,
+        );
+        let outcomes = load_all(&sys, &dir(), &plan).unwrap();
+        assert_eq!(
+            skipped(&outcomes),
+            [
+                "kernel module aesni_intel is not loaded: the VM lacks AES-NI in its CPU \
+                 (QEMU's default qemu64 model has none: give QEMU -cpu max under TCG or -cpu \
+                 host under KVM); dm-crypt uses the generic AES implementation (aes_generic \
+                 through xts): the same cipher, slower than AES-NI"
+            ]
+        );
+        // Everything else, the xts fallback included, was loaded: every file was tried once.
+        assert_eq!(loaded(&sys).len(), plan.len());
+        for (name, outcome) in &outcomes {
+            if name != "aesni_intel" {
+                assert_eq!(*outcome, ModuleOutcome::Loaded, "{name}");
+            }
+        }
+        assert!(outcomes.iter().any(|(name, _)| name == "xts"));
+        // The console line, and the boot report's warnings (each skip's warning text).
+        let summary = summarize(outcomes);
+        assert_eq!(
+            summary.to_string(),
+            format!(
+                "loaded {} kernel modules; skipped aesni_intel",
+                plan.len() - 1
+            )
+        );
+        assert_eq!(summary.skipped[0].module, "aesni_intel");
+    }
+
+    #[test]
+    fn a_required_module_the_kernel_refuses_is_fatal_naming_what_the_boot_needs_it_for() {
+        let index = ModuleIndex::parse(TRIXIE_BOOT_DEP, None).unwrap();
+        let plan = plan(&index, &dir(), BOOT_MODULE_TABLE).unwrap();
+        let sys = RecordingSyscalls::new();
+        fail(&sys, "kernel/drivers/md/dm-crypt.ko.xz", Errno::ENODEV);
+        let err = load_all(&sys, &dir(), &plan).unwrap_err();
+        assert_eq!(
+            error_chain(&err),
+            "the kernel module dm_crypt is required for the state disk's encryption (dm-crypt); \
+             the kernel refuses it on this machine: No such device (os error 19)"
+        );
+        // A dependency of a required module is required: a helper of dm_verity's too.
+        let sys = RecordingSyscalls::new();
+        fail(&sys, "kernel/drivers/md/dm-bufio.ko.xz", Errno::ENODEV);
+        let err = load_all(&sys, &dir(), &plan).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the kernel module dm_bufio is required for the rootfs's verification (dm-verity) \
+             (through dm_verity); the kernel refuses it on this machine"
+        );
+        // A required module whose init checks for hardware says what the VM lacks.
+        let table = [REQUIRED_FAST];
+        let plan = plan_for(&table);
+        let fast = plan.iter().find(|p| p.name == "fast_aes").unwrap();
+        let err = judge(fast, Path::new("/m.ko"), Err(Errno::ENODEV.into())).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the kernel module fast_aes is required for fast AES for dm-crypt; the VM lacks a \
+             fast CPU (give QEMU -cpu fast)"
+        );
+    }
+
+    const REQUIRED_FAST: KernelModule = KernelModule {
+        need: Need::Required,
+        ..FAST_AES
+    };
+
+    fn plan_for(table: &[KernelModule]) -> Vec<PlannedModule<'_>> {
+        let index = ModuleIndex::parse(CHAIN_DEP, None).unwrap();
+        plan(&index, &dir(), table).unwrap()
+    }
+
+    #[test]
+    fn modules_needing_a_skipped_module_are_skipped_without_being_tried() {
+        let table = [SIMD_USER, FAST_AES, DM_CRYPT];
+        let plan = plan_for(&table);
+        let sys = RecordingSyscalls::new();
+        fail(&sys, "kernel/simd.ko", Errno::ENODEV);
+        let outcomes = load_all(&sys, &dir(), &plan).unwrap();
+        assert_eq!(
+            skipped(&outcomes),
+            [
+                "kernel module simd is not loaded: the kernel refuses it on this machine (no \
+                 such device); without simd_user: hashing is slower; without fast_aes: dm-crypt \
+                 is slower",
+                "kernel module fast_aes is not loaded: it depends on simd, which is not loaded; \
+                 dm-crypt is slower; without simd_user: hashing is slower",
+                "kernel module simd_user is not loaded: it depends on fast_aes, which is not \
+                 loaded; hashing is slower",
+            ]
+        );
+        // The kernel would refuse their unresolved symbols (ENOENT, read as "missing"): they
+        // are not tried at all. The required dm_crypt still loads.
+        assert_eq!(
+            loaded(&sys),
+            [
+                (
+                    "/usr/lib/modules/6.12.0-test/kernel/simd.ko".to_owned(),
+                    false
+                ),
+                (
+                    "/usr/lib/modules/6.12.0-test/kernel/dm-crypt.ko".to_owned(),
+                    false
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_required_module_behind_a_skipped_dependency_is_fatal() {
+        let table = [REQUIRED_FAST];
+        let plan = plan_for(&table);
+        let fast = plan.iter().find(|p| p.name == "fast_aes").unwrap();
+        let err = judge_skipped_dependency(fast, "simd").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the kernel module fast_aes is required for fast AES for dm-crypt, but the module it \
+             depends on, simd, is not loaded"
+        );
     }
 
     #[test]

@@ -305,10 +305,11 @@ pub enum NetworkingError {
     },
 }
 
-/// Loads [`hawser_kmod::KUBERNETES_MODULES`] and sets [`KUBERNETES_SYSCTLS`]; returns how many
-/// modules are loaded.
+/// Loads [`hawser_kmod::KUBERNETES_MODULE_TABLE`] and sets [`KUBERNETES_SYSCTLS`]; returns
+/// how many modules are loaded.
 fn prepare_kubernetes_networking() -> Result<usize, NetworkingError> {
-    let loaded = crate::modules::load_named(&LinuxSyscalls, hawser_kmod::KUBERNETES_MODULES)?;
+    let loaded =
+        crate::modules::load_table(&LinuxSyscalls, hawser_kmod::KUBERNETES_MODULE_TABLE)?.loaded;
     for (key, value) in KUBERNETES_SYSCTLS {
         let path = Path::new("/proc/sys").join(key.replace('.', "/"));
         std::fs::write(&path, value).map_err(|source| NetworkingError::Sysctl {

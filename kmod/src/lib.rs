@@ -6,73 +6,300 @@
 //! disagree about what "the modules PID 1 needs" means.
 //!
 //! There is no `modprobe` in the initramfs: a module the kernel would auto-load on demand
-//! (`request_module`) must be listed in [`BOOT_MODULES`] or be built in.
+//! (`request_module`) must be listed in [`BOOT_MODULE_TABLE`] or be built in.
+//!
+//! Each listed module says why PID 1 loads it and whether the boot can go on without it
+//! ([`Need`]): a module that drives a CPU feature or device the machine may lack, where the
+//! kernel has a fallback or the boot loses only a convenience, is [`Need::Optional`]; the
+//! kernel refusing it with ENODEV ("no such device") is then a warning, not a reboot loop.
+//! [`ModuleIndex::load_plan`] carries that classification to every file it loads, dependencies
+//! included, so PID 1 decides from data and not from module names.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Modules PID 1 loads at bring-up, by name. Built-in ones are skipped at load time.
+/// Whether the boot can go on when the kernel refuses a module for a CPU feature or device
+/// this machine lacks (ENODEV).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// The boot path cannot do without the module: any failure to load it is fatal.
+    Required,
+    /// The kernel has a fallback, or only a convenience is lost: when the kernel refuses the
+    /// module with ENODEV, PID 1 warns and goes on. Any other failure (a corrupt or mismatched
+    /// module) is an image defect and stays fatal.
+    Optional {
+        /// What the machine loses, or what takes over, without the module.
+        without: &'static str,
+    },
+}
+
+/// A module PID 1 loads, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelModule {
+    /// The module's name as the kernel spells it (`_`, never `-`).
+    pub name: &'static str,
+    /// What hawser uses it for; completes "the kernel module … is required for …".
+    pub purpose: &'static str,
+    /// Whether the boot can go on without it.
+    pub need: Need,
+    /// What the module's init checks the machine for (refusing with ENODEV without it), and how
+    /// a QEMU VM gets it; completes "the VM lacks …". `None` for modules whose init checks for
+    /// nothing: drivers that register and wait for their devices, filesystems, crypto templates.
+    pub hardware: Option<&'static str>,
+}
+
+impl KernelModule {
+    /// A module the boot path cannot do without.
+    pub const fn required(name: &'static str, purpose: &'static str) -> Self {
+        Self {
+            name,
+            purpose,
+            need: Need::Required,
+            hardware: None,
+        }
+    }
+
+    /// A module the boot can go on without, losing `without`.
+    pub const fn optional(
+        name: &'static str,
+        purpose: &'static str,
+        without: &'static str,
+    ) -> Self {
+        Self {
+            name,
+            purpose,
+            need: Need::Optional { without },
+            hardware: None,
+        }
+    }
+
+    /// The module's init refuses (ENODEV) a machine without `hardware`.
+    pub const fn checks_for(mut self, hardware: &'static str) -> Self {
+        self.hardware = Some(hardware);
+        self
+    }
+}
+
+/// The power button's loss, shared by `button` and `evdev`.
+const WITHOUT_POWER_BUTTON: &str = "power-button requests (QEMU's system_powerdown, a cloud's \
+    stop) are ignored; SIGTERM, SIGINT and SIGPWR still shut the node down in order";
+
+/// Modules PID 1 loads at bring-up. Built-in ones are skipped at load time.
 ///
-/// - `virtio_*`: the QEMU and cloud block, net and entropy devices;
-/// - `qemu_fw_cfg`: unmeasured per-boot configuration from the VMM;
-/// - `dm_mod`, `dm_crypt`, `dm_verity`, `dm_integrity`: the state disk and the rootfs;
-/// - `xts`, `aesni_intel`, `authenc`: the ciphers dm-crypt asks the crypto API for (it would
-///   `request_module` them, and there is no modprobe): `xts(aes)` for aes-xts-plain64 (AES-NI,
-///   which every confidential-computing CPU has; `aes_generic` is built in), `authenc` for
-///   `authenc(hmac(sha256),xts(aes))` with dm-integrity (`hmac` and `sha256` are built in);
-/// - `tun`, `wireguard`: the node mesh;
-/// - `erofs`, `overlay`: the immutable rootfs and its writable overlays;
-/// - `button`, `evdev`: the ACPI power button, read by PID 1 for orderly power-off.
-pub const BOOT_MODULES: &[&str] = &[
-    "virtio_blk",
-    "virtio_net",
-    "virtio_rng",
-    "qemu_fw_cfg",
-    "dm_mod",
-    "dm_crypt",
-    "dm_verity",
-    "dm_integrity",
-    "xts",
-    "aesni_intel",
-    "authenc",
-    "tun",
-    "erofs",
-    "overlay",
+/// Only `aesni_intel` checks the CPU: its init returns ENODEV without AES-NI. Every
+/// confidential-computing CPU has AES-NI, QEMU's default `qemu64` model does not; dm-crypt's
+/// `xts(aes)` is then the `xts` template over the built-in `aes_generic`, which is why `xts`
+/// is required. `hmac`, `sha256_generic`, `ecb` and
+/// `aes_generic` are built into the trixie cloud kernel. The virtio drivers, `qemu_fw_cfg` and
+/// `button` register and wait for their devices: a VM without the device loads them fine, and
+/// the code that needs the device says what is missing.
+pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
+    KernelModule::required(
+        "virtio_blk",
+        "the virtio disks (the boot disk with the rootfs, the state disk)",
+    ),
+    KernelModule::required(
+        "virtio_net",
+        "the virtio NIC (hawser.net: the join service, Kubernetes)",
+    ),
+    KernelModule::optional(
+        "virtio_rng",
+        "the VMM's entropy source (virtio-rng) for the first getrandom()",
+        "the kernel's random pool is seeded from the TPM alone (TPM2_GetRandom), and the kernel \
+         may wait for entropy until then",
+    ),
+    KernelModule::optional(
+        "qemu_fw_cfg",
+        "QEMU's fw_cfg, the unmeasured per-boot settings (quote nonce, join endpoint, role)",
+        "no per-boot settings from the VMM: PID 1 quotes with a nonce of its own, takes the \
+         join endpoint from the kernel command line only and joins as a worker",
+    ),
+    KernelModule::required(
+        "dm_mod",
+        "device-mapper (the encrypted state disk, the verified rootfs)",
+    ),
+    KernelModule::required("dm_crypt", "the state disk's encryption (dm-crypt)"),
+    KernelModule::required("dm_verity", "the rootfs's verification (dm-verity)"),
+    KernelModule::required(
+        "dm_integrity",
+        "the state disk's integrity mode (hawser.state_disk_integrity=hmac-sha256)",
+    ),
+    KernelModule::required(
+        "xts",
+        "dm-crypt's aes-xts-plain64 wherever AES-NI is absent (the xts template over aes_generic; \
+         the kernel would request_module it, and there is no modprobe)",
+    ),
+    KernelModule::optional(
+        "aesni_intel",
+        "AES-NI for dm-crypt's aes-xts-plain64",
+        "dm-crypt uses the generic AES implementation (aes_generic through xts): the same \
+         cipher, slower than AES-NI",
+    )
+    .checks_for(
+        "AES-NI in its CPU (QEMU's default qemu64 model has none: give QEMU -cpu max under TCG \
+         or -cpu host under KVM)",
+    ),
+    KernelModule::required(
+        "authenc",
+        "the state disk's integrity mode (dm-crypt's authenc(hmac(sha256),xts(aes)))",
+    ),
+    // Nothing in PID 1 opens /dev/net/tun yet: the in-process WireGuard mesh (boringtun) is
+    // still to come. Required once it is.
+    KernelModule::optional(
+        "tun",
+        "/dev/net/tun for the WireGuard mesh (boringtun)",
+        "no /dev/net/tun; PID 1 does not run the mesh yet, so nothing is lost today",
+    ),
+    KernelModule::required("erofs", "the immutable rootfs (erofs)"),
+    KernelModule::required("overlay", "the rootfs's writable /etc overlay"),
     // The ACPI power button as an input device: PID 1 reads KEY_POWER from it, so that
     // `system_powerdown` and cloud "stop" requests shut the node down in order.
-    "button",
-    "evdev",
+    KernelModule::optional(
+        "button",
+        "the ACPI power button (orderly shutdown on system_powerdown)",
+        WITHOUT_POWER_BUTTON,
+    ),
+    KernelModule::optional(
+        "evdev",
+        "the input device PID 1 reads the power button through",
+        WITHOUT_POWER_BUTTON,
+    ),
 ];
 
 /// Modules a Kubernetes node needs after the pivot, loaded by PID 1 just before it (the
-/// initramfs, which carries them, is freed by the switch, and the rootfs has no modules):
-/// - `br_netfilter` (with `bridge`): bridged pod traffic through iptables, and its sysctl
-///   `net.bridge.bridge-nf-call-iptables` that kubeadm's preflight checks;
-/// - `veth`, `vxlan`: pod network interfaces and the overlay of the common CNI plugins;
-/// - `nf_conntrack`, `nf_nat`, `nf_tables`, `nft_compat`, `nft_chain_nat`, `ip_tables`,
-///   `iptable_filter`, `iptable_nat` and the `xt_*` matches and targets kube-proxy's rules
-///   use (Debian's `iptables` is the nf_tables flavour, which loads `nft_compat` for `xt_*`);
-/// - `ip_set`: network policies of CNI plugins such as Calico.
-pub const KUBERNETES_MODULES: &[&str] = &[
-    "br_netfilter",
-    "veth",
-    "vxlan",
-    "nf_conntrack",
-    "nf_nat",
-    "nf_tables",
-    "nft_compat",
-    "nft_chain_nat",
-    "ip_tables",
-    "iptable_filter",
-    "iptable_nat",
-    "xt_conntrack",
-    "xt_MASQUERADE",
-    "xt_addrtype",
-    "xt_comment",
-    "xt_mark",
-    "xt_nat",
-    "ipt_REJECT",
-    "ip_set",
+/// initramfs, which carries them, is freed by the switch, and the rootfs has no modules).
+/// "Required" here means required for the pod network: PID 1 reports a failure and the node
+/// stays up without it. None of these checks for hardware.
+pub const KUBERNETES_MODULE_TABLE: &[KernelModule] = &[
+    KernelModule::required(
+        "br_netfilter",
+        "bridged pod traffic through iptables (net.bridge.bridge-nf-call-iptables, which \
+         kubeadm's preflight checks)",
+    ),
+    KernelModule::required("veth", "pod network interfaces (veth pairs)"),
+    KernelModule::required(
+        "vxlan",
+        "the overlay network of the common CNI plugins (VXLAN)",
+    ),
+    KernelModule::required(
+        "nf_conntrack",
+        "kube-proxy's Services (connection tracking)",
+    ),
+    KernelModule::required("nf_nat", "kube-proxy's Services and pod egress (NAT)"),
+    KernelModule::required("nf_tables", "Debian's iptables, the nf_tables flavour"),
+    KernelModule::required(
+        "nft_compat",
+        "kube-proxy's xt_* matches and targets under nf_tables iptables",
+    ),
+    KernelModule::required("nft_chain_nat", "nat chains under nf_tables iptables"),
+    KernelModule::required("ip_tables", "kube-proxy's iptables rules"),
+    KernelModule::required("iptable_filter", "kube-proxy's filter table"),
+    KernelModule::required("iptable_nat", "kube-proxy's nat table"),
+    KernelModule::required("xt_conntrack", "kube-proxy's rules (conntrack match)"),
+    KernelModule::required("xt_MASQUERADE", "kube-proxy's rules (MASQUERADE target)"),
+    KernelModule::required("xt_addrtype", "kube-proxy's rules (addrtype match)"),
+    KernelModule::required("xt_comment", "kube-proxy's rules (comment match)"),
+    KernelModule::required("xt_mark", "kube-proxy's rules (mark match and target)"),
+    KernelModule::required("xt_nat", "kube-proxy's rules (DNAT and SNAT targets)"),
+    KernelModule::required("ipt_REJECT", "kube-proxy's rules (REJECT target)"),
+    KernelModule::required(
+        "ip_set",
+        "network policies of CNI plugins such as Calico (ipset)",
+    ),
 ];
+
+/// The names of [`BOOT_MODULE_TABLE`], in its order.
+pub const BOOT_MODULES: &[&str] = &names::<{ BOOT_MODULE_TABLE.len() }>(BOOT_MODULE_TABLE);
+
+/// The names of [`KUBERNETES_MODULE_TABLE`], in its order.
+pub const KUBERNETES_MODULES: &[&str] =
+    &names::<{ KUBERNETES_MODULE_TABLE.len() }>(KUBERNETES_MODULE_TABLE);
+
+/// The names of a table, for the lists the image builder resolves.
+const fn names<const N: usize>(table: &[KernelModule]) -> [&'static str; N] {
+    let mut out = [""; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = table[i].name;
+        i += 1;
+    }
+    out
+}
+
+/// One module file of a [`ModuleIndex::load_plan`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedModule<'t> {
+    /// Its name, e.g. `dm_crypt`.
+    pub name: String,
+    /// Its path relative to the modules directory.
+    pub path: String,
+    /// The modules that must be loaded before it (as modules.dep lists them).
+    pub dependencies: Vec<String>,
+    /// The table entries it is loaded for: its own first, if it has one, then those of the
+    /// modules that depend on it.
+    pub wanted_by: Vec<&'t KernelModule>,
+}
+
+impl PlannedModule<'_> {
+    /// The first required entry that needs this file: then the boot cannot do without it.
+    /// `None` if only optional modules need it.
+    pub fn required_by(&self) -> Option<&KernelModule> {
+        self.wanted_by
+            .iter()
+            .copied()
+            .find(|entry| entry.need == Need::Required)
+    }
+
+    /// What the boot path needs this file for: the purpose of the first required entry,
+    /// naming that module when the file is only its dependency. `None` if it is optional.
+    pub fn required_for(&self) -> Option<String> {
+        self.required_by().map(|entry| self.purpose_of(entry))
+    }
+
+    /// What this file is loaded for: [`Self::required_for`], else the purpose of the first
+    /// (optional) entry that needs it.
+    pub fn purpose(&self) -> String {
+        self.required_by()
+            .or(self.wanted_by.first().copied())
+            .map(|entry| self.purpose_of(entry))
+            .unwrap_or_else(|| "(no module of the table needs it)".to_owned())
+    }
+
+    /// What the machine loses without this file: the `without` of every optional entry that
+    /// needs it (for a required file, nothing is listed: it is never left out).
+    pub fn without(&self) -> String {
+        let mut lost: Vec<String> = Vec::new();
+        for entry in &self.wanted_by {
+            if let Need::Optional { without } = entry.need {
+                let text = if normalize_name(entry.name) == self.name {
+                    without.to_owned()
+                } else {
+                    format!("without {}: {without}", entry.name)
+                };
+                if !lost.contains(&text) {
+                    lost.push(text);
+                }
+            }
+        }
+        lost.join("; ")
+    }
+
+    /// What the module's own init checks the machine for ([`KernelModule::hardware`]);
+    /// `None` for a dependency without a table entry of its own.
+    pub fn hardware(&self) -> Option<&'static str> {
+        self.wanted_by
+            .first()
+            .filter(|entry| normalize_name(entry.name) == self.name)
+            .and_then(|entry| entry.hardware)
+    }
+
+    fn purpose_of(&self, entry: &KernelModule) -> String {
+        if normalize_name(entry.name) == self.name {
+            entry.purpose.to_owned()
+        } else {
+            format!("{} (through {})", entry.purpose, entry.name)
+        }
+    }
+}
 
 /// Why a module set could not be resolved.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -205,6 +432,49 @@ impl ModuleIndex {
         Ok(())
     }
 
+    /// The files to load for `table`, dependencies first, each once, with the entries of
+    /// `table` that need each file (a dependency is as needed as the neediest module that
+    /// pulls it in). Built-in modules are skipped; an unknown name is
+    /// [`KmodError::UnknownModule`].
+    pub fn load_plan<'t>(
+        &self,
+        table: &'t [KernelModule],
+    ) -> Result<Vec<PlannedModule<'t>>, KmodError> {
+        let names: Vec<&str> = table.iter().map(|module| module.name).collect();
+        let mut plan: Vec<PlannedModule<'t>> = self
+            .load_order(&names)?
+            .into_iter()
+            .map(|path| {
+                let name = normalize_name(&path);
+                let dependencies = self
+                    .modules
+                    .get(&name)
+                    .map(|(_, deps)| deps.iter().map(|dep| normalize_name(dep)).collect())
+                    .unwrap_or_default();
+                PlannedModule {
+                    name,
+                    path,
+                    dependencies,
+                    wanted_by: Vec::new(),
+                }
+            })
+            .collect();
+        for entry in table {
+            let own_name = normalize_name(entry.name);
+            for path in self.load_order(&[entry.name])? {
+                if let Some(planned) = plan.iter_mut().find(|planned| planned.path == path) {
+                    // The module's own entry first: its `hardware` explains its own ENODEV.
+                    if planned.name == own_name {
+                        planned.wanted_by.insert(0, entry);
+                    } else {
+                        planned.wanted_by.push(entry);
+                    }
+                }
+            }
+        }
+        Ok(plan)
+    }
+
     /// A `modules.dep` restricted to `paths`, in the order given, for shipping a subset.
     pub fn render_subset(&self, paths: &[String]) -> String {
         let mut out = String::new();
@@ -301,6 +571,130 @@ kernel/drivers/block/virtio_blk.ko.xz:
             idx.load_order(&["a"]),
             Err(KmodError::Cycle { .. })
         ));
+    }
+
+    #[test]
+    fn module_tables_are_well_formed_and_name_lists_follow_them() {
+        for (table, names) in [
+            (BOOT_MODULE_TABLE, BOOT_MODULES),
+            (KUBERNETES_MODULE_TABLE, KUBERNETES_MODULES),
+        ] {
+            let from_table: Vec<&str> = table.iter().map(|module| module.name).collect();
+            assert_eq!(from_table, names);
+            let unique: BTreeSet<&str> = names.iter().copied().collect();
+            assert_eq!(
+                unique.len(),
+                names.len(),
+                "a module is listed twice: {names:?}"
+            );
+            for module in table {
+                assert_eq!(normalize_name(module.name), module.name);
+                assert!(!module.purpose.is_empty(), "{} has no purpose", module.name);
+                if let Need::Optional { without } = module.need {
+                    assert!(
+                        !without.is_empty(),
+                        "{} says nothing of its loss",
+                        module.name
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_what_has_a_fallback_is_optional_at_boot() {
+        let need = |name: &str| {
+            BOOT_MODULE_TABLE
+                .iter()
+                .find(|module| module.name == name)
+                .unwrap_or_else(|| panic!("{name} is not in BOOT_MODULE_TABLE"))
+        };
+        // QEMU's default CPU model lacks AES-NI; dm-crypt then runs xts over aes_generic.
+        let aesni = need("aesni_intel");
+        assert!(
+            matches!(aesni.need, Need::Optional { without } if without.contains("generic AES"))
+        );
+        let hardware = aesni.hardware.unwrap();
+        assert!(
+            hardware.contains("AES-NI") && hardware.contains("-cpu max"),
+            "{hardware}"
+        );
+        // ... so the fallback itself, and everything that holds the state disk and the rootfs,
+        // cannot be skipped.
+        for required in [
+            "xts",
+            "dm_mod",
+            "dm_crypt",
+            "dm_verity",
+            "dm_integrity",
+            "authenc",
+            "erofs",
+            "overlay",
+            "virtio_blk",
+            "virtio_net",
+        ] {
+            assert_eq!(need(required).need, Need::Required, "{required}");
+        }
+        assert!(
+            KUBERNETES_MODULE_TABLE
+                .iter()
+                .all(|module| module.need == Need::Required && module.hardware.is_none())
+        );
+    }
+
+    const FAST: KernelModule =
+        KernelModule::optional("fast_aes", "fast AES", "slow AES").checks_for("a fast CPU");
+    const CRYPT: KernelModule = KernelModule::required("dm_crypt", "the state disk");
+    const BUTTON: KernelModule = KernelModule::optional("button", "the button", "no button");
+    /// simd: used by the optional fast_aes only; dm-mod: by the required dm-crypt and by
+    /// fast_aes; libinput: by the optional button only.
+    const PLAN_DEP: &str = "\
+kernel/fast_aes.ko: kernel/simd.ko kernel/dm-mod.ko
+kernel/simd.ko:
+kernel/dm-mod.ko:
+kernel/dm-crypt.ko: kernel/dm-mod.ko
+kernel/button.ko: kernel/libinput.ko
+kernel/libinput.ko:
+";
+
+    #[test]
+    fn a_dependency_is_as_needed_as_its_neediest_user() {
+        let idx = ModuleIndex::parse(PLAN_DEP, None).unwrap();
+        let plan = idx.load_plan(&[FAST, CRYPT, BUTTON]).unwrap();
+        let paths: Vec<&str> = plan.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            idx.load_order(&["fast_aes", "dm_crypt", "button"]).unwrap()
+        );
+        let get = |name: &str| plan.iter().find(|p| p.name == name).unwrap();
+
+        assert_eq!(get("fast_aes").required_for(), None);
+        assert_eq!(get("fast_aes").without(), "slow AES");
+        assert_eq!(get("fast_aes").hardware(), Some("a fast CPU"));
+        assert_eq!(get("fast_aes").dependencies, ["simd", "dm_mod"]);
+
+        assert_eq!(get("simd").required_for(), None);
+        assert_eq!(get("simd").without(), "without fast_aes: slow AES");
+        assert_eq!(
+            get("simd").hardware(),
+            None,
+            "fast_aes's hardware is not simd's"
+        );
+        assert_eq!(get("simd").purpose(), "fast AES (through fast_aes)");
+        assert_eq!(get("dm_mod").purpose(), "the state disk (through dm_crypt)");
+
+        // Also wanted by the optional fast_aes, but the required dm_crypt decides.
+        assert_eq!(
+            get("dm_mod").required_for().as_deref(),
+            Some("the state disk (through dm_crypt)")
+        );
+        assert_eq!(
+            get("dm_crypt").required_for().as_deref(),
+            Some("the state disk")
+        );
+
+        assert_eq!(get("libinput").without(), "without button: no button");
+        assert_eq!(get("button").without(), "no button");
     }
 
     #[test]

@@ -43,7 +43,7 @@ impl fmt::Debug for VolumeKey {
 /// Where PID 1 gets the state disk's key: the measured `hawser.state_disk_key_source`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum KeySourceKind {
-    /// No state disk handling at all (the default until the join service client exists).
+    /// No state disk handling at all (the default: an image without `hawser.state_disk_key_source`).
     #[default]
     None,
     /// DEVELOPMENT ONLY: the hex key in fw_cfg `opt/hawser/state_disk_key`. The host chooses
