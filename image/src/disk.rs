@@ -878,20 +878,9 @@ fn fat32_sectors_per_cluster(bytes: u64) -> u64 {
     cluster_bytes / SECTOR_SIZE
 }
 
-/// Finds a host tool in `PATH`, then in the sbin directories (mkfs.vfat lives in /usr/sbin,
-/// which an unprivileged user's `PATH` often lacks).
+/// Finds a host tool ([`crate::locate_tool`]); missing, it names its Debian package.
 fn find_tool(tool: &'static str, package: &'static str) -> Result<PathBuf, DiskError> {
-    use std::os::unix::fs::PermissionsExt;
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
-        .map(|dir| dir.join(tool))
-        .find(|candidate| {
-            candidate
-                .metadata()
-                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
-        })
-        .ok_or(DiskError::ToolMissing { tool, package })
+    crate::locate_tool(tool).ok_or(DiskError::ToolMissing { tool, package })
 }
 
 /// Runs a dosfstools/mtools command; a failure carries its stderr.

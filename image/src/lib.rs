@@ -29,6 +29,21 @@ pub mod uki;
 
 use std::path::PathBuf;
 
+/// Finds a host tool in `PATH`, then in the sbin directories (mkfs.vfat and veritysetup live in
+/// /usr/sbin, which an unprivileged user's `PATH` often lacks): an executable file, or `None`.
+pub fn locate_tool(tool: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
+        .map(|dir| dir.join(tool))
+        .find(|candidate| {
+            candidate
+                .metadata()
+                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
+        })
+}
+
 pub use build::{BuildInputs, BuildOutput, build, default_os_release};
 
 /// Why an image could not be built.

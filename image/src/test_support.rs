@@ -72,7 +72,7 @@ fn skip_or_fail(message: &str) {
 /// when it is not installed.
 #[track_caller]
 pub fn find_tool(tool: &str, package: &str) -> Option<PathBuf> {
-    let found = locate_tool(tool);
+    let found = crate::locate_tool(tool);
     if found.is_none() {
         missing(&format!("`{tool}`"), &install(package));
     }
@@ -83,20 +83,7 @@ pub fn find_tool(tool: &str, package: &str) -> Option<PathBuf> {
 /// whether or not inputs are required.
 #[track_caller]
 pub fn require_tool(tool: &str, package: &str) -> PathBuf {
-    locate_tool(tool).unwrap_or_else(|| panic!("`{tool}` is missing: {}", install(package)))
-}
-
-fn locate_tool(tool: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path)
-        .chain(["/usr/sbin", "/sbin"].map(PathBuf::from))
-        .map(|dir| dir.join(tool))
-        .find(|candidate| {
-            candidate
-                .metadata()
-                .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
-        })
+    crate::locate_tool(tool).unwrap_or_else(|| panic!("`{tool}` is missing: {}", install(package)))
 }
 
 #[cfg(test)]
