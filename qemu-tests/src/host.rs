@@ -77,7 +77,8 @@ mod tests {
         let error = find_binary(Path::new("/nonexistent/swtpm")).unwrap_err();
         assert_eq!(
             error.to_string(),
-            "`/nonexistent/swtpm` was not found in PATH; install the Debian package `swtpm`"
+            "`/nonexistent/swtpm` was not found in PATH; run scripts/setup-host (it installs the \
+             Debian package `swtpm`)"
         );
         assert_eq!(debian_package_for("qemu-system-x86_64"), "qemu-system-x86");
         assert_eq!(debian_package_for("/usr/bin/mcopy"), "mtools");
