@@ -21,7 +21,8 @@
 //! The contract with the initramfs: the kernel command line carries
 //! `hawser.root_hash=<64 hex>` ([`root_hash_cmdline_arg`]); the GPT data partition's PARTUUID
 //! is the first 16 bytes of the root hash and the verity partition's the last 16
-//! ([`partition_uuids`], systemd's convention).
+//! ([`hawser_disk_format::gpt::root_partuuids`], systemd's convention). The hash tree's format
+//! (block size, hash) is the one PID 1 accepts, from [`hawser_disk_format::verity`].
 
 use std::collections::VecDeque;
 use std::io::{BufRead as _, Read as _};
@@ -30,6 +31,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
+use hawser_disk_format::Guid;
+use hawser_disk_format::verity;
 use sha2::{Digest, Sha256};
 
 /// `PATH` for the tools run here: mkosi runs helpers with the Python it finds on PATH, and a
@@ -56,7 +59,7 @@ pub const SUMMARY_FILE: &str = "rootfs.json";
 /// The marker the stand-in build leaves in the image.
 pub const STANDIN_MARKER: &str = "usr/share/hawser/STAND-IN";
 /// dm-verity's block sizes (data and hash), and erofs's block size.
-pub const BLOCK_SIZE: u64 = 4096;
+pub const BLOCK_SIZE: u64 = verity::BLOCK_SIZE as u64;
 /// How long the pkgs.k8s.io probe may take.
 const PROBE_TIMEOUT_SECS: u32 = 5;
 
@@ -178,31 +181,8 @@ pub fn root_hash_cmdline_arg(root_hash: &[u8; 32]) -> String {
     format!("hawser.root_hash={}", hex::encode(root_hash))
 }
 
-/// The PARTUUIDs (bytes in the order of the UUID's text form) of the data and the verity
-/// partition: the first and the last 16 bytes of the root hash, as systemd names them.
-pub fn partition_uuids(root_hash: &[u8; 32]) -> ([u8; 16], [u8; 16]) {
-    let mut data = [0u8; 16];
-    let mut verity = [0u8; 16];
-    data.copy_from_slice(&root_hash[..16]);
-    verity.copy_from_slice(&root_hash[16..]);
-    (data, verity)
-}
-
-/// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` of 16 bytes, in order.
-pub fn format_uuid(bytes: &[u8; 16]) -> String {
-    let h = hex::encode(bytes);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
-}
-
 /// A UUID (version 4 and variant bits set, so tools accept it) derived from `label` and `data`.
-fn derived_uuid(label: &str, data: &[u8]) -> [u8; 16] {
+fn derived_uuid(label: &str, data: &[u8]) -> Guid {
     let digest = Sha256::new()
         .chain_update(label.as_bytes())
         .chain_update([0u8])
@@ -210,9 +190,7 @@ fn derived_uuid(label: &str, data: &[u8]) -> [u8; 16] {
         .finalize();
     let mut uuid = [0u8; 16];
     uuid.copy_from_slice(&digest[..16]);
-    uuid[6] = (uuid[6] & 0x0f) | 0x40;
-    uuid[8] = (uuid[8] & 0x3f) | 0x80;
-    uuid
+    Guid::version_4(uuid)
 }
 
 /// Finds `tool` on [`TOOL_PATH`].
@@ -703,16 +681,13 @@ pub fn image_tree(
     let t = Instant::now();
     let erofs = out_dir.join(EROFS_FILE);
     let uuid = derived_uuid("hawser rootfs erofs uuid v1", &tree_digest);
-    progress(&format!(
-        "rootfs: mkfs.erofs -zlz4hc (UUID {})",
-        format_uuid(&uuid)
-    ));
+    progress(&format!("rootfs: mkfs.erofs -zlz4hc (UUID {uuid})"));
     remove_if_exists(&erofs)?;
     let mut cmd = Command::new(&mkfs);
     cmd.arg("--quiet")
         .arg("-zlz4hc")
         .arg(format!("-T{epoch}"))
-        .arg(format!("-U{}", format_uuid(&uuid)))
+        .arg(format!("-U{uuid}"))
         .arg(&erofs)
         .arg(tree);
     run_tool(
@@ -740,13 +715,16 @@ pub fn image_tree(
         .finalize()
         .into();
     let verity_uuid = derived_uuid("hawser rootfs verity uuid v1", &erofs_sha256);
-    progress("rootfs: veritysetup format (sha256, 4096/4096)");
+    progress(&format!(
+        "rootfs: veritysetup format ({}, {BLOCK_SIZE}/{BLOCK_SIZE})",
+        verity::HASH_ALGORITHM
+    ));
     remove_if_exists(&verity)?;
     let mut cmd = Command::new(&veritysetup);
     cmd.arg("format")
         .arg(format!("--salt={}", hex::encode(salt)))
-        .arg(format!("--uuid={}", format_uuid(&verity_uuid)))
-        .arg("--hash=sha256")
+        .arg(format!("--uuid={verity_uuid}"))
+        .arg(format!("--hash={}", verity::HASH_ALGORITHM))
         .arg(format!("--data-block-size={BLOCK_SIZE}"))
         .arg(format!("--hash-block-size={BLOCK_SIZE}"))
         .arg(&erofs)
@@ -966,9 +944,9 @@ mod tests {
         for (i, b) in root_hash.iter_mut().enumerate() {
             *b = u8::try_from(i).unwrap();
         }
-        let (data, verity) = partition_uuids(&root_hash);
-        assert_eq!(format_uuid(&data), "00010203-0405-0607-0809-0a0b0c0d0e0f");
-        assert_eq!(format_uuid(&verity), "10111213-1415-1617-1819-1a1b1c1d1e1f");
+        let (data, verity) = hawser_disk_format::gpt::root_partuuids(&root_hash);
+        assert_eq!(data.to_string(), "00010203-0405-0607-0809-0a0b0c0d0e0f");
+        assert_eq!(verity.to_string(), "10111213-1415-1617-1819-1a1b1c1d1e1f");
         assert_eq!(
             root_hash_cmdline_arg(&root_hash),
             "hawser.root_hash=000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
@@ -981,7 +959,7 @@ mod tests {
         assert_eq!(a, derived_uuid("label", b"data"));
         assert_ne!(a, derived_uuid("label", b"other"));
         assert_ne!(a, derived_uuid("other", b"data"));
-        let text = format_uuid(&a);
+        let text = a.to_string();
         assert_eq!(text.len(), 36);
         assert_eq!(&text[14..15], "4");
         assert!(matches!(&text[19..20], "8" | "9" | "a" | "b"), "{text}");

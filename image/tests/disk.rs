@@ -3,7 +3,8 @@
 //! PARTUUIDs from the root hash, names and 1 MiB alignment; the partitions hold the inputs byte
 //! for byte; the ESP is a clean FAT with the UKI at the removable-media path and time stamps
 //! from `SOURCE_DATE_EPOCH`; and `veritysetup verify` accepts the root and verity partitions
-//! cut out of the image.
+//! cut out of the image. The table the builder writes is also read back with PID 1's own strict
+//! reader (`hawser_disk_format::gpt`).
 //!
 //! Host tools: `veritysetup` (cryptsetup-bin), `sfdisk` (fdisk), mtools, dosfstools (`fsck.vfat`);
 //! a missing one fails the test, naming its Debian package.
@@ -13,9 +14,12 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use hawser_disk_format::Guid;
+use hawser_disk_format::gpt::{
+    self, ESP_TYPE, GptPartition, ROOT_X86_64_TYPE, ROOT_X86_64_VERITY_TYPE, root_partuuids,
+};
 use hawser_image::disk::{
-    self, DiskError, DiskImage, DiskLayout, ESP_TYPE, Guid, ROOT_X86_64_TYPE,
-    ROOT_X86_64_VERITY_TYPE, build_disk_image, root_partuuids, verity_root_hash,
+    self, DiskError, DiskImage, DiskLayout, build_disk_image, derive_guid, verity_root_hash,
 };
 use hawser_image::test_support::require_tool;
 
@@ -47,6 +51,18 @@ fn run(command: &mut Command) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8(output.stdout).expect("utf-8 output")
+}
+
+/// The error and its causes, as the CLI prints them (`{:#}`).
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// `veritysetup format` of `rootfs` into `verity`, with a fixed salt and UUID (reproducible);
@@ -384,7 +400,12 @@ fn inconsistent_or_missing_inputs_are_refused_before_anything_is_written() {
     let mut layout = inputs.layout();
     layout.rootfs = &inputs.verity;
     layout.verity = &inputs.rootfs;
-    let text = build_disk_image(&layout, &out).unwrap_err().to_string();
+    let error = build_disk_image(&layout, &out).unwrap_err();
+    let text = error_chain(&error);
+    assert!(
+        matches!(error, DiskError::VeritySuperblock { .. }),
+        "{text}"
+    );
     assert!(text.contains("no verity superblock"), "{text}");
 
     // A missing UKI, named.
@@ -402,7 +423,7 @@ fn general_gpt_disks_refuse_duplicate_partuuids_and_long_names() {
     let dir = tempfile::tempdir().expect("tempdir");
     let content = dir.path().join("content");
     std::fs::write(&content, b"data").expect("write");
-    let partuuid = Guid::derive("test", b"x");
+    let partuuid = derive_guid("test", b"x");
     let partition = |label| disk::PartitionSpec {
         label,
         type_guid: ROOT_X86_64_TYPE,
@@ -411,7 +432,7 @@ fn general_gpt_disks_refuse_duplicate_partuuids_and_long_names() {
     };
     let out = dir.path().join("disk.raw");
     let spec = disk::GptDiskSpec {
-        disk_guid: Guid::derive("disk", b"x"),
+        disk_guid: derive_guid("disk", b"x"),
         partitions: vec![partition("a"), partition("b")],
     };
     let text = disk::build_gpt_disk(&spec, &out).unwrap_err().to_string();
@@ -420,7 +441,7 @@ fn general_gpt_disks_refuse_duplicate_partuuids_and_long_names() {
         "{text}"
     );
     let spec = disk::GptDiskSpec {
-        disk_guid: Guid::derive("disk", b"x"),
+        disk_guid: derive_guid("disk", b"x"),
         partitions: vec![partition("a name longer than thirty-six characters")],
     };
     let text = disk::build_gpt_disk(&spec, &out).unwrap_err().to_string();
@@ -428,12 +449,77 @@ fn general_gpt_disks_refuse_duplicate_partuuids_and_long_names() {
 
     // One small file partition: 1 MiB of GPT, 1 MiB of partition, 1 MiB of backup GPT.
     let spec = disk::GptDiskSpec {
-        disk_guid: Guid::derive("disk", b"x"),
+        disk_guid: derive_guid("disk", b"x"),
         partitions: vec![partition("data")],
     };
     let built = disk::build_gpt_disk(&spec, &out).expect("build");
     assert_eq!(built.bytes, 3 * MIB);
     assert_eq!(read_range(&out, MIB, 4), b"data");
+}
+
+/// The writer (gptman, driven by `build_gpt_disk`) and PID 1's strict reader agree: the table
+/// of a hawser-layout disk parses, and its root and verity partitions are found by type and by
+/// the root hash's halves, where the builder put them. Needs no host tools.
+#[test]
+fn the_written_table_is_what_pid_1_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("root.img");
+    let tree = dir.path().join("root.verity");
+    std::fs::write(&root, pseudo_random(3 * MIB as usize, 5)).expect("write");
+    std::fs::write(&tree, pseudo_random(5000, 6)).expect("write");
+    let root_hash: [u8; 32] = std::array::from_fn(|i| (i * 7) as u8);
+    let (root_uuid, verity_uuid) = root_partuuids(&root_hash);
+    let spec = disk::GptDiskSpec {
+        disk_guid: derive_guid("disk", &root_hash),
+        partitions: vec![
+            disk::PartitionSpec {
+                label: disk::ROOT_LABEL,
+                type_guid: ROOT_X86_64_TYPE,
+                partuuid: root_uuid,
+                content: disk::PartitionContent::File(&root),
+            },
+            disk::PartitionSpec {
+                label: disk::VERITY_LABEL,
+                type_guid: ROOT_X86_64_VERITY_TYPE,
+                partuuid: verity_uuid,
+                content: disk::PartitionContent::File(&tree),
+            },
+        ],
+    };
+    let out = dir.path().join("disk.raw");
+    let built = disk::build_gpt_disk(&spec, &out).expect("build");
+
+    let header = gpt::parse_header(&read_range(&out, disk::SECTOR_SIZE, 512)).expect("header");
+    assert_eq!(header.disk_guid, built.disk_guid);
+    let entries = read_range(
+        &out,
+        header.partition_entry_lba * disk::SECTOR_SIZE,
+        header.entries_len() as u64,
+    );
+    let partitions = gpt::parse_entries(&header, &entries).expect("entries");
+    let expected: Vec<GptPartition> = (1u32..)
+        .zip(&built.partitions)
+        .map(|(number, info)| GptPartition {
+            number,
+            type_guid: info.type_guid,
+            unique_guid: info.partuuid,
+            first_lba: info.first_lba,
+            last_lba: info.last_lba,
+        })
+        .collect();
+    assert_eq!(partitions, expected);
+    let find = |type_guid: Guid, uuid: Guid| {
+        partitions
+            .iter()
+            .find(|p| p.type_guid == type_guid && p.unique_guid == uuid)
+            .map(|p| p.number)
+    };
+    assert_eq!(find(ROOT_X86_64_TYPE, root_uuid), Some(1));
+    assert_eq!(find(ROOT_X86_64_VERITY_TYPE, verity_uuid), Some(2));
+    assert_eq!(
+        read_range(&out, partitions[0].first_lba * disk::SECTOR_SIZE, 4096),
+        &std::fs::read(&root).expect("read")[..4096]
+    );
 }
 
 /// mkfs.fat sizes clusters by the whole file when it formats at an offset: on a disk much
@@ -450,12 +536,12 @@ fn the_esp_is_valid_fat32_on_a_disk_much_larger_than_it() {
         .expect("sparse 400 MiB file");
     let files = [disk::EspFile::default_boot_loader(&loader)];
     let spec = disk::GptDiskSpec {
-        disk_guid: Guid::derive("disk", b"large"),
+        disk_guid: derive_guid("disk", b"large"),
         partitions: vec![
             disk::PartitionSpec {
                 label: disk::ESP_LABEL,
                 type_guid: ESP_TYPE,
-                partuuid: Guid::derive("esp", b"large"),
+                partuuid: derive_guid("esp", b"large"),
                 content: disk::PartitionContent::Fat(disk::FatVolume {
                     files: &files,
                     volume_id: 0x1234_5678,
@@ -466,7 +552,7 @@ fn the_esp_is_valid_fat32_on_a_disk_much_larger_than_it() {
             disk::PartitionSpec {
                 label: "data",
                 type_guid: ROOT_X86_64_TYPE,
-                partuuid: Guid::derive("data", b"large"),
+                partuuid: derive_guid("data", b"large"),
                 content: disk::PartitionContent::File(&big),
             },
         ],

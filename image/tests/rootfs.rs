@@ -9,6 +9,7 @@ use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use hawser_disk_format::verity::VeritySuperblock;
 use hawser_image::inputs::InputLock;
 use hawser_image::rootfs::{
     self, KubernetesSource, RootfsOptions, STANDIN_MARKER, TOOL_PATH, TreeImages,
@@ -85,42 +86,6 @@ fn image(tree: &Path, out: &Path) -> TreeImages {
     images
 }
 
-/// dm-verity's on-disk superblock (cryptsetup's struct verity_sb, 512 bytes, little-endian),
-/// as the initramfs reader sees it.
-struct VeritySuperblock {
-    version: u32,
-    hash_type: u32,
-    uuid: [u8; 16],
-    algorithm: String,
-    data_block_size: u32,
-    hash_block_size: u32,
-    data_blocks: u64,
-    salt: Vec<u8>,
-}
-
-fn read_superblock(path: &Path) -> VeritySuperblock {
-    let bytes = std::fs::read(path).unwrap();
-    assert_eq!(
-        &bytes[..8],
-        b"verity\0\0",
-        "no verity superblock at the start"
-    );
-    let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap());
-    let salt_size = usize::from(u16::from_le_bytes(bytes[80..82].try_into().unwrap()));
-    VeritySuperblock {
-        version: u32_at(8),
-        hash_type: u32_at(12),
-        uuid: bytes[16..32].try_into().unwrap(),
-        algorithm: String::from_utf8_lossy(&bytes[32..64])
-            .trim_end_matches('\0')
-            .to_owned(),
-        data_block_size: u32_at(64),
-        hash_block_size: u32_at(68),
-        data_blocks: u64::from_le_bytes(bytes[72..80].try_into().unwrap()),
-        salt: bytes[88..88 + salt_size].to_vec(),
-    }
-}
-
 #[test]
 fn the_same_tree_in_another_place_and_order_gives_identical_images() {
     if !have(TREE_TOOLS) {
@@ -169,8 +134,10 @@ fn the_verity_superblock_is_what_the_initramfs_expects() {
     let tree = dir.path().join("tree");
     synthetic_tree(&tree, false, std::time::SystemTime::now());
     let images = image(&tree, &dir.path().join("out"));
-    let sb = read_superblock(&images.verity);
-    assert_eq!(sb.version, 1);
+    // PID 1's own strict parser (version 1 only, hawser's format only); `veritysetup verify`,
+    // run by `image`, is the independent check against what the kernel expects.
+    let superblock = std::fs::read(&images.verity).unwrap();
+    let sb = VeritySuperblock::parse_hawser(&superblock).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(sb.hash_type, 1, "hash type 1 (the kernel's current format)");
     assert_eq!(sb.algorithm, "sha256");
     assert_eq!(sb.data_block_size, 4096);
@@ -178,7 +145,7 @@ fn the_verity_superblock_is_what_the_initramfs_expects() {
     assert_eq!(sb.data_blocks, images.data_blocks);
     assert_eq!(images.data_blocks * 4096, images.erofs_bytes);
     assert_eq!(sb.salt, images.verity_salt);
-    assert_ne!(sb.uuid, [0; 16]);
+    assert!(!sb.uuid.is_nil());
     assert_eq!(
         std::fs::metadata(&images.verity).unwrap().len(),
         images.verity_bytes

@@ -15,8 +15,10 @@
 
 use std::path::Path;
 
+use hawser_disk_format::Guid;
+use hawser_disk_format::gpt::ESP_TYPE;
 use hawser_image::disk::{
-    self, DiskError, ESP_LABEL, ESP_VOLUME_LABEL, FatVolume, GptDiskSpec, Guid, PartitionContent,
+    self, DiskError, ESP_LABEL, ESP_VOLUME_LABEL, FatVolume, GptDiskSpec, PartitionContent,
     PartitionSpec,
 };
 
@@ -27,7 +29,7 @@ pub use hawser_image::disk::EspFile;
 
 /// The EFI System Partition type, C12A7328-F81F-11D2-BA4B-00A0C93EC93B, in its on-disk
 /// (mixed-endian) form.
-pub const ESP_TYPE_GUID: [u8; 16] = disk::ESP_TYPE.to_gpt_bytes();
+pub const ESP_TYPE_GUID: [u8; 16] = ESP_TYPE.to_gpt_bytes();
 /// The fixed disk GUID of hawser test ESP disks.
 const DISK_GUID: Guid = Guid::from_u128(0x6861_7773_6572_4553_8000_4553_5044_4953);
 /// The fixed unique GUID of the ESP on those disks.
@@ -44,7 +46,7 @@ pub fn build_esp_image(image: &Path, files: &[EspFile]) -> Result<u64, QemuError
         disk_guid: DISK_GUID,
         partitions: vec![PartitionSpec {
             label: ESP_LABEL,
-            type_guid: disk::ESP_TYPE,
+            type_guid: ESP_TYPE,
             partuuid: PARTITION_GUID,
             content: PartitionContent::Fat(FatVolume {
                 files,
@@ -88,8 +90,9 @@ mod tests {
         u32::from_le_bytes(bytes[offset..offset + 4].try_into().expect("4 bytes"))
     }
 
-    /// The IEEE CRC-32 that GPT uses, written out here to check the tables independently of
-    /// the crate that wrote them.
+    /// The IEEE CRC-32 that GPT uses, written out here on purpose to check the tables
+    /// independently of the crates that write (gptman) and read (`hawser_disk_format::gpt`)
+    /// them.
     fn crc32(data: &[u8]) -> u32 {
         let mut crc = !0u32;
         for &byte in data {

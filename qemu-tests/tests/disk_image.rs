@@ -23,9 +23,8 @@ use hawser_image::test_support::require_tool;
 use std::time::{Duration, Instant};
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport};
-use hawser_image::disk::{
-    DiskLayout, ROOT_X86_64_TYPE, ROOT_X86_64_VERITY_TYPE, build_disk_image, root_partuuids,
-};
+use hawser_disk_format::gpt::{ROOT_X86_64_TYPE, ROOT_X86_64_VERITY_TYPE, root_partuuids};
+use hawser_image::disk::{DiskLayout, build_disk_image};
 use hawser_measurements::eventlog::{self, EventLog};
 use hawser_measurements::predict::{Phase, Prediction};
 use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};

@@ -565,11 +565,7 @@ fn is_decimal(text: &str) -> bool {
 
 /// `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` with hex digits of either case.
 pub fn is_uuid(text: &str) -> bool {
-    text.len() == 36
-        && text.bytes().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => b == b'-',
-            _ => b.is_ascii_hexdigit(),
-        })
+    text.parse::<hawser_disk_format::Guid>().is_ok()
 }
 
 /// Checks a well-formed copy against what hawser writes. `integrity` is the measured mode:
@@ -1026,18 +1022,8 @@ pub fn repaired_copy(source: &HeaderCopy, salt: [u8; HEADER_SALT_LEN]) -> Vec<u8
 }
 
 /// Formats a UUID (version 4, RFC 9562 variant) from 16 random bytes, lowercase.
-pub fn uuid_from_random(mut bytes: [u8; 16]) -> String {
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex = hex::encode(bytes);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..]
-    )
+pub fn uuid_from_random(bytes: [u8; 16]) -> String {
+    hawser_disk_format::Guid::version_4(bytes).to_string()
 }
 
 #[cfg(test)]

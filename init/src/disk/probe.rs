@@ -177,7 +177,11 @@ pub fn identify(head: &[u8]) -> Option<&'static str> {
             b"SKUL\xba\xbe",
             "a LUKS2 volume that hawser cannot read",
         ),
-        (512, b"EFI PART", "a GPT partition table"),
+        (
+            512,
+            hawser_disk_format::gpt::SIGNATURE,
+            "a GPT partition table",
+        ),
         (512, b"LABELONE", "an LVM2 physical volume"),
         (0, b"XFSB", "an XFS filesystem"),
         (65536 + 64, b"_BHRfS_M", "a btrfs filesystem"),

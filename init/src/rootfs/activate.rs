@@ -69,7 +69,7 @@ fn ioctl_error(step: &'static str) -> impl FnOnce(devicemapper::DmError) -> Root
 pub fn activate(target: &VerityTarget, root_hash: &RootHash) -> Result<VerityDevice, RootfsError> {
     let dm = DM::new().map_err(|e| RootfsError::Dm(DmError::Control(describe(&e))))?;
     let name = DmName::new(DM_NAME).map_err(ioctl_error("naming"))?;
-    let uuid_text = dm_uuid(&target.superblock.uuid_text());
+    let uuid_text = dm_uuid(&target.superblock.uuid.to_string());
     let uuid = DmUuid::new(&uuid_text).map_err(ioctl_error("naming"))?;
     let read_only = DmOptions::private().set_flags(DmFlags::DM_READONLY);
     let info = dm

@@ -1,11 +1,12 @@
 //! Finding the rootfs partitions and reading their verity metadata.
 //!
 //! There is no udev (and so no `/dev/disk/by-partuuid`): every whole disk in `/sys/block` is
-//! opened read-only through its devtmpfs node and its primary GPT is read ([`super::gpt`]). The
-//! partition whose type is the root type and whose unique GUID is the first half of the root
-//! hash is the data partition; the verity type with the second half is the hash partition. Both
-//! must be on the same disk and on exactly one disk. Disks without a GPT (the LUKS2 state disk)
-//! are skipped.
+//! opened read-only through its devtmpfs node and its primary GPT is read with the strict reader
+//! of [`hawser_disk_format::gpt`]. The partition whose type is the root type and whose unique
+//! GUID is the first half of the root hash is the data partition; the verity type with the
+//! second half is the hash partition ([`hawser_disk_format::gpt::root_partuuids`]). Both must be
+//! on the same disk and on exactly one disk. Disks without a GPT (the LUKS2 state disk) are
+//! skipped.
 //!
 //! The kernel's partition device (`/sys/block/vda/vda2`) is matched to the table entry by
 //! number, and its start and size must agree with the table just read: the host could rewrite
@@ -18,9 +19,12 @@ use std::fs::File;
 use std::os::unix::fs::FileExt as _;
 use std::path::{Path, PathBuf};
 
-use super::gpt::{self, GptPartition, Guid};
-use super::verity::{self, DevNum, TreeGeometry, VeritySuperblock};
-use super::{DATA_PARTITION_TYPE, RootHash, RootfsError, VERITY_PARTITION_TYPE};
+use hawser_disk_format::Guid;
+use hawser_disk_format::gpt::{self, GptPartition, ROOT_X86_64_TYPE, ROOT_X86_64_VERITY_TYPE};
+use hawser_disk_format::verity::{self as verity_format, TreeGeometry, VeritySuperblock};
+
+use super::verity::{self, DevNum};
+use super::{RootHash, RootfsError};
 use crate::disk::device::{self, SysfsError};
 
 /// Where whole disks are listed.
@@ -211,7 +215,7 @@ pub fn find_verity_partitions(
     dev_dir: &Path,
     root_hash: &RootHash,
 ) -> Result<PartitionLookup, RootfsError> {
-    let (data_type, verity_type) = (DATA_PARTITION_TYPE, VERITY_PARTITION_TYPE);
+    let (data_type, verity_type) = (ROOT_X86_64_TYPE, ROOT_X86_64_VERITY_TYPE);
     let data_uuid = root_hash.data_partition_uuid();
     let verity_uuid = root_hash.verity_partition_uuid();
 
@@ -282,8 +286,9 @@ pub fn check_verity(
         device: hash_path.clone(),
         source,
     };
-    let superblock = VeritySuperblock::parse(&read_at(&hash_path, 0, verity::SUPERBLOCK_SIZE)?)
-        .map_err(verity_error)?;
+    let superblock =
+        VeritySuperblock::parse_hawser(&read_at(&hash_path, 0, verity_format::SUPERBLOCK_SIZE)?)
+            .map_err(|e| verity_error(e.into()))?;
     let geometry = superblock.geometry();
     for (partition, needed) in [
         (&partitions.data, superblock.data_bytes()),
@@ -300,7 +305,7 @@ pub fn check_verity(
     let top_block = read_at(
         &hash_path,
         geometry.top_block_offset(),
-        verity::BLOCK_SIZE as usize,
+        geometry.hash_block_size as usize,
     )?;
     verity::check_root(&superblock, &top_block, root_hash).map_err(verity_error)?;
     Ok(VerityTarget {
@@ -383,8 +388,8 @@ mod tests {
             .unwrap_or_else(|| root_hash.data_partition_uuid().to_string());
         let script = format!(
             "label: gpt\nunit: sectors\n\
-             start={data_start}, size={data_sectors}, type={DATA_PARTITION_TYPE}, uuid={data_uuid}\n\
-             start={hash_start}, size={hash_sectors}, type={VERITY_PARTITION_TYPE}, uuid={}\n",
+             start={data_start}, size={data_sectors}, type={ROOT_X86_64_TYPE}, uuid={data_uuid}\n\
+             start={hash_start}, size={hash_sectors}, type={ROOT_X86_64_VERITY_TYPE}, uuid={}\n",
             root_hash.verity_partition_uuid()
         );
         let mut child = Command::new("sfdisk")
@@ -468,7 +473,7 @@ mod tests {
         assert_eq!(target.superblock.data_blocks, DATA_BLOCKS);
         assert_eq!(hex::encode(&target.superblock.salt), SALT);
         assert_eq!(
-            target.superblock.uuid_text(),
+            target.superblock.uuid.to_string(),
             "12345678-1234-1234-1234-123456789abc"
         );
         // 300 blocks: 3 leaf blocks and the top block.

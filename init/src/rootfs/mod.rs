@@ -6,16 +6,19 @@
 //! PCR 11/12): nothing read from the disk is trusted before it has been checked against it.
 //!
 //! ```text
-//! hawser.root_hash ─► GPT of each disk (untrusted: only to locate)      [locate, gpt]
+//! hawser.root_hash ─► GPT of each disk (untrusted: only to locate)      [locate]
 //!                     data partition   PARTUUID = root_hash[0..16]
 //!                     verity partition PARTUUID = root_hash[16..32]
-//!                  ─► verity superblock, strict; top hash block vs root  [verity]
+//!                  ─► verity superblock, strict; top hash block vs root  [locate, verity]
 //!                  ─► dm-verity table (panic_on_corruption panic_on_error) [activate]
 //!                  ─► erofs ro at /sysroot, state binds, /etc overlay    [plan]
 //!                  ─► PCR 11 ← leave-initrd (the caller's TPM step)
 //!                  ─► move /dev /proc /sys /run; mount --move /sysroot /;
 //!                     chroot .; delete the initramfs; chdir /
 //! ```
+//!
+//! The formats (GPT, the verity superblock, the root hash → PARTUUID rule) are the image
+//! builder's, from [`hawser_disk_format`]; this module reads devices and decides.
 //!
 //! An image without a rootfs has no `hawser.root_hash`; the node then stays in the initramfs
 //! as before.
@@ -34,7 +37,6 @@
 //! switch.
 
 pub mod activate;
-pub mod gpt;
 pub mod locate;
 pub mod plan;
 pub mod verity;
@@ -43,10 +45,11 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use hawser_disk_format::Guid;
+use hawser_disk_format::gpt::root_partuuids;
 use tracing::info;
 
 use self::activate::VerityDevice;
-use self::gpt::Guid;
 use self::locate::{PartitionLookup, VerityTarget};
 use self::verity::VerityError;
 use crate::disk::device::SysfsError;
@@ -56,16 +59,6 @@ pub use self::plan::{
     NEW_ROOT_API_MOUNTS, RootfsPlan, StateBacking, SwitchOutcome, SwitchRootError, switch_root,
 };
 
-/// GPT partition type of the rootfs data partition (the Discoverable Partitions
-/// Specification's "Root Partition (x86-64)", 4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709).
-pub const DATA_PARTITION_TYPE: Guid = Guid([
-    0x4f, 0x68, 0xbc, 0xe3, 0xe8, 0xcd, 0x4d, 0xb1, 0x96, 0xe7, 0xfb, 0xca, 0xf9, 0x84, 0xb7, 0x09,
-]);
-/// GPT partition type of its verity hash partition ("Root Verity Partition (x86-64)",
-/// 2C7357ED-EBD2-46D9-AEC1-23D437EC2BF5).
-pub const VERITY_PARTITION_TYPE: Guid = Guid([
-    0x2c, 0x73, 0x57, 0xed, 0xeb, 0xd2, 0x46, 0xd9, 0xae, 0xc1, 0x23, 0xd4, 0x37, 0xec, 0x2b, 0xf5,
-]);
 /// How long to wait for the boot disk's partitions (virtio-blk probes asynchronously).
 pub const PARTITION_WAIT: Duration = Duration::from_secs(10);
 
@@ -113,19 +106,15 @@ impl RootHash {
         &self.0
     }
 
-    /// PARTUUID of the data partition: the first half of the root hash, as systemd-repart
-    /// and the image builder assign it.
+    /// PARTUUID of the data partition, as the image builder assigns it
+    /// ([`root_partuuids`]: the first half of the root hash).
     pub fn data_partition_uuid(&self) -> Guid {
-        let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(&self.0[..16]);
-        Guid(uuid)
+        root_partuuids(&self.0).0
     }
 
-    /// PARTUUID of the verity partition: the second half of the root hash.
+    /// PARTUUID of the verity partition ([`root_partuuids`]: the second half of the root hash).
     pub fn verity_partition_uuid(&self) -> Guid {
-        let mut uuid = [0u8; 16];
-        uuid.copy_from_slice(&self.0[16..]);
-        Guid(uuid)
+        root_partuuids(&self.0).1
     }
 }
 
@@ -289,18 +278,6 @@ mod tests {
         assert_eq!(
             RootHashError::NotLowercaseHex.reason(),
             RootHashError::NotLowercaseHex.to_string()
-        );
-    }
-
-    #[test]
-    fn partition_types_are_the_discoverable_partitions_specifications() {
-        assert_eq!(
-            DATA_PARTITION_TYPE.to_string(),
-            "4f68bce3-e8cd-4db1-96e7-fbcaf984b709"
-        );
-        assert_eq!(
-            VERITY_PARTITION_TYPE.to_string(),
-            "2c7357ed-ebd2-46d9-aec1-23d437ec2bf5"
         );
     }
 

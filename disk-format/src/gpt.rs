@@ -1,16 +1,38 @@
-//! A strict reader of GUID partition tables, only as far as locating partitions needs.
+//! The GUID partition table: the partition types hawser uses, the rule that names the rootfs
+//! partitions after the root hash, and a strict reader of the primary table.
 //!
-//! The partition table is untrusted input (the host writes the disk). It is read only to find
-//! which partitions to hand to dm-verity; everything that matters is then checked against the
-//! measured root hash. So this reader is small and refuses what it does not expect rather than
-//! repairing it: only the primary header is read (a damaged primary table is a damaged image,
-//! not something to work around with the backup), both CRCs must match, and every used entry
-//! must lie inside the usable area.
+//! The layout (UEFI 2.10, 5.3), all integers little-endian, GUIDs in GPT's mixed-endian form:
 //!
-//! The functions are pure (bytes in, values out) so that they can be fuzzed; [`super::locate`]
-//! does the reading.
+//! ```text
+//!   header (LBA 1)    0 signature "EFI PART"   8 revision 0x00010000   12 header size (92)
+//!                    16 header CRC32 (over header size bytes, this field zero)   20 reserved
+//!                    24 current LBA   32 backup LBA   40 first usable LBA   48 last usable LBA
+//!                    56 disk GUID   72 entry array LBA   80 number of entries   84 entry size
+//!                    88 entry array CRC32
+//!   entry (128 B)     0 type GUID   16 unique GUID (PARTUUID)   32 first LBA   40 last LBA
+//!                    48 attributes   56 name, 36 UTF-16LE code units
+//! ```
+//!
+//! ## The reader
+//!
+//! On the node the partition table is untrusted input (the host writes the disk). PID 1 reads
+//! it only to find which partitions to hand to dm-verity; everything that matters is then
+//! checked against the measured root hash. So the reader is small and refuses what it does not
+//! expect rather than repairing it: only the primary header is read (a damaged primary table is
+//! a damaged image, not something to work around with the backup), both CRCs must match, and
+//! every used entry must lie inside the usable area.
+//!
+//! [`parse_header`] and [`parse_entries`] are pure (bytes in, values out) so that they can be
+//! fuzzed; the caller reads the blocks.
+//!
+//! ## The writer
+//!
+//! The image builder writes the table with the `gptman` crate from the constants here; its tests
+//! read the result back with this reader.
 
 use std::fmt;
+
+use crate::guid::Guid;
 
 /// `"EFI PART"`.
 pub const SIGNATURE: &[u8; 8] = b"EFI PART";
@@ -18,95 +40,67 @@ pub const SIGNATURE: &[u8; 8] = b"EFI PART";
 pub const REVISION: u32 = 0x0001_0000;
 /// The size of the header fields of revision 1.0.
 pub const HEADER_SIZE: usize = 92;
+/// The size of a partition entry's fields (and the entry size every partitioning tool writes).
+pub const ENTRY_SIZE: usize = 128;
+/// A partition name is at most this many UTF-16 code units (72 bytes at offset 56).
+pub const NAME_UNITS: usize = 36;
 /// More entries than any partitioning tool writes (128 is the usual number).
 pub const MAX_ENTRIES: u32 = 4096;
 /// Largest accepted size of one partition entry (128 is the usual size).
 pub const MAX_ENTRY_SIZE: u32 = 4096;
-/// Bytes of a partition entry this reader looks at.
-const ENTRY_FIELDS: usize = 128;
 
-/// A GUID in its canonical byte order: the order of the hex digits in its text form.
+/// The EFI System Partition type, C12A7328-F81F-11D2-BA4B-00A0C93EC93B.
+pub const ESP_TYPE: Guid = Guid::from_u128(0xC12A_7328_F81F_11D2_BA4B_00A0_C93E_C93B);
+/// The Discoverable Partitions Specification's type of an x86-64 root file system ("Root
+/// Partition (x86-64)"), 4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709: hawser's rootfs data partition.
+pub const ROOT_X86_64_TYPE: Guid = Guid::from_u128(0x4F68_BCE3_E8CD_4DB1_96E7_FBCA_F984_B709);
+/// The Discoverable Partitions Specification's type of the dm-verity tree of an x86-64 root file
+/// system ("Root Verity Partition (x86-64)"), 2C7357ED-EBD2-46D9-AEC1-23D437EC2BF5.
+pub const ROOT_X86_64_VERITY_TYPE: Guid =
+    Guid::from_u128(0x2C73_57ED_EBD2_46D9_AEC1_23D4_37EC_2BF5);
+
+/// The PARTUUIDs `(root, verity)` of the rootfs data partition and its dm-verity partition for
+/// a dm-verity root hash: its first and its second half, each read as a GUID in text order.
 ///
-/// GPT stores the first three fields little-endian ("mixed endian"); [`Guid::from_gpt_bytes`]
-/// converts.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Guid(pub [u8; 16]);
-
-impl Guid {
-    /// Converts the on-disk (mixed-endian) encoding.
-    pub fn from_gpt_bytes(bytes: &[u8; 16]) -> Guid {
-        let mut canonical = *bytes;
-        canonical[0..4].reverse();
-        canonical[4..6].reverse();
-        canonical[6..8].reverse();
-        Guid(canonical)
-    }
-
-    /// The on-disk (mixed-endian) encoding.
-    pub fn to_gpt_bytes(self) -> [u8; 16] {
-        // The conversion is its own inverse.
-        Guid::from_gpt_bytes(&self.0).0
-    }
-
-    /// Parses `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (either case).
-    pub fn parse(text: &str) -> Option<Guid> {
-        let bytes = text.as_bytes();
-        if bytes.len() != 36 || [8, 13, 18, 23].iter().any(|&i| bytes[i] != b'-') {
-            return None;
-        }
-        let digits: String = text.chars().filter(|&c| c != '-').collect();
-        let mut guid = [0u8; 16];
-        hex::decode_to_slice(digits, &mut guid).ok()?;
-        Some(Guid(guid))
-    }
-
-    /// The all-zero GUID marks an unused partition entry.
-    pub fn is_nil(&self) -> bool {
-        self.0 == [0; 16]
-    }
-}
-
-impl fmt::Display for Guid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hex = hex::encode(self.0);
-        write!(
-            f,
-            "{}-{}-{}-{}-{}",
-            &hex[0..8],
-            &hex[8..12],
-            &hex[12..16],
-            &hex[16..20],
-            &hex[20..32]
-        )
-    }
-}
-
-impl fmt::Debug for Guid {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Guid({self})")
-    }
+/// This is systemd-repart's convention (Discoverable Partitions): the UUID whose canonical text
+/// is the hex of `root_hash[0..16]`, resp. `root_hash[16..32]`. The image builder names the
+/// partitions so; PID 1 looks for them so, with the root hash from the measured kernel command
+/// line. The table itself needs no trust: partitions that do not carry the measured hash's
+/// halves are not used, and a tree that does not verify against it is refused.
+pub fn root_partuuids(root_hash: &[u8; 32]) -> (Guid, Guid) {
+    let mut root = [0u8; 16];
+    let mut verity = [0u8; 16];
+    root.copy_from_slice(&root_hash[..16]);
+    verity.copy_from_slice(&root_hash[16..]);
+    (Guid::from_bytes(root), Guid::from_bytes(verity))
 }
 
 /// Why bytes are not a partition table this reader accepts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GptError {
+    /// The block at LBA 1 is not a GPT header (or is shorter than one).
     #[error("no GPT signature at LBA 1")]
     NoSignature,
+    /// A header field has a value this reader does not accept.
     #[error("GPT header field {field} is {actual}, expected {expected}")]
     Field {
         field: &'static str,
         actual: String,
         expected: String,
     },
+    /// The header's bytes do not match its CRC.
     #[error("GPT header CRC32 is {stored:#010x}, but the header's bytes give {computed:#010x}")]
     HeaderCrc { stored: u32, computed: u32 },
+    /// The partition entry array's bytes do not match the CRC in the header.
     #[error(
         "GPT partition entry array CRC32 is {stored:#010x}, but the entries' bytes give \
          {computed:#010x}"
     )]
     EntriesCrc { stored: u32, computed: u32 },
+    /// The caller passed an entry array of another length than the header describes.
     #[error("GPT partition entry array is {actual} bytes, expected {expected}")]
     EntriesLength { actual: usize, expected: usize },
+    /// A used entry lies (partly) outside the usable area, or ends before it starts.
     #[error(
         "GPT partition {number} spans LBA {first_lba}..={last_lba}, outside the usable area \
          {first_usable}..={last_usable}"
@@ -118,6 +112,7 @@ pub enum GptError {
         first_usable: u64,
         last_usable: u64,
     },
+    /// Two used entries carry the same unique GUID (PARTUUID).
     #[error("GPT partitions {first} and {second} have the same unique GUID {guid}")]
     DuplicateGuid { first: u32, second: u32, guid: Guid },
 }
@@ -125,11 +120,15 @@ pub enum GptError {
 /// The fields of a primary GPT header that locating partitions needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GptHeader {
+    /// The first logical block a partition may use.
     pub first_usable_lba: u64,
+    /// The last logical block a partition may use (inclusive).
     pub last_usable_lba: u64,
     pub disk_guid: Guid,
+    /// Where the partition entry array starts.
     pub partition_entry_lba: u64,
     pub num_entries: u32,
+    /// Bytes per entry: a power of two from [`ENTRY_SIZE`] to [`MAX_ENTRY_SIZE`].
     pub entry_size: u32,
     pub entries_crc32: u32,
 }
@@ -147,6 +146,7 @@ pub struct GptPartition {
     /// 1-based position in the entry array: the kernel's partition number (`vda<number>`).
     pub number: u32,
     pub type_guid: Guid,
+    /// The PARTUUID.
     pub unique_guid: Guid,
     pub first_lba: u64,
     /// Inclusive.
@@ -175,7 +175,7 @@ fn u64_at(bytes: &[u8], offset: usize) -> u64 {
 fn guid_at(bytes: &[u8], offset: usize) -> Guid {
     let mut field = [0u8; 16];
     field.copy_from_slice(&bytes[offset..offset + 16]);
-    Guid::from_gpt_bytes(&field)
+    Guid::from_gpt_bytes(field)
 }
 
 fn field_error(field: &'static str, actual: impl fmt::Display, expected: &str) -> GptError {
@@ -247,14 +247,14 @@ pub fn parse_header(block: &[u8]) -> Result<GptHeader, GptError> {
         ));
     }
     let entry_size = u32_at(block, 84);
-    if entry_size < ENTRY_FIELDS as u32
+    if entry_size < ENTRY_SIZE as u32
         || entry_size > MAX_ENTRY_SIZE
         || !entry_size.is_power_of_two()
     {
         return Err(field_error(
             "partition entry size",
             entry_size,
-            &format!("a power of two from {ENTRY_FIELDS} to {MAX_ENTRY_SIZE}"),
+            &format!("a power of two from {ENTRY_SIZE} to {MAX_ENTRY_SIZE}"),
         ));
     }
     Ok(GptHeader {
@@ -372,34 +372,13 @@ mod tests {
     }
 
     fn guid(text: &str) -> Guid {
-        Guid::parse(text).unwrap()
+        text.parse().unwrap()
     }
 
     #[test]
     fn crc32_matches_the_standard_check_value() {
         assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
         assert_eq!(crc32(b""), 0);
-    }
-
-    #[test]
-    fn guids_use_gpts_mixed_endian_encoding() {
-        let root = guid("4F68BCE3-E8CD-4DB1-96E7-FBCAF984B709");
-        assert_eq!(
-            root.to_gpt_bytes(),
-            [
-                0xE3, 0xBC, 0x68, 0x4F, 0xCD, 0xE8, 0xB1, 0x4D, 0x96, 0xE7, 0xFB, 0xCA, 0xF9, 0x84,
-                0xB7, 0x09
-            ]
-        );
-        assert_eq!(root.to_string(), "4f68bce3-e8cd-4db1-96e7-fbcaf984b709");
-        assert_eq!(Guid::from_gpt_bytes(&root.to_gpt_bytes()), root);
-        for bad in [
-            "4F68BCE3E8CD-4DB1-96E7-FBCAF984B709-",
-            "4F68BCE3-E8CD-4DB1-96E7-FBCAF984B70",
-            "4F68BCE3-E8CD-4DB1-96E7-FBCAF984B70g",
-        ] {
-            assert_eq!(Guid::parse(bad), None, "{bad}");
-        }
     }
 
     #[test]
@@ -520,5 +499,25 @@ mod tests {
                 let _ = parse_entries(&parsed, &array);
             }
         }
+    }
+
+    #[test]
+    fn partition_types_are_the_discoverable_partitions_specifications() {
+        assert_eq!(
+            ROOT_X86_64_TYPE.to_string(),
+            "4f68bce3-e8cd-4db1-96e7-fbcaf984b709"
+        );
+        assert_eq!(
+            ROOT_X86_64_VERITY_TYPE.to_string(),
+            "2c7357ed-ebd2-46d9-aec1-23d437ec2bf5"
+        );
+    }
+
+    #[test]
+    fn root_partuuids_are_the_root_hash_halves_in_text_order() {
+        let root_hash: [u8; 32] = std::array::from_fn(|i| i as u8);
+        let (root, verity) = root_partuuids(&root_hash);
+        assert_eq!(root.to_string(), "00010203-0405-0607-0809-0a0b0c0d0e0f");
+        assert_eq!(verity.to_string(), "10111213-1415-1617-1819-1a1b1c1d1e1f");
     }
 }

@@ -1,0 +1,36 @@
+//! hawser-disk-format: the one definition of the on-disk formats hawser writes and reads.
+//!
+//! The image builder (`hawser-image`) writes the boot disk; PID 1 (`hawser-init`) reads it back
+//! on the node, where the disk is untrusted input. Both sides take the formats from here, so
+//! what the builder writes and what PID 1 accepts cannot drift apart:
+//!
+//! ```text
+//!   image: veritysetup format ─► root hash ─► root_partuuids ─► GPT (gptman) ─► disk.raw
+//!                                   │ (measured kernel command line)
+//!   init:  hawser.root_hash ──► root_partuuids ─► gpt::parse_header/parse_entries
+//!                                             ─► VeritySuperblock::parse_hawser ─► dm-verity
+//! ```
+//!
+//! - [`guid`]: [`Guid`], canonical (text) byte order, GPT's mixed-endian form, text parsing;
+//! - [`gpt`]: the partition types hawser uses, the header and entry layout, PID 1's strict
+//!   reader, and the rule linking the two partitions to the root hash ([`gpt::root_partuuids`]);
+//! - [`verity`]: the dm-verity superblock `veritysetup format` writes (cryptsetup's
+//!   `struct verity_sb`), the parameters hawser uses, the hash tree's shape and the root hash
+//!   computation.
+//!
+//! Everything here is pure: bytes in, values out. No I/O, no syscalls, no async runtime, so the
+//! parsers are unit-tested and fuzzable on the host, and the builder and PID 1 share them as
+//! they are. Reading devices, writing files and running tools stay with the callers.
+//!
+//! The GPT itself is written by the `gptman` crate in the image builder: hawser has no GPT
+//! encoder of its own to share. The image builder's tests read a table it wrote back with
+//! [`gpt::parse_header`] and [`gpt::parse_entries`], so the writer's output is proven to be
+//! what PID 1 accepts.
+
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod gpt;
+pub mod guid;
+pub mod verity;
+
+pub use guid::Guid;
