@@ -23,6 +23,7 @@ use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, RunningService, ServiceConfig};
 use hawser_joinservice::tokens::{BootstrapTokenIssuer, JoinCredentials, TokenError};
 use hawser_keys::MasterSecret;
+use hawser_kube_types::CaCertHash;
 use hawser_measurements::predict::{Phase, Prediction};
 use hawser_qemu::ProviderCa;
 
@@ -102,16 +103,22 @@ pub fn write_expected_measurements(uki: &Path, out: &Path) -> anyhow::Result<()>
 /// There is no Kubernetes control plane on the host of a local cluster (kubeadm comes with the
 /// node's rootfs): join tickets carry this well-formed placeholder, which no API server accepts.
 /// Named for what it is wherever it appears.
-#[derive(Debug, Clone, Copy)]
-pub struct NoControlPlaneTokens;
+#[derive(Debug, Clone)]
+pub struct NoControlPlaneTokens(JoinCredentials);
+
+impl NoControlPlaneTokens {
+    pub fn new() -> anyhow::Result<Self> {
+        Ok(NoControlPlaneTokens(JoinCredentials {
+            api_server_endpoint: "10.0.2.100:6443".parse()?,
+            bootstrap_token: "nocpln.0000000000000000".parse()?,
+            discovery_ca_cert_hashes: vec![CaCertHash::from_sha256([0; 32])],
+        }))
+    }
+}
 
 impl BootstrapTokenIssuer for NoControlPlaneTokens {
     fn issue(&self, _ttl: Duration) -> Result<JoinCredentials, TokenError> {
-        Ok(JoinCredentials {
-            api_server_endpoint: "10.0.2.100:6443".to_owned(),
-            bootstrap_token: "nocpln.0000000000000000".to_owned(),
-            discovery_ca_cert_hashes: vec![format!("sha256:{}", "00".repeat(32))],
-        })
+        Ok(self.0.clone())
     }
 }
 
@@ -170,7 +177,7 @@ impl LocalCluster {
         let policy = Arc::new(PolicyStore::load(measurements)?);
         let core = JoinCore::new(
             policy,
-            Arc::new(NoControlPlaneTokens),
+            Arc::new(NoControlPlaneTokens::new()?),
             JoinCoreConfig {
                 master_secret: self.master.clone(),
                 measurement_salt: self.measurement_salt.clone(),
@@ -216,4 +223,24 @@ pub fn luks_uuid(disk: &Path) -> Option<String> {
             .trim_end_matches('\0')
             .to_owned(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_placeholder_credentials_are_well_formed_and_say_what_they_are() {
+        let credentials = NoControlPlaneTokens::new()
+            .unwrap()
+            .issue(Duration::from_secs(60))
+            .unwrap();
+        // The node's kubeadm configuration shows the token's ID, which names the placeholder.
+        assert_eq!(credentials.bootstrap_token.id(), "nocpln");
+        assert_eq!(credentials.api_server_endpoint.port(), 6443);
+        assert_eq!(
+            credentials.discovery_ca_cert_hashes[0].to_string(),
+            format!("sha256:{}", "00".repeat(32))
+        );
+    }
 }

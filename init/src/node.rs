@@ -343,7 +343,7 @@ pub async fn run(role: Role, identity: NodeIdentity, registry: &ChildRegistry) {
         Role::Init { spec, .. } => kubeadm::init_config(&InitRequest {
             cluster_name: spec.cluster_name.clone(),
             kubernetes_version: spec.kubernetes_version.clone(),
-            service_cidr: spec.service_cidr.clone(),
+            service_cidr: spec.service_cidr,
             pod_cidr: None,
             control_plane_endpoint: None,
             cert_sans: spec.api_server_cert_sans.clone(),

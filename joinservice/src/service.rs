@@ -375,9 +375,18 @@ impl JoinService for Service {
             state_disk_key: ticket.state_disk_key.to_vec(),
             measurement_salt: ticket.measurement_salt.clone(),
             measurement_secret: ticket.measurement_secret.to_vec(),
-            api_server_endpoint: ticket.credentials.api_server_endpoint.clone(),
-            bootstrap_token: ticket.credentials.bootstrap_token.clone(),
-            discovery_ca_cert_hashes: ticket.credentials.discovery_ca_cert_hashes.clone(),
+            api_server_endpoint: ticket.credentials.api_server_endpoint.to_string(),
+            bootstrap_token: ticket
+                .credentials
+                .bootstrap_token
+                .expose_secret()
+                .to_owned(),
+            discovery_ca_cert_hashes: ticket
+                .credentials
+                .discovery_ca_cert_hashes
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
             control_plane_files: ticket
                 .control_plane_files
                 .iter()

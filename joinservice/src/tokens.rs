@@ -10,27 +10,15 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-/// What a node needs for bootstrap-token discovery.
-#[derive(Clone, PartialEq, Eq)]
-pub struct JoinCredentials {
-    /// `host:port` of the API server.
-    pub api_server_endpoint: String,
-    /// `[a-z0-9]{6}.[a-z0-9]{16}`.
-    pub bootstrap_token: String,
-    /// `sha256:<64 hex>` hashes of the cluster CA's public key.
-    pub discovery_ca_cert_hashes: Vec<String>,
-}
+use hawser_kube_types::{ApiServerEndpoint, BootstrapToken, CaCertHash};
 
-impl std::fmt::Debug for JoinCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The token id (before the dot) is public; the secret half is not.
-        let token_id = self.bootstrap_token.split('.').next().unwrap_or_default();
-        f.debug_struct("JoinCredentials")
-            .field("api_server_endpoint", &self.api_server_endpoint)
-            .field("bootstrap_token", &format_args!("{token_id}.<redacted>"))
-            .field("discovery_ca_cert_hashes", &self.discovery_ca_cert_hashes)
-            .finish()
-    }
+/// What a node needs for bootstrap-token discovery. `Debug` shows the token's ID only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinCredentials {
+    pub api_server_endpoint: ApiServerEndpoint,
+    pub bootstrap_token: BootstrapToken,
+    /// Pins of the cluster CA's public key.
+    pub discovery_ca_cert_hashes: Vec<CaCertHash>,
 }
 
 /// Why no token could be issued.
@@ -147,20 +135,18 @@ pub fn parse_join_command(output: &str) -> Result<JoinCredentials, TokenError> {
         .find(|l| l.starts_with("kubeadm join "))
         .ok_or_else(|| unparsable("no `kubeadm join` line"))?;
     let words: Vec<&str> = line.split_whitespace().collect();
-    let endpoint = words
+    let endpoint: ApiServerEndpoint = words
         .get(2)
-        .copied()
-        .ok_or_else(|| unparsable("no endpoint"))?;
-    if endpoint.starts_with('-') || !endpoint.contains(':') {
-        return Err(unparsable("the endpoint is not host:port"));
-    }
+        .ok_or_else(|| unparsable("no endpoint"))?
+        .parse()
+        .map_err(|_| unparsable("the endpoint is not host:port"))?;
     let mut token = None;
     let mut hashes = Vec::new();
     let mut i = 3;
     while i < words.len() {
         match (words[i], words.get(i + 1)) {
-            ("--token", Some(v)) => token = Some((*v).to_owned()),
-            ("--discovery-token-ca-cert-hash", Some(v)) => hashes.push((*v).to_owned()),
+            ("--token", Some(v)) => token = Some(*v),
+            ("--discovery-token-ca-cert-hash", Some(v)) => hashes.push(*v),
             _ => {
                 i += 1;
                 continue;
@@ -168,44 +154,33 @@ pub fn parse_join_command(output: &str) -> Result<JoinCredentials, TokenError> {
         }
         i += 2;
     }
-    let token = token.ok_or_else(|| unparsable("no --token"))?;
-    if !is_bootstrap_token(&token) {
-        return Err(unparsable("the token is not [a-z0-9]{6}.[a-z0-9]{16}"));
-    }
-    if hashes.is_empty() || !hashes.iter().all(|h| is_ca_cert_hash(h)) {
-        return Err(unparsable(
-            "no well-formed --discovery-token-ca-cert-hash sha256:<hex>",
-        ));
-    }
+    let token: BootstrapToken = token
+        .ok_or_else(|| unparsable("no --token"))?
+        .parse()
+        .map_err(|_| unparsable("the token is not [a-z0-9]{6}.[a-z0-9]{16}"))?;
+    let hashes = hashes
+        .iter()
+        .map(|h| h.parse::<CaCertHash>())
+        .collect::<Result<Vec<_>, _>>()
+        .ok()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| unparsable("no well-formed --discovery-token-ca-cert-hash sha256:<hex>"))?;
     Ok(JoinCredentials {
-        api_server_endpoint: endpoint.to_owned(),
+        api_server_endpoint: endpoint,
         bootstrap_token: token,
         discovery_ca_cert_hashes: hashes,
     })
 }
 
-/// kubeadm's bootstrap token format.
-pub fn is_bootstrap_token(token: &str) -> bool {
-    let ok = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
-    };
-    matches!(token.split_once('.'), Some((id, secret)) if ok(id, 6) && ok(secret, 16))
-}
-
-/// `sha256:` followed by 64 lowercase hex digits.
-pub fn is_ca_cert_hash(hash: &str) -> bool {
-    hash.strip_prefix("sha256:").is_some_and(|h| {
-        h.len() == 64
-            && h.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    })
-}
-
 fn redact_tokens(text: &str) -> String {
     text.split_whitespace()
-        .map(|w| if is_bootstrap_token(w) { "<token>" } else { w })
+        .map(|w| {
+            if w.parse::<BootstrapToken>().is_ok() {
+                "<token>"
+            } else {
+                w
+            }
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -222,11 +197,19 @@ mod tests {
             "kubeadm join 10.42.0.1:6443 --token abcdef.0123456789abcdef --discovery-token-ca-cert-hash {HASH} \n"
         );
         let creds = parse_join_command(&out).unwrap();
-        assert_eq!(creds.api_server_endpoint, "10.42.0.1:6443");
-        assert_eq!(creds.bootstrap_token, "abcdef.0123456789abcdef");
-        assert_eq!(creds.discovery_ca_cert_hashes, [HASH]);
+        assert_eq!(creds.api_server_endpoint.to_string(), "10.42.0.1:6443");
+        assert_eq!(
+            creds.bootstrap_token.expose_secret(),
+            "abcdef.0123456789abcdef"
+        );
+        assert_eq!(creds.discovery_ca_cert_hashes, [HASH.parse().unwrap()]);
         let debug = format!("{creds:?}");
         assert!(debug.contains("abcdef.<redacted>") && !debug.contains("0123456789abcdef --"));
+        assert!(!debug.contains("abcdef.0123456789abcdef"), "{debug}");
+        assert!(
+            debug.contains("10.42.0.1:6443") && debug.contains(HASH),
+            "{debug}"
+        );
     }
 
     #[test]
@@ -265,15 +248,43 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_endpoint_must_be_host_and_port_as_kubeadm_join_takes_it() {
+        for endpoint in [
+            "10.42.0.1",
+            "fd00::1:6443",
+            "[fd00::1]",
+            "10.42.0.1:0",
+            "Bad_Host:6443",
+        ] {
+            let out = format!(
+                "kubeadm join {endpoint} --token abcdef.0123456789abcdef --discovery-token-ca-cert-hash {HASH}"
+            );
+            match parse_join_command(&out) {
+                Err(TokenError::Unparsable { reason, .. }) => {
+                    assert_eq!(reason, "the endpoint is not host:port", "{endpoint}")
+                }
+                other => panic!("{endpoint}: {other:?}"),
+            }
+        }
+        let out = format!(
+            "kubeadm join [fd00::1]:6443 --token abcdef.0123456789abcdef --discovery-token-ca-cert-hash {HASH} --discovery-token-ca-cert-hash {}",
+            HASH.replace('0', "f")
+        );
+        let creds = parse_join_command(&out).unwrap();
+        assert_eq!(creds.api_server_endpoint.to_string(), "[fd00::1]:6443");
+        assert_eq!(creds.discovery_ca_cert_hashes.len(), 2);
+    }
+
     struct Counting(std::sync::atomic::AtomicU32);
 
     impl BootstrapTokenIssuer for Counting {
         fn issue(&self, _ttl: Duration) -> Result<JoinCredentials, TokenError> {
             let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Ok(JoinCredentials {
-                api_server_endpoint: "h:1".into(),
-                bootstrap_token: format!("abcde{n}.0123456789abcdef"),
-                discovery_ca_cert_hashes: vec![HASH.into()],
+                api_server_endpoint: "h:1".parse().unwrap(),
+                bootstrap_token: format!("abcde{n}.0123456789abcdef").parse().unwrap(),
+                discovery_ca_cert_hashes: vec![HASH.parse().unwrap()],
             })
         }
     }
@@ -305,8 +316,8 @@ mod tests {
             kubeconfig: kubeconfig.clone(),
         };
         let creds = issuer.issue(Duration::from_secs(3600)).unwrap();
-        assert!(is_bootstrap_token(&creds.bootstrap_token));
-        assert_eq!(creds.api_server_endpoint, "10.42.0.1:6443");
+        // The token is a `BootstrapToken`: well-formed, or the issuer would have failed.
+        assert_eq!(creds.api_server_endpoint.to_string(), "10.42.0.1:6443");
         // Each call is a new token.
         assert_ne!(
             issuer

@@ -13,6 +13,14 @@
 //! validates it ([`config`]), so a configuration hawser writes that real kubeadm would refuse
 //! is refused here too, with the document, field and problem named.
 //!
+//! The stand-ins deliberately use none of hawser's crates, `hawser-kube-types` included, for
+//! the bootstrap token, CA certificate hash, CIDR, DNS-name and endpoint checks that hawser
+//! defines there: they stand in for upstream kubeadm and the kubelet, so they check with their
+//! own code ([`validate`]), written from kubeadm's rules. That makes them a second opinion on
+//! what hawser writes: a bug in hawser's shared types cannot make both sides agree on something
+//! kubeadm would refuse. (The only hawser crate they touch is `hawser-joinservice`, as a
+//! dev-dependency of the contract test that runs its token issuer against this kubeadm.)
+//!
 //! Every call is recorded as a JSON line under `<root>/var/log/hawser-standin/` ([`record`]).
 //! `<root>` is `/`, or `$HAWSER_STANDIN_ROOT` so tests run without root.
 

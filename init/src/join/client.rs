@@ -13,15 +13,17 @@ use std::time::Duration;
 
 use hawser_attestation::TpmIssuer;
 use hawser_attestation::atls::{AtlsClient, Identity, PeerPolicy};
+use hawser_kube_types::{ApiServerEndpoint, BootstrapToken, CaCertHash};
 use hawser_proto::join::join_service_client::JoinServiceClient;
-use hawser_proto::join::{IssueJoinTicketRequest, IssueRejoinTicketRequest};
+use hawser_proto::join::{
+    IssueJoinTicketRequest, IssueJoinTicketResponse, IssueRejoinTicketRequest,
+};
 use tracing::warn;
 use zeroize::Zeroizing;
 
 use super::{Backoff, INSECURE_TRUST_WARNING, JoinEndpoint, jitter_unit};
 use crate::disk::key::DiskStatus;
 use crate::fatal::error_chain;
-use crate::kubeadm::BootstrapToken;
 
 /// Deadline of one attempt (connect, handshake with quotes on both sides, call).
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -58,9 +60,9 @@ pub struct Secrets {
 /// The Kubernetes half of a join ticket. The token is secret (zeroized, redacted in `Debug`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeadmTicket {
-    pub api_server_endpoint: String,
+    pub api_server_endpoint: ApiServerEndpoint,
     pub token: BootstrapToken,
-    pub ca_cert_hashes: Vec<String>,
+    pub ca_cert_hashes: Vec<CaCertHash>,
     pub kubernetes_version: String,
     /// A control-plane join: the cluster's shared certificates and keys (name relative to
     /// `/etc/kubernetes/pki`, content); `None` for a worker.
@@ -172,36 +174,20 @@ impl JoinClient {
                     .await
                     .map_err(status_text)?
                     .into_inner();
-                let token = BootstrapToken::parse(&response.bootstrap_token)
-                    .map_err(|e| format!("the join service sent an unusable bootstrap token: {e}"));
-                zeroize::Zeroize::zeroize(&mut response.bootstrap_token);
-                let secrets = Secrets {
-                    state_disk_key: Zeroizing::new(std::mem::take(&mut response.state_disk_key)),
-                    measurement_secret: Zeroizing::new(std::mem::take(
-                        &mut response.measurement_secret,
-                    )),
-                    measurement_salt: std::mem::take(&mut response.measurement_salt),
-                    ticket: Some(KubeadmTicket {
-                        api_server_endpoint: std::mem::take(&mut response.api_server_endpoint),
-                        token: token?,
-                        ca_cert_hashes: std::mem::take(&mut response.discovery_ca_cert_hashes),
-                        kubernetes_version: std::mem::take(&mut response.kubernetes_version),
-                        control_plane_files: self.control_plane.then(|| {
-                            response
-                                .control_plane_files
-                                .iter_mut()
-                                .map(|file| ControlPlaneFile {
-                                    name: std::mem::take(&mut file.name),
-                                    data: Zeroizing::new(std::mem::take(&mut file.data)),
-                                })
-                                .collect()
-                        }),
-                    }),
-                };
+                let ticket = kubeadm_ticket(&mut response, self.control_plane);
+                let state_disk_key = Zeroizing::new(std::mem::take(&mut response.state_disk_key));
+                let measurement_secret =
+                    Zeroizing::new(std::mem::take(&mut response.measurement_secret));
+                // Files a worker was sent, and those of a refused ticket, are wiped too.
                 for file in &mut response.control_plane_files {
                     zeroize::Zeroize::zeroize(&mut file.data);
                 }
-                Ok(secrets)
+                Ok(Secrets {
+                    state_disk_key,
+                    measurement_secret,
+                    measurement_salt: std::mem::take(&mut response.measurement_salt),
+                    ticket: Some(ticket?),
+                })
             }
             DiskStatus::Initialized => {
                 let mut response = client
@@ -224,7 +210,155 @@ impl JoinClient {
     }
 }
 
+/// The Kubernetes half of `response`, checked: the token (wiped from the response whether or
+/// not it is usable), the API server endpoint and the CA certificate hashes. The
+/// control-plane files are taken for a control-plane node.
+fn kubeadm_ticket(
+    response: &mut IssueJoinTicketResponse,
+    control_plane: bool,
+) -> Result<KubeadmTicket, String> {
+    let token = response
+        .bootstrap_token
+        .parse::<BootstrapToken>()
+        .map_err(|e| format!("the join service sent an unusable bootstrap token: {e}"));
+    zeroize::Zeroize::zeroize(&mut response.bootstrap_token);
+    let token = token?;
+    let api_server_endpoint = response
+        .api_server_endpoint
+        .parse::<ApiServerEndpoint>()
+        .map_err(|e| {
+            format!(
+                "the join service sent an unusable API server endpoint {:?}: {}",
+                response.api_server_endpoint,
+                error_chain(&e)
+            )
+        })?;
+    let ca_cert_hashes = response
+        .discovery_ca_cert_hashes
+        .iter()
+        .map(|hash| {
+            hash.parse::<CaCertHash>().map_err(|e| {
+                format!("the join service sent an unusable CA certificate hash {hash:?}: {e}")
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(KubeadmTicket {
+        api_server_endpoint,
+        token,
+        ca_cert_hashes,
+        kubernetes_version: std::mem::take(&mut response.kubernetes_version),
+        control_plane_files: control_plane.then(|| {
+            response
+                .control_plane_files
+                .iter_mut()
+                .map(|file| ControlPlaneFile {
+                    name: std::mem::take(&mut file.name),
+                    data: Zeroizing::new(std::mem::take(&mut file.data)),
+                })
+                .collect()
+        }),
+    })
+}
+
 /// The node's name as the join service records it.
 pub fn node_name(disk_uuid: &str) -> String {
     format!("hawser-{}", disk_uuid.get(..8).unwrap_or(disk_uuid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hawser_proto::join::ControlPlaneFile as WireFile;
+
+    const TOKEN: &str = "abcdef.0123456789abcdef";
+    const HASH: &str = "sha256:1234567890abcdef1234567890abcdef1234567890abcdef1234567890abcdef";
+
+    fn response() -> IssueJoinTicketResponse {
+        IssueJoinTicketResponse {
+            api_server_endpoint: "10.0.2.15:6443".into(),
+            bootstrap_token: TOKEN.into(),
+            discovery_ca_cert_hashes: vec![HASH.into()],
+            kubernetes_version: "v1.33.4".into(),
+            control_plane_files: vec![WireFile {
+                name: "ca.key".into(),
+                data: b"key material".to_vec(),
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_well_formed_ticket_is_taken_and_its_token_wiped_from_the_response() {
+        let mut wire = response();
+        let ticket = kubeadm_ticket(&mut wire, false).unwrap();
+        assert_eq!(ticket.api_server_endpoint.to_string(), "10.0.2.15:6443");
+        assert_eq!(ticket.token.expose_secret(), TOKEN);
+        assert_eq!(ticket.ca_cert_hashes, [HASH.parse().unwrap()]);
+        assert_eq!(ticket.kubernetes_version, "v1.33.4");
+        assert!(ticket.control_plane_files.is_none());
+        assert!(
+            wire.bootstrap_token.bytes().all(|b| b == 0),
+            "token left behind"
+        );
+        let ticket = kubeadm_ticket(&mut response(), true).unwrap();
+        let files = ticket.control_plane_files.unwrap();
+        assert_eq!(files[0].name, "ca.key");
+        assert_eq!(*files[0].data, b"key material");
+    }
+
+    #[test]
+    fn an_unusable_ticket_is_refused_naming_the_field_without_echoing_the_token() {
+        type Edit = fn(&mut IssueJoinTicketResponse);
+        let cases: [(Edit, &str); 7] = [
+            (
+                |r| r.api_server_endpoint = "10.0.2.15".into(),
+                "API server endpoint \"10.0.2.15\": there is no port",
+            ),
+            (
+                |r| r.api_server_endpoint = "10.0.2.15:99999".into(),
+                "API server endpoint \"10.0.2.15:99999\": the port",
+            ),
+            (
+                |r| r.api_server_endpoint = "fd00::1:6443".into(),
+                "API server endpoint \"fd00::1:6443\"",
+            ),
+            (
+                |r| r.discovery_ca_cert_hashes = vec!["sha1:abcd".into()],
+                "CA certificate hash \"sha1:abcd\"",
+            ),
+            (
+                |r| r.discovery_ca_cert_hashes = vec![HASH.to_uppercase()],
+                "CA certificate hash",
+            ),
+            (
+                |r| r.bootstrap_token = "ABCDEF.0123456789abcdef".into(),
+                "unusable bootstrap token",
+            ),
+            (
+                |r| r.bootstrap_token = "abcdef.0123456789abcdeF".into(),
+                "unusable bootstrap token",
+            ),
+        ];
+        for (edit, message) in cases {
+            let mut wire = response();
+            edit(&mut wire);
+            let secret = wire.bootstrap_token.clone();
+            let err = kubeadm_ticket(&mut wire, true).unwrap_err();
+            assert!(err.contains(message), "{message}: {err}");
+            assert!(!err.contains(&secret), "{err}");
+            assert!(
+                wire.bootstrap_token.bytes().all(|b| b == 0),
+                "token left behind"
+            );
+        }
+        // No hash at all is kubeadm_config's refusal ("at least one"): not a malformed field.
+        let mut wire = response();
+        wire.discovery_ca_cert_hashes.clear();
+        assert!(
+            kubeadm_ticket(&mut wire, false)
+                .unwrap()
+                .ca_cert_hashes
+                .is_empty()
+        );
+    }
 }

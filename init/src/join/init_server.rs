@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 use hawser_attestation::TpmIssuer;
 use hawser_attestation::atls::{AtlsServer, Identity, PeerPolicy};
 use hawser_keys::MasterSecret;
+use hawser_kube_types::{DnsSubdomain, ServiceCidr, ServiceCidrError};
 use hawser_proto::init::init_service_server::{InitService, InitServiceServer};
 use hawser_proto::init::{
     InitFailure, InitRequest, InitResponse, InitSuccess, RecoverRequest, init_response,
@@ -71,7 +72,7 @@ impl GrantKind {
 pub struct ClusterSpec {
     pub cluster_name: String,
     pub kubernetes_version: String,
-    pub service_cidr: String,
+    pub service_cidr: ServiceCidr,
     pub api_server_cert_sans: Vec<String>,
 }
 
@@ -178,8 +179,13 @@ pub enum RequestError {
     ClusterName(String),
     #[error("kubernetes_version {0:?} is not of the form v<major>.<minor>.<patch>")]
     KubernetesVersion(String),
-    #[error("service_cidr {0:?} is not a CIDR (e.g. 10.96.0.0/12)")]
-    ServiceCidr(String),
+    /// The Service range is not a CIDR, or is larger than the API server allows.
+    #[error("service_cidr {value:?} is not a usable Service range (e.g. 10.96.0.0/12)")]
+    ServiceCidr {
+        value: String,
+        #[source]
+        source: ServiceCidrError,
+    },
     #[error("api_server_cert_sans entry {0:?} is neither an IP address nor a DNS name")]
     CertSan(String),
 }
@@ -200,9 +206,14 @@ pub fn validate_init(
             request.kubernetes_version.clone(),
         ));
     }
-    if !is_cidr(&request.service_cidr) {
-        return Err(RequestError::ServiceCidr(request.service_cidr.clone()));
-    }
+    let service_cidr =
+        request
+            .service_cidr
+            .parse()
+            .map_err(|source| RequestError::ServiceCidr {
+                value: request.service_cidr.clone(),
+                source,
+            })?;
     if let Some(bad) = request
         .api_server_cert_sans
         .iter()
@@ -213,7 +224,7 @@ pub fn validate_init(
     let spec = ClusterSpec {
         cluster_name: request.cluster_name.clone(),
         kubernetes_version: request.kubernetes_version.clone(),
-        service_cidr: request.service_cidr.clone(),
+        service_cidr,
         api_server_cert_sans: request.api_server_cert_sans.clone(),
     };
     Ok((GrantKind::Init(spec), master, salt))
@@ -247,16 +258,11 @@ fn check_salt(salt: &[u8]) -> Result<(), RequestError> {
 }
 
 fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
+    s.parse::<DnsSubdomain>().is_ok_and(|name| name.is_label())
 }
 
 fn is_dns_name(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_dns_label)
+    s.parse::<DnsSubdomain>().is_ok()
 }
 
 fn is_kubernetes_version(s: &str) -> bool {
@@ -267,20 +273,6 @@ fn is_kubernetes_version(s: &str) -> bool {
                 .iter()
                 .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
     })
-}
-
-fn is_cidr(s: &str) -> bool {
-    let Some((addr, prefix)) = s.split_once('/') else {
-        return false;
-    };
-    let Ok(prefix) = prefix.parse::<u8>() else {
-        return false;
-    };
-    match addr.parse::<IpAddr>() {
-        Ok(IpAddr::V4(_)) => prefix <= 32,
-        Ok(IpAddr::V6(_)) => prefix <= 128,
-        Err(_) => false,
-    }
 }
 
 /// The gRPC service: validates, hands the first valid request to the race, refuses the rest.
@@ -328,7 +320,7 @@ impl InitServer {
             }));
         }
         let (kind, master, measurement_salt) =
-            validated.map_err(|e| Status::invalid_argument(e.to_string()))?;
+            validated.map_err(|e| Status::invalid_argument(crate::fatal::error_chain(&e)))?;
         let sender = self
             .slot
             .lock()
@@ -466,7 +458,7 @@ mod tests {
     #[test]
     fn each_bad_field_is_named() {
         type Mutation = fn(&mut InitRequest);
-        let cases: [(Mutation, &str); 7] = [
+        let cases: [(Mutation, &str); 10] = [
             (|r| r.master_secret = vec![1; 8], "invalid master secret"),
             (
                 |r| r.measurement_salt = vec![1; 3],
@@ -482,6 +474,20 @@ mod tests {
                 |r| r.service_cidr = "10.96.0.0/33".into(),
                 "service_cidr \"10.96.0.0/33\"",
             ),
+            // Refused here, before the node lock, rather than by kubeadm after the pivot.
+            (
+                |r| r.service_cidr = "10.0.0.0/8".into(),
+                "service_cidr \"10.0.0.0/8\" is not a usable Service range (e.g. 10.96.0.0/12): \
+                 too large",
+            ),
+            (
+                |r| r.service_cidr = "10.96.0.1/12".into(),
+                "host bits are set past the /12 prefix (the network is 10.96.0.0/12)",
+            ),
+            (
+                |r| r.cluster_name = "demo.example".into(),
+                "cluster_name \"demo.example\"",
+            ),
             (
                 |r| r.api_server_cert_sans.push("a b".into()),
                 "entry \"a b\"",
@@ -490,7 +496,7 @@ mod tests {
         for (mutate, expected) in cases {
             let mut request = good_init();
             mutate(&mut request);
-            let err = validate_init(&mut request).unwrap_err().to_string();
+            let err = crate::fatal::error_chain(&validate_init(&mut request).unwrap_err());
             assert!(err.contains(expected), "{err} should contain {expected}");
         }
     }

@@ -10,6 +10,8 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use hawser_kube_types::BootstrapToken;
+use hawser_kube_types::token::TOKEN_LEN;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::task::JoinHandle;
 
@@ -58,10 +60,6 @@ impl Tail {
     }
 }
 
-fn is_token_char(b: u8) -> bool {
-    b.is_ascii_lowercase() || b.is_ascii_digit()
-}
-
 /// Replaces the secret half of bootstrap tokens (`[a-z0-9]{6}.[a-z0-9]{16}`, as a whole word)
 /// and, with [`Redaction::TokensAndKeys`], standalone 64-hex-digit words.
 pub fn redact(line: &str, redaction: Redaction) -> String {
@@ -72,15 +70,14 @@ pub fn redact(line: &str, redaction: Redaction) -> String {
     while i < bytes.len() {
         let word_start = i == 0 || !bytes[i - 1].is_ascii_alphanumeric();
         if word_start
-            && i + 23 <= bytes.len()
-            && bytes[i..i + 6].iter().all(|&b| is_token_char(b))
-            && bytes[i + 6] == b'.'
-            && bytes[i + 7..i + 23].iter().all(|&b| is_token_char(b))
-            && boundary(i + 23)
+            && boundary(i + TOKEN_LEN)
+            && let Some(token) = line
+                .get(i..i + TOKEN_LEN)
+                .and_then(|word| word.parse::<BootstrapToken>().ok())
         {
-            out.push_str(&line[i..i + 7]);
-            out.push_str("<redacted>");
-            i += 23;
+            out.push_str(token.id());
+            out.push_str(".<redacted>");
+            i += TOKEN_LEN;
             continue;
         }
         if redaction == Redaction::TokensAndKeys
@@ -210,6 +207,15 @@ mod tests {
         ] {
             assert_eq!(redact(text, Redaction::TokensAndKeys), text);
         }
+        // Next to multi-byte characters, and cut short by one: no panic, nothing leaks.
+        assert_eq!(
+            redact("«abcdef.0123456789abcdef»", Redaction::Tokens),
+            "«abcdef.<redacted>»"
+        );
+        assert_eq!(
+            redact("abcdef.0123456789abcdeé", Redaction::Tokens),
+            "abcdef.0123456789abcdeé"
+        );
     }
 
     #[test]
