@@ -13,10 +13,12 @@
 //! - [`uki`]: the PE assembly of the unified kernel image;
 //! - [`build`]: the orchestration writing `hawser.efi`, `initrd.cpio.zst`, `vmlinuz`, `cmdline`
 //!   and `manifest.json`;
-//! - [`pipeline`]: fetch + compile PID 1 + build, as the CLI runs it.
+//! - [`pipeline`]: fetch + compile PID 1 + build, as the CLI runs it ([`compile`]: the
+//!   reproducible cargo builds of PID 1 and the rootfs's binaries).
 
 pub mod build;
 pub mod closure;
+pub mod compile;
 pub mod cpio;
 pub mod disk;
 pub mod initramfs;

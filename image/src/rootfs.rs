@@ -909,8 +909,8 @@ pub fn compile_rootfs_binaries(
     target_dir: Option<&Path>,
     source_date_epoch: u64,
 ) -> Result<PathBuf, RootfsError> {
-    let target_dir = crate::pipeline::image_target_dir(workspace, target_dir);
-    let status = crate::pipeline::image_cargo_build(
+    let target_dir = crate::compile::image_target_dir(workspace, target_dir);
+    let status = crate::compile::image_cargo_build(
         workspace,
         &target_dir,
         "hawser-standin",
