@@ -14,7 +14,7 @@ use std::str::FromStr;
 pub struct Guid([u8; 16]);
 
 impl Guid {
-    /// The GUID written `XXXXXXXX-XXXX-XXXX-XXXX-XXXXXXXXXXXX` = the 32 hex digits of `value`.
+    /// The GUID whose text form (8-4-4-4-12 hex digits) is the 32 hex digits of `value`.
     pub const fn from_u128(value: u128) -> Guid {
         Guid(value.to_be_bytes())
     }
