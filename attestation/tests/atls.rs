@@ -2,6 +2,7 @@
 //! TPM issuer, the pure-Rust validator, rustls handshakes over loopback TCP, and tonic on top.
 //! Run with `cargo test -p hawser-attestation --features tpm,tonic --test atls`.
 #![cfg(all(feature = "tpm", feature = "tonic"))]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::collections::BTreeMap;
 use std::process::Command;

@@ -1,6 +1,7 @@
 //! The issuer against a real swtpm, and its output against the verifier and tpm2-tools.
 //! Run with `cargo test -p hawser-attestation --features tpm`.
 #![cfg(feature = "tpm")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 mod common;
 

@@ -8,6 +8,7 @@
 //!
 //! Host tools: `veritysetup` (cryptsetup-bin), `sfdisk` (fdisk), mtools, dosfstools (`fsck.vfat`);
 //! a missing one fails the test, naming its Debian package.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;

@@ -4,6 +4,7 @@
 //! (bookworm-backports), dump.erofs, root and the Debian mirror. A missing tool skips a test,
 //! saying which and what to install, unless `HAWSER_REQUIRE_INPUTS=1` (CI sets it after
 //! scripts/setup-host), which makes it a failure (`hawser_image::test_support`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};

@@ -9,6 +9,7 @@
 //! by `hawser image fetch`); they say so and return when the inputs are absent, and
 //! `HAWSER_REQUIRE_INPUTS=1` turns that into a failure (`hawser_image::test_support`). The
 //! synthetic-stub tests always run.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -12,6 +12,7 @@
 //! - the lifecycle, run on an image file, leaves a header cryptsetup reads as initialized.
 //!
 //! Needs `cryptsetup` (Debian package cryptsetup-bin, installed by `scripts/setup-host`).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -4,6 +4,7 @@
 //! The test binary makes itself a child subreaper (prctl PR_SET_CHILD_SUBREAPER), so orphans of
 //! its descendants are re-parented to it as they would be to PID 1. It is one test in its own
 //! binary: the reaper acts on every child of the process.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::time::Duration;
 

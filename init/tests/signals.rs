@@ -1,5 +1,6 @@
 //! SIGTERM, SIGINT and SIGPWR become shutdown requests. Its own test binary: it installs
 //! process-wide signal handlers and signals itself.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::time::Duration;
 

@@ -1,5 +1,6 @@
 //! The TPM step of the bring-up against a real swtpm, checked with the report verifier of
 //! hawser-attestation the way the test harness and the CLI check a guest's report.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 // The attestation crate's swtpm fixture (one private swtpm per test), shared rather than copied.
 #[allow(dead_code)]

@@ -30,6 +30,7 @@
 //! - `HAWSER_BENCH_KUBEADM`: replaces the kubeadm stand-in;
 //! - `HAWSER_BENCH_MAX_LOAD`: before each level, wait while the 1-minute load average is above
 //!   this (polled every 30 s, for at most `HAWSER_BENCH_MAX_WAIT_SECS`, default 600), then run.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};

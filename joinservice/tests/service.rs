@@ -2,6 +2,7 @@
 //! provider CA, nodes attesting over aTLS with the TPM issuer, tonic's JoinServiceClient on
 //! top, and the core issuing tokens through the kubeadm stand-in.
 //! Run with `cargo test -p hawser-joinservice --test service`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

@@ -9,6 +9,7 @@
 //! against what firmware, systemd-stub and the kernel really measured. Without the input cache
 //! they say so and skip; `HAWSER_REQUIRE_INPUTS=1` makes that a failure
 //! (`hawser_image::test_support`). The event-log-only tests always run.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::collections::BTreeMap;
 use std::path::Path;

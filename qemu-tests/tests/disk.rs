@@ -11,6 +11,7 @@
 //! --test-threads=1`. `benchmark_open_and_throughput_against_cryptsetup` additionally runs
 //! cryptsetup *inside* the guest (a throwaway initramfs made from the host's cryptsetup,
 //! busybox and kmod; see docs/state-disk.md) and prints the numbers the documentation quotes.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::io::Read as _;
 use std::os::unix::fs::FileExt as _;

@@ -15,6 +15,7 @@
 //!
 //! `#[ignore]`d in plain `cargo test`; run with
 //! `cargo test -p hawser-qemu --test disk_image -- --ignored --nocapture`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -4,6 +4,7 @@
 //! `scripts/test` (`cargo test -p hawser-qemu --test e2e -- --ignored --test-threads=1`).
 //! The image is built once per run and shared by every boot; each boot costs ~10 s (direct
 //! kernel) or ~25 s (OVMF + UKI) of wall time.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -12,6 +12,7 @@
 //! The QEMU boots are `#[ignore]`d in plain `cargo test` (seconds to a minute each under TCG):
 //! `cargo test -p hawser-qemu --test harness -- --ignored --test-threads=1`. The swtpm test
 //! boots nothing and runs with the unit tests.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

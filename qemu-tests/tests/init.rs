@@ -17,6 +17,7 @@
 //! its services without running kubeadm again.
 //!
 //! `#[ignore]`d like the other boot tests: `cargo test -p hawser-qemu --test init -- --ignored`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::path::Path;
 use std::time::Duration;

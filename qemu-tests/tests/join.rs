@@ -10,6 +10,7 @@
 //!
 //! `#[ignore]`d like the other boot tests (OVMF boots under TCG, ~25 s each):
 //! `cargo test -p hawser-qemu --test join -- --ignored --test-threads=1`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -12,6 +12,7 @@
 //!
 //! `#[ignore]`d in plain `cargo test`; run with
 //! `cargo test -p hawser-qemu --test measurements -- --ignored --test-threads=1`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

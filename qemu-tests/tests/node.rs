@@ -19,6 +19,7 @@
 //!
 //! `#[ignore]`d in plain `cargo test`; run with
 //! `cargo test -p hawser-qemu --test node -- --ignored --test-threads=1 --nocapture`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt as _;
