@@ -7,7 +7,8 @@
 //!   hawser-joind: `kubeadm token create --print-join-command`
 //!       ─► ApiServerEndpoint, BootstrapToken, CaCertHash ─► join ticket (gRPC, aTLS)
 //!   hawser-init:  join ticket ─► the same types ─► JoinConfiguration ─► `kubeadm join`
-//!   hawser-init:  `hawser init` request ─► ServiceCidr ─► ClusterConfiguration ─► `kubeadm init`
+//!   hawser-init:  `hawser init` request ─► ServiceCidr, KubernetesVersion
+//!                     ─► ClusterConfiguration ─► `kubeadm init`
 //! ```
 //!
 //! - [`BootstrapToken`]: `[a-z0-9]{6}.[a-z0-9]{16}`, a public token ID and a secret that is
@@ -17,7 +18,9 @@
 //!   server's size limit on the Service range;
 //! - [`DnsSubdomain`]: an RFC 1123 subdomain, as Kubernetes names nodes;
 //! - [`Endpoint`] and [`ApiServerEndpoint`]: `host[:port]` and `host:port`, IPv6 in brackets,
-//!   as kubeadm parses them.
+//!   as kubeadm parses them;
+//! - [`KubernetesVersion`]: `v<major>.<minor>.<patch>[-<pre-release>]` without leading zeros,
+//!   the subset of kubeadm's `kubernetesVersion` a node installs without resolving labels.
 //!
 //! Each type parses its text form (`FromStr`, one error type each) and prints its canonical form
 //! (`Display`; the token only through [`BootstrapToken::expose_secret`]). A value that parsed is
@@ -37,9 +40,11 @@ pub mod cidr;
 pub mod dns;
 pub mod endpoint;
 pub mod token;
+pub mod version;
 
 pub use ca_cert_hash::{CaCertHash, CaCertHashError};
 pub use cidr::{Cidr, CidrError, ServiceCidr, ServiceCidrError};
 pub use dns::{DnsSubdomain, DnsSubdomainError};
 pub use endpoint::{ApiServerEndpoint, Endpoint, EndpointError, Host};
 pub use token::{BootstrapToken, BootstrapTokenError};
+pub use version::{KubernetesVersion, KubernetesVersionError, VersionNumber};
