@@ -44,16 +44,25 @@ pub const MAX_STATE_DISK_KEY_LEN: usize = 96;
 /// A configuration value hawser cannot use.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
+    /// A `hawser.*` key on the measured kernel command line has a value hawser cannot use:
+    /// fatal, since booting with a setting the operator did not ask for is worse.
     #[error("kernel command line key {key} has malformed value {value:?}: {reason}")]
     MalformedCmdline {
+        /// The key, with its `hawser.` prefix.
         key: String,
+        /// The value as given (empty for a key without `=`).
         value: String,
+        /// What was expected instead.
         reason: &'static str,
     },
+    /// An allowed fw_cfg key (`opt/hawser/<key>`) has a value hawser cannot use.
     #[error("fw_cfg key opt/hawser/{key} has malformed value {value:?}: {reason}")]
     MalformedFwCfg {
+        /// The key, without the `opt/hawser/` prefix.
         key: String,
+        /// The value as given; for the state disk key a placeholder, never key material.
         value: String,
+        /// What was expected instead.
         reason: &'static str,
     },
 }

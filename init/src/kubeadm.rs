@@ -23,10 +23,10 @@
 //!   default `SystemdCgroup = false`).
 //!
 //! Input is validated before anything is encoded. The values a join ticket or `hawser init`
-//! brings (bootstrap token, CA certificate hashes, API server endpoint, Service range) arrive
-//! as `hawser-kube-types` values, checked where they entered the node; this module checks the
-//! rest: node name, cluster name and SANs as DNS names, addresses, the Kubernetes version and
-//! the certificate key. Errors never echo secrets (tokens, keys), and the secret-carrying types
+//! brings (bootstrap token, CA certificate hashes, API server endpoint, Service range,
+//! Kubernetes version) arrive as `hawser-kube-types` values, checked where they entered the
+//! node; this module checks the rest: node name, cluster name and SANs as DNS names,
+//! addresses and the certificate key. Errors never echo secrets (tokens, keys), and the secret-carrying types
 //! redact themselves in `Debug`. The configuration text itself
 //! contains the token: [`KubeadmConfig`] zeroizes it on drop and [`write_config`] creates the
 //! file with mode 0600.
@@ -39,7 +39,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use hawser_kube_types::{
-    ApiServerEndpoint, BootstrapToken, CaCertHash, Cidr, DnsSubdomain, Endpoint, ServiceCidr,
+    ApiServerEndpoint, BootstrapToken, CaCertHash, Cidr, DnsSubdomain, Endpoint, KubernetesVersion,
+    ServiceCidr,
 };
 use serde::Serialize;
 use zeroize::Zeroizing;
@@ -55,23 +56,32 @@ pub const API_SERVER_PORT: u16 = 6443;
 /// The groups of a kubeadm node-join token.
 pub const NODE_TOKEN_GROUPS: &[&str] = &["system:bootstrappers:kubeadm:default-node-token"];
 
-/// Input kubeadm cannot be given.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Input kubeadm cannot be given, or a configuration that cannot be encoded.
+#[derive(Debug, thiserror::Error)]
 pub enum KubeadmConfigError {
+    /// A value that is not a secret is malformed (node name, address, SAN, ...); the message
+    /// shows it.
     #[error("kubeadm configuration: {field} {value:?} is invalid: {reason}")]
     Invalid {
+        /// What the value is, e.g. `node name`.
         field: &'static str,
+        /// The value as given.
         value: String,
+        /// What was expected instead.
         reason: &'static str,
     },
-    /// A secret's value is never shown.
+    /// A secret (the certificate key) is malformed; its value is never shown.
     #[error("kubeadm configuration: {field} is invalid (value not shown: secret): {reason}")]
     InvalidSecret {
+        /// What the secret is, e.g. `certificate key`.
         field: &'static str,
+        /// What was expected instead.
         reason: &'static str,
     },
-    #[error("cannot encode the kubeadm configuration: {0}")]
-    Encode(String),
+    /// A document cannot be encoded as JSON (a bug: every field is a plain string, number or
+    /// list).
+    #[error("cannot encode the kubeadm configuration")]
+    Encode(#[source] serde_json::Error),
 }
 
 fn invalid(field: &'static str, value: &str, reason: &'static str) -> KubeadmConfigError {
@@ -122,7 +132,7 @@ pub struct InitBootstrapToken {
 pub struct InitRequest {
     pub cluster_name: String,
     /// `v1.31.2`.
-    pub kubernetes_version: String,
+    pub kubernetes_version: KubernetesVersion,
     /// `10.96.0.0/12`.
     pub service_cidr: ServiceCidr,
     /// For CNIs that allocate from the node's pod CIDR (flannel); `None` leaves it unset.
@@ -304,7 +314,7 @@ struct JoinConfiguration<'a> {
 fn render(document: &impl Serialize) -> Result<Zeroizing<String>, KubeadmConfigError> {
     serde_json::to_string_pretty(document)
         .map(Zeroizing::new)
-        .map_err(|e| KubeadmConfigError::Encode(e.to_string()))
+        .map_err(KubeadmConfigError::Encode)
 }
 
 /// Documents as a YAML stream: each a JSON object, separated by `---` lines.
@@ -341,7 +351,6 @@ fn node_registration<'a>(
 /// KubeletConfiguration.
 pub fn init_config(request: &InitRequest) -> Result<KubeadmConfig, KubeadmConfigError> {
     check_dns_subdomain("cluster name", &request.cluster_name)?;
-    check_kubernetes_version(&request.kubernetes_version)?;
     check_node(&request.node_name, request.node_ip)?;
     for san in &request.cert_sans {
         check_san(san)?;
@@ -388,7 +397,7 @@ pub fn init_config(request: &InitRequest) -> Result<KubeadmConfig, KubeadmConfig
         api_version: KUBEADM_API_VERSION,
         kind: "ClusterConfiguration",
         cluster_name: &request.cluster_name,
-        kubernetes_version: &request.kubernetes_version,
+        kubernetes_version: request.kubernetes_version.as_str(),
         control_plane_endpoint,
         networking: Networking {
             service_subnet: request.service_cidr.to_string(),
@@ -506,31 +515,6 @@ fn check_node(node_name: &str, node_ip: IpAddr) -> Result<(), KubeadmConfigError
     Ok(())
 }
 
-fn check_kubernetes_version(version: &str) -> Result<(), KubeadmConfigError> {
-    const REASON: &str = "expected v<major>.<minor>.<patch>, e.g. v1.31.2";
-    let (core, pre) = match version.strip_prefix('v') {
-        Some(rest) => rest
-            .split_once('-')
-            .map_or((rest, None), |(c, p)| (c, Some(p))),
-        None => return Err(invalid("Kubernetes version", version, REASON)),
-    };
-    let numbers: Vec<&str> = core.split('.').collect();
-    let core_ok = numbers.len() == 3
-        && numbers
-            .iter()
-            .all(|n| !n.is_empty() && n.len() <= 5 && n.bytes().all(|b| b.is_ascii_digit()));
-    let pre_ok = pre.is_none_or(|p| {
-        !p.is_empty()
-            && p.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
-    });
-    if core_ok && pre_ok {
-        Ok(())
-    } else {
-        Err(invalid("Kubernetes version", version, REASON))
-    }
-}
-
 fn check_san(san: &str) -> Result<(), KubeadmConfigError> {
     let name = san.strip_prefix("*.").unwrap_or(san);
     if san.parse::<IpAddr>().is_ok() || is_dns_subdomain(name) {
@@ -573,7 +557,7 @@ mod tests {
     fn init_request() -> InitRequest {
         InitRequest {
             cluster_name: "hawser".into(),
-            kubernetes_version: "v1.31.2".into(),
+            kubernetes_version: "v1.31.2".parse().unwrap(),
             service_cidr: "10.96.0.0/12".parse().unwrap(),
             pod_cidr: Some("10.244.0.0/16".parse().unwrap()),
             control_plane_endpoint: None,
@@ -760,18 +744,10 @@ mod tests {
     #[test]
     fn invalid_init_input_is_refused_naming_the_field() {
         type Edit = fn(&mut InitRequest);
-        let cases: [(Edit, &str); 8] = [
+        let cases: [(Edit, &str); 6] = [
             (
                 |r| r.cluster_name = "Hawser".into(),
                 "cluster name \"Hawser\"",
-            ),
-            (
-                |r| r.kubernetes_version = "1.31.2".into(),
-                "Kubernetes version",
-            ),
-            (
-                |r| r.kubernetes_version = "v1.31".into(),
-                "Kubernetes version",
             ),
             (|r| r.node_name = "node_1".into(), "node name \"node_1\""),
             (|r| r.node_name = "-node".into(), "node name"),
@@ -782,8 +758,9 @@ mod tests {
             (|r| r.node_ip = "0.0.0.0".parse().unwrap(), "node IP"),
             (|r| r.cert_sans.push("bad name".into()), "SAN \"bad name\""),
         ];
-        // CIDRs and the control-plane endpoint are checked where they are parsed: see
-        // hawser-kube-types (cidr.rs, endpoint.rs) and the init server's request checks.
+        // CIDRs, the control-plane endpoint and the Kubernetes version (`1.31.2`, `v1.31`,
+        // `v1.033.0`) are checked where they are parsed: see hawser-kube-types (cidr.rs,
+        // endpoint.rs, version.rs) and the init server's request checks.
         for (edit, message) in cases {
             let mut request = init_request();
             edit(&mut request);

@@ -19,6 +19,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use hawser_attestation::tpm::Tpm;
+use hawser_kube_types::KubernetesVersion;
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD};
 use tracing::{info, warn};
 
@@ -146,7 +147,10 @@ pub const JOIND_PORT: u16 = 7000;
 
 impl InClusterJoinService {
     /// Writes the inputs under [`JOIND_DIR`] and returns the service to supervise.
-    fn prepare(&self, kubernetes_version: &str) -> std::io::Result<supervisor::ServiceSpec> {
+    fn prepare(
+        &self,
+        kubernetes_version: &KubernetesVersion,
+    ) -> std::io::Result<supervisor::ServiceSpec> {
         use std::os::unix::fs::DirBuilderExt as _;
         let dir = Path::new(JOIND_DIR);
         let _ = std::fs::remove_dir_all(dir);
@@ -187,7 +191,7 @@ impl InClusterJoinService {
             "--pki-dir".to_owned(),
             PKI_DIR.to_owned(),
             "--kubernetes-version".to_owned(),
-            kubernetes_version.to_owned(),
+            kubernetes_version.to_string(),
             "--attest-with-tpm".to_owned(),
             "device:/dev/tpmrm0".to_owned(),
         ];
@@ -210,12 +214,16 @@ pub struct NodeIdentity {
 /// Why the node cannot pivot.
 #[derive(Debug, thiserror::Error)]
 pub enum PivotError {
+    /// The rootfs partition cannot be found, verified or mapped (its own message says which).
     #[error(transparent)]
     Rootfs(#[from] rootfs::RootfsError),
+    /// A step of the switch into the new root failed (its own message says which).
     #[error(transparent)]
     Switch(#[from] rootfs::plan::SwitchRootError),
+    /// `/proc`, `/sys`, `/dev` and the rest cannot be mounted in the new root.
     #[error("cannot mount the new root's API filesystems")]
     Mounts(#[source] crate::mounts::MountError),
+    /// The blocking task that switches roots panicked or was cancelled.
     #[error("a blocking task of the pivot failed")]
     Task(#[source] tokio::task::JoinError),
 }
@@ -294,11 +302,16 @@ pub const KUBERNETES_SYSCTLS: [(&str, &str); 3] = [
 /// Why Kubernetes networking could not be prepared.
 #[derive(Debug, thiserror::Error)]
 pub enum NetworkingError {
+    /// A kernel module Kubernetes networking needs cannot be loaded (its own message says
+    /// which).
     #[error(transparent)]
     Modules(#[from] crate::modules::ModuleError),
+    /// A sysctl of [`KUBERNETES_SYSCTLS`] cannot be written.
     #[error("cannot set {key}={value}")]
     Sysctl {
+        /// The sysctl, e.g. `net.ipv4.ip_forward`.
         key: &'static str,
+        /// The value it should have.
         value: &'static str,
         #[source]
         source: std::io::Error,
@@ -448,7 +461,10 @@ async fn run_kubeadm(
 /// Starts `hawser-joind` on the cluster's first control-plane node, under the supervisor:
 /// later nodes join through it (and, with `hawser.join_service_trust=attested`, verify that it
 /// runs this same image).
-async fn start_join_service(join_service: Option<&InClusterJoinService>, version: &str) {
+async fn start_join_service(
+    join_service: Option<&InClusterJoinService>,
+    version: &KubernetesVersion,
+) {
     let Some(join_service) = join_service else {
         warn!(
             "the cluster's join service is not started: this image carries no provider CA to \

@@ -25,7 +25,9 @@ use std::sync::{Arc, Mutex};
 use hawser_attestation::TpmIssuer;
 use hawser_attestation::atls::{AtlsServer, Identity, PeerPolicy};
 use hawser_keys::MasterSecret;
-use hawser_kube_types::{DnsSubdomain, ServiceCidr, ServiceCidrError};
+use hawser_kube_types::{
+    DnsSubdomain, KubernetesVersion, KubernetesVersionError, ServiceCidr, ServiceCidrError,
+};
 use hawser_proto::init::init_service_server::{InitService, InitServiceServer};
 use hawser_proto::init::{
     InitFailure, InitRequest, InitResponse, InitSuccess, RecoverRequest, init_response,
@@ -71,7 +73,7 @@ impl GrantKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterSpec {
     pub cluster_name: String,
-    pub kubernetes_version: String,
+    pub kubernetes_version: KubernetesVersion,
     pub service_cidr: ServiceCidr,
     pub api_server_cert_sans: Vec<String>,
 }
@@ -177,8 +179,14 @@ pub enum RequestError {
     MeasurementSalt(usize),
     #[error("cluster_name {0:?} is not a DNS label (1-63 of a-z, 0-9, '-', not at either end)")]
     ClusterName(String),
-    #[error("kubernetes_version {0:?} is not of the form v<major>.<minor>.<patch>")]
-    KubernetesVersion(String),
+    /// The Kubernetes version is not a release version kubeadm installs without resolving a
+    /// label (`v1.33.4`, `v1.34.0-rc.1`).
+    #[error("kubernetes_version {value:?} is not a Kubernetes version to install (e.g. v1.33.4)")]
+    KubernetesVersion {
+        value: String,
+        #[source]
+        source: KubernetesVersionError,
+    },
     /// The Service range is not a CIDR, or is larger than the API server allows.
     #[error("service_cidr {value:?} is not a usable Service range (e.g. 10.96.0.0/12)")]
     ServiceCidr {
@@ -201,11 +209,14 @@ pub fn validate_init(
     if !is_dns_label(&request.cluster_name) {
         return Err(RequestError::ClusterName(request.cluster_name.clone()));
     }
-    if !is_kubernetes_version(&request.kubernetes_version) {
-        return Err(RequestError::KubernetesVersion(
-            request.kubernetes_version.clone(),
-        ));
-    }
+    let kubernetes_version =
+        request
+            .kubernetes_version
+            .parse()
+            .map_err(|source| RequestError::KubernetesVersion {
+                value: request.kubernetes_version.clone(),
+                source,
+            })?;
     let service_cidr =
         request
             .service_cidr
@@ -223,7 +234,7 @@ pub fn validate_init(
     }
     let spec = ClusterSpec {
         cluster_name: request.cluster_name.clone(),
-        kubernetes_version: request.kubernetes_version.clone(),
+        kubernetes_version,
         service_cidr,
         api_server_cert_sans: request.api_server_cert_sans.clone(),
     };
@@ -263,16 +274,6 @@ fn is_dns_label(s: &str) -> bool {
 
 fn is_dns_name(s: &str) -> bool {
     s.parse::<DnsSubdomain>().is_ok()
-}
-
-fn is_kubernetes_version(s: &str) -> bool {
-    s.strip_prefix('v').is_some_and(|rest| {
-        let parts: Vec<&str> = rest.split('.').collect();
-        parts.len() == 3
-            && parts
-                .iter()
-                .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
-    })
 }
 
 /// The gRPC service: validates, hands the first valid request to the race, refuses the rest.
@@ -452,13 +453,14 @@ mod tests {
             panic!("not an init")
         };
         assert_eq!(spec.cluster_name, "demo");
+        assert_eq!(spec.kubernetes_version.as_str(), "v1.33.4");
         assert_eq!(spec.api_server_cert_sans.len(), 2);
     }
 
     #[test]
     fn each_bad_field_is_named() {
         type Mutation = fn(&mut InitRequest);
-        let cases: [(Mutation, &str); 10] = [
+        let cases: [(Mutation, &str); 12] = [
             (|r| r.master_secret = vec![1; 8], "invalid master secret"),
             (
                 |r| r.measurement_salt = vec![1; 3],
@@ -469,6 +471,16 @@ mod tests {
             (
                 |r| r.kubernetes_version = "1.33".into(),
                 "kubernetes_version \"1.33\"",
+            ),
+            // kubeadm refuses leading zeros: refused here, before the node lock.
+            (
+                |r| r.kubernetes_version = "v1.033.0".into(),
+                "kubernetes_version \"v1.033.0\" is not a Kubernetes version to install (e.g. \
+                 v1.33.4): not a Kubernetes version: the minor version has a leading zero",
+            ),
+            (
+                |r| r.kubernetes_version = "v1.33".into(),
+                "kubernetes_version \"v1.33\"",
             ),
             (
                 |r| r.service_cidr = "10.96.0.0/33".into(),

@@ -45,10 +45,12 @@ pub const SERVICE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// Open files allowed to containerd and kubelet: systemd's `LimitNOFILE=infinity`, which is
 /// the kernel's `fs.nr_open` default.
 pub const SERVICE_NOFILE: u64 = 1 << 20;
-/// How long a service gets between SIGTERM and SIGKILL by default.
-pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long to wait for a process to disappear after SIGKILL.
-pub const KILL_WAIT: Duration = Duration::from_secs(3);
+/// How long a service gets between SIGTERM and SIGKILL unless its [`ServiceSpec`] says
+/// otherwise.
+pub const DEFAULT_SERVICE_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a supervised process (service or one-shot job) gets to disappear after SIGKILL
+/// before it is reported [`ServiceStop::Stuck`].
+pub const SERVICE_SIGKILL_WAIT: Duration = Duration::from_secs(3);
 
 /// When a service is started again after it exited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,16 +73,16 @@ impl Default for RestartPolicy {
     }
 }
 
-/// The restart delays of one service: a small state machine.
+/// The restart delays of one service under its [`RestartPolicy`]: a small state machine.
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub struct RestartBackoff {
     policy: RestartPolicy,
     next: Duration,
 }
 
-impl Backoff {
+impl RestartBackoff {
     pub fn new(policy: RestartPolicy) -> Self {
-        Backoff {
+        RestartBackoff {
             policy,
             next: policy.initial_delay,
         }
@@ -140,7 +142,7 @@ impl ServiceSpec {
             args_from_env_files: Vec::new(),
             env: vec![("PATH".to_owned(), SERVICE_PATH.to_owned())],
             restart: RestartPolicy::default(),
-            stop_timeout: DEFAULT_STOP_TIMEOUT,
+            stop_timeout: DEFAULT_SERVICE_STOP_TIMEOUT,
             nofile_limit: None,
             oom_score_adj: None,
         }
@@ -230,9 +232,9 @@ pub fn kubelet() -> ServiceSpec {
     }
 }
 
-/// How a service ended when it was stopped.
+/// How a supervised process ended when it was stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopOutcome {
+pub enum ServiceStop {
     /// It was waiting to be restarted.
     NotRunning,
     /// It exited after SIGTERM.
@@ -247,11 +249,11 @@ pub enum StopOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StopReport {
     pub name: String,
-    pub outcome: StopOutcome,
+    pub outcome: ServiceStop,
 }
 
 enum Control {
-    Stop(reply::Sender<StopOutcome>),
+    Stop(reply::Sender<ServiceStop>),
     Restart,
 }
 
@@ -307,8 +309,8 @@ impl Supervisor {
         while let Some(service) = self.services.pop() {
             let (tell, told) = reply::channel();
             let outcome = match service.control.send(Control::Stop(tell)).await {
-                Ok(()) => told.await.unwrap_or(StopOutcome::Stuck),
-                Err(_) => StopOutcome::NotRunning,
+                Ok(()) => told.await.unwrap_or(ServiceStop::Stuck),
+                Err(_) => ServiceStop::NotRunning,
             };
             let _ = service.task.await;
             reports.push(StopReport {
@@ -320,8 +322,8 @@ impl Supervisor {
     }
 }
 
-/// Sends SIGTERM, waits `timeout`, then SIGKILL and waits [`KILL_WAIT`].
-async fn terminate(child: &mut SupervisedChild, name: &str, timeout: Duration) -> StopOutcome {
+/// Sends SIGTERM, waits `timeout`, then SIGKILL and waits [`SERVICE_SIGKILL_WAIT`].
+async fn terminate(child: &mut SupervisedChild, name: &str, timeout: Duration) -> ServiceStop {
     let pid = child.id();
     let signal = |signal: Signal| {
         if let Some(pid) = pid {
@@ -331,10 +333,10 @@ async fn terminate(child: &mut SupervisedChild, name: &str, timeout: Duration) -
     };
     signal(Signal::SIGTERM);
     match tokio::time::timeout(timeout, child.wait()).await {
-        Ok(Ok(status)) => return StopOutcome::Terminated(status),
+        Ok(Ok(status)) => return ServiceStop::Terminated(status),
         Ok(Err(e)) => {
             warn!("cannot wait for {name}: {e}");
-            return StopOutcome::Stuck;
+            return ServiceStop::Stuck;
         }
         Err(_) => {}
     }
@@ -343,18 +345,18 @@ async fn terminate(child: &mut SupervisedChild, name: &str, timeout: Duration) -
         timeout.as_secs_f64()
     );
     signal(Signal::SIGKILL);
-    match tokio::time::timeout(KILL_WAIT, child.wait()).await {
-        Ok(Ok(status)) => StopOutcome::Killed(status),
-        _ => StopOutcome::Stuck,
+    match tokio::time::timeout(SERVICE_SIGKILL_WAIT, child.wait()).await {
+        Ok(Ok(status)) => ServiceStop::Killed(status),
+        _ => ServiceStop::Stuck,
     }
 }
 
-fn describe_stop(name: &str, outcome: StopOutcome) {
+fn describe_stop(name: &str, outcome: ServiceStop) {
     match outcome {
-        StopOutcome::NotRunning => info!("{name} stopped (it was not running)"),
-        StopOutcome::Terminated(status) => info!("{name} stopped ({status})"),
-        StopOutcome::Killed(status) => warn!("{name} killed ({status})"),
-        StopOutcome::Stuck => warn!("{name} did not exit after SIGKILL"),
+        ServiceStop::NotRunning => info!("{name} stopped (it was not running)"),
+        ServiceStop::Terminated(status) => info!("{name} stopped ({status})"),
+        ServiceStop::Killed(status) => warn!("{name} killed ({status})"),
+        ServiceStop::Stuck => warn!("{name} did not exit after SIGKILL"),
     }
 }
 
@@ -387,7 +389,7 @@ async fn run_service(
     registry: ChildRegistry,
     mut requests: mpsc::Receiver<Control>,
 ) {
-    let mut backoff = Backoff::new(spec.restart);
+    let mut backoff = RestartBackoff::new(spec.restart);
     loop {
         let started = Instant::now();
         let delay = match start_once(&spec, &registry) {
@@ -448,8 +450,8 @@ async fn run_service(
             request = requests.recv() => match request {
                 Some(Control::Restart) => backoff.reset(),
                 Some(Control::Stop(reply)) => {
-                    describe_stop(&spec.name, StopOutcome::NotRunning);
-                    let _ = reply.send(StopOutcome::NotRunning);
+                    describe_stop(&spec.name, ServiceStop::NotRunning);
+                    let _ = reply.send(ServiceStop::NotRunning);
                     return;
                 }
                 None => return,
@@ -536,7 +538,7 @@ pub(crate) mod tests {
 
     #[test]
     fn backoff_doubles_to_the_cap_and_resets_after_a_stable_run() {
-        let mut backoff = Backoff::new(RestartPolicy::default());
+        let mut backoff = RestartBackoff::new(RestartPolicy::default());
         let quick = Duration::from_millis(100);
         let delays: Vec<u64> = (0..6)
             .map(|_| backoff.after_exit(quick).as_secs())
@@ -684,11 +686,11 @@ pub(crate) mod tests {
         assert_eq!(reports[0].name, "second");
         assert_eq!(
             reports[0].outcome,
-            StopOutcome::Killed(ExitStatus::from_raw(libc::SIGKILL))
+            ServiceStop::Killed(ExitStatus::from_raw(libc::SIGKILL))
         );
         assert_eq!(reports[1].name, "first");
         assert!(
-            matches!(reports[1].outcome, StopOutcome::Terminated(status) if status.success()),
+            matches!(reports[1].outcome, ServiceStop::Terminated(status) if status.success()),
             "{reports:?}"
         );
         assert!(logs.contains("second still runs 0.3 s after SIGTERM; sending SIGKILL"));
@@ -728,7 +730,7 @@ pub(crate) mod tests {
         .await;
         let reports = supervisor.stop_all().await;
         assert_eq!(reports[1].name, "ghost");
-        assert_eq!(reports[1].outcome, StopOutcome::NotRunning);
+        assert_eq!(reports[1].outcome, ServiceStop::NotRunning);
         assert!(logs.contains("restarting steady on request"));
     }
 }

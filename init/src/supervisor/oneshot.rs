@@ -22,8 +22,11 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::output::{self, Redaction, Tail};
-use super::{KILL_WAIT, SERVICE_PATH, StopOutcome, terminate};
+use super::{SERVICE_PATH, ServiceStop, terminate};
 use crate::reaper::ChildRegistry;
+
+/// How long a job past its [`OneShotJob::timeout`] gets between SIGTERM and SIGKILL.
+pub const JOB_STOP_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A program to run once per node lifetime.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,44 +70,66 @@ pub enum OneShotOutcome {
 /// Why a one-shot job did not succeed. The last lines of output are redacted like the log.
 #[derive(Debug, thiserror::Error)]
 pub enum OneShotError {
+    /// Whether the job already ran cannot be told: its marker cannot be looked at (an I/O
+    /// error on the state disk, a permission problem).
     #[error("cannot check {name}'s marker {}", marker.display())]
     MarkerRead {
+        /// The job's name.
         name: String,
+        /// The marker file.
         marker: PathBuf,
         #[source]
         source: io::Error,
     },
+    /// The program cannot be started (missing, not executable).
     #[error("cannot start {name} ({})", program.display())]
     Spawn {
+        /// The job's name.
         name: String,
+        /// The program that did not start.
         program: PathBuf,
         #[source]
         source: io::Error,
     },
+    /// The job ran and exited unsuccessfully. Its last lines of output are text, not a cause,
+    /// so they are part of the message.
     #[error("{name} failed with {status}; last output: {}", join_tail(tail))]
     Failed {
+        /// The job's name.
         name: String,
+        /// How it exited.
         status: ExitStatus,
+        /// Its last lines of output, redacted.
         tail: Vec<String>,
     },
+    /// The job ran past its [`OneShotJob::timeout`] and was stopped.
     #[error(
         "{name} did not finish within {:.1} s and was stopped; last output: {}",
         timeout.as_secs_f64(), join_tail(tail)
     )]
     Timeout {
+        /// The job's name.
         name: String,
+        /// The time it had.
         timeout: Duration,
+        /// Its last lines of output, redacted.
         tail: Vec<String>,
     },
+    /// The job's exit status cannot be collected.
     #[error("cannot wait for {name}")]
     Wait {
+        /// The job's name.
         name: String,
         #[source]
         source: io::Error,
     },
+    /// The job succeeded but its marker cannot be written durably: it runs again at the next
+    /// boot.
     #[error("{name} succeeded, but its marker {} cannot be written", marker.display())]
     MarkerWrite {
+        /// The job's name.
         name: String,
+        /// The marker file.
         marker: PathBuf,
         #[source]
         source: io::Error,
@@ -188,8 +213,8 @@ pub async fn run_once(
             source,
         })?,
         None => {
-            let outcome = terminate(&mut child, &job.name, KILL_WAIT).await;
-            if outcome == StopOutcome::Stuck {
+            let outcome = terminate(&mut child, &job.name, JOB_STOP_TIMEOUT).await;
+            if outcome == ServiceStop::Stuck {
                 warn!("{} did not exit after SIGKILL", job.name);
             }
             drain(forwarders).await;
