@@ -401,13 +401,13 @@ pub async fn run(role: Role, identity: NodeIdentity, registry: &ChildRegistry) {
     };
     let outcome = match config {
         Ok((config, verb)) => run_kubeadm(registry, &config, verb).await,
-        Err(e) => Err(format!(
-            "cannot write the kubeadm configuration: {}",
-            error_chain(&e)
-        )),
+        Err(source) => Err(KubeadmRunError::Config(source)),
     };
-    if let Err(reason) = &outcome {
-        warn!("{reason}; the node stays up without Kubernetes, the next boot tries again");
+    if let Err(e) = &outcome {
+        warn!(
+            "{}; the node stays up without Kubernetes, the next boot tries again",
+            error_chain(e)
+        );
     }
     if let Role::Init {
         spec,
@@ -420,9 +420,7 @@ pub async fn run(role: Role, identity: NodeIdentity, registry: &ChildRegistry) {
             start_join_service(join_service.as_ref(), &spec.kubernetes_version).await;
         }
         match outcome.and_then(|()| {
-            std::fs::read(ADMIN_KUBECONFIG).map_err(|e| {
-                format!("kubeadm init succeeded but {ADMIN_KUBECONFIG} is unreadable: {e}")
-            })
+            std::fs::read(ADMIN_KUBECONFIG).map_err(KubeadmRunError::AdminKubeconfig)
         }) {
             Ok(kubeconfig) => {
                 info!(
@@ -431,18 +429,42 @@ pub async fn run(role: Role, identity: NodeIdentity, registry: &ChildRegistry) {
                 );
                 progress.succeed(cluster_id, kubeconfig);
             }
-            Err(reason) => progress.fail(&reason),
+            Err(e) => progress.fail(&error_chain(&e)),
         }
     }
+}
+
+/// Why kubeadm did not make this node a Kubernetes node. The node stays up either way.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeadmRunError {
+    /// The values for the kubeadm configuration are not valid (a node name or address kubeadm
+    /// would refuse).
+    #[error("cannot write the kubeadm configuration")]
+    Config(#[source] kubeadm::KubeadmConfigError),
+    /// The configuration file [`KUBEADM_CONFIG`] cannot be written.
+    #[error("cannot write {KUBEADM_CONFIG}")]
+    WriteConfig(#[source] std::io::Error),
+    /// `kubeadm init` or `kubeadm join` did not succeed.
+    #[error("kubeadm {verb} failed")]
+    Run {
+        /// `init` or `join`.
+        verb: &'static str,
+        #[source]
+        source: supervisor::OneShotError,
+    },
+    /// `kubeadm init` succeeded, but the admin kubeconfig ([`ADMIN_KUBECONFIG`]) for
+    /// `hawser init` cannot be read.
+    #[error("kubeadm init succeeded but {ADMIN_KUBECONFIG} is unreadable")]
+    AdminKubeconfig(#[source] std::io::Error),
 }
 
 async fn run_kubeadm(
     registry: &ChildRegistry,
     config: &kubeadm::KubeadmConfig,
-    verb: &str,
-) -> Result<(), String> {
+    verb: &'static str,
+) -> Result<(), KubeadmRunError> {
     kubeadm::write_config(Path::new(KUBEADM_CONFIG), config)
-        .map_err(|e| format!("cannot write {KUBEADM_CONFIG}: {e}"))?;
+        .map_err(KubeadmRunError::WriteConfig)?;
     let job = OneShotJob::new(
         "kubeadm",
         &[KUBEADM, verb, "--config", KUBEADM_CONFIG],
@@ -454,7 +476,7 @@ async fn run_kubeadm(
             Ok(())
         }
         Ok(OneShotOutcome::AlreadyDone) => Ok(()),
-        Err(e) => Err(format!("kubeadm {verb} failed: {}", error_chain(&e))),
+        Err(source) => Err(KubeadmRunError::Run { verb, source }),
     }
 }
 
@@ -530,6 +552,21 @@ mod tests {
         assert_eq!(mode("ca.key"), 0o600);
         assert_eq!(mode("etcd/ca.key"), 0o600);
         assert_eq!(std::fs::read(pki.join("etcd/ca.key")).unwrap(), b"etcd");
+    }
+
+    #[test]
+    fn kubeadm_failures_name_their_layer_and_show_each_cause_once() {
+        let bad_key = kubeadm::CertificateKey::parse("x").unwrap_err();
+        assert_eq!(
+            error_chain(&KubeadmRunError::Config(bad_key)),
+            "cannot write the kubeadm configuration: kubeadm configuration: certificate key is \
+             invalid (value not shown: secret): expected 64 lowercase hex digits (32 bytes)"
+        );
+        let unreadable = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert_eq!(
+            error_chain(&KubeadmRunError::AdminKubeconfig(unreadable)),
+            "kubeadm init succeeded but /etc/kubernetes/admin.conf is unreadable: entity not found"
+        );
     }
 
     #[test]
