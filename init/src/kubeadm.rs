@@ -26,10 +26,10 @@
 //! brings (bootstrap token, CA certificate hashes, API server endpoint, Service range,
 //! Kubernetes version) arrive as `hawser-kube-types` values, checked where they entered the
 //! node; this module checks the rest: node name, cluster name and SANs as DNS names,
-//! addresses and the certificate key. Errors never echo secrets (tokens, keys), and the secret-carrying types
-//! redact themselves in `Debug`. The configuration text itself
-//! contains the token: [`KubeadmConfig`] zeroizes it on drop and [`write_config`] creates the
-//! file with mode 0600.
+//! addresses and the certificate key. Errors never echo secrets (tokens, keys), and the
+//! secret-carrying types redact themselves in `Debug`. The configuration text itself contains
+//! the token: [`KubeadmConfig`] zeroizes it on drop and [`write_config`] creates the file with
+//! mode 0600.
 
 use std::fmt;
 use std::io::{self, Write as _};
