@@ -504,9 +504,11 @@ async fn start_join_service(
                 );
             }
         }
+        // The master secret's write error wraps its own cause: print the whole chain.
         Err(e) => warn!(
             "the cluster's join service is not started: cannot write its inputs under \
-             {JOIND_DIR}: {e}"
+             {JOIND_DIR}: {}",
+            error_chain(&e)
         ),
     }
 }
