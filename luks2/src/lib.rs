@@ -33,10 +33,15 @@
 //! Reading, from the first [`HEADERS_LEN`] bytes of a disk to the [`Header`] hawser uses:
 //!
 //! ```text
-//!   parse_headers ─► parse_copy (per HeaderSlot) ─► validate ─► select: newer copy wins,
-//!                    magic, sizes, checksum,         hawser's         the other one is
-//!                    JSON shape → HeaderCopy         constants        repaired (Selected)
+//!   parse_headers ─┬─► parse_copy(Primary)   ─► validate ─┐
+//!                  └─► parse_copy(Secondary) ─► validate ─┴─► the newer copy wins: Selected
+//!                      magic, sizes, checksum,   hawser's       (the header, the copy it came
+//!                      JSON shape: HeaderCopy    constants       from, the copy to repair)
 //! ```
+//!
+//! Each step has its error: [`CopyError`] (a copy is not a LUKS2 header hawser can read),
+//! [`PolicyError`] (it is, but describes something hawser does not write), [`HeaderError`]
+//! (what the two copies together amount to).
 //!
 //! Writing: [`new_header_copy`] (a fresh header, for each [`HeaderSlot`]) and [`repaired_copy`]
 //! (the other copy of a header read back). The callers own the disk: PID 1 writes the bytes
