@@ -17,13 +17,13 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use hawser_luks2::Integrity;
 use tracing::level_filters::LevelFilter;
 use zeroize::Zeroizing;
 
 use crate::disk::StateDiskConfig;
 use crate::disk::device::DiskSelector;
 use crate::disk::key::{KeySourceKind, VolumeKey};
-use crate::disk::luks2::Integrity;
 use crate::join::{JoinEndpoint, JoinServiceTrust};
 use crate::net::NetConfig;
 

@@ -21,9 +21,9 @@ use std::process::{Command, Output};
 use hawser_init::disk::dm::DmError;
 use hawser_init::disk::key::{FixedKey, VolumeKey};
 use hawser_init::disk::lifecycle::{self, Action, Options, Platform};
-use hawser_init::disk::luks2::{self, Copy, DiskState, Integrity, KeyDigest, NewHeader};
 use hawser_init::disk::probe::{self, Contents, ProbeError};
 use hawser_init::timings::PhaseTimer;
+use hawser_luks2::{self as luks2, DiskState, HeaderSlot, Integrity, KeyDigest, NewHeader};
 use zeroize::Zeroizing;
 
 const DISK_SIZE: u64 = 64 * 1024 * 1024;
@@ -98,8 +98,12 @@ fn write_hawser_header(disk: &Path, integrity: Integrity, state: DiskState, volu
         state,
         seqid: 1,
     };
-    let mut bytes = luks2::new_header_copy(Copy::Primary, &header, [0x22; 64]);
-    bytes.extend(luks2::new_header_copy(Copy::Secondary, &header, [0x33; 64]));
+    let mut bytes = luks2::new_header_copy(HeaderSlot::Primary, &header, [0x22; 64]);
+    bytes.extend(luks2::new_header_copy(
+        HeaderSlot::Secondary,
+        &header,
+        [0x33; 64],
+    ));
     let file = std::fs::OpenOptions::new().write(true).open(disk).unwrap();
     std::os::unix::fs::FileExt::write_all_at(&file, &bytes, 0).unwrap();
 }

@@ -7,7 +7,7 @@
 //! one cryptsetup wrote with hawser's parameters, a recovery keyslot and hawser's token.
 #![no_main]
 
-use hawser_init::disk::luks2::{self, Copy, Integrity};
+use hawser_luks2::{self as luks2, HeaderSlot, Integrity};
 use hawser_init::disk::probe;
 use libfuzzer_sys::fuzz_target;
 use sha2::{Digest, Sha256};
@@ -39,12 +39,12 @@ fn check(area: &[u8]) {
             assert!(header.digest.iterations <= luks2::MAX_DIGEST_ITERATIONS);
             // A repaired copy of an accepted header is itself accepted.
             let repaired = luks2::repaired_copy(&selected.source, [7; 64]);
-            let copy = selected.source.copy.other();
+            let copy = selected.source.slot.other();
             let reparsed = luks2::parse_copy(copy, &repaired).expect("repaired copy parses");
             luks2::validate(&reparsed, integrity).expect("repaired copy is accepted");
         }
     }
-    let _ = luks2::is_hawser_binary_header(Copy::Primary, area);
+    let _ = luks2::is_hawser_binary_header(HeaderSlot::Primary, area);
     let _ = luks2::has_luks_magic(area);
     let _ = probe::identify(area);
 }

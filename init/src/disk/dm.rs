@@ -1,6 +1,6 @@
 //! The device-mapper tables of the state disk, and loading them through the kernel's ioctls.
 //!
-//! Every parameter of the tables comes from hawser's constants ([`super::luks2`]) and the
+//! Every parameter of the tables comes from hawser's constants ([`hawser_luks2`]) and the
 //! measured integrity mode — never from the disk's header. They are the tables cryptsetup
 //! loads for the same LUKS2 header, so `cryptsetup open --volume-key-file` and hawser map the
 //! same plaintext:
@@ -30,9 +30,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use devicemapper::{DM, DevId, DmFlags, DmName, DmOptions, DmUuid};
+use hawser_luks2::{self as luks2, Integrity};
 
 use super::key::VolumeKey;
-use super::luks2::{self, Integrity};
 
 /// Name of the mapped state disk (`/dev/mapper/` has no node without udev: use the path
 /// [`Mapped::path`] gives).

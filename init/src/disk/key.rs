@@ -140,7 +140,7 @@ impl KeySource for FixedKey {
                 source_name: self.source_name,
                 found: self.key.len(),
                 expected: len,
-                mode: if len == super::luks2::XTS_KEY_LEN {
+                mode: if len == hawser_luks2::XTS_KEY_LEN {
                     "aes-xts-plain64, 512-bit key"
                 } else {
                     "aes-xts-plain64 with HMAC-SHA256 integrity: 512-bit XTS key + 256-bit HMAC key"

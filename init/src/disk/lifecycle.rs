@@ -30,11 +30,11 @@
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 
+use hawser_luks2::{self as luks2, DiskState, HeaderSlot, Integrity, KeyDigest, NewHeader};
 use serde::{Deserialize, Serialize};
 
 use super::dm::DmError;
 use super::key::{DiskStatus, KeyError, KeySource, VolumeKey};
-use super::luks2::{self, Copy, DiskState, Integrity, KeyDigest, NewHeader};
 use super::probe::{self, BlockIo, Contents, ProbeError};
 use crate::timings::PhaseTimer;
 
@@ -175,18 +175,27 @@ pub fn run(
             open(disk, *selected, options, keys, platform, timer)
         }
         Contents::Hawser(selected) => {
-            let first = selected.source.copy.other();
+            let first = selected.source.slot.other();
             let seqid = selected.header.seqid.max(selected.source.seqid) + 1;
             let was = "formatted by hawser but never initialized";
             format(disk, first, seqid, was, options, keys, platform, timer)
         }
         Contents::InterruptedFormat { .. } => {
             let was = "left half-formatted by an interrupted format";
-            format(disk, Copy::Primary, 1, was, options, keys, platform, timer)
+            format(
+                disk,
+                HeaderSlot::Primary,
+                1,
+                was,
+                options,
+                keys,
+                platform,
+                timer,
+            )
         }
         Contents::Blank => format(
             disk,
-            Copy::Primary,
+            HeaderSlot::Primary,
             1,
             "blank",
             options,
@@ -283,7 +292,7 @@ fn open(
 #[allow(clippy::too_many_arguments)]
 fn format(
     disk: &dyn BlockIo,
-    first: Copy,
+    first: HeaderSlot,
     seqid: u64,
     was: &'static str,
     options: &Options<'_>,
@@ -379,7 +388,7 @@ fn format(
     let start = timer.elapsed_ms();
     header.state = DiskState::Initialized;
     header.seqid += 1;
-    write_header(disk, platform, &header, Copy::Primary)?;
+    write_header(disk, platform, &header, HeaderSlot::Primary)?;
     timer.record("state-disk-initialized", start);
 
     Ok(Outcome {
@@ -414,7 +423,7 @@ fn write_header(
     disk: &dyn BlockIo,
     platform: &dyn Platform,
     header: &NewHeader,
-    first: Copy,
+    first: HeaderSlot,
 ) -> Result<(), LifecycleError> {
     for copy in [first, first.other()] {
         let mut salt = [0u8; luks2::HEADER_SALT_LEN];
@@ -425,7 +434,7 @@ fn write_header(
 }
 
 /// Writes one copy: the binary header, synced, then the JSON area, synced.
-fn write_copy(disk: &dyn BlockIo, copy: Copy, bytes: &[u8]) -> Result<(), LifecycleError> {
+fn write_copy(disk: &dyn BlockIo, copy: HeaderSlot, bytes: &[u8]) -> Result<(), LifecycleError> {
     let (binary, json) = bytes.split_at(luks2::BINARY_HEADER_LEN);
     write_synced(disk, "a LUKS2 binary header", binary, copy.offset())?;
     write_synced(

@@ -3,7 +3,7 @@
 //!
 //! A node's state (etcd, kubelet, containers) lives on a disk the host must not read or
 //! silently alter. PID 1 finds it by serial ([`device`]), reads its header strictly
-//! ([`luks2`], [`probe`]), formats a blank disk once or opens an initialized one with the key
+//! ([`hawser_luks2`], [`probe`]), formats a blank disk once or opens an initialized one with the key
 //! ([`lifecycle`]), maps it with parameters that are hawser's constants, never the header's
 //! ([`dm`]), and mounts the ext4 filesystem at [`STATE_MOUNT_POINT`]. An operator holding the
 //! key can always open the disk with `cryptsetup open --volume-key-file` (see
@@ -19,7 +19,6 @@ pub mod device;
 pub mod dm;
 pub mod key;
 pub mod lifecycle;
-pub mod luks2;
 pub mod probe;
 
 use std::fs::OpenOptions;
@@ -29,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use hawser_luks2::Integrity;
 use nix::mount::MsFlags;
 use tokio::io::AsyncReadExt as _;
 use tracing::{info, warn};
@@ -37,7 +37,6 @@ use self::device::{BlockDevice, DiskSelector, Lookup, SysfsError};
 use self::dm::DmError;
 use self::key::{FixedKey, KeyError, KeySource, KeySourceKind, VolumeKey};
 use self::lifecycle::{Action, LifecycleError, Options, Platform};
-use self::luks2::Integrity;
 use crate::reaper::ChildRegistry;
 use crate::syscalls::{LinuxSyscalls, MountSpec};
 use crate::timings::PhaseTimer;

@@ -17,7 +17,7 @@
 
 use std::io;
 
-use super::luks2::{self, Copy, HeaderError, Integrity, PolicyError, Selected};
+use hawser_luks2::{self as luks2, HeaderError, HeaderSlot, Integrity, PolicyError, Selected};
 
 /// The smallest disk hawser formats: the 16 MiB LUKS2 metadata plus room for a filesystem.
 pub const MIN_DISK_SIZE: u64 = 64 * 1024 * 1024;
@@ -129,8 +129,8 @@ pub fn probe(disk: &dyn BlockIo, integrity: Integrity) -> Result<Contents, Probe
         }
         Err(refused) => return Err(ProbeError::Refused(refused)),
     };
-    let owned = luks2::is_hawser_binary_header(Copy::Primary, &head)
-        || luks2::is_hawser_binary_header(Copy::Secondary, &head[luks2::HEADER_SIZE..]);
+    let owned = luks2::is_hawser_binary_header(HeaderSlot::Primary, &head)
+        || luks2::is_hawser_binary_header(HeaderSlot::Secondary, &head[luks2::HEADER_SIZE..]);
 
     // Where data would be: outside hawser's header copies if they are hawser's, else anywhere.
     let skip = if owned { luks2::HEADERS_LEN } else { 0 };
@@ -207,7 +207,7 @@ pub fn identify(head: &[u8]) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::disk::luks2::{DiskState, KeyDigest, NewHeader};
+    use hawser_luks2::{DiskState, KeyDigest, NewHeader};
     use std::cell::RefCell;
 
     /// An in-memory disk.
@@ -250,8 +250,12 @@ mod tests {
             state,
             seqid: 1,
         };
-        let mut bytes = luks2::new_header_copy(Copy::Primary, &header, [3; 64]);
-        bytes.extend(luks2::new_header_copy(Copy::Secondary, &header, [4; 64]));
+        let mut bytes = luks2::new_header_copy(HeaderSlot::Primary, &header, [3; 64]);
+        bytes.extend(luks2::new_header_copy(
+            HeaderSlot::Secondary,
+            &header,
+            [4; 64],
+        ));
         bytes
     }
 
