@@ -1,3 +1,4 @@
+// One file on purpose: one type (`Tpm`, one ESAPI context) with one method per TPM command.
 //! The issuer: hawser's PID 1 talking to the node's TPM through tss-esapi and libtss2.
 //!
 //! A blocking API (the PID 1 runs it on `spawn_blocking`), one connection per [`Tpm`], opened
