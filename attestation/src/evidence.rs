@@ -111,7 +111,7 @@ pub trait EvidenceIssuer: Send + Sync {
 
 /// Why evidence could not be produced.
 #[derive(Debug, Error)]
-#[error("cannot produce attestation evidence: {context}: {source}")]
+#[error("cannot produce attestation evidence: {context}")]
 pub struct IssueError {
     /// What was being done.
     pub context: String,

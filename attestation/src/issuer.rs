@@ -34,8 +34,12 @@ pub enum IssuerError {
     #[error(transparent)]
     Tpm(#[from] TpmError),
     /// The AK certificate NV index does not hold certificates.
-    #[error("the AK certificate in NV index {index:#010x} is unusable: {source}")]
-    Chain { index: u32, source: ChainError },
+    #[error("the AK certificate in NV index {index:#010x} is unusable")]
+    Chain {
+        index: u32,
+        #[source]
+        source: ChainError,
+    },
     /// The provider certified another key than the AK this TPM derives.
     #[error(
         "the AK certificate in NV index {index:#010x} certifies another key than this TPM's AK {ak_name} (was the TPM provisioned with another AK template?)"
@@ -162,10 +166,10 @@ impl TpmIssuer {
         for attempt in 1..=QUOTE_ATTEMPTS {
             let quoted_digest = Attest::parse(&quote.attest)
                 .map(|attest| attest.pcr_digest)
-                .map_err(|err| TpmError::Unexpected {
+                .map_err(|source| TpmError::Attest {
                     call: "TPM2_Quote",
                     tcti: self.tpm.tcti().to_string(),
-                    detail: format!("a TPMS_ATTEST that does not parse: {err}"),
+                    source,
                 })?;
             if let Some(values) = cache.as_ref()
                 && digest_of(values) == quoted_digest.as_slice()

@@ -53,3 +53,16 @@ pub use report::{
 #[cfg(feature = "tpm")]
 pub use tpm::{AttestationKey, Tpm, TpmError};
 pub use validator::{AkTrust, EvidenceError, ValidatedEvidence, Validator};
+
+/// An error and its causes, outermost first, joined by `": "`: each error's message describes
+/// its own layer only, so this is how a refusal is told to a peer or written to a log line.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

@@ -44,13 +44,14 @@ pub struct ExpectedMeasurements {
 #[derive(Debug, Error)]
 pub enum MeasurementsError {
     /// The file cannot be read.
-    #[error("cannot read expected measurements from {path}: {source}")]
+    #[error("cannot read expected measurements from {path}")]
     Io {
         path: String,
+        #[source]
         source: std::io::Error,
     },
     /// The text is not JSON.
-    #[error("expected measurements are not valid JSON: {0}")]
+    #[error("expected measurements are not valid JSON")]
     Json(#[from] serde_json::Error),
     /// The top level is not an object.
     #[error("expected measurements must be a JSON object keyed by PCR index")]
@@ -61,6 +62,13 @@ pub enum MeasurementsError {
     /// An entry without a usable `expected` or `warnOnly` field.
     #[error("expected measurement for PCR {pcr} is malformed: {reason}")]
     Entry { pcr: u8, reason: String },
+    /// An entry whose `expected` field is not hex.
+    #[error("expected measurement for PCR {pcr} is malformed: \"expected\" is not hex")]
+    Hex {
+        pcr: u8,
+        #[source]
+        source: hex::FromHexError,
+    },
 }
 
 /// A PCR that differs from its expectation.
@@ -220,8 +228,7 @@ fn parse_entry(pcr: u8, entry: &serde_json::Value) -> Result<ExpectedPcr, Measur
         .ok_or_else(|| malformed("it has no \"expected\" field".into()))?
         .as_str()
         .ok_or_else(|| malformed("\"expected\" is not a string".into()))?;
-    let bytes =
-        hex::decode(expected).map_err(|e| malformed(format!("\"expected\" is not hex: {e}")))?;
+    let bytes = hex::decode(expected).map_err(|source| MeasurementsError::Hex { pcr, source })?;
     let len = bytes.len();
     let expected: [u8; 32] = bytes.try_into().map_err(|_| {
         malformed(format!(

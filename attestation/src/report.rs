@@ -137,9 +137,10 @@ pub enum VerifyError {
     #[error("report_version is {found}, this verifier understands version {supported}")]
     UnsupportedReportVersion { found: u32, supported: u32 },
     /// A hex field does not decode.
-    #[error("field {field} is not valid hex: {source}")]
+    #[error("field {field} is not valid hex")]
     Hex {
         field: String,
+        #[source]
         source: hex::FromHexError,
     },
     /// A PCR value has the wrong length.
@@ -150,9 +151,10 @@ pub enum VerifyError {
         actual: usize,
     },
     /// A TPM structure is malformed.
-    #[error("field {field} does not parse: {source}")]
+    #[error("field {field} does not parse")]
     Parse {
         field: &'static str,
+        #[source]
         source: ParseError,
     },
     /// The AK is not an ECC P-256 key with a valid point.
@@ -764,7 +766,7 @@ mod tests {
         r.quote.attest = ATTEST[..ATTEST.len() - 2].into();
         let err = r.verify(None).expect_err("truncated attest");
         assert_eq!(
-            err.to_string(),
+            crate::error_chain(&err),
             "field quote.attest does not parse: TPMS_ATTEST: field attested.quote.pcrDigest \
              at offset 97 needs 32 bytes but only 31 remain"
         );

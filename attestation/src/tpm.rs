@@ -1,3 +1,4 @@
+// One file on purpose: one type (`Tpm`, one ESAPI context) with one method per TPM command.
 //! The issuer: hawser's PID 1 talking to the node's TPM through tss-esapi and libtss2.
 //!
 //! A blocking API (the PID 1 runs it on `spawn_blocking`), one connection per [`Tpm`], opened
@@ -98,17 +99,27 @@ const NV_MAX_READ: usize = 16 * 1024;
 #[derive(Debug, Error)]
 pub enum TpmError {
     /// The TCTI string does not parse or the TCTI library cannot be loaded.
-    #[error("cannot open TPM through TCTI {tcti:?}: {source}")]
+    #[error("cannot open TPM through TCTI {tcti:?}")]
     Open {
         tcti: String,
+        #[source]
         source: tss_esapi::Error,
     },
     /// A TPM command failed.
-    #[error("{call} failed on TPM {tcti}: {source}")]
+    #[error("{call} failed on TPM {tcti}")]
     Call {
         call: &'static str,
         tcti: String,
+        #[source]
         source: tss_esapi::Error,
+    },
+    /// A TPM command returned a TPMS_ATTEST that does not parse.
+    #[error("{call} on TPM {tcti} returned a TPMS_ATTEST that does not parse")]
+    Attest {
+        call: &'static str,
+        tcti: String,
+        #[source]
+        source: crate::tpm_types::ParseError,
     },
     /// A TPM command returned something that does not fit the request.
     #[error("{call} on TPM {tcti} returned an unexpected response: {detail}")]

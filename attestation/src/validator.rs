@@ -65,11 +65,15 @@ pub enum AkTrustError {
     #[error("the provider CA file holds no PEM certificate")]
     NoCertificates,
     /// The PEM text does not parse.
-    #[error("the provider CA file is not valid PEM: {0}")]
-    Pem(String),
+    #[error("the provider CA file is not valid PEM")]
+    Pem(#[source] rustls_pki_types::pem::Error),
     /// A certificate that webpki cannot use as an anchor.
-    #[error("provider CA certificate #{index} cannot be a trust anchor: {source}")]
-    Anchor { index: usize, source: webpki::Error },
+    #[error("provider CA certificate #{index} cannot be a trust anchor")]
+    Anchor {
+        index: usize,
+        #[source]
+        source: webpki::Error,
+    },
 }
 
 /// The roots an AK certificate must chain to: the provider CAs (the QEMU harness's local CA;
@@ -103,7 +107,7 @@ impl AkTrust {
     pub fn from_pem(pem: &str) -> Result<Self, AkTrustError> {
         let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| AkTrustError::Pem(e.to_string()))?;
+            .map_err(AkTrustError::Pem)?;
         Self::from_der(certs)
     }
 
@@ -133,7 +137,7 @@ pub enum EvidenceError {
     #[error("the evidence is {size} bytes, more than the {max} bytes a hawser verifier accepts")]
     TooLarge { size: usize, max: usize },
     /// Not a protobuf `Evidence`.
-    #[error("the evidence is not a hawser Evidence protobuf: {0}")]
+    #[error("the evidence is not a hawser Evidence protobuf")]
     Decode(#[from] prost::DecodeError),
     /// A version this verifier does not know.
     #[error("the evidence has version {found}; this verifier understands version {supported}")]
@@ -149,8 +153,8 @@ pub enum EvidenceError {
     PcrLength { pcr: u32, len: usize },
     /// The quote itself is invalid (malformed structure with its offset, bad signature,
     /// unsuitable AK, PCR values that do not hash to the quoted digest, …).
-    #[error("the quote is invalid: {0}")]
-    Quote(VerifyError),
+    #[error("the quote is invalid")]
+    Quote(#[source] VerifyError),
     /// The quote answers another nonce: a replayed or stale certificate.
     #[error(
         "nonce mismatch: the evidence answers nonce {answered}, but this connection's nonce is {expected} (a replayed or stale attestation)"
@@ -174,21 +178,34 @@ pub enum EvidenceError {
     #[error("untrusted AK {ak_name}: the evidence carries no AK certificate")]
     AkCertificateMissing { ak_name: String },
     /// The AK certificate does not parse.
-    #[error("untrusted AK {ak_name}: AK certificate #{index} does not parse: {reason}")]
-    AkCertificateMalformed {
+    #[error("untrusted AK {ak_name}: AK certificate #{index} does not parse")]
+    AkCertificateParse {
         ak_name: String,
         index: usize,
-        reason: String,
+        #[source]
+        source: x509_parser::nom::Err<x509_parser::error::X509Error>,
+    },
+    /// Bytes follow the AK certificate's DER.
+    #[error(
+        "untrusted AK {ak_name}: AK certificate #{index} does not parse: {count} bytes follow the certificate"
+    )]
+    AkCertificateTrailingBytes {
+        ak_name: String,
+        index: usize,
+        count: usize,
     },
     /// The AK certificate does not chain to a provider CA.
     #[error(
-        "untrusted AK {ak_name}: its certificate (subject \"{subject}\", issuer \"{issuer}\") does not chain to a configured provider CA: {reason}"
+        "untrusted AK {ak_name}: its certificate (subject \"{subject}\", issuer \"{issuer}\") does not chain to a configured provider CA{gloss}"
     )]
     AkUntrusted {
         ak_name: String,
         subject: String,
         issuer: String,
-        reason: String,
+        /// What webpki's error means to an operator (empty, or `: ` and a phrase).
+        gloss: &'static str,
+        #[source]
+        source: Box<webpki::Error>,
     },
     /// The AK certificate certifies another key.
     #[error(
@@ -359,18 +376,19 @@ impl Validator {
                 ak_name: ak_name.to_string(),
             });
         };
-        let malformed = |index: usize, reason: String| EvidenceError::AkCertificateMalformed {
-            ak_name: ak_name.to_string(),
-            index,
-            reason,
-        };
-        let (rest, parsed) =
-            X509Certificate::from_der(leaf).map_err(|e| malformed(0, e.to_string()))?;
+        let (rest, parsed) = X509Certificate::from_der(leaf).map_err(|source| {
+            EvidenceError::AkCertificateParse {
+                ak_name: ak_name.to_string(),
+                index: 0,
+                source,
+            }
+        })?;
         if !rest.is_empty() {
-            return Err(malformed(
-                0,
-                format!("{} bytes follow the certificate", rest.len()),
-            ));
+            return Err(EvidenceError::AkCertificateTrailingBytes {
+                ak_name: ak_name.to_string(),
+                index: 0,
+                count: rest.len(),
+            });
         }
         let subject = parsed.subject().to_string();
         let issuer = parsed.issuer().to_string();
@@ -380,13 +398,14 @@ impl Validator {
             .iter()
             .map(|c| CertificateDer::from(c.as_slice()))
             .collect();
-        let untrusted = |reason: String| EvidenceError::AkUntrusted {
+        let untrusted = |source: webpki::Error| EvidenceError::AkUntrusted {
             ak_name: ak_name.to_string(),
             subject: subject.clone(),
             issuer: issuer.clone(),
-            reason,
+            gloss: gloss(&source),
+            source: Box::new(source),
         };
-        let end_entity = EndEntityCert::try_from(&leaf_der).map_err(|e| untrusted(describe(&e)))?;
+        let end_entity = EndEntityCert::try_from(&leaf_der).map_err(untrusted)?;
         end_entity
             .verify_for_usage(
                 CHAIN_ALGORITHMS,
@@ -397,7 +416,7 @@ impl Validator {
                 None,
                 None,
             )
-            .map_err(|e| untrusted(describe(&e)))?;
+            .map_err(untrusted)?;
 
         let certified = certified_p256_point(&parsed);
         if certified.as_ref() != Some(ak_point) {
@@ -469,24 +488,20 @@ fn certified_p256_point(cert: &X509Certificate<'_>) -> Option<[u8; 65]> {
     encoded.as_bytes().try_into().ok()
 }
 
-/// webpki's error names with a gloss for the ones an operator meets.
-fn describe(err: &webpki::Error) -> String {
-    let gloss = match err {
-        webpki::Error::UnknownIssuer => "no chain to a provider CA",
-        webpki::Error::CertExpired { .. } => "the certificate has expired",
-        webpki::Error::CertNotValidYet { .. } => "the certificate is not valid yet",
+/// A gloss (`: ` and a phrase) for the webpki errors an operator meets; webpki's own error
+/// follows it in the chain.
+fn gloss(err: &webpki::Error) -> &'static str {
+    match err {
+        webpki::Error::UnknownIssuer => ": no chain to a provider CA",
+        webpki::Error::CertExpired { .. } => ": the certificate has expired",
+        webpki::Error::CertNotValidYet { .. } => ": the certificate is not valid yet",
         webpki::Error::RequiredEkuNotFoundContext(_) => {
-            "the certificate lacks the tcg-kp-AIKCertificate extended key usage"
+            ": the certificate lacks the tcg-kp-AIKCertificate extended key usage"
         }
-        webpki::Error::InvalidSignatureForPublicKey => "a signature in the chain is invalid",
-        webpki::Error::CaUsedAsEndEntity => "a CA certificate is used as the AK certificate",
-        webpki::Error::BadDer | webpki::Error::BadDerTime => "malformed DER",
+        webpki::Error::InvalidSignatureForPublicKey => ": a signature in the chain is invalid",
+        webpki::Error::CaUsedAsEndEntity => ": a CA certificate is used as the AK certificate",
+        webpki::Error::BadDer | webpki::Error::BadDerTime => ": malformed DER",
         _ => "",
-    };
-    if gloss.is_empty() {
-        format!("{err:?}")
-    } else {
-        format!("{gloss} ({err:?})")
     }
 }
 
@@ -534,10 +549,10 @@ mod tests {
             nonce: &nonce,
             tls_spki_der: b"spki",
         };
-        validator()
+        let err = validator()
             .validate(evidence, &binding)
-            .expect_err("refused")
-            .to_string()
+            .expect_err("refused");
+        crate::error_chain(&err)
     }
 
     #[test]

@@ -381,7 +381,8 @@ fn tampered_reports_are_refused_with_the_reason() {
         ),
         "{err}"
     );
-    assert!(err.to_string().contains("pcrDigest"), "{err}");
+    let chain = hawser_attestation::error_chain(&err);
+    assert!(chain.contains("pcrDigest"), "{chain}");
 
     // Fewer PCRs declared than quoted.
     let mut r = report.clone();

@@ -184,7 +184,10 @@ async fn attest(node: &str, client: &AtlsClient) -> anyhow::Result<ValidatedEvid
                 text.push_str("\nnothing was sent to the node");
                 bail!(text)
             }
-            other => bail!("the node at {node} failed attestation: {other}; nothing was sent"),
+            other => bail!(
+                "the node at {node} failed attestation: {}; nothing was sent",
+                hawser_attestation::error_chain(&other)
+            ),
         },
         Err(e) => Err(anyhow::Error::new(e).context(format!("attesting the node at {node}"))),
     }

@@ -258,9 +258,10 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
             );
         }
         Err(e) => {
-            eprintln!("\nBOOT REPORT DOES NOT VERIFY: {e}");
+            let reason = hawser_attestation::error_chain(&e);
+            eprintln!("\nBOOT REPORT DOES NOT VERIFY: {reason}");
             power_off(&vm, "verification failed")?;
-            bail!("the boot report did not verify: {e}");
+            bail!("the boot report did not verify: {reason}");
         }
     }
     // After the pivot: kubeadm, once per node lifetime.

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hawser_attestation::measurements::ExpectedMeasurements;
+use hawser_attestation::measurements::{ExpectedMeasurements, MeasurementMismatch};
 use hawser_keys::{MasterSecret, STATE_DISK_KEY_LEN};
-use hawser_kube_types::DnsSubdomain;
+use hawser_kube_types::{DnsSubdomain, DnsSubdomainError};
 use zeroize::Zeroizing;
 
 use crate::audit::{self, Decision, Outcome};
@@ -89,29 +89,50 @@ impl std::fmt::Debug for RejoinTicket {
     }
 }
 
-/// Why a request was refused. The message is what the peer and the audit log see.
+/// Why a request was refused. Its chain ([`hawser_attestation::error_chain`]) is what the peer
+/// and the audit log see.
 #[derive(Debug, thiserror::Error)]
 pub enum JoinError {
-    #[error("measurements differ from the expected ones: {0}")]
-    Measurements(String),
+    /// Enforced PCRs of the peer differ from the expected measurements.
+    #[error(transparent)]
+    Measurements(#[from] MeasurementMismatch),
+    /// The request's disk UUID is not a UUID.
+    #[error("malformed request: the disk UUID is unusable")]
+    DiskUuid(#[source] hawser_keys::KeyError),
+    /// The request's node name is not a Kubernetes node name.
+    #[error("malformed request: node name {name:?} is not a DNS subdomain")]
+    NodeName {
+        /// The name, cut to 80 characters.
+        name: String,
+        #[source]
+        source: DnsSubdomainError,
+    },
+    /// The request asks for something this join service does not do.
     #[error("malformed request: {0}")]
     BadRequest(String),
+    /// A rejoin for a disk that is not in the registry of joined disks.
     #[error("disk {0} never joined this cluster; a new node must use IssueJoinTicket")]
     UnknownDisk(String),
-    #[error("cannot issue a bootstrap token: {0}")]
+    /// The bootstrap token issuer (kubeadm) failed.
+    #[error("cannot issue a bootstrap token")]
     Token(#[from] TokenError),
-    #[error("cannot read control-plane file {path}: {source}")]
+    /// A control-plane certificate or key could not be read from the PKI directory.
+    #[error("cannot read control-plane file {path}")]
     ControlPlaneFile {
         path: String,
+        #[source]
         source: std::io::Error,
     },
-    #[error("cannot record the joined disk in {path}: {source}")]
+    /// The registry of joined disks could not be read or appended to.
+    #[error("cannot record the joined disk in {path}")]
     Registry {
         path: String,
+        #[source]
         source: std::io::Error,
     },
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// The state disk key could not be derived from the master secret.
+    #[error("internal error: cannot derive the state disk key")]
+    DiskKey(#[source] hawser_keys::KeyError),
 }
 
 /// The files kubeadm needs for a control-plane join, relative to /etc/kubernetes/pki.
@@ -222,7 +243,7 @@ impl JoinCore {
         let result = decide(&policy.measurements);
         let (outcome, reason) = match &result {
             Ok(value) => (Outcome::Granted, granted(value)),
-            Err(e) => (Outcome::Refused, e.to_string()),
+            Err(e) => (Outcome::Refused, hawser_attestation::error_chain(e)),
         };
         audit::record(&Decision {
             call,
@@ -243,8 +264,7 @@ impl JoinCore {
         req: &JoinRequest,
         expected: &ExpectedMeasurements,
     ) -> Result<JoinTicket, JoinError> {
-        let uuid = hawser_keys::canonical_uuid(&req.disk_uuid)
-            .map_err(|e| JoinError::BadRequest(e.to_string()))?;
+        let uuid = hawser_keys::canonical_uuid(&req.disk_uuid).map_err(JoinError::DiskUuid)?;
         validate_node_name(&req.node_name)?;
         check_measurements(peer, expected)?;
         let control_plane_files = if req.is_control_plane {
@@ -277,8 +297,7 @@ impl JoinCore {
             "",
             disk_uuid,
             |expected| {
-                let uuid = hawser_keys::canonical_uuid(disk_uuid)
-                    .map_err(|e| JoinError::BadRequest(e.to_string()))?;
+                let uuid = hawser_keys::canonical_uuid(disk_uuid).map_err(JoinError::DiskUuid)?;
                 check_measurements(peer, expected)?;
                 if !self.lock_joined().contains(&uuid) {
                     return Err(JoinError::UnknownDisk(uuid));
@@ -302,7 +321,7 @@ impl JoinCore {
         self.config
             .master_secret
             .state_disk_key(uuid)
-            .map_err(|e| JoinError::Internal(e.to_string()))
+            .map_err(JoinError::DiskKey)
     }
 
     fn lock_joined(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
@@ -369,14 +388,7 @@ fn check_measurements(
             }
             Ok(())
         }
-        Err(mismatch) => Err(JoinError::Measurements(
-            mismatch
-                .mismatches
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; "),
-        )),
+        Err(mismatch) => Err(JoinError::Measurements(mismatch)),
     }
 }
 
@@ -384,10 +396,10 @@ fn check_measurements(
 fn validate_node_name(name: &str) -> Result<(), JoinError> {
     match name.parse::<DnsSubdomain>() {
         Ok(_) => Ok(()),
-        Err(e) => Err(JoinError::BadRequest(format!(
-            "node name {:?} is not a DNS subdomain: {e}",
-            name.chars().take(80).collect::<String>()
-        ))),
+        Err(source) => Err(JoinError::NodeName {
+            name: name.chars().take(80).collect(),
+            source,
+        }),
     }
 }
 
@@ -491,7 +503,7 @@ mod tests {
             .core
             .issue_join_ticket(&peer(0x98), &request(false))
             .unwrap_err();
-        let msg = err.to_string();
+        let msg = hawser_attestation::error_chain(&err);
         assert!(
             msg.contains("PCR 9")
                 && msg.contains(&"99".repeat(32))
@@ -534,22 +546,14 @@ mod tests {
         let f = fixture(false);
         let mut bad = request(false);
         bad.disk_uuid = "../../etc/passwd".into();
-        assert!(
-            f.core
-                .issue_join_ticket(&peer(0x99), &bad)
-                .unwrap_err()
-                .to_string()
-                .contains("is not a UUID")
-        );
+        let err = f.core.issue_join_ticket(&peer(0x99), &bad).unwrap_err();
+        let chain = hawser_attestation::error_chain(&err);
+        assert!(chain.contains("is not a UUID"), "{chain}");
         let mut bad = request(false);
         bad.node_name = "Worker_1".into();
-        assert!(
-            f.core
-                .issue_join_ticket(&peer(0x99), &bad)
-                .unwrap_err()
-                .to_string()
-                .contains("DNS subdomain")
-        );
+        let err = f.core.issue_join_ticket(&peer(0x99), &bad).unwrap_err();
+        let chain = hawser_attestation::error_chain(&err);
+        assert!(chain.contains("DNS subdomain"), "{chain}");
         let err = f
             .core
             .issue_join_ticket(&peer(0x99), &request(true))

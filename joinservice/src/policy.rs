@@ -98,7 +98,7 @@ impl PolicyStore {
                 ReloadOutcome::Reloaded { digest: new_digest }
             }
             Err(e) => ReloadOutcome::Rejected {
-                reason: e.to_string(),
+                reason: hawser_attestation::error_chain(&e),
             },
         }
     }

@@ -116,19 +116,25 @@ impl ServiceConfig {
 /// Why the service could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    #[error("cannot listen on {addr}: {source}")]
+    /// The listening socket could not be bound.
+    #[error("cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
+        #[source]
         source: std::io::Error,
     },
-    #[error("the provider CA is unusable as an attestation-key trust anchor: {0}")]
+    /// The provider CA file holds no certificate usable as a trust anchor.
+    #[error("the provider CA is unusable as an attestation-key trust anchor")]
     ProviderCa(#[from] AkTrustError),
-    #[error("the expected measurements cannot make a validator: {0}")]
+    /// The expected measurements enforce nothing (or are otherwise unusable).
+    #[error("the expected measurements cannot make a validator")]
     Validator(#[from] ValidatorError),
-    #[error("the gRPC server failed: {0}")]
+    /// tonic's server stopped with an error.
+    #[error("the gRPC server failed")]
     Serve(#[from] tonic::transport::Error),
-    #[error("the join service task failed: {0}")]
-    Task(String),
+    /// The server task panicked or was cancelled.
+    #[error("the join service task failed")]
+    Task(#[source] tokio::task::JoinError),
 }
 
 /// A running join service.
@@ -146,7 +152,10 @@ impl RunningService {
         let _ = self.shutdown.send(());
         match self.task.await {
             Ok(Ok(())) => {}
-            Ok(Err(err)) => tracing::error!(%err, "join service stopped with an error"),
+            Ok(Err(err)) => tracing::error!(
+                err = hawser_attestation::error_chain(&err),
+                "join service stopped with an error"
+            ),
             Err(err) => tracing::error!(%err, "join service task failed"),
         }
     }
@@ -154,7 +163,7 @@ impl RunningService {
     /// Runs until the server fails (it does not stop by itself otherwise).
     pub async fn wait(self) -> Result<(), ServiceError> {
         let RunningService { shutdown, task, .. } = self;
-        let result = task.await.map_err(|e| ServiceError::Task(e.to_string()))?;
+        let result = task.await.map_err(ServiceError::Task)?;
         drop(shutdown);
         result
     }
@@ -202,7 +211,10 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
         acceptor
             .server()
             .inspect_err(|err| {
-                tracing::error!(%err, "refusing connection: no usable validator");
+                tracing::error!(
+                    err = hawser_attestation::error_chain(err),
+                    "refusing connection: no usable validator"
+                );
             })
             .ok()
     });
@@ -277,15 +289,17 @@ struct Service {
 /// The gRPC status for a core refusal; the message is the error's text.
 pub fn status_of(err: &JoinError) -> Status {
     let code = match err {
-        JoinError::BadRequest(_) => Code::InvalidArgument,
+        JoinError::BadRequest(_) | JoinError::DiskUuid(_) | JoinError::NodeName { .. } => {
+            Code::InvalidArgument
+        }
         JoinError::Measurements(_) => Code::PermissionDenied,
         JoinError::UnknownDisk(_) => Code::NotFound,
         JoinError::Token(_) => Code::Unavailable,
-        JoinError::ControlPlaneFile { .. }
-        | JoinError::Registry { .. }
-        | JoinError::Internal(_) => Code::Internal,
+        JoinError::ControlPlaneFile { .. } | JoinError::Registry { .. } | JoinError::DiskKey(_) => {
+            Code::Internal
+        }
     };
-    Status::new(code, err.to_string())
+    Status::new(code, hawser_attestation::error_chain(err))
 }
 
 impl Service {

@@ -24,17 +24,21 @@ pub struct JoinCredentials {
 /// Why no token could be issued.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
-    #[error("cannot run {command}: {source}")]
+    /// kubeadm could not be started.
+    #[error("cannot run {command}")]
     Spawn {
         command: String,
+        #[source]
         source: std::io::Error,
     },
+    /// kubeadm ran and exited with an error; its stderr says why.
     #[error("`{command}` failed with {status}: {stderr}")]
     Failed {
         command: String,
         status: String,
         stderr: String,
     },
+    /// kubeadm succeeded but its output is not a join command of the expected shape.
     #[error("kubeadm printed no usable join command ({reason}): {output:?}")]
     Unparsable {
         reason: &'static str,

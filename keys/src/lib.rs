@@ -49,11 +49,19 @@ pub enum KeyError {
     #[error("{0} already exists; refusing to overwrite a master secret (move it away first)")]
     Exists(String),
     /// The master secret file is not JSON of the expected shape.
-    #[error("{path} is not a master secret file: {reason}")]
-    Malformed { path: String, reason: String },
-    #[error("{path}: {source}")]
-    Io {
+    #[error("{path} is not a master secret file")]
+    Malformed {
         path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The master secret file (or the random source) cannot be read or written.
+    #[error("cannot {action} {path}")]
+    Io {
+        /// `read` or `write`.
+        action: &'static str,
+        path: String,
+        #[source]
         source: std::io::Error,
     },
 }
@@ -159,6 +167,7 @@ impl MasterSecret {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;
         let io = |source| KeyError::Io {
+            action: "write",
             path: path.display().to_string(),
             source,
         };
@@ -179,12 +188,13 @@ impl MasterSecret {
     /// Reads a master secret file written by [`MasterSecret::write_new_file`].
     pub fn read_file(path: &Path) -> Result<Self, KeyError> {
         let text = Zeroizing::new(std::fs::read(path).map_err(|source| KeyError::Io {
+            action: "read",
             path: path.display().to_string(),
             source,
         })?);
-        let secret: Self = serde_json::from_slice(&text).map_err(|e| KeyError::Malformed {
+        let secret: Self = serde_json::from_slice(&text).map_err(|source| KeyError::Malformed {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            source,
         })?;
         Self::new(secret.key.clone(), secret.salt.clone())
     }
@@ -232,6 +242,7 @@ fn getrandom(buf: &mut [u8]) -> Result<(), KeyError> {
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(buf))
         .map_err(|source| KeyError::Io {
+            action: "read",
             path: "/dev/urandom".into(),
             source,
         })

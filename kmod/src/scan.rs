@@ -20,9 +20,9 @@ impl ModuleIndex {
     pub fn scan_modules_dir(dir: &Path, names: &[&str]) -> Result<Self, KmodError> {
         let read = |name: &str| {
             let path = dir.join(name);
-            std::fs::read_to_string(&path).map_err(|e| KmodError::Read {
+            std::fs::read_to_string(&path).map_err(|source| KmodError::Read {
                 path: path.display().to_string(),
-                reason: e.to_string(),
+                source,
             })
         };
         let builtin: BTreeSet<String> = read("modules.builtin")?
@@ -78,24 +78,34 @@ pub fn modinfo_depends(path: &Path) -> Result<Vec<String>, KmodError> {
         path: path.display().to_string(),
         reason,
     };
-    let raw = std::fs::read(path).map_err(|e| KmodError::Read {
+    let raw = std::fs::read(path).map_err(|source| KmodError::Read {
         path: path.display().to_string(),
-        reason: e.to_string(),
+        source,
     })?;
     let elf = if path.extension().is_some_and(|e| e == "xz") {
         let mut out = Vec::new();
         xz2::read::XzDecoder::new(raw.as_slice())
             .read_to_end(&mut out)
-            .map_err(|e| bad(format!("xz: {e}")))?;
+            .map_err(|source| KmodError::Xz {
+                path: path.display().to_string(),
+                source,
+            })?;
         out
     } else {
         raw
     };
-    let file = object::File::parse(elf.as_slice()).map_err(|e| bad(format!("ELF: {e}")))?;
+    let elf_error = |part: &'static str| {
+        move |source| KmodError::Elf {
+            path: path.display().to_string(),
+            part,
+            source,
+        }
+    };
+    let file = object::File::parse(elf.as_slice()).map_err(elf_error("ELF"))?;
     let section = file
         .section_by_name(".modinfo")
         .ok_or_else(|| bad("no .modinfo section".into()))?;
-    let data = section.data().map_err(|e| bad(format!(".modinfo: {e}")))?;
+    let data = section.data().map_err(elf_error(".modinfo"))?;
     Ok(data
         .split(|b| *b == 0)
         .filter_map(|field| field.strip_prefix(b"depends="))
@@ -186,11 +196,9 @@ mod tests {
         let Some(dir) = kernel_modules_or_skip() else {
             return;
         };
-        assert_eq!(
+        assert!(matches!(
             ModuleIndex::scan_modules_dir(&dir, &["no_such_module"]).unwrap_err(),
-            KmodError::UnknownModule {
-                name: "no_such_module".into()
-            }
-        );
+            KmodError::UnknownModule { name } if name == "no_such_module"
+        ));
     }
 }

@@ -33,7 +33,7 @@ pub enum QemuError {
     #[error("invalid VM configuration: {reason}")]
     InvalidConfig { reason: String },
     /// A file-system operation of the harness failed.
-    #[error("could not {action} {path}: {source}")]
+    #[error("could not {action} {path}")]
     Io {
         action: &'static str,
         path: PathBuf,
@@ -41,7 +41,7 @@ pub enum QemuError {
         source: std::io::Error,
     },
     /// A child process could not be started.
-    #[error("could not start `{binary}`: {source}")]
+    #[error("could not start `{binary}`")]
     Spawn {
         binary: String,
         #[source]
@@ -89,7 +89,7 @@ pub enum QemuError {
         diagnostics: Box<Diagnostics>,
     },
     /// The QMP socket could not be reached or broke.
-    #[error("QMP socket {socket}: could not {action}: {source}")]
+    #[error("QMP socket {socket}: could not {action}")]
     QmpIo {
         socket: PathBuf,
         action: &'static str,
@@ -107,8 +107,12 @@ pub enum QemuError {
         desc: String,
     },
     /// The ESP image could not be built.
-    #[error("could not build the ESP image {image}: {reason}")]
-    Esp { image: PathBuf, reason: String },
+    #[error("could not build the ESP image {image}")]
+    Esp {
+        image: PathBuf,
+        #[source]
+        source: hawser_image::disk::DiskError,
+    },
 }
 
 impl fmt::Debug for QemuError {

@@ -61,9 +61,9 @@ pub fn build_esp_image(image: &Path, files: &[EspFile]) -> Result<u64, QemuError
             binary: tool.to_owned(),
             package: debian_package_for(tool),
         },
-        other => QemuError::Esp {
+        source => QemuError::Esp {
             image: image.to_path_buf(),
-            reason: other.to_string(),
+            source,
         },
     })?;
     tracing::debug!(image = %image.display(), bytes = built.bytes, files = files.len(), "built ESP image");
@@ -134,13 +134,15 @@ mod tests {
             &[EspFile::new("EFI/../x", "/dev/null")],
         )
         .unwrap_err();
-        assert!(error.to_string().contains("EFI/../x"), "{error}");
+        let chain = hawser_attestation::error_chain(&error);
+        assert!(chain.contains("EFI/../x"), "{chain}");
         let error = build_esp_image(
             &dir.path().join("esp.img"),
             &[EspFile::default_boot_loader(dir.path().join("missing.efi"))],
         )
         .unwrap_err();
-        assert!(error.to_string().contains("missing.efi"), "{error}");
+        let chain = hawser_attestation::error_chain(&error);
+        assert!(chain.contains("missing.efi"), "{chain}");
     }
 
     #[test]

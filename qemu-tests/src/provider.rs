@@ -69,9 +69,10 @@ pub const AK_CERT_NV_ATTRIBUTES: u32 =
 #[derive(Debug, Error)]
 pub enum ProviderError {
     /// Certificate generation failed.
-    #[error("cannot {what}: {source}")]
+    #[error("cannot {what}")]
     Certificate {
         what: &'static str,
+        #[source]
         source: rcgen::Error,
     },
     /// swtpm could not be started.
@@ -81,10 +82,11 @@ pub enum ProviderError {
     #[error("the provider needs a TCP swtpm (SwtpmOptions::tcp()) to talk to")]
     NotTcp,
     /// Talking to swtpm failed.
-    #[error("TPM I/O with swtpm on port {port} failed during {command}: {source}")]
+    #[error("TPM I/O with swtpm on port {port} failed during {command}")]
     Io {
         port: u16,
         command: &'static str,
+        #[source]
         source: std::io::Error,
     },
     /// A TPM command failed.
@@ -104,6 +106,9 @@ pub enum ProviderError {
     /// The AK the TPM created is not the ECC P-256 key of the template.
     #[error("the TPM created an AK that is not a P-256 key: {0}")]
     AkKey(String),
+    /// The AK public area the TPM returned does not parse.
+    #[error("the TPM created an AK whose public area does not parse")]
+    AkParse(#[source] hawser_attestation::tpm_types::ParseError),
     /// The certificate chain does not fit one NV index.
     #[error("the AK certificate chain is {len} bytes, more than an NV index holds here ({max})")]
     ChainTooLarge { len: usize, max: usize },
@@ -199,7 +204,7 @@ impl ProviderCa {
     /// Certifies the AK whose marshalled `TPM2B_PUBLIC` is `ak_public` (a P-256 key). The
     /// subject names the AK by its TPM name.
     pub fn issue_ak_certificate(&self, ak_public: &[u8]) -> Result<Vec<u8>, ProviderError> {
-        let ak = EccPublic::parse(ak_public).map_err(|e| ProviderError::AkKey(e.to_string()))?;
+        let ak = EccPublic::parse(ak_public).map_err(ProviderError::AkParse)?;
         let point = ak
             .p256_sec1_point()
             .ok_or_else(|| ProviderError::AkKey(format!("curve {:#06x}", ak.curve)))?;
@@ -591,7 +596,7 @@ mod tests {
 
         assert!(matches!(
             ca.issue_ak_certificate(&[0, 1, 2]),
-            Err(ProviderError::AkKey(_))
+            Err(ProviderError::AkParse(_))
         ));
     }
 }

@@ -26,14 +26,17 @@ pub enum KubeadmError {
         "{0}\nusage: kubeadm init --config FILE | kubeadm join --config FILE | kubeadm token create [TOKEN] [--kubeconfig FILE] [--ttl DURATION] [--print-join-command] | kubeadm version"
     )]
     Usage(String),
+    /// The configuration file cannot be read or is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A certificate or kubeconfig could not be made or read.
     #[error(transparent)]
     Pki(#[from] PkiError),
     /// The configuration is valid but names something the stand-in refuses.
     #[error("{0}")]
     Refused(String),
-    #[error("cannot {action} {path}: {source}")]
+    /// A file the command reads or writes failed.
+    #[error("cannot {action} {path}")]
     Io {
         action: &'static str,
         path: PathBuf,

@@ -15,14 +15,33 @@ use crate::{KUBELET_LABEL, StandinEnv, config, record};
 /// Why the stand-in kubelet refuses to start.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletError {
+    /// The command line is wrong.
     #[error("{0}")]
     Usage(String),
+    /// A file a flag names is not what the kubelet needs.
     #[error("{flag} {path}: {problem}")]
     File {
         flag: &'static str,
         path: PathBuf,
         problem: String,
     },
+    /// A file a flag names cannot be read.
+    #[error("{flag} {path}: cannot be read")]
+    FileRead {
+        flag: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kubelet configuration file is not YAML.
+    #[error("{flag} {path}: not YAML")]
+    FileYaml {
+        flag: &'static str,
+        path: PathBuf,
+        #[source]
+        source: serde_norway::Error,
+    },
+    /// Neither kubeconfig exists.
     #[error(
         "neither --kubeconfig ({kubeconfig}) nor --bootstrap-kubeconfig ({bootstrap}) exists: the kubelet has no way to reach an API server"
     )]
@@ -30,13 +49,15 @@ pub enum KubeletError {
         kubeconfig: String,
         bootstrap: String,
     },
-    #[error("cannot read {path}: {source}")]
+    /// kubeadm-flags.env exists but cannot be read.
+    #[error("cannot read {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot record the start in {path}: {source}")]
+    /// The start could not be written to the record.
+    #[error("cannot record the start in {path}")]
     Record {
         path: PathBuf,
         #[source]
@@ -150,11 +171,7 @@ fn existing_file(flag: &'static str, path: &str) -> Result<PathBuf, KubeletError
             path,
             problem: "is not a regular file".into(),
         }),
-        Err(e) => Err(KubeletError::File {
-            flag,
-            path,
-            problem: e.to_string(),
-        }),
+        Err(source) => Err(KubeletError::FileRead { flag, path, source }),
     }
 }
 
@@ -165,8 +182,16 @@ fn check_kubelet_config(path: &Path) -> Result<(), KubeletError> {
         path: path.to_owned(),
         problem,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
-    let doc: Value = serde_norway::from_str(&text).map_err(|e| bad(format!("not YAML: {e}")))?;
+    let text = std::fs::read_to_string(path).map_err(|source| KubeletError::FileRead {
+        flag: "--config",
+        path: path.to_owned(),
+        source,
+    })?;
+    let doc: Value = serde_norway::from_str(&text).map_err(|source| KubeletError::FileYaml {
+        flag: "--config",
+        path: path.to_owned(),
+        source,
+    })?;
     match (doc["apiVersion"].as_str(), doc["kind"].as_str()) {
         (Some(config::KUBELET_API_VERSION), Some("KubeletConfiguration")) => Ok(()),
         (a, k) => Err(bad(format!(

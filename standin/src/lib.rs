@@ -33,6 +33,19 @@ pub mod validate;
 
 use std::path::PathBuf;
 
+/// An error and its causes, outermost first, joined by `": "` (each message describes its own
+/// layer only). The stand-ins keep this copy rather than share hawser's.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// How the kubeadm stand-in labels its output.
 pub const KUBEADM_LABEL: &str = "kubeadm STAND-IN (not Kubernetes)";
 /// How the kubelet stand-in labels its output.

@@ -26,23 +26,47 @@ pub const KUBECONFIG_HEADER: &str = "# Written by the kubeadm STAND-IN (hawser-s
 /// Why a certificate or kubeconfig could not be made or read.
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
-    #[error("cannot {action} {path}: {source}")]
+    /// A file or directory of the PKI could not be read, written or created.
+    #[error("cannot {action} {path}")]
     Io {
         action: &'static str,
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("generating {what} failed: {source}")]
+    /// rcgen could not make a key or certificate.
+    #[error("generating {what} failed")]
     Generate {
         what: &'static str,
         #[source]
         source: rcgen::Error,
     },
-    #[error("the existing CA in {path} cannot be used: {reason}")]
-    ExistingCa { path: PathBuf, reason: String },
+    /// ca.crt and ca.key exist but one of them does not load.
+    #[error("the existing CA in {path} cannot be used: {file} does not load")]
+    ExistingCa {
+        path: PathBuf,
+        /// `ca.crt` or `ca.key`.
+        file: &'static str,
+        #[source]
+        source: rcgen::Error,
+    },
+    /// The kubeconfig is YAML but lacks what a cluster entry needs.
     #[error("the kubeconfig {path} is not usable: {reason}")]
     Kubeconfig { path: PathBuf, reason: String },
+    /// The kubeconfig is not YAML.
+    #[error("the kubeconfig {path} is not usable: it is not YAML")]
+    KubeconfigYaml {
+        path: PathBuf,
+        #[source]
+        source: serde_norway::Error,
+    },
+    /// The kubeconfig's certificate-authority-data is not base64.
+    #[error("the kubeconfig {path} is not usable: certificate-authority-data is not base64")]
+    KubeconfigBase64 {
+        path: PathBuf,
+        #[source]
+        source: base64::DecodeError,
+    },
 }
 
 fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> PkiError + use<> {
@@ -89,13 +113,12 @@ impl Ca {
         if cert_path.exists() && key_path.exists() {
             let cert_pem = std::fs::read_to_string(&cert_path).map_err(io("read", &cert_path))?;
             let key_pem = std::fs::read_to_string(&key_path).map_err(io("read", &key_path))?;
-            let existing = |reason: String| PkiError::ExistingCa {
-                path: cert_path.clone(),
-                reason,
+            let existing = |file: &'static str| {
+                let path = cert_path.clone();
+                move |source| PkiError::ExistingCa { path, file, source }
             };
-            let key = KeyPair::from_pem(&key_pem).map_err(|e| existing(format!("ca.key: {e}")))?;
-            let issuer = Issuer::from_ca_cert_pem(&cert_pem, key)
-                .map_err(|e| existing(format!("ca.crt: {e}")))?;
+            let key = KeyPair::from_pem(&key_pem).map_err(existing("ca.key"))?;
+            let issuer = Issuer::from_ca_cert_pem(&cert_pem, key).map_err(existing("ca.crt"))?;
             return Ok((
                 Self {
                     cert_pem,
@@ -288,7 +311,11 @@ pub fn read_cluster_info(path: &Path) -> Result<ClusterInfo, PkiError> {
         path: path.to_owned(),
         reason,
     };
-    let config: Value = serde_norway::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let config: Value =
+        serde_norway::from_str(&text).map_err(|source| PkiError::KubeconfigYaml {
+            path: path.to_owned(),
+            source,
+        })?;
     let clusters = config["clusters"]
         .as_array()
         .ok_or_else(|| bad("it has no clusters".into()))?;
@@ -315,7 +342,10 @@ pub fn read_cluster_info(path: &Path) -> Result<ClusterInfo, PkiError> {
             Some(data) => {
                 let bytes = BASE64
                     .decode(data)
-                    .map_err(|e| bad(format!("certificate-authority-data is not base64: {e}")))?;
+                    .map_err(|source| PkiError::KubeconfigBase64 {
+                        path: path.to_owned(),
+                        source,
+                    })?;
                 Some(String::from_utf8(bytes).map_err(|_| {
                     bad("certificate-authority-data is not a PEM certificate".into())
                 })?)

@@ -73,11 +73,11 @@ const VALIDITY: [u8; 34] = [
 ];
 
 /// A problem with a peer's aTLS certificate.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[derive(Debug, Error, Clone, PartialEq)]
 pub enum CertificateError {
     /// Not an X.509 certificate.
-    #[error("the certificate does not parse as X.509: {0}")]
-    X509(String),
+    #[error("the certificate does not parse as X.509")]
+    X509(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>),
     /// Bytes after the certificate.
     #[error("{count} bytes follow the certificate's DER")]
     TrailingBytes { count: usize },
@@ -95,12 +95,18 @@ pub enum MintError {
     /// The system RNG failed.
     #[error("the system random number generator failed")]
     Random,
-    /// The key could not be encoded or loaded.
-    #[error("cannot set up the TLS key: {0}")]
-    Key(String),
+    /// The key could not be encoded as PKCS#8.
+    #[error("cannot encode the TLS key as PKCS#8")]
+    KeyEncoding(#[source] p256::pkcs8::Error),
+    /// rustls could not load the key.
+    #[error("cannot set up the TLS key")]
+    Key(#[source] rustls::Error),
+    /// The loaded key offers no ECDSA P-256 SHA-256 signer.
+    #[error("cannot set up the TLS key: it cannot sign ECDSA P-256 SHA-256")]
+    NoSigner,
     /// Signing the certificate failed.
-    #[error("cannot sign the aTLS certificate: {0}")]
-    Sign(rustls::Error),
+    #[error("cannot sign the aTLS certificate")]
+    Sign(#[source] rustls::Error),
     /// Evidence larger than a verifier accepts.
     #[error("the evidence is {size} bytes, more than the {max} bytes a verifier accepts")]
     EvidenceTooLarge { size: usize, max: usize },
@@ -134,12 +140,10 @@ impl TlsKey {
                 break secret;
             }
         };
-        let pkcs8 = secret
-            .to_pkcs8_der()
-            .map_err(|e| MintError::Key(e.to_string()))?;
+        let pkcs8 = secret.to_pkcs8_der().map_err(MintError::KeyEncoding)?;
         let der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pkcs8.as_bytes()));
-        let signing_key = rustls::crypto::ring::sign::any_ecdsa_type(&der)
-            .map_err(|e| MintError::Key(e.to_string()))?;
+        let signing_key =
+            rustls::crypto::ring::sign::any_ecdsa_type(&der).map_err(MintError::Key)?;
         let point = p256::elliptic_curve::sec1::ToEncodedPoint::to_encoded_point(
             &secret.public_key(),
             false,
@@ -194,7 +198,7 @@ impl TlsKey {
         let signer = self
             .signing_key
             .choose_scheme(&[SignatureScheme::ECDSA_NISTP256_SHA256])
-            .ok_or_else(|| MintError::Key("the key cannot sign ECDSA P-256 SHA-256".into()))?;
+            .ok_or(MintError::NoSigner)?;
         let signature = signer.sign(&tbs).map_err(MintError::Sign)?;
         let mut bit_string = vec![0x00];
         bit_string.extend_from_slice(&signature);
@@ -235,8 +239,7 @@ impl ParsedCertificate {
 /// Parses a peer's certificate: its key and, if present, its evidence extension. A certificate
 /// with the extension twice is refused by the X.509 parser.
 pub fn parse_certificate(der: &[u8]) -> Result<ParsedCertificate, CertificateError> {
-    let (rest, cert) =
-        X509Certificate::from_der(der).map_err(|e| CertificateError::X509(e.to_string()))?;
+    let (rest, cert) = X509Certificate::from_der(der).map_err(CertificateError::X509)?;
     if !rest.is_empty() {
         return Err(CertificateError::TrailingBytes { count: rest.len() });
     }

@@ -158,9 +158,11 @@ fn log_result<IO>(side: Role, result: &Result<AtlsStream<IO>, AtlsError>) {
             None => tracing::debug!(%side, "aTLS connection established; peer not attested"),
         },
         Err(err @ (AtlsError::PeerRefused { .. } | AtlsError::RefusedByPeer { .. })) => {
-            tracing::warn!(%side, error = %err, "aTLS connection refused")
+            tracing::warn!(%side, error = crate::error_chain(err), "aTLS connection refused")
         }
-        Err(err) => tracing::info!(%side, error = %err, "aTLS connection failed"),
+        Err(err) => {
+            tracing::info!(%side, error = crate::error_chain(err), "aTLS connection failed")
+        }
     }
 }
 
@@ -212,7 +214,7 @@ impl AtlsServer {
         let minted =
             tokio::task::spawn_blocking(move || minter.mint(Role::Server, client_nonce.as_ref()))
                 .await
-                .map_err(|e| AtlsError::Task(e.to_string()))??;
+                .map_err(AtlsError::Task)??;
 
         let builder = ServerConfig::builder_with_provider(Arc::clone(&PROVIDER))
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -433,7 +435,8 @@ where
     match refusal {
         None => frame.extend_from_slice(&[VERDICT_ACCEPTED, 0, 0]),
         Some(reason) => {
-            let mut text = reason.to_string();
+            // The whole chain: the peer has no other way to learn why.
+            let mut text = crate::error_chain(reason);
             if text.len() > MAX_REASON_LEN {
                 let mut cut = MAX_REASON_LEN;
                 while !text.is_char_boundary(cut) {
@@ -562,7 +565,7 @@ mod tests {
         let refusal = Refusal::Certificate(super::super::cert::CertificateError::MissingEvidence);
         write_verdict(&mut a, Some(&refusal)).await.expect("write");
         match read_verdict(&mut b, Role::Client).await {
-            Ok(Verdict::Refused(text)) => assert_eq!(text, refusal.to_string()),
+            Ok(Verdict::Refused(text)) => assert_eq!(text, crate::error_chain(&refusal)),
             _ => panic!("expected a refusal"),
         }
 

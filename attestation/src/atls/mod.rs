@@ -115,27 +115,35 @@ pub enum Refusal {
 #[derive(Debug, Error)]
 pub enum AtlsError {
     /// We refused the peer's attestation (the peer was told why).
-    #[error("refused the {peer}'s attestation: {reason}")]
-    PeerRefused { peer: Role, reason: Refusal },
+    #[error("refused the {peer}'s attestation")]
+    PeerRefused {
+        peer: Role,
+        #[source]
+        reason: Refusal,
+    },
     /// The peer refused our attestation and said why.
     #[error("the {peer} refused our attestation: {reason}")]
     RefusedByPeer { peer: Role, reason: String },
     /// The TLS handshake failed.
-    #[error("the aTLS handshake failed: {source}{hint}")]
+    #[error("the aTLS handshake failed{hint}")]
     Handshake {
+        #[source]
         source: std::io::Error,
+        /// What the failure means in aTLS terms (empty, or ` (` and a phrase and `)`).
         hint: &'static str,
     },
     /// The TCP connection could not be made.
-    #[error("cannot connect to {target}: {source}")]
+    #[error("cannot connect to {target}")]
     Connect {
         target: String,
+        #[source]
         source: std::io::Error,
     },
     /// The connection's I/O failed after the handshake.
-    #[error("aTLS connection I/O failed while {doing}: {source}")]
+    #[error("aTLS connection I/O failed while {doing}")]
     Io {
         doing: &'static str,
+        #[source]
         source: std::io::Error,
     },
     /// The handshake (with quote and verdicts) took too long.
@@ -162,11 +170,11 @@ pub enum AtlsError {
     #[error("the {peer} broke the aTLS protocol: {detail}")]
     Protocol { peer: Role, detail: String },
     /// rustls refused the configuration.
-    #[error("cannot configure TLS: {0}")]
-    Config(rustls::Error),
+    #[error("cannot configure TLS")]
+    Config(#[source] rustls::Error),
     /// A blocking task panicked or was cancelled.
-    #[error("the attestation task failed: {0}")]
-    Task(String),
+    #[error("the attestation task failed")]
+    Task(#[source] tokio::task::JoinError),
 }
 
 /// A certificate and key for one connection.

@@ -1,6 +1,6 @@
 //! `kubeadm` STAND-IN (not Kubernetes): see the hawser-standin crate.
 
-use hawser_standin::{KUBEADM_LABEL, StandinEnv, kubeadm, labelled};
+use hawser_standin::{KUBEADM_LABEL, StandinEnv, error_chain, kubeadm, labelled};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -14,7 +14,10 @@ fn main() {
             }
         }
         Err(e) => {
-            eprintln!("{}", labelled(KUBEADM_LABEL, &format!("error: {e}")));
+            eprintln!(
+                "{}",
+                labelled(KUBEADM_LABEL, &format!("error: {}", error_chain(&e)))
+            );
             std::process::exit(e.exit_code());
         }
     }

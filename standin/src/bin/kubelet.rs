@@ -3,7 +3,7 @@
 //! Checks its flags, records the start, then waits for SIGTERM (or SIGINT) and exits 0. A
 //! refused start exits 1 with the reason, so a supervisor's restart backoff can be exercised.
 
-use hawser_standin::{KUBELET_LABEL, StandinEnv, kubelet, labelled};
+use hawser_standin::{KUBELET_LABEL, StandinEnv, error_chain, kubelet, labelled};
 use nix::sys::signal::{SigSet, Signal};
 
 fn main() {
@@ -21,7 +21,10 @@ fn main() {
     let start = match kubelet::prepare(&args, &env) {
         Ok(start) => start,
         Err(e) => {
-            eprintln!("{}", labelled(KUBELET_LABEL, &format!("error: {e}")));
+            eprintln!(
+                "{}",
+                labelled(KUBELET_LABEL, &format!("error: {}", error_chain(&e)))
+            );
             std::process::exit(1);
         }
     };
