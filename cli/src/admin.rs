@@ -39,9 +39,10 @@ pub struct InitArgs {
     /// The cluster's name (a DNS label).
     #[arg(long, default_value = "hawser")]
     name: String,
-    /// The Kubernetes version to install, v<major>.<minor>.<patch>.
+    /// The Kubernetes version to install, v<major>.<minor>.<patch> (refused here, before the node
+    /// is touched, if kubeadm would refuse it).
     #[arg(long, default_value = hawser_cli::localhost::KUBERNETES_VERSION)]
-    kubernetes_version: String,
+    kubernetes_version: hawser_kube_types::KubernetesVersion,
     /// The cluster's service CIDR.
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cidr: String,

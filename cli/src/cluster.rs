@@ -235,7 +235,7 @@ pub struct InitOptions {
     pub cluster_file: PathBuf,
     pub kubeconfig: PathBuf,
     pub cluster_name: String,
-    pub kubernetes_version: String,
+    pub kubernetes_version: hawser_kube_types::KubernetesVersion,
     pub service_cidr: String,
     pub api_server_cert_sans: Vec<String>,
 }
@@ -286,7 +286,7 @@ pub async fn init(
         cluster_name: opts.cluster_name.clone(),
         cluster_id: hex::encode(cluster_id),
         measurement_salt: hex::encode(&salt),
-        kubernetes_version: opts.kubernetes_version.clone(),
+        kubernetes_version: opts.kubernetes_version.to_string(),
         init_node: opts.node.clone(),
     }
     .write_new(&opts.cluster_file)?;
@@ -297,7 +297,7 @@ pub async fn init(
         master_secret_salt: master.salt_bytes().to_vec(),
         measurement_salt: salt,
         cluster_name: opts.cluster_name.clone(),
-        kubernetes_version: opts.kubernetes_version.clone(),
+        kubernetes_version: opts.kubernetes_version.to_string(),
         service_cidr: opts.service_cidr.clone(),
         api_server_cert_sans: opts.api_server_cert_sans.clone(),
     };

@@ -128,7 +128,7 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         cluster_file: admin.join("cluster.json"),
         kubeconfig: admin.join("admin.conf"),
         cluster_name: "demo".into(),
-        kubernetes_version: "v1.33.4".into(),
+        kubernetes_version: "v1.33.4".parse().unwrap(),
         service_cidr: "10.96.0.0/12".into(),
         api_server_cert_sans: vec!["10.0.2.15".into()],
     };

@@ -53,7 +53,7 @@ struct Args {
     state_dir: PathBuf,
     /// The Kubernetes version joining nodes install, e.g. v1.33.4.
     #[arg(long)]
-    kubernetes_version: String,
+    kubernetes_version: hawser_kube_types::KubernetesVersion,
     /// Lifetime of issued bootstrap tokens, in seconds.
     #[arg(long, default_value_t = 3600)]
     token_ttl_secs: u64,
@@ -149,7 +149,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         JoinCoreConfig {
             master_secret,
             measurement_salt,
-            kubernetes_version: args.kubernetes_version.clone(),
+            kubernetes_version: args.kubernetes_version.to_string(),
             token_ttl: Duration::from_secs(args.token_ttl_secs),
             pki_dir: args.pki_dir.clone(),
             registry_file: args.state_dir.join("joined-disks"),
