@@ -11,7 +11,7 @@ use hawser_attestation::report::{BootReport, QuoteEvidence, REPORT_VERSION};
 use hawser_attestation::tpm::{Tpm, TpmError};
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
 
-use crate::timings::PhaseTimer;
+use crate::platform::timings::PhaseTimer;
 
 /// The sha256-bank PCRs read for the report and covered by its quote: all of them. Every value
 /// in the report is signed (the verifier refuses unquoted values), and quoting 24 PCRs costs the

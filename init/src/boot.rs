@@ -41,21 +41,22 @@ use crate::attest::{self, Attestation, NonceSource, ReportContext, TpmStepError}
 use crate::config::{self, ConfigError, RebootPolicy};
 use crate::disk::key::KeySourceKind;
 use crate::disk::{self, DiskError};
-use crate::fatal::{self, fatal, fatal_error};
-use crate::fw_cfg::{self, FwCfgError};
-use crate::join::client::JoinClient;
-use crate::join::init_server::{GrantKind, INIT_PORT, Progress};
-use crate::join::race::ClusterKeySource;
-use crate::join::{
+use crate::enrollment::client::JoinClient;
+use crate::enrollment::init_server::{GrantKind, INIT_PORT, Progress};
+use crate::enrollment::race::ClusterKeySource;
+use crate::enrollment::{
     INSECURE_TRUST_WARNING, JoinServiceTrust, PROVIDER_CA_PATH, join_service_policy,
 };
+use crate::fatal::{self, fatal, fatal_error};
 use crate::modules::{self, ModuleError};
-use crate::mounts::EARLY_MOUNTS;
-use crate::reaper::{self, ChildRegistry};
-use crate::shutdown::{self, KILL_WAIT, STOP_GRACE};
-use crate::syscalls::{LinuxSyscalls, PowerAction, Syscalls};
-use crate::timings::PhaseTimer;
-use crate::{console, entropy, node, power_button};
+use crate::node;
+use crate::platform::fw_cfg::{self, FwCfgError};
+use crate::platform::mounts::EARLY_MOUNTS;
+use crate::platform::reaper::{self, ChildRegistry};
+use crate::platform::syscalls::{LinuxSyscalls, PowerAction, Syscalls};
+use crate::platform::timings::PhaseTimer;
+use crate::platform::{console, entropy, poll, power_button};
+use crate::shutdown::{self, STOP_GRACE, STRAGGLER_KILL_WAIT};
 
 /// How long to wait for the TPM device node: devtmpfs creates it when the TIS/CRB driver has
 /// probed, which can lag behind /init on a slow (TCG) VM.
@@ -85,9 +86,9 @@ pub enum BootError {
     #[error(transparent)]
     Disk(#[from] DiskError),
     #[error(transparent)]
-    Net(#[from] crate::net::NetError),
+    Net(#[from] crate::platform::net::NetError),
     #[error(transparent)]
-    JoinSetup(#[from] crate::join::client::JoinSetupError),
+    JoinSetup(#[from] crate::enrollment::client::JoinSetupError),
     #[error("cannot attest to the join service or the admin: the TPM issuer cannot start")]
     Issuer(#[source] hawser_attestation::IssuerError),
     #[error("cannot pivot into the rootfs")]
@@ -250,13 +251,13 @@ async fn shutdown(request: ShutdownRequest) -> ! {
         shutdown::stop_all_processes(
             &LINUX,
             STOP_GRACE,
-            KILL_WAIT,
+            STRAGGLER_KILL_WAIT,
             shutdown::processes_left,
             std::thread::sleep,
         )
     })
     .await;
-    if let Ok(shutdown::StopOutcome::Stuck) = stopped {
+    if let Ok(shutdown::Sweep::Stuck) = stopped {
         warn!("some processes survived SIGKILL; powering off anyway");
     }
     info!("powering off");
@@ -364,7 +365,7 @@ async fn bring_up(
 
     if let Some(net) = &config.net {
         let start = timer.elapsed_ms();
-        let nic = crate::net::bring_up(net).await?;
+        let nic = crate::platform::net::bring_up(net).await?;
         timer.record("net", start);
         info!(
             "network: {nic} is {}/{}{}",
@@ -400,7 +401,7 @@ async fn bring_up(
     if let Err(e) = entropy::add_entropy(&seed) {
         let warning = format!(
             "cannot seed the kernel's random pool: {}",
-            fatal::error_chain(&e)
+            crate::platform::error_chain(&e)
         );
         warn!("{warning}");
         warnings.push(warning);
@@ -491,7 +492,10 @@ async fn bring_up(
         Err(e) => {
             // The admin whose request won learns why the node cannot go on.
             if let Some((_, progress)) = outcome.and_then(|o| o.admin) {
-                progress.fail(&format!("the state disk: {}", fatal::error_chain(&e)));
+                progress.fail(&format!(
+                    "the state disk: {}",
+                    crate::platform::error_chain(&e)
+                ));
             }
             return Err(e.into());
         }
@@ -504,7 +508,9 @@ async fn bring_up(
             Ok(line) => console::emit_raw_console_line(&line),
             Err(e) => warn!("cannot encode the join summary: {e}"),
         }
-        node_name = Some(crate::join::client::node_name(&outcome.summary.disk_uuid));
+        node_name = Some(crate::enrollment::client::node_name(
+            &outcome.summary.disk_uuid,
+        ));
         role = match (outcome.admin, outcome.kubeadm) {
             (Some((GrantKind::Init(spec), progress)), _) if config.root_hash.is_some() => {
                 // The image's provider CA is in the initramfs, which the pivot frees: read now.
@@ -518,7 +524,7 @@ async fn bring_up(
                             secrets,
                             // Read at `enter-initrd`, before the lock: what a fresh node of
                             // this image measures.
-                            joiner_measurements: crate::join::fresh_node_measurements_json(
+                            joiner_measurements: crate::enrollment::fresh_node_measurements_json(
                                 &measurement.pcrs,
                             ),
                             provider_ca_pem: pem,
@@ -581,7 +587,7 @@ async fn bring_up(
             if let node::Role::Init { progress, .. } = role {
                 progress.fail(&format!(
                     "the pivot into the rootfs: {}",
-                    fatal::error_chain(&e)
+                    crate::platform::error_chain(&e)
                 ));
             }
             return Err(BootError::Pivot(e));
@@ -646,19 +652,13 @@ fn emit_event_log() {
 
 /// Waits until `path` exists (devtmpfs creates TPM nodes when the driver probes).
 pub async fn wait_for_device(path: &Path, limit: Duration) -> Result<(), BootError> {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if path.exists() {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(BootError::NoTpm {
-                path: path.to_owned(),
-                waited: limit,
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    if poll::wait_for_path(path, limit, Duration::from_millis(10)).await {
+        return Ok(());
     }
+    Err(BootError::NoTpm {
+        path: path.to_owned(),
+        waited: limit,
+    })
 }
 
 #[cfg(test)]

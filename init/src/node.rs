@@ -22,15 +22,15 @@ use hawser_attestation::tpm::Tpm;
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD};
 use tracing::{info, warn};
 
+use crate::enrollment::client::{ControlPlaneFile, KubeadmTicket};
+use crate::enrollment::init_server::{ClusterSpec, Progress};
+use crate::enrollment::race::ClusterSecrets;
 use crate::fatal::error_chain;
-use crate::join::client::{ControlPlaneFile, KubeadmTicket};
-use crate::join::init_server::{ClusterSpec, Progress};
-use crate::join::race::ClusterSecrets;
 use crate::kubeadm::{self, InitRequest, JoinTicket};
-use crate::reaper::ChildRegistry;
+use crate::platform::reaper::ChildRegistry;
+use crate::platform::syscalls::LinuxSyscalls;
 use crate::rootfs::{self, RootHash, RootfsPlan, StateBacking};
 use crate::supervisor::{self, OneShotJob, OneShotOutcome, Supervisor};
-use crate::syscalls::LinuxSyscalls;
 
 /// Where the kubeadm configuration is written (tmpfs: it holds the bootstrap token).
 pub const KUBEADM_CONFIG: &str = "/run/hawser/kubeadm.yaml";
@@ -215,7 +215,7 @@ pub enum PivotError {
     #[error(transparent)]
     Switch(#[from] rootfs::plan::SwitchRootError),
     #[error("cannot mount the new root's API filesystems")]
-    Mounts(#[source] crate::mounts::MountError),
+    Mounts(#[source] crate::platform::mounts::MountError),
     #[error("a blocking task of the pivot failed")]
     Task(#[source] tokio::task::JoinError),
 }

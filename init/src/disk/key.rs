@@ -3,7 +3,7 @@
 //! The key is the LUKS2 *volume* key (no keyslot, no passphrase): 64 bytes for aes-xts-plain64,
 //! 96 with HMAC-SHA256 integrity (XTS key, then HMAC key, the order dm-crypt's `authenc` keys
 //! take). In the product it is the data key the join service derives for the disk's LUKS2 UUID
-//! ([`crate::join::race::ClusterKeySource`], or the admin's `hawser init`); the development source reads it from fw_cfg, which
+//! ([`crate::enrollment::race::ClusterKeySource`], or the admin's `hawser init`); the development source reads it from fw_cfg, which
 //! the host controls — see [`KeySourceKind`].
 //!
 //! [`VolumeKey`] zeroizes its bytes when dropped and its `Debug` shows only the length.
@@ -50,7 +50,7 @@ pub enum KeySourceKind {
     /// and knows it, so the disk is encrypted against nobody; PID 1 warns on every boot, and
     /// the choice is on the measured command line, so a verifier sees it.
     FwCfgInsecureDev,
-    /// The product: the data key from the join service over aTLS ([`crate::join`]).
+    /// The product: the data key from the join service over aTLS ([`crate::enrollment`]).
     JoinService,
 }
 

@@ -36,7 +36,7 @@ use super::dm::DmError;
 use super::key::{DiskStatus, KeyError, KeySource, VolumeKey};
 use super::luks2::{self, Copy, DiskState, Integrity, KeyDigest, NewHeader};
 use super::probe::{self, BlockIo, Contents, ProbeError};
-use crate::timings::PhaseTimer;
+use crate::platform::timings::PhaseTimer;
 
 /// The marker file hawser keeps on the state filesystem, relative to its mount point.
 pub const MARKER_FILE: &str = "hawser/state-disk.json";

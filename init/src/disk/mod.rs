@@ -15,7 +15,6 @@
 //!
 //! Only [`bring_up`] and [`LinuxPlatform`] touch the machine; the rest is tested on the host.
 
-pub mod device;
 pub mod dm;
 pub mod key;
 pub mod lifecycle;
@@ -33,14 +32,15 @@ use nix::mount::MsFlags;
 use tokio::io::AsyncReadExt as _;
 use tracing::{info, warn};
 
-use self::device::{BlockDevice, DiskSelector, Lookup, SysfsError};
 use self::dm::DmError;
 use self::key::{FixedKey, KeyError, KeySource, KeySourceKind, VolumeKey};
 use self::lifecycle::{Action, LifecycleError, Options, Platform};
 use self::luks2::Integrity;
-use crate::reaper::ChildRegistry;
-use crate::syscalls::{LinuxSyscalls, MountSpec};
-use crate::timings::PhaseTimer;
+use crate::platform::block::{self as device, BlockDevice, DiskSelector, Lookup, SysfsError};
+use crate::platform::poll::{self, Poll};
+use crate::platform::reaper::ChildRegistry;
+use crate::platform::syscalls::{LinuxSyscalls, MountSpec};
+use crate::platform::timings::PhaseTimer;
 
 /// Where the state filesystem is mounted (ext4, no mount flags: what later runs from it —
 /// containerd, kubelet — decides its own).
@@ -51,6 +51,8 @@ pub const DISK_WAIT: Duration = Duration::from_secs(10);
 pub const MKFS: &str = "/usr/sbin/mke2fs";
 /// The ext4 label of the state filesystem.
 pub const FS_LABEL: &str = "hawser-state";
+/// How often sysfs is looked at while waiting for the disk.
+const DISK_POLL: Duration = Duration::from_millis(20);
 /// Bytes per write when wiping for dm-integrity.
 const WIPE_CHUNK: usize = 4 * 1024 * 1024;
 
@@ -247,27 +249,25 @@ pub async fn wait_for_disk(
     selector: &DiskSelector,
     limit: Duration,
 ) -> Result<BlockDevice, DiskError> {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let disks = device::list_disks(Path::new("/sys/block")).map_err(DiskError::Sysfs)?;
+    poll::wait_until(limit, DISK_POLL, || {
+        let disks = match device::list_disks(Path::new("/sys/block")) {
+            Ok(disks) => disks,
+            Err(e) => return Poll::Failed(DiskError::Sysfs(e)),
+        };
         match device::find(disks, selector) {
-            Lookup::Found(disk) => return Ok(disk),
-            Lookup::Ambiguous(disks) => {
-                return Err(DiskError::Ambiguous {
-                    selector: selector.clone(),
-                    disks: device::describe_disks(&disks),
-                });
-            }
-            Lookup::Missing(present) if tokio::time::Instant::now() >= deadline => {
-                return Err(DiskError::NotFound {
-                    selector: selector.clone(),
-                    waited: limit,
-                    present: device::describe_disks(&present),
-                });
-            }
-            Lookup::Missing(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Lookup::Found(disk) => Poll::Ready(disk),
+            Lookup::Ambiguous(disks) => Poll::Failed(DiskError::Ambiguous {
+                selector: selector.clone(),
+                disks: device::describe_disks(&disks),
+            }),
+            Lookup::Missing(present) => Poll::Pending(DiskError::NotFound {
+                selector: selector.clone(),
+                waited: limit,
+                present: device::describe_disks(&present),
+            }),
         }
-    }
+    })
+    .await
 }
 
 /// The real [`Platform`]: device-mapper, mke2fs (through the child registry, so the reaper
@@ -424,40 +424,12 @@ async fn read_all(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8> {
     bytes
 }
 
-/// getrandom(2) until `buf` is full (blocks only until the CRNG is initialized, which the
-/// TPM seeding at bring-up has done).
-pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let rest = &mut buf[filled..];
-        // SAFETY: getrandom(2) writes at most `rest.len()` bytes into `rest`, which is valid
-        // and exclusively borrowed for the call.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if n < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(error);
-        }
-        filled += n as usize;
-    }
-    Ok(())
-}
+/// The kernel's CSPRNG at its old path (`init/tests/luks2_cryptsetup.rs` imports it from here).
+pub use crate::platform::random::fill as fill_random;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn random_bytes_fill_the_buffer() {
-        let mut a = [0u8; 64];
-        let mut b = [0u8; 64];
-        fill_random(&mut a).unwrap();
-        fill_random(&mut b).unwrap();
-        assert_ne!(a, b);
-        assert_ne!(a, [0u8; 64]);
-    }
 
     #[tokio::test]
     async fn wiping_zeroes_the_whole_device() {
@@ -536,7 +508,7 @@ mod tests {
         .await
         .unwrap_err();
         assert_eq!(
-            crate::fatal::error_chain(&err),
+            crate::platform::error_chain(&err),
             "state disk: the join service gave no key: no join client was started"
         );
     }
@@ -561,7 +533,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(warnings, [INSECURE_KEY_WARNING]);
         assert!(
-            crate::fatal::error_chain(&err).contains("fw_cfg has no opt/hawser/state_disk_key"),
+            crate::platform::error_chain(&err).contains("fw_cfg has no opt/hawser/state_disk_key"),
             "{err}"
         );
     }

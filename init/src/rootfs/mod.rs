@@ -52,8 +52,8 @@ use tracing::info;
 use self::activate::VerityDevice;
 use self::locate::{PartitionLookup, VerityTarget};
 use self::verity::VerityError;
-use crate::disk::device::SysfsError;
-use crate::disk::dm::DmError;
+use crate::platform::block::SysfsError;
+use crate::platform::dm::DmError;
 
 pub use self::plan::{
     NEW_ROOT_API_MOUNTS, RootfsPlan, StateBacking, SwitchOutcome, SwitchRootError, switch_root,

@@ -48,7 +48,7 @@ use nix::mount::MsFlags;
 use tracing::{info, warn};
 
 use crate::disk::STATE_MOUNT_POINT;
-use crate::syscalls::{MountSpec, OldRoot, OwnedMountSpec, RemovalSummary, Syscalls};
+use crate::platform::syscalls::{MountSpec, OldRoot, OwnedMountSpec, RemovalSummary, Syscalls};
 
 /// Where the new root is assembled.
 pub const SYSROOT: &str = "/sysroot";
@@ -494,7 +494,7 @@ pub fn switch_root(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::syscalls::{Call, RecordingSyscalls};
+    use crate::platform::syscalls::{Call, RecordingSyscalls};
     use nix::errno::Errno;
     use std::cell::Cell;
 
@@ -659,7 +659,7 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(
-            crate::fatal::error_chain(&err),
+            crate::platform::error_chain(&err),
             "cannot switch to the verified rootfs: create directory /sysroot/tmp failed: \
              Read-only file system (os error 30)"
         );
@@ -673,7 +673,7 @@ mod tests {
         let plan = RootfsPlan::new("/dev/dm-1", StateBacking::Disk);
         let err = switch_root(&sys, &plan, &mut || Err("TPM went away".into())).unwrap_err();
         assert_eq!(
-            crate::fatal::error_chain(&err),
+            crate::platform::error_chain(&err),
             "cannot switch to the verified rootfs: measuring leave-initrd into PCR 11 failed: \
              TPM went away"
         );

@@ -23,7 +23,7 @@ use tracing::{info, warn};
 
 use super::output::{self, Redaction, Tail};
 use super::{KILL_WAIT, SERVICE_PATH, StopOutcome, terminate};
-use crate::reaper::ChildRegistry;
+use crate::platform::reaper::ChildRegistry;
 
 /// A program to run once per node lifetime.
 #[derive(Debug, Clone, PartialEq, Eq)]

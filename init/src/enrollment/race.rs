@@ -28,7 +28,7 @@ use super::client::{JoinClient, KubeadmTicket, Secrets, describe};
 use super::init_server::{self, GrantKind, InitServer, Progress};
 use super::lock::{NodeLock, Owner, PCR_CLUSTER_ID, cluster_lock_pcr};
 use crate::disk::key::{DiskStatus, KeyError, KeySource, VolumeKey};
-use crate::fatal::error_chain;
+use crate::platform::error_chain;
 
 /// What the race decided.
 #[derive(Debug)]

@@ -52,13 +52,7 @@ pub fn add_entropy(bytes: &[u8]) -> Result<(), EntropyError> {
     Ok(())
 }
 
-/// Whether the kernel's CRNG is initialized (a non-blocking getrandom succeeds).
-pub fn crng_ready() -> bool {
-    let mut byte = [0u8; 1];
-    // SAFETY: getrandom writes at most `byte.len()` bytes into the valid buffer.
-    let rc = unsafe { libc::getrandom(byte.as_mut_ptr().cast(), 1, libc::GRND_NONBLOCK) };
-    rc == 1
-}
+pub use super::random::crng_ready;
 
 #[cfg(test)]
 mod tests {

@@ -105,7 +105,7 @@ impl Progress {
     /// Starts streaming the node's log lines into `stream`, on the current runtime.
     fn start(stream: mpsc::Sender<Result<InitResponse, Status>>) -> Progress {
         let (outcome, mut outcome_rx) = oneshot::channel::<InitResponse>();
-        let mut lines = crate::console::subscribe_lines();
+        let mut lines = crate::platform::console::subscribe_lines();
         tokio::spawn(async move {
             use tokio::sync::broadcast::error::RecvError;
             loop {
@@ -320,7 +320,7 @@ impl InitServer {
             }));
         }
         let (kind, master, measurement_salt) =
-            validated.map_err(|e| Status::invalid_argument(crate::fatal::error_chain(&e)))?;
+            validated.map_err(|e| Status::invalid_argument(crate::platform::error_chain(&e)))?;
         let sender = self
             .slot
             .lock()
@@ -420,7 +420,10 @@ pub async fn spawn(
             .serve_with_incoming(incoming)
             .await;
         if let Err(e) = result {
-            warn!("the init server stopped: {}", crate::fatal::error_chain(&e));
+            warn!(
+                "the init server stopped: {}",
+                crate::platform::error_chain(&e)
+            );
         }
     }))
 }
@@ -496,7 +499,7 @@ mod tests {
         for (mutate, expected) in cases {
             let mut request = good_init();
             mutate(&mut request);
-            let err = crate::fatal::error_chain(&validate_init(&mut request).unwrap_err());
+            let err = crate::platform::error_chain(&validate_init(&mut request).unwrap_err());
             assert!(err.contains(expected), "{err} should contain {expected}");
         }
     }
@@ -573,7 +576,7 @@ mod tests {
 
         let grant = grants.await.unwrap();
         assert_eq!(grant.kind.rpc(), "Init");
-        crate::console::emit(None, "formatting the state disk");
+        crate::platform::console::emit(None, "formatting the state disk");
         // Give the forwarder a chance to pick the line up before the outcome.
         tokio::task::yield_now().await;
         grant.progress.succeed([5; 32], Vec::new());

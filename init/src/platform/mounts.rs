@@ -9,7 +9,7 @@ use std::path::Path;
 
 use nix::mount::{MntFlags, MsFlags};
 
-use crate::syscalls::{MountSpec, Syscalls};
+use crate::platform::syscalls::{MountSpec, Syscalls};
 
 const PSEUDO: MsFlags = MsFlags::MS_NOSUID
     .union(MsFlags::MS_NODEV)
@@ -212,7 +212,7 @@ impl MountTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::syscalls::{Call, RecordingSyscalls};
+    use crate::platform::syscalls::{Call, RecordingSyscalls};
     use nix::errno::Errno;
     use std::path::PathBuf;
 
