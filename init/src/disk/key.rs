@@ -3,7 +3,7 @@
 //! The key is the LUKS2 *volume* key (no keyslot, no passphrase): 64 bytes for aes-xts-plain64,
 //! 96 with HMAC-SHA256 integrity (XTS key, then HMAC key, the order dm-crypt's `authenc` keys
 //! take). In the product it is the data key the join service derives for the disk's LUKS2 UUID
-//! ([`crate::enrollment::race::ClusterKeySource`], or the admin's `hawser init`); the development source reads it from fw_cfg, which
+//! ([`crate::enrollment::race::Enrollment`], or the admin's `hawser init`); the development source reads it from fw_cfg, which
 //! the host controls — see [`KeySourceKind`].
 //!
 //! [`VolumeKey`] zeroizes its bytes when dropped and its `Debug` shows only the length.
@@ -92,8 +92,8 @@ pub enum KeyError {
         expected: usize,
         mode: &'static str,
     },
-    #[error("the join service gave no key: {reason}")]
-    JoinService { reason: String },
+    #[error("the join service gave no key: no join client was started")]
+    NoEnrollment,
 }
 
 /// What the disk code is about to do with the key: format a new disk (a node joining for the

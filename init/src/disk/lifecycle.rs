@@ -86,6 +86,11 @@ pub enum LifecycleError {
         "the key does not open LUKS2 volume {uuid}: its digest does not match; nothing was written"
     )]
     WrongKey { uuid: String },
+    #[error(
+        "the key has {found} bytes; the state disk needs {expected} (as configured by \
+         hawser.state_disk_integrity); nothing was written"
+    )]
+    KeyLength { found: usize, expected: usize },
     #[error("cannot write {what} at offset {offset}")]
     Write {
         what: &'static str,
@@ -158,8 +163,155 @@ pub struct Marker {
     pub boots: u64,
 }
 
-/// Brings the state disk up: formats or opens it (see the module documentation), maps it,
+/// What [`prepare`] decided to do with the disk; [`apply`] does it.
+#[derive(Debug)]
+pub struct Plan {
+    kind: PlanKind,
+}
+
+#[derive(Debug)]
+enum PlanKind {
+    /// An initialized disk: open it with its key.
+    Open(Box<luks2::Selected>),
+    /// Format the disk under a new UUID: `first` copy first, at `seqid`.
+    Format {
+        uuid: String,
+        digest_salt: [u8; luks2::DIGEST_SALT_LEN],
+        first: Copy,
+        seqid: u64,
+        was: &'static str,
+    },
+}
+
+impl Plan {
+    /// The LUKS2 UUID the key is asked for: the disk's, or the new one a format writes.
+    pub fn luks_uuid(&self) -> &str {
+        match &self.kind {
+            PlanKind::Open(selected) => &selected.header.uuid,
+            PlanKind::Format { uuid, .. } => uuid,
+        }
+    }
+
+    /// Whether the key is for a new disk or an initialized one.
+    pub fn status(&self) -> DiskStatus {
+        match self.kind {
+            PlanKind::Open(_) => DiskStatus::Initialized,
+            PlanKind::Format { .. } => DiskStatus::New,
+        }
+    }
+}
+
+/// A key that [`verify`] found to open the planned disk (or, for a format, of the right length).
+#[derive(Debug)]
+pub struct VerifiedKey(VolumeKey);
+
+/// Step 1 (blocking, no key): probes the disk and decides between format and open. A format's
+/// UUID and digest salt are drawn here, so that the key can be asked for that UUID.
+pub fn prepare(
+    disk: &dyn BlockIo,
+    options: &Options<'_>,
+    platform: &dyn Platform,
+    timer: &mut PhaseTimer,
+) -> Result<Plan, LifecycleError> {
+    let contents = timer.time("state-disk-probe", || probe::probe(disk, options.integrity))?;
+    let (first, seqid, was) = match contents {
+        Contents::Hawser(selected) if selected.header.state == DiskState::Initialized => {
+            return Ok(Plan {
+                kind: PlanKind::Open(selected),
+            });
+        }
+        Contents::Hawser(selected) => (
+            selected.source.copy.other(),
+            selected.header.seqid.max(selected.source.seqid) + 1,
+            "formatted by hawser but never initialized",
+        ),
+        Contents::InterruptedFormat { .. } => (
+            Copy::Primary,
+            1,
+            "left half-formatted by an interrupted format",
+        ),
+        Contents::Blank => (Copy::Primary, 1, "blank"),
+    };
+    let mut uuid_bytes = [0u8; 16];
+    let mut digest_salt = [0u8; luks2::DIGEST_SALT_LEN];
+    platform
+        .random(&mut uuid_bytes)
+        .and_then(|()| platform.random(&mut digest_salt))
+        .map_err(LifecycleError::Random)?;
+    Ok(Plan {
+        kind: PlanKind::Format {
+            uuid: luks2::uuid_from_random(uuid_bytes),
+            digest_salt,
+            first,
+            seqid,
+            was,
+        },
+    })
+}
+
+/// Step 2 (blocking, reads nothing but the plan): checks `key` against the disk before anything
+/// is written or mapped — its length, and for an initialized disk the LUKS2 digest (PBKDF2).
+/// The caller takes the node lock only after this.
+pub fn verify(
+    plan: &Plan,
+    key: VolumeKey,
+    options: &Options<'_>,
+    timer: &mut PhaseTimer,
+) -> Result<VerifiedKey, LifecycleError> {
+    let expected = options.integrity.key_len();
+    if key.len() != expected {
+        return Err(LifecycleError::KeyLength {
+            found: key.len(),
+            expected,
+        });
+    }
+    if let PlanKind::Open(selected) = &plan.kind {
+        let matches = timer.time("state-disk-verify", || {
+            selected.header.digest.matches(key.as_bytes())
+        });
+        if !matches {
+            return Err(LifecycleError::WrongKey {
+                uuid: selected.header.uuid.clone(),
+            });
+        }
+    }
+    Ok(VerifiedKey(key))
+}
+
+/// Step 3 (blocking): formats or opens the disk as planned with the verified key, maps it,
 /// mounts it at `options.mount_point`.
+pub fn apply(
+    disk: &dyn BlockIo,
+    plan: Plan,
+    key: VerifiedKey,
+    options: &Options<'_>,
+    platform: &dyn Platform,
+    timer: &mut PhaseTimer,
+) -> Result<Outcome, LifecycleError> {
+    match plan.kind {
+        PlanKind::Open(selected) => open(disk, *selected, key.0, options, platform, timer),
+        PlanKind::Format {
+            uuid,
+            digest_salt,
+            first,
+            seqid,
+            was,
+        } => {
+            let fresh = Fresh {
+                uuid,
+                digest_salt,
+                seqid,
+                first,
+                was,
+            };
+            format(disk, fresh, key.0, options, platform, timer)
+        }
+    }
+}
+
+/// Brings the state disk up in one call with a key from `keys`: [`prepare`], the key,
+/// [`verify`], [`apply`] (PID 1 itself runs the steps one by one, racing for the key between
+/// them; this is the whole flow for the host tests and the cryptsetup cross-check).
 pub fn run(
     disk: &dyn BlockIo,
     options: &Options<'_>,
@@ -167,55 +319,23 @@ pub fn run(
     platform: &dyn Platform,
     timer: &mut PhaseTimer,
 ) -> Result<Outcome, LifecycleError> {
-    let start = timer.elapsed_ms();
-    let contents = probe::probe(disk, options.integrity)?;
-    timer.record("state-disk-probe", start);
-    match contents {
-        Contents::Hawser(selected) if selected.header.state == DiskState::Initialized => {
-            open(disk, *selected, options, keys, platform, timer)
-        }
-        Contents::Hawser(selected) => {
-            let first = selected.source.copy.other();
-            let seqid = selected.header.seqid.max(selected.source.seqid) + 1;
-            let was = "formatted by hawser but never initialized";
-            format(disk, first, seqid, was, options, keys, platform, timer)
-        }
-        Contents::InterruptedFormat { .. } => {
-            let was = "left half-formatted by an interrupted format";
-            format(disk, Copy::Primary, 1, was, options, keys, platform, timer)
-        }
-        Contents::Blank => format(
-            disk,
-            Copy::Primary,
-            1,
-            "blank",
-            options,
-            keys,
-            platform,
-            timer,
-        ),
-    }
+    let plan = prepare(disk, options, platform, timer)?;
+    let key = timer.time("state-disk-key", || {
+        keys.volume_key(plan.luks_uuid(), options.integrity.key_len(), plan.status())
+    })?;
+    let key = verify(&plan, key, options, timer)?;
+    apply(disk, plan, key, options, platform, timer)
 }
 
 fn open(
     disk: &dyn BlockIo,
     selected: luks2::Selected,
+    key: VolumeKey,
     options: &Options<'_>,
-    keys: &dyn KeySource,
     platform: &dyn Platform,
     timer: &mut PhaseTimer,
 ) -> Result<Outcome, LifecycleError> {
     let uuid = selected.header.uuid.clone();
-    let start = timer.elapsed_ms();
-    let key = keys.volume_key(&uuid, options.integrity.key_len(), DiskStatus::Initialized)?;
-    timer.record("state-disk-key", start);
-
-    let start = timer.elapsed_ms();
-    if !selected.header.digest.matches(key.as_bytes()) {
-        return Err(LifecycleError::WrongKey { uuid });
-    }
-    timer.record("state-disk-verify", start);
-
     let mut warnings = Vec::new();
     if let Some((stale, reason)) = &selected.repair {
         let mut salt = [0u8; luks2::HEADER_SALT_LEN];
@@ -226,19 +346,10 @@ fn open(
         ));
     }
 
-    let start = timer.elapsed_ms();
-    let mapped = platform
-        .map(&uuid, options.integrity, &key)
-        .map_err(|source| LifecycleError::Map {
-            uuid: uuid.clone(),
-            source,
-        })?;
-    drop(key);
-    timer.record("state-disk-map", start);
-
-    let start = timer.elapsed_ms();
-    mount(platform, &mapped, options.mount_point, &uuid)?;
-    timer.record("state-disk-mount", start);
+    let mapped = timer.time("state-disk-map", || map(platform, &uuid, options, key))?;
+    timer.time("state-disk-mount", || {
+        mount(platform, &mapped, options.mount_point, &uuid)
+    })?;
 
     let marker_path = options.mount_point.join(MARKER_FILE);
     let marker = match read_marker(&marker_path) {
@@ -280,81 +391,90 @@ fn open(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Maps the data segment; the key is dropped (wiped) as soon as dm-crypt has it.
+fn map(
+    platform: &dyn Platform,
+    uuid: &str,
+    options: &Options<'_>,
+    key: VolumeKey,
+) -> Result<PathBuf, LifecycleError> {
+    platform
+        .map(uuid, options.integrity, &key)
+        .map_err(|source| LifecycleError::Map {
+            uuid: uuid.to_owned(),
+            source,
+        })
+}
+
+/// What [`prepare`] chose for a format.
+struct Fresh {
+    uuid: String,
+    digest_salt: [u8; luks2::DIGEST_SALT_LEN],
+    seqid: u64,
+    first: Copy,
+    was: &'static str,
+}
+
 fn format(
     disk: &dyn BlockIo,
-    first: Copy,
-    seqid: u64,
-    was: &'static str,
+    fresh: Fresh,
+    key: VolumeKey,
     options: &Options<'_>,
-    keys: &dyn KeySource,
     platform: &dyn Platform,
     timer: &mut PhaseTimer,
 ) -> Result<Outcome, LifecycleError> {
-    let mut uuid_bytes = [0u8; 16];
-    let mut digest_salt = [0u8; luks2::DIGEST_SALT_LEN];
-    platform
-        .random(&mut uuid_bytes)
-        .and_then(|()| platform.random(&mut digest_salt))
-        .map_err(LifecycleError::Random)?;
-    let uuid = luks2::uuid_from_random(uuid_bytes);
-
-    let start = timer.elapsed_ms();
-    let key = keys.volume_key(&uuid, options.integrity.key_len(), DiskStatus::New)?;
-    timer.record("state-disk-key", start);
-
-    tracing::info!("formatting the state disk as LUKS2 volume {uuid} (the disk was {was})");
-    let start = timer.elapsed_ms();
-    let mut header = NewHeader {
-        uuid: uuid.clone(),
-        integrity: options.integrity,
-        digest: KeyDigest::compute(key.as_bytes(), digest_salt, luks2::DIGEST_ITERATIONS),
-        state: DiskState::Formatting,
+    let Fresh {
+        uuid,
+        digest_salt,
         seqid,
-    };
-    write_header(disk, platform, &header, first)?;
-    if options.integrity != Integrity::None {
-        // A zeroed superblock makes the kernel format dm-integrity afresh.
-        write_synced(
-            disk,
-            "the dm-integrity superblock",
-            &[0u8; luks2::SECTOR_SIZE as usize],
-            luks2::DATA_OFFSET,
-        )?;
-    }
-    timer.record("state-disk-format", start);
-
-    let start = timer.elapsed_ms();
-    let mapped = platform
-        .map(&uuid, options.integrity, &key)
-        .map_err(|source| LifecycleError::Map {
+        first,
+        was,
+    } = fresh;
+    tracing::info!("formatting the state disk as LUKS2 volume {uuid} (the disk was {was})");
+    let mut header = timer.time("state-disk-format", || {
+        let header = NewHeader {
             uuid: uuid.clone(),
-            source,
-        })?;
-    drop(key);
-    timer.record("state-disk-map", start);
+            integrity: options.integrity,
+            digest: KeyDigest::compute(key.as_bytes(), digest_salt, luks2::DIGEST_ITERATIONS),
+            state: DiskState::Formatting,
+            seqid,
+        };
+        write_header(disk, platform, &header, first)?;
+        if options.integrity != Integrity::None {
+            // A zeroed superblock makes the kernel format dm-integrity afresh.
+            write_synced(
+                disk,
+                "the dm-integrity superblock",
+                &[0u8; luks2::SECTOR_SIZE as usize],
+                luks2::DATA_OFFSET,
+            )?;
+        }
+        Ok::<_, LifecycleError>(header)
+    })?;
+
+    let mapped = timer.time("state-disk-map", || map(platform, &uuid, options, key))?;
 
     let result = (|| {
         let mut wiped = None;
         if options.integrity != Integrity::None {
-            let start = timer.elapsed_ms();
-            let bytes = platform
-                .wipe(&mapped)
-                .map_err(|source| LifecycleError::Wipe {
-                    mapped: mapped.clone(),
-                    source,
-                })?;
-            timer.record("state-disk-wipe", start);
+            let bytes = timer.time("state-disk-wipe", || {
+                platform
+                    .wipe(&mapped)
+                    .map_err(|source| LifecycleError::Wipe {
+                        mapped: mapped.clone(),
+                        source,
+                    })
+            })?;
             wiped = Some(bytes);
         }
-        let start = timer.elapsed_ms();
-        platform
-            .mkfs(&mapped)
-            .map_err(|detail| LifecycleError::Mkfs {
-                mapped: mapped.clone(),
-                detail,
-            })?;
-        timer.record("state-disk-mkfs", start);
+        timer.time("state-disk-mkfs", || {
+            platform
+                .mkfs(&mapped)
+                .map_err(|detail| LifecycleError::Mkfs {
+                    mapped: mapped.clone(),
+                    detail,
+                })
+        })?;
         Ok(wiped)
     })();
     let wiped = match result {
@@ -365,9 +485,9 @@ fn format(
         }
     };
 
-    let start = timer.elapsed_ms();
-    mount(platform, &mapped, options.mount_point, &uuid)?;
-    timer.record("state-disk-mount", start);
+    timer.time("state-disk-mount", || {
+        mount(platform, &mapped, options.mount_point, &uuid)
+    })?;
     let marker = Marker {
         luks_uuid: uuid.clone(),
         formatted_by: options.formatted_by.to_owned(),
@@ -376,11 +496,11 @@ fn format(
     write_marker(&options.mount_point.join(MARKER_FILE), &marker)?;
 
     // Only now, with the filesystem and its marker on disk: the point of no reformat.
-    let start = timer.elapsed_ms();
-    header.state = DiskState::Initialized;
-    header.seqid += 1;
-    write_header(disk, platform, &header, Copy::Primary)?;
-    timer.record("state-disk-initialized", start);
+    timer.time("state-disk-initialized", || {
+        header.state = DiskState::Initialized;
+        header.seqid += 1;
+        write_header(disk, platform, &header, Copy::Primary)
+    })?;
 
     Ok(Outcome {
         uuid,
@@ -689,6 +809,61 @@ mod tests {
             );
             assert!(disk.bytes() == before, "opening wrote to the disk");
         }
+    }
+
+    #[test]
+    fn the_key_is_checked_against_the_disk_before_anything_is_applied() {
+        let disk = MemDisk::new();
+        let mount = tempfile::tempdir().unwrap();
+        run_on(
+            &disk,
+            &Recorder::default(),
+            mount.path(),
+            &key(1, Integrity::None),
+            Integrity::None,
+        )
+        .unwrap();
+        let options = Options {
+            integrity: Integrity::None,
+            mount_point: mount.path(),
+            formatted_by: "hawser test",
+        };
+        let platform = Recorder::default();
+        let mut timer = PhaseTimer::start();
+        let plan = prepare(&disk, &options, &platform, &mut timer).unwrap();
+        assert_eq!(plan.status(), DiskStatus::Initialized);
+        let wrong = VolumeKey::new(Zeroizing::new(vec![2; 64]));
+        let err = verify(&plan, wrong, &options, &mut timer).unwrap_err();
+        assert!(matches!(err, LifecycleError::WrongKey { .. }), "{err}");
+        let short = VolumeKey::new(Zeroizing::new(vec![1; 32]));
+        let err = verify(&plan, short, &options, &mut timer).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                LifecycleError::KeyLength {
+                    found: 32,
+                    expected: 64
+                }
+            ),
+            "{err}"
+        );
+        // Checking wrote, mapped and mounted nothing; the right key then opens the disk.
+        assert!(platform.calls().is_empty());
+        let right = VolumeKey::new(Zeroizing::new(vec![1; 64]));
+        let verified = verify(&plan, right, &options, &mut timer).unwrap();
+        let outcome = apply(&disk, plan, verified, &options, &platform, &mut timer).unwrap();
+        assert_eq!(outcome.action, Action::Opened);
+        let names: Vec<&str> = timer.phases().iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "state-disk-probe",
+                "state-disk-verify",
+                "state-disk-verify",
+                "state-disk-map",
+                "state-disk-mount"
+            ]
+        );
     }
 
     #[test]

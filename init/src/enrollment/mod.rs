@@ -10,7 +10,8 @@
 //!   again in this boot. The state machine is pure; the TPM extension is a closure.
 //! - [`client::JoinClient`]: the gRPC client with retries.
 //! - [`init_server::InitServer`]: the node's side of `hawser init` / `hawser recover`.
-//! - [`race::ClusterKeySource`]: runs both and lets the first to get secrets take the lock.
+//! - [`race::Enrollment`]: runs both and returns the first to get secrets as a grant, which
+//!   takes the lock once the boot has checked its key against the disk.
 
 pub mod client;
 pub mod init_server;
