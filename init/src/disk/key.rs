@@ -79,10 +79,12 @@ impl KeySourceKind {
 /// Why no key could be had.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
+    /// The development source is configured and fw_cfg has no key.
     #[error(
         "hawser.state_disk_key_source=fw_cfg-insecure-dev, but fw_cfg has no opt/hawser/state_disk_key"
     )]
     MissingFwCfgKey,
+    /// The key has the wrong length for the measured integrity mode.
     #[error(
         "the key from {source_name} has {found} bytes; the state disk needs {expected} ({mode})"
     )]
@@ -92,6 +94,7 @@ pub enum KeyError {
         expected: usize,
         mode: &'static str,
     },
+    /// The join-service source is configured but no race was set up.
     #[error("the join service gave no key: no join client was started")]
     NoEnrollment,
 }

@@ -78,19 +78,24 @@ pub struct Options<'a> {
 /// these paths unless the disk was blank or hawser's and never initialized.
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
+    /// The disk is not one hawser formats or opens.
     #[error(transparent)]
     Probe(#[from] ProbeError),
+    /// The key source gave no key.
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// The key does not match the LUKS2 digest of an initialized disk.
     #[error(
         "the key does not open LUKS2 volume {uuid}: its digest does not match; nothing was written"
     )]
     WrongKey { uuid: String },
+    /// The key has the wrong length for the measured integrity mode.
     #[error(
         "the key has {found} bytes; the state disk needs {expected} (as configured by \
          hawser.state_disk_integrity); nothing was written"
     )]
     KeyLength { found: usize, expected: usize },
+    /// A header or superblock write (or its sync) failed.
     #[error("cannot write {what} at offset {offset}")]
     Write {
         what: &'static str,
@@ -98,22 +103,27 @@ pub enum LifecycleError {
         #[source]
         source: io::Error,
     },
+    /// getrandom(2) failed while making a UUID or salt.
     #[error("cannot get random bytes for the new header")]
     Random(#[source] io::Error),
+    /// The dm-crypt (and dm-integrity) mapping cannot be created.
     #[error("cannot map the data segment of LUKS2 volume {uuid}")]
     Map {
         uuid: String,
         #[source]
         source: DmError,
     },
+    /// Zeroing the mapped device for dm-integrity failed.
     #[error("cannot wipe {} for dm-integrity", mapped.display())]
     Wipe {
         mapped: PathBuf,
         #[source]
         source: io::Error,
     },
+    /// mke2fs could not run or failed; `detail` is its output.
     #[error("cannot create the filesystem on {}: {detail}", mapped.display())]
     Mkfs { mapped: PathBuf, detail: String },
+    /// The state file system cannot be mounted.
     #[error("cannot mount {} (LUKS2 volume {uuid}) on {}", mapped.display(), target.display())]
     Mount {
         mapped: PathBuf,
@@ -122,6 +132,7 @@ pub enum LifecycleError {
         #[source]
         source: io::Error,
     },
+    /// The marker file cannot be written durably.
     #[error("cannot write the marker file {}", path.display())]
     Marker {
         path: PathBuf,

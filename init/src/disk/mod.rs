@@ -70,6 +70,7 @@ pub struct StateDiskConfig {
 /// Why the state disk is not up. Each message names the disk.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
+    /// No disk with the configured serial appeared in time.
     #[error(
         "no state disk with {selector} appeared within {} s; disks present: {present}",
         waited.as_secs()
@@ -79,6 +80,7 @@ pub enum DiskError {
         waited: Duration,
         present: String,
     },
+    /// Several disks have the configured serial.
     #[error(
         "more than one disk has {selector} ({disks}); refusing to guess which is the state disk"
     )]
@@ -86,29 +88,36 @@ pub enum DiskError {
         selector: DiskSelector,
         disks: String,
     },
+    /// A key source is configured without `hawser.state_disk`.
     #[error(
         "hawser.state_disk_key_source={} needs hawser.state_disk=serial:<serial>",
         key_source.cmdline_name()
     )]
     NoDiskConfigured { key_source: KeySourceKind },
+    /// /sys/block cannot be listed.
     #[error("cannot list the disks")]
     Sysfs(#[source] SysfsError),
+    /// The disk is attached read-only.
     #[error("state disk {device} is read-only; hawser must be able to write to it")]
     ReadOnly { device: String },
+    /// The disk's device node cannot be opened for reading and writing.
     #[error("cannot open state disk {device}")]
     Open {
         device: String,
         #[source]
         source: io::Error,
     },
+    /// No key could be had from the configured source.
     #[error("state disk")]
     Key(#[source] KeyError),
+    /// Probing, formatting, opening, mapping or mounting the disk failed.
     #[error("state disk {device}")]
     Lifecycle {
         device: String,
         #[source]
         source: LifecycleError,
     },
+    /// A blocking task of the state disk panicked or was cancelled.
     #[error("the state disk task failed")]
     Task(#[source] tokio::task::JoinError),
 }

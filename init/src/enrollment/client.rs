@@ -31,6 +31,7 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Why the join client cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum JoinSetupError {
+    /// An attested join service is required and the image has no provider CA to check it with.
     #[error(
         "hawser.join_service_trust=attested needs the provider CA that certifies the join \
          service's attestation key in the image ({path}; build with `hawser image build \
@@ -38,12 +39,14 @@ pub enum JoinSetupError {
          hawser.join_service_trust=insecure-dev for development"
     )]
     NoProviderCa { path: &'static str },
+    /// The image's provider CA cannot be parsed.
     #[error("the image's provider CA {path} is unusable")]
     ProviderCa {
         path: &'static str,
         #[source]
         source: hawser_attestation::validator::AkTrustError,
     },
+    /// The node's own PCRs, which the join service must share, cannot be read.
     #[error("cannot read this node's own PCRs to build the join service's expected measurements")]
     OwnPcrs(#[source] hawser_attestation::tpm::TpmError),
 }

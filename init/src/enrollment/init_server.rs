@@ -171,10 +171,13 @@ fn failure(reason: &str) -> InitResponse {
 /// Why a request is refused (→ `InvalidArgument`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
+    /// The master secret or its salt is too short.
     #[error("invalid master secret: {0}")]
     MasterSecret(String),
+    /// The measurement salt has the wrong length.
     #[error("measurement_salt must be {MEASUREMENT_SALT_LEN} bytes, got {0}")]
     MeasurementSalt(usize),
+    /// The cluster name is not a DNS label.
     #[error("cluster_name {0:?} is not a DNS label (1-63 of a-z, 0-9, '-', not at either end)")]
     ClusterName(String),
     #[error("kubernetes_version {0:?} is not of the form v<major>.<minor>.<patch>")]
@@ -186,6 +189,7 @@ pub enum RequestError {
         #[source]
         source: ServiceCidrError,
     },
+    /// An extra API server certificate name is neither an IP address nor a DNS name.
     #[error("api_server_cert_sans entry {0:?} is neither an IP address nor a DNS name")]
     CertSan(String),
 }
@@ -385,6 +389,7 @@ impl InitService for InitServer {
 /// Why the init server cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum InitServerError {
+    /// The init server's port cannot be bound (in use?).
     #[error("cannot listen on {address} for `hawser init`")]
     Listen {
         address: SocketAddr,

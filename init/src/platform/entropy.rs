@@ -17,8 +17,10 @@ const RNDADDENTROPY: libc::Ioctl =
 /// Adding entropy failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EntropyError {
+    /// /dev/urandom cannot be opened for writing.
     #[error("cannot open /dev/urandom to add entropy")]
     Open(#[source] io::Error),
+    /// The kernel refused RNDADDENTROPY (PID 1 lacks CAP_SYS_ADMIN?).
     #[error("the RNDADDENTROPY ioctl on /dev/urandom failed")]
     Ioctl(#[source] io::Error),
 }

@@ -67,6 +67,7 @@ pub struct MountError {
 /// A step of the teardown that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TeardownError {
+    /// A file system PID 1 mounted cannot be unmounted, even lazily.
     #[error("cannot unmount {target} ({fstype})")]
     Unmount {
         fstype: &'static str,
@@ -74,6 +75,7 @@ pub enum TeardownError {
         #[source]
         source: io::Error,
     },
+    /// A device-mapper device PID 1 created cannot be removed.
     #[error("cannot close the device-mapper device {name}")]
     CloseDevice {
         name: &'static str,

@@ -55,8 +55,10 @@ impl NetConfig {
 /// Why the network is not up.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
+    /// No network interface other than `lo` appeared in time (no NIC, or its driver is missing).
     #[error("no network interface besides lo appeared in /sys/class/net within {} s", .0.as_secs())]
     NoInterface(Duration),
+    /// An interface ioctl (address, netmask, up, route) failed.
     #[error("cannot {what} on network interface {interface}")]
     Ioctl {
         what: &'static str,
@@ -64,6 +66,7 @@ pub enum NetError {
         #[source]
         source: io::Error,
     },
+    /// The socket the interface ioctls go through cannot be opened.
     #[error("cannot open a socket to configure the network")]
     Socket(#[source] io::Error),
 }

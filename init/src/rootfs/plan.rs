@@ -159,12 +159,14 @@ fn describe_mount(spec: &OwnedMountSpec, f: &mut fmt::Formatter<'_>) -> fmt::Res
 /// A step that failed; the switch stops there.
 #[derive(Debug, thiserror::Error)]
 pub enum SwitchRootError {
+    /// A mount, move, chdir or chroot of the switch failed.
     #[error("cannot switch to the verified rootfs: {step} failed")]
     Step {
         step: String,
         #[source]
         source: io::Error,
     },
+    /// The TPM refused the `leave-initrd` extension of PCR 11; nothing was moved.
     #[error("cannot switch to the verified rootfs: measuring leave-initrd into PCR 11 failed")]
     Measure(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
