@@ -85,16 +85,13 @@ pub fn first_nic(sys_class_net: &Path) -> Option<String> {
 
 /// Brings `lo` and the first NIC up with `config`; returns the NIC's name.
 pub async fn bring_up(config: &NetConfig) -> Result<String, NetError> {
-    let deadline = tokio::time::Instant::now() + NIC_WAIT;
-    let nic = loop {
-        if let Some(nic) = first_nic(Path::new("/sys/class/net")) {
-            break nic;
+    let nic = super::poll::wait_until(NIC_WAIT, Duration::from_millis(20), || {
+        match first_nic(Path::new("/sys/class/net")) {
+            Some(nic) => super::poll::Poll::Ready(nic),
+            None => super::poll::Poll::Pending(NetError::NoInterface(NIC_WAIT)),
         }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(NetError::NoInterface(NIC_WAIT));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await?;
     let socket = socket()?;
     set_up(&socket, "lo")?;
     set_addr(
