@@ -5,12 +5,12 @@
 //! [`PowerAction::Reboot`], after a fatal error. The order of the steps is unit-tested through
 //! [`Syscalls`].
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::platform::mounts::MountTable;
+use crate::platform::mounts::{MountTable, SharedMountTable};
 use crate::platform::syscalls::{PowerAction, Syscalls};
 
 /// How long processes get between SIGTERM and SIGKILL.
@@ -19,14 +19,22 @@ pub const STOP_GRACE: Duration = Duration::from_secs(10);
 pub const STRAGGLER_KILL_WAIT: Duration = Duration::from_secs(3);
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
-/// The mounts made by PID 1, shared with the panic hook so that every way down unmounts them.
-pub static MOUNT_TABLE: Mutex<MountTable> = Mutex::new(MountTable::new());
+/// The mount table the panic path unmounts: registered once by the boot
+/// ([`register_mount_table`]) because a panic hook gets no context. Everything else receives
+/// the [`SharedMountTable`] from the boot explicitly.
+static PANIC_PATH_MOUNTS: OnceLock<SharedMountTable> = OnceLock::new();
 
-/// The global mount table (poison is ignored: the table stays consistent between calls).
+/// Registers PID 1's mount table for the panic path (and [`mount_table`]); the first call wins.
+pub fn register_mount_table(mounts: &SharedMountTable) {
+    let _ = PANIC_PATH_MOUNTS.set(mounts.clone());
+}
+
+/// The registered mount table (empty if the boot registered none yet). For the panic path,
+/// and for `node.rs`'s pivot until it is handed the table.
 pub fn mount_table() -> MutexGuard<'static, MountTable> {
-    MOUNT_TABLE
+    PANIC_PATH_MOUNTS
+        .get_or_init(SharedMountTable::default)
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// What the sweep of every process (SIGTERM, then SIGKILL) came to.

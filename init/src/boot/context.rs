@@ -1,6 +1,6 @@
 //! The [`Boot`] context: what the phases of the bring-up share — the phase timer, the warnings
-//! for the boot report, the child registry, the shutdown-request channel and, once opened, the
-//! TPM. One method times a phase, one keeps a warning.
+//! for the boot report, the child registry, the shutdown-request channel, the mount table and,
+//! once opened, the TPM. One method times a phase, one keeps a warning.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -10,6 +10,7 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::{BootError, ShutdownRequest};
+use crate::platform::mounts::SharedMountTable;
 use crate::platform::reaper::ChildRegistry;
 use crate::platform::timings::PhaseTimer;
 
@@ -19,6 +20,7 @@ pub struct Boot {
     warnings: Vec<String>,
     registry: ChildRegistry,
     requests: mpsc::Sender<ShutdownRequest>,
+    mounts: SharedMountTable,
     tpm: Option<Arc<Tpm>>,
 }
 
@@ -30,12 +32,14 @@ impl Boot {
         warnings: Vec<String>,
         registry: ChildRegistry,
         requests: mpsc::Sender<ShutdownRequest>,
+        mounts: SharedMountTable,
     ) -> Self {
         Boot {
             timer,
             warnings,
             registry,
             requests,
+            mounts,
             tpm: None,
         }
     }
@@ -111,6 +115,11 @@ impl Boot {
     /// Where shutdown requests go (the power button watchers).
     pub fn requests(&self) -> &mpsc::Sender<ShutdownRequest> {
         &self.requests
+    }
+
+    /// PID 1's mount table (what the shutdown unmounts).
+    pub fn mounts(&self) -> &SharedMountTable {
+        &self.mounts
     }
 
     /// Keeps the opened TPM for the later phases.

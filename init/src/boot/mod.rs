@@ -53,7 +53,7 @@ use crate::modules::ModuleError;
 use crate::node;
 use crate::platform::console;
 use crate::platform::fw_cfg::FwCfgError;
-use crate::platform::mounts::EARLY_MOUNTS;
+use crate::platform::mounts::{EARLY_MOUNTS, SharedMountTable};
 use crate::platform::reaper::{self, ChildRegistry};
 use crate::platform::syscalls::{LinuxSyscalls, PowerAction, Syscalls};
 use crate::platform::timings::PhaseTimer;
@@ -162,9 +162,11 @@ pub fn run() -> ! {
     let mut warnings = Vec::new();
 
     // /proc before the runtime: tokio and the standard library read it.
-    let mounted = timer.time("mounts", || {
-        shutdown::mount_table().mount_all(&LINUX, &EARLY_MOUNTS)
-    });
+    // The one mount table: the boot, the state disk and the shutdown get it from here, the
+    // panic path from its registration.
+    let mounts = SharedMountTable::default();
+    shutdown::register_mount_table(&mounts);
+    let mounted = timer.time("mounts", || mounts.lock().mount_all(&LINUX, &EARLY_MOUNTS));
     if let Err(e) = mounted {
         fatal_error(&e);
     }
@@ -185,12 +187,12 @@ pub fn run() -> ! {
         Ok(runtime) => runtime,
         Err(e) => fatal(&format!("cannot start the tokio runtime: {e}")),
     };
-    runtime.block_on(supervise(timer, warnings));
+    runtime.block_on(supervise(timer, warnings, mounts));
     fatal("the PID 1 event loop ended");
 }
 
 /// Runs the bring-up and then idles; both end only in a shutdown.
-async fn supervise(timer: PhaseTimer, warnings: Vec<String>) {
+async fn supervise(timer: PhaseTimer, warnings: Vec<String>, mounts: SharedMountTable) {
     let registry = ChildRegistry::new();
     tokio::spawn({
         let registry = registry.clone();
@@ -205,7 +207,7 @@ async fn supervise(timer: PhaseTimer, warnings: Vec<String>) {
         fatal(&format!("cannot install signal handlers: {e}"));
     }
 
-    let mut boot = Boot::new(timer, warnings, registry, requests.clone());
+    let mut boot = Boot::new(timer, warnings, registry, requests.clone(), mounts.clone());
     tokio::select! {
         result = bring_up(&mut boot) => match result {
             Ok(()) => {
@@ -217,10 +219,10 @@ async fn supervise(timer: PhaseTimer, warnings: Vec<String>) {
             }
             Err(e) => fatal_error(&e),
         },
-        Some(request) = requested.recv() => shutdown(request).await,
+        Some(request) = requested.recv() => shutdown(request, &mounts).await,
     }
     match requested.recv().await {
-        Some(request) => shutdown(request).await,
+        Some(request) => shutdown(request, &mounts).await,
         None => fatal("every source of shutdown requests is gone"),
     }
 }
@@ -246,7 +248,7 @@ pub fn listen_for_signals(requests: &mpsc::Sender<ShutdownRequest>) -> io::Resul
 }
 
 /// Stops everything and powers off. Never returns.
-async fn shutdown(request: ShutdownRequest) -> ! {
+async fn shutdown(request: ShutdownRequest, mounts: &SharedMountTable) -> ! {
     info!("shutdown requested by {request}");
     // The node's services first, in reverse start order, each given time to stop cleanly.
     node::stop_services().await;
@@ -264,7 +266,7 @@ async fn shutdown(request: ShutdownRequest) -> ! {
         warn!("some processes survived SIGKILL; powering off anyway");
     }
     info!("powering off");
-    let error = shutdown::power_down(&LINUX, &mut shutdown::mount_table(), PowerAction::PowerOff);
+    let error = shutdown::power_down(&LINUX, &mut mounts.lock(), PowerAction::PowerOff);
     fatal(&format!("cannot power off: reboot(2) failed: {error}"));
 }
 

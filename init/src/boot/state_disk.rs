@@ -87,6 +87,7 @@ impl Boot {
         let platform = Arc::new(LinuxPlatform {
             disk: device.clone(),
             registry: self.registry().clone(),
+            mounts: self.mounts().clone(),
             runtime: tokio::runtime::Handle::current(),
         });
         let integrity = config.integrity;

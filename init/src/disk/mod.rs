@@ -38,6 +38,7 @@ use self::key::{DiskStatus, FixedKey, KeyError, KeySourceKind, VolumeKey};
 use self::lifecycle::{Action, LifecycleError, Options, Plan, Platform, VerifiedKey};
 use self::luks2::Integrity;
 use crate::platform::block::{self as device, BlockDevice, DiskSelector, Lookup, SysfsError};
+use crate::platform::mounts::SharedMountTable;
 use crate::platform::poll::{self, Poll};
 use crate::platform::reaper::ChildRegistry;
 use crate::platform::syscalls::{LinuxSyscalls, MountSpec};
@@ -362,6 +363,8 @@ pub async fn wait_for_disk(
 pub struct LinuxPlatform {
     pub disk: BlockDevice,
     pub registry: ChildRegistry,
+    /// PID 1's mount table: the mapping and the mount are recorded for the shutdown.
+    pub mounts: SharedMountTable,
     /// The PID 1 runtime, for spawning mke2fs from the blocking thread.
     pub runtime: tokio::runtime::Handle,
 }
@@ -375,7 +378,7 @@ impl Platform for LinuxPlatform {
     ) -> Result<PathBuf, DmError> {
         let mapped = dm::map(self.disk.devnum, self.disk.size, luks_uuid, integrity, key)?;
         // Closed at shutdown after the state file system is unmounted, crypt before integrity.
-        let mut table = crate::shutdown::mount_table();
+        let mut table = self.mounts.lock();
         if integrity == Integrity::HmacSha256 {
             table.record_device(dm::DM_INTEGRITY_NAME);
         }
@@ -386,7 +389,7 @@ impl Platform for LinuxPlatform {
     fn unmap(&self) {
         for name in [dm::DM_NAME, dm::DM_INTEGRITY_NAME] {
             let _ = dm::remove(name);
-            crate::shutdown::mount_table().forget_device(name);
+            self.mounts.lock().forget_device(name);
         }
     }
 
@@ -469,7 +472,8 @@ impl Platform for LinuxPlatform {
             flags: MsFlags::empty(),
             data: None,
         };
-        crate::shutdown::mount_table()
+        self.mounts
+            .lock()
             .mount(&LinuxSyscalls, &spec)
             .map_err(|e| e.source)
     }
@@ -531,6 +535,7 @@ mod tests {
                 read_only: false,
             },
             registry: ChildRegistry::new(),
+            mounts: SharedMountTable::default(),
             runtime: tokio::runtime::Handle::current(),
         };
         assert_eq!(platform.wipe(file.path()).unwrap(), size as u64);

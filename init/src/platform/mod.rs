@@ -20,12 +20,14 @@
 //! - **nix** wherever it covers the call safely (mount, umount, pivot_root, reboot, signals,
 //!   kill, waitpid, finit_module, uname, sethostname, terminal and file-descriptor calls): it
 //!   is what init already uses, with typed flags and `Errno`.
-//! - **rustix** only for what nix lacks and rustix wraps safely (the new mount API —
-//!   `fsopen`/`fsmount`/`move_mount` — or typed ioctl helpers), if such a call is added; it is
-//!   a workspace dependency but not one of init's today.
-//! - **raw libc** only where neither does (getrandom, add_key/keyctl, RNDADDENTROPY, the
-//!   interface ioctls of [`net`], dup2 of the console, malloc_trim), each call in an `unsafe` block with a `// SAFETY:`
-//!   comment saying why its pointers and lengths are valid.
+//! - **rustix** (today only a transitive dependency, through tempfile; not one of the
+//!   workspace's) for what nix lacks and rustix wraps safely — the new mount API
+//!   (`fsopen`/`fsmount`/`move_mount`), typed ioctl helpers — when such a call is added: add it
+//!   to the workspace then, rather than writing that call against libc.
+//! - **raw libc** where nix has no wrapper and the call is one of a few already written
+//!   (getrandom, add_key/keyctl, RNDADDENTROPY, the interface ioctls of [`net`], dup2 of the
+//!   console, malloc_trim), each in an `unsafe` block with a `// SAFETY:` comment saying why its
+//!   pointers and lengths are valid.
 //! - **devicemapper** (the crate) for device-mapper ioctls, in [`dm`] only.
 //!
 //! Working calls are not switched between crates for their own sake.

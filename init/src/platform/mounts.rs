@@ -103,6 +103,21 @@ enum Entry {
     Device(&'static str),
 }
 
+/// A handle on the one [`MountTable`] of PID 1, shared by whoever mounts (the bring-up, the
+/// state disk, the pivot) and whoever unmounts (the shutdown, the panic path). Cloning it
+/// shares the table. Poison is ignored: the table stays consistent between calls.
+#[derive(Debug, Clone, Default)]
+pub struct SharedMountTable(std::sync::Arc<std::sync::Mutex<MountTable>>);
+
+impl SharedMountTable {
+    /// Locks the table.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, MountTable> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// The mounts made so far and the device-mapper devices under them, in setup order: what the
 /// shutdown unmounts and closes, in reverse.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
