@@ -14,6 +14,19 @@ use crate::platform::mounts::SharedMountTable;
 use crate::platform::reaper::ChildRegistry;
 use crate::platform::timings::PhaseTimer;
 
+/// The warnings of the bring-up, for the boot report: each is logged once when kept.
+#[derive(Debug, Default)]
+pub struct Warnings(Vec<String>);
+
+impl Warnings {
+    /// Logs `warning` and keeps it for the boot report.
+    pub fn warn(&mut self, warning: impl Into<String>) {
+        let warning = warning.into();
+        warn!("{warning}");
+        self.0.push(warning);
+    }
+}
+
 /// The bring-up's shared state, owned by the bring-up task.
 pub struct Boot {
     timer: PhaseTimer,
@@ -29,14 +42,14 @@ impl Boot {
     /// warnings kept before the runtime existed.
     pub fn new(
         timer: PhaseTimer,
-        warnings: Vec<String>,
+        warnings: Warnings,
         registry: ChildRegistry,
         requests: mpsc::Sender<ShutdownRequest>,
         mounts: SharedMountTable,
     ) -> Self {
         Boot {
             timer,
-            warnings,
+            warnings: warnings.0,
             registry,
             requests,
             mounts,

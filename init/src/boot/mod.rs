@@ -42,7 +42,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-pub use self::context::Boot;
+pub use self::context::{Boot, Warnings};
 pub use self::phases::wait_for_device;
 use crate::attest::TpmStepError;
 use crate::config::ConfigError;
@@ -159,7 +159,7 @@ pub fn run() -> ! {
         env!("CARGO_PKG_VERSION"),
         timer.started_at_boottime_ms() / 1e3
     );
-    let mut warnings = Vec::new();
+    let mut warnings = Warnings::default();
 
     // /proc before the runtime: tokio and the standard library read it.
     // The one mount table: the boot, the state disk and the shutdown get it from here, the
@@ -171,13 +171,12 @@ pub fn run() -> ! {
         fatal_error(&e);
     }
     if let Some(warning) = console::attach_kmsg() {
-        warn!("{warning}");
-        warnings.push(warning);
+        warnings.warn(warning);
     }
     if let Err(e) = LINUX.disable_ctrl_alt_del() {
-        let warning = format!("cannot route Ctrl-Alt-Del to PID 1 (reboot(RB_DISABLE_CAD): {e})");
-        warn!("{warning}");
-        warnings.push(warning);
+        warnings.warn(format!(
+            "cannot route Ctrl-Alt-Del to PID 1 (reboot(RB_DISABLE_CAD): {e})"
+        ));
     }
 
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -192,7 +191,7 @@ pub fn run() -> ! {
 }
 
 /// Runs the bring-up and then idles; both end only in a shutdown.
-async fn supervise(timer: PhaseTimer, warnings: Vec<String>, mounts: SharedMountTable) {
+async fn supervise(timer: PhaseTimer, warnings: Warnings, mounts: SharedMountTable) {
     let registry = ChildRegistry::new();
     tokio::spawn({
         let registry = registry.clone();
