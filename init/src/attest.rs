@@ -11,7 +11,7 @@ use hawser_attestation::report::{BootReport, QuoteEvidence, REPORT_VERSION};
 use hawser_attestation::tpm::{Tpm, TpmError};
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
 
-use crate::timings::PhaseTimer;
+use crate::platform::timings::PhaseTimer;
 
 /// The sha256-bank PCRs read for the report and covered by its quote: all of them. Every value
 /// in the report is signed (the verifier refuses unquoted values), and quoting 24 PCRs costs the
@@ -24,12 +24,18 @@ pub const REPORTED_PCRS: RangeInclusive<u8> = 0..=23;
 pub struct TpmStepError {
     /// What PID 1 was doing, as a verb phrase ("extend PCR 11 with the enter-initrd phase").
     pub step: &'static str,
+    /// Boxed: a TPM error carries the TSS response code and context, and a large `Err` would
+    /// make every `Result` of the boot path as large.
     #[source]
-    pub source: TpmError,
+    pub source: Box<TpmError>,
 }
 
-fn step(step: &'static str) -> impl FnOnce(TpmError) -> TpmStepError {
-    move |source| TpmStepError { step, source }
+/// The `map_err` that names the step a TPM command was for.
+pub fn step(step: &'static str) -> impl FnOnce(TpmError) -> TpmStepError {
+    move |source| TpmStepError {
+        step,
+        source: Box::new(source),
+    }
 }
 
 /// Where the quote's nonce came from.
@@ -66,9 +72,9 @@ pub fn measure_enter_initrd(tpm: &Tpm) -> Result<Measurement, TpmStepError> {
         .map_err(step(READ_11))?;
     let pcr11_before = *before.get(&PCR_KERNEL_BOOT).ok_or(TpmStepError {
         step: READ_11,
-        source: TpmError::PcrIndex {
+        source: Box::new(TpmError::PcrIndex {
             pcr: PCR_KERNEL_BOOT,
-        },
+        }),
     })?;
     tpm.extend_phase(PCR_KERNEL_BOOT, PHASE_ENTER_INITRD)
         .map_err(step("extend PCR 11 with the enter-initrd phase"))?;

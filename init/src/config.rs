@@ -22,10 +22,10 @@ use tracing::level_filters::LevelFilter;
 use zeroize::Zeroizing;
 
 use crate::disk::StateDiskConfig;
-use crate::disk::device::DiskSelector;
 use crate::disk::key::{KeySourceKind, VolumeKey};
-use crate::join::{JoinEndpoint, JoinServiceTrust};
-use crate::net::NetConfig;
+use crate::enrollment::{JoinEndpoint, JoinServiceTrust};
+use crate::platform::block::DiskSelector;
+use crate::platform::net::NetConfig;
 
 /// The prefix of the kernel command line keys hawser reads.
 pub const CMDLINE_PREFIX: &str = "hawser.";

@@ -10,14 +10,14 @@
 //! the kernel command line is read it is the default.
 
 use std::error::Error;
-use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::RebootPolicy;
-use crate::console;
+use crate::platform::console;
+pub use crate::platform::error_chain;
+use crate::platform::syscalls::{LinuxSyscalls, PowerAction};
 use crate::shutdown::{self, halt_forever};
-use crate::syscalls::{LinuxSyscalls, PowerAction};
 
 static REBOOT_POLICY: Mutex<RebootPolicy> = Mutex::new(RebootPolicy::RebootAfter(
     crate::config::DEFAULT_REBOOT_DELAY,
@@ -36,17 +36,6 @@ pub fn reboot_policy() -> RebootPolicy {
     *REBOOT_POLICY
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// An error and its sources as one line: "outer: inner: innermost".
-pub fn error_chain(error: &dyn Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let _ = write!(text, ": {cause}");
-        source = cause.source();
-    }
-    text
 }
 
 /// Installs the panic hook: a panic anywhere (any thread) is fatal.
@@ -99,22 +88,4 @@ pub fn fatal(reason: &str) -> ! {
 /// [`fatal`] with an error and its sources as the reason.
 pub fn fatal_error(error: &dyn Error) -> ! {
     fatal(&error_chain(error))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("no TPM device at /dev/tpmrm0")]
-    struct Outer(#[source] std::io::Error);
-
-    #[test]
-    fn error_chains_read_as_one_line() {
-        let error = Outer(std::io::Error::from_raw_os_error(libc::ENOENT));
-        assert_eq!(
-            error_chain(&error),
-            "no TPM device at /dev/tpmrm0: No such file or directory (os error 2)"
-        );
-    }
 }

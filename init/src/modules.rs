@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use hawser_kmod::{KernelModule, KmodError, ModuleIndex, PlannedModule};
 
-use crate::syscalls::Syscalls;
+use crate::platform::syscalls::Syscalls;
 
 /// Where the running kernel's modules live (merged /usr: /lib is a symlink to /usr/lib).
 pub fn modules_dir(kernel_release: &str) -> PathBuf {
@@ -326,7 +326,7 @@ pub fn judge_skipped_dependency(
 mod tests {
     use super::*;
     use crate::fatal::error_chain;
-    use crate::syscalls::{Call, RecordingSyscalls};
+    use crate::platform::syscalls::{Call, RecordingSyscalls};
     use hawser_kmod::{BOOT_MODULE_TABLE, Need};
     use nix::errno::Errno;
 

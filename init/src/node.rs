@@ -23,15 +23,15 @@ use hawser_kube_types::KubernetesVersion;
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD};
 use tracing::{info, warn};
 
+use crate::enrollment::client::{ControlPlaneFile, KubeadmTicket};
+use crate::enrollment::init_server::{ClusterSpec, Progress};
+use crate::enrollment::race::ClusterSecrets;
 use crate::fatal::error_chain;
-use crate::join::client::{ControlPlaneFile, KubeadmTicket};
-use crate::join::init_server::{ClusterSpec, Progress};
-use crate::join::race::ClusterSecrets;
 use crate::kubeadm::{self, InitRequest, JoinTicket};
-use crate::reaper::ChildRegistry;
+use crate::platform::reaper::ChildRegistry;
+use crate::platform::syscalls::LinuxSyscalls;
 use crate::rootfs::{self, RootHash, RootfsPlan, StateBacking};
 use crate::supervisor::{self, OneShotJob, OneShotOutcome, Supervisor};
-use crate::syscalls::LinuxSyscalls;
 
 /// Where the kubeadm configuration is written (tmpfs: it holds the bootstrap token).
 pub const KUBEADM_CONFIG: &str = "/run/hawser/kubeadm.yaml";
@@ -222,7 +222,7 @@ pub enum PivotError {
     Switch(#[from] rootfs::plan::SwitchRootError),
     /// `/proc`, `/sys`, `/dev` and the rest cannot be mounted in the new root.
     #[error("cannot mount the new root's API filesystems")]
-    Mounts(#[source] crate::mounts::MountError),
+    Mounts(#[source] crate::platform::mounts::MountError),
     /// The blocking task that switches roots panicked or was cancelled.
     #[error("a blocking task of the pivot failed")]
     Task(#[source] tokio::task::JoinError),

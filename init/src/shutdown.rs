@@ -5,33 +5,41 @@
 //! [`PowerAction::Reboot`], after a fatal error. The order of the steps is unit-tested through
 //! [`Syscalls`].
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use crate::mounts::MountTable;
-use crate::syscalls::{PowerAction, Syscalls};
+use crate::platform::mounts::{MountTable, SharedMountTable};
+use crate::platform::syscalls::{PowerAction, Syscalls};
 
 /// How long processes get between SIGTERM and SIGKILL.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
 /// How long to wait for processes to disappear after SIGKILL.
-pub const KILL_WAIT: Duration = Duration::from_secs(3);
+pub const STRAGGLER_KILL_WAIT: Duration = Duration::from_secs(3);
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
-/// The mounts made by PID 1, shared with the panic hook so that every way down unmounts them.
-pub static MOUNT_TABLE: Mutex<MountTable> = Mutex::new(MountTable::new());
+/// The mount table the panic path unmounts: registered once by the boot
+/// ([`register_mount_table`]) because a panic hook gets no context. Everything else receives
+/// the [`SharedMountTable`] from the boot explicitly.
+static PANIC_PATH_MOUNTS: OnceLock<SharedMountTable> = OnceLock::new();
 
-/// The global mount table (poison is ignored: the table stays consistent between calls).
-pub fn mount_table() -> MutexGuard<'static, MountTable> {
-    MOUNT_TABLE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// Registers PID 1's mount table for the panic path (and [`mount_table`]); the first call wins.
+pub fn register_mount_table(mounts: &SharedMountTable) {
+    let _ = PANIC_PATH_MOUNTS.set(mounts.clone());
 }
 
-/// What stopping the processes came to.
+/// The registered mount table (empty if the boot registered none yet). For the panic path,
+/// and for `node.rs`'s pivot until it is handed the table.
+pub fn mount_table() -> MutexGuard<'static, MountTable> {
+    PANIC_PATH_MOUNTS
+        .get_or_init(SharedMountTable::default)
+        .lock()
+}
+
+/// What the sweep of every process (SIGTERM, then SIGKILL) came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StopOutcome {
+pub enum Sweep {
     /// No process was left after SIGTERM.
     Terminated,
     /// SIGKILL was needed, after which no process was left.
@@ -50,15 +58,15 @@ pub fn stop_all_processes(
     kill_wait: Duration,
     mut processes_left: impl FnMut() -> bool,
     mut sleep: impl FnMut(Duration),
-) -> StopOutcome {
+) -> Sweep {
     if !processes_left() {
-        return StopOutcome::Terminated;
+        return Sweep::Terminated;
     }
     if let Err(e) = sys.kill_all(Signal::SIGTERM) {
         tracing::warn!("cannot send SIGTERM to all processes: {e}");
     }
     if wait_until_gone(grace, &mut processes_left, &mut sleep) {
-        return StopOutcome::Terminated;
+        return Sweep::Terminated;
     }
     tracing::warn!(
         "processes still running {} s after SIGTERM; sending SIGKILL",
@@ -68,9 +76,9 @@ pub fn stop_all_processes(
         tracing::warn!("cannot send SIGKILL to all processes: {e}");
     }
     if wait_until_gone(kill_wait, &mut processes_left, &mut sleep) {
-        StopOutcome::Killed
+        Sweep::Killed
     } else {
-        StopOutcome::Stuck
+        Sweep::Stuck
     }
 }
 
@@ -127,18 +135,18 @@ pub fn halt_forever() -> ! {
 /// PID 1, and a process whose parent dies is re-parented to PID 1, so this is the same as having
 /// a child that is not a zombie.
 pub fn processes_left() -> bool {
-    crate::reaper::has_living_children()
+    crate::platform::reaper::has_living_children()
 }
 
 /// [`stop_all_processes`] for paths where no runtime runs (panic hook, fatal error): reaps
 /// every child itself, since nobody else will.
-pub fn stop_all_processes_unsupervised(sys: &dyn Syscalls) -> StopOutcome {
+pub fn stop_all_processes_unsupervised(sys: &dyn Syscalls) -> Sweep {
     stop_all_processes(
         sys,
         STOP_GRACE,
-        KILL_WAIT,
+        STRAGGLER_KILL_WAIT,
         || {
-            crate::reaper::reap_all();
+            crate::platform::reaper::reap_all();
             processes_left()
         },
         std::thread::sleep,
@@ -148,8 +156,8 @@ pub fn stop_all_processes_unsupervised(sys: &dyn Syscalls) -> StopOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mounts::EARLY_MOUNTS;
-    use crate::syscalls::{Call, RecordingSyscalls};
+    use crate::platform::mounts::EARLY_MOUNTS;
+    use crate::platform::syscalls::{Call, RecordingSyscalls};
     use nix::mount::MntFlags;
     use std::cell::Cell;
     use std::path::PathBuf;
@@ -193,8 +201,8 @@ mod tests {
     #[test]
     fn nothing_is_signalled_without_processes() {
         let sys = RecordingSyscalls::new();
-        let outcome = stop_all_processes(&sys, STOP_GRACE, KILL_WAIT, || false, no_sleep);
-        assert_eq!(outcome, StopOutcome::Terminated);
+        let outcome = stop_all_processes(&sys, STOP_GRACE, STRAGGLER_KILL_WAIT, || false, no_sleep);
+        assert_eq!(outcome, Sweep::Terminated);
         assert!(sys.calls().is_empty());
     }
 
@@ -206,14 +214,14 @@ mod tests {
         let outcome = stop_all_processes(
             &sys,
             STOP_GRACE,
-            KILL_WAIT,
+            STRAGGLER_KILL_WAIT,
             || {
                 checks.set(checks.get() + 1);
                 checks.get() <= 2
             },
             no_sleep,
         );
-        assert_eq!(outcome, StopOutcome::Terminated);
+        assert_eq!(outcome, Sweep::Terminated);
         assert_eq!(sys.calls(), [Call::KillAll(Signal::SIGTERM)]);
     }
 
@@ -228,7 +236,7 @@ mod tests {
             || !killed(),
             std::thread::sleep,
         );
-        assert_eq!(outcome, StopOutcome::Killed);
+        assert_eq!(outcome, Sweep::Killed);
         assert_eq!(
             sys.calls(),
             [
@@ -249,7 +257,7 @@ mod tests {
             || true,
             std::thread::sleep,
         );
-        assert_eq!(outcome, StopOutcome::Stuck);
+        assert_eq!(outcome, Sweep::Stuck);
         assert!(started.elapsed() >= Duration::from_millis(60));
     }
 }

@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
-use hawser_init::reaper::{ChildRegistry, has_living_children, reap_orphans};
+use hawser_init::platform::reaper::{ChildRegistry, has_living_children, reap_orphans};
 use nix::sys::wait::WaitStatus;
 
 fn zombie_state(pid: i32) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    hawser_init::reaper::parse_stat_state_and_ppid(&stat).map(|(state, _)| state)
+    hawser_init::platform::reaper::parse_stat_state_and_ppid(&stat).map(|(state, _)| state)
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -24,13 +24,12 @@
 //!
 //! There is no udev: the mapped device is `/dev/dm-<minor>`, which devtmpfs creates.
 
-use std::ffi::CString;
-use std::io;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
-use devicemapper::{DM, DevId, DmFlags, DmName, DmOptions, DmUuid};
 use hawser_luks2::{self as luks2, Integrity};
+
+use crate::platform::dm::{self as platform_dm, DeviceMapper, LogonKey, NODE_WAIT, TableMode};
+pub use crate::platform::dm::{DevNum, DmError, TableLine};
 
 use super::key::VolumeKey;
 
@@ -41,40 +40,8 @@ pub const DM_NAME: &str = "hawser-state";
 pub const DM_INTEGRITY_NAME: &str = "hawser-state_dif";
 /// Bytes of authentication tag per sector (HMAC-SHA256).
 pub const INTEGRITY_TAG_SIZE: u32 = 32;
-/// How long to wait for devtmpfs to create `/dev/dm-N`.
-pub const NODE_WAIT: Duration = Duration::from_secs(5);
 
 const SECTOR: u64 = 512;
-const KEY_SPEC_THREAD_KEYRING: libc::c_long = -1;
-const KEYCTL_REVOKE: libc::c_long = 3;
-const KEYCTL_UNLINK: libc::c_long = 9;
-
-/// A block device's `major:minor`, as device-mapper tables name devices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DevNum {
-    pub major: u32,
-    pub minor: u32,
-}
-
-impl std::fmt::Display for DevNum {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.major, self.minor)
-    }
-}
-
-impl DevNum {
-    /// Parses sysfs's `dev` attribute (`"252:16\n"`).
-    pub fn parse(text: &str) -> Option<DevNum> {
-        let (major, minor) = text.trim().split_once(':')?;
-        Some(DevNum {
-            major: major.parse().ok()?,
-            minor: minor.parse().ok()?,
-        })
-    }
-}
-
-/// One line of a device-mapper table: start, length (512-byte sectors), target, parameters.
-pub type TableLine = (u64, u64, String, String);
 
 /// The keyring description of a disk's key (a `logon` key needs a `prefix:` description).
 pub fn key_description(luks_uuid: &str) -> String {
@@ -147,68 +114,6 @@ pub fn provided_data_sectors(status: &str) -> Option<u64> {
     status.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// A device-mapper step that failed.
-#[derive(Debug, thiserror::Error)]
-pub enum DmError {
-    #[error("cannot open the device-mapper control node /dev/mapper/control: {0}")]
-    Control(String),
-    #[error("cannot put the key into the kernel keyring (add_key logon)")]
-    Keyring(#[source] io::Error),
-    #[error("device-mapper {step} of {name} failed: {reason}")]
-    Ioctl {
-        step: &'static str,
-        name: &'static str,
-        reason: String,
-    },
-    #[error("dm-integrity on the state disk reports no usable size (status {status:?})")]
-    IntegrityStatus { status: String },
-    #[error("{} did not appear within {} s", path.display(), waited.as_secs())]
-    NoNode { path: PathBuf, waited: Duration },
-}
-
-/// A `logon` key in the calling thread's keyring; revoked and unlinked on drop.
-struct LogonKey {
-    serial: libc::c_long,
-}
-
-impl LogonKey {
-    fn add(description: &str, payload: &[u8]) -> Result<LogonKey, DmError> {
-        let invalid = || DmError::Keyring(io::Error::from(io::ErrorKind::InvalidInput));
-        let description = CString::new(description).map_err(|_| invalid())?;
-        // SAFETY: add_key(2) reads the two NUL-terminated strings and `payload.len()` bytes at
-        // `payload`, all valid for the duration of the call; it keeps no pointer.
-        let serial = unsafe {
-            libc::syscall(
-                libc::SYS_add_key,
-                c"logon".as_ptr(),
-                description.as_ptr(),
-                payload.as_ptr(),
-                payload.len(),
-                KEY_SPEC_THREAD_KEYRING,
-            )
-        };
-        if serial < 0 {
-            return Err(DmError::Keyring(io::Error::last_os_error()));
-        }
-        Ok(LogonKey { serial })
-    }
-}
-
-impl Drop for LogonKey {
-    fn drop(&mut self) {
-        // SAFETY: keyctl(2) with integer arguments only.
-        unsafe {
-            libc::syscall(libc::SYS_keyctl, KEYCTL_REVOKE, self.serial);
-            libc::syscall(
-                libc::SYS_keyctl,
-                KEYCTL_UNLINK,
-                self.serial,
-                KEY_SPEC_THREAD_KEYRING,
-            );
-        }
-    }
-}
-
 /// The mapped state disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mapped {
@@ -219,75 +124,24 @@ pub struct Mapped {
     pub size: u64,
 }
 
-fn ioctl_error(
-    step: &'static str,
-    name: &'static str,
-) -> impl FnOnce(devicemapper::DmError) -> DmError {
-    move |e| DmError::Ioctl {
-        step,
-        name,
-        reason: describe(&e),
-    }
-}
-
-/// The errno of a failed ioctl (the crate's message dumps whole ioctl headers).
-fn describe(error: &devicemapper::DmError) -> String {
-    match error {
-        devicemapper::DmError::Core(devicemapper::errors::Error::Ioctl(_, _, _, errno)) => {
-            io::Error::from_raw_os_error(**errno as i32).to_string()
-        }
-        other => other.to_string(),
-    }
-}
-
-fn dm_name(name: &'static str) -> Result<&'static DmName, DmError> {
-    DmName::new(name).map_err(ioctl_error("naming", name))
-}
-
 /// Creates device `name` with `table` and activates it.
 fn create(
-    dm: &DM,
+    dm: &DeviceMapper,
     name: &'static str,
     luks_uuid: &str,
     table: &[TableLine],
 ) -> Result<DevNum, DmError> {
-    let dm_name = dm_name(name)?;
-    let uuid = dm_uuid(luks_uuid, name);
-    let uuid = DmUuid::new(&uuid).map_err(ioctl_error("naming", name))?;
-    let info = dm
-        .device_create(dm_name, Some(uuid), DmOptions::private())
-        .map_err(ioctl_error("create", name))?;
-    let id = DevId::Name(dm_name);
-    let loaded = dm
-        .table_load(
-            &id,
-            table,
-            DmOptions::private().set_flags(DmFlags::DM_SECURE_DATA),
-        )
-        .map_err(ioctl_error("table load", name))
-        .and_then(|_| {
-            // Resuming (suspend without DM_SUSPEND) activates the loaded table.
-            dm.device_suspend(&id, DmOptions::private())
-                .map_err(ioctl_error("resume", name))
-        });
-    if let Err(e) = loaded {
-        let _ = dm.device_remove(&id, DmOptions::private());
-        return Err(e);
-    }
-    let device = info.device();
-    Ok(DevNum {
-        major: device.major,
-        minor: device.minor,
-    })
+    dm.create(
+        name,
+        &dm_uuid(luks_uuid, name),
+        table,
+        TableMode::SecureData,
+    )
 }
 
 /// Removes device `name` if it exists (cleanup after a failed step).
 pub fn remove(name: &'static str) -> Result<(), DmError> {
-    let dm = DM::new().map_err(|e| DmError::Control(describe(&e)))?;
-    let dm_name = dm_name(name)?;
-    dm.device_remove(&DevId::Name(dm_name), DmOptions::private())
-        .map(|_| ())
-        .map_err(ioctl_error("remove", name))
+    platform_dm::remove(name)
 }
 
 /// Maps the data segment of `disk` (`disk_size` bytes) with `key`: dm-crypt, on dm-integrity
@@ -299,7 +153,7 @@ pub fn map(
     integrity: Integrity,
     key: &VolumeKey,
 ) -> Result<Mapped, DmError> {
-    let dm = DM::new().map_err(|e| DmError::Control(describe(&e)))?;
+    let dm = DeviceMapper::open()?;
     let key_ref = LogonKey::add(&key_description(luks_uuid), key.as_bytes())?;
     let (backing, offset, length) = match integrity {
         Integrity::None => (disk, luks2::DATA_OFFSET / SECTOR, data_sectors(disk_size)),
@@ -324,8 +178,7 @@ pub fn map(
             return Err(e);
         }
     };
-    let path = PathBuf::from(format!("/dev/dm-{}", devnum.minor));
-    wait_for_node(&path, NODE_WAIT)?;
+    let path = platform_dm::wait_for_node(devnum, NODE_WAIT)?;
     Ok(Mapped {
         path,
         devnum,
@@ -335,7 +188,11 @@ pub fn map(
 
 /// Creates the dm-integrity device: first with a one-block table (the kernel formats a zeroed
 /// superblock and computes the usable size), then reloaded with that size.
-fn map_integrity(dm: &DM, disk: DevNum, luks_uuid: &str) -> Result<(DevNum, u64), DmError> {
+fn map_integrity(
+    dm: &DeviceMapper,
+    disk: DevNum,
+    luks_uuid: &str,
+) -> Result<(DevNum, u64), DmError> {
     let block = u64::from(luks2::SECTOR_SIZE) / SECTOR;
     let devnum = create(
         dm,
@@ -343,45 +200,21 @@ fn map_integrity(dm: &DM, disk: DevNum, luks_uuid: &str) -> Result<(DevNum, u64)
         luks_uuid,
         &[integrity_line(disk, block)],
     )?;
-    let id = DevId::Name(dm_name(DM_INTEGRITY_NAME)?);
-    let resized = dm
-        .table_status(&id, DmOptions::private())
-        .map_err(ioctl_error("status", DM_INTEGRITY_NAME))
-        .and_then(|(_, lines)| {
-            let status = lines.first().map(|l| l.3.clone()).unwrap_or_default();
-            provided_data_sectors(&status)
-                .map(|sectors| sectors / block * block)
-                .filter(|&sectors| sectors > 0)
-                .ok_or(DmError::IntegrityStatus { status })
-        })
-        .and_then(|provided| {
-            dm.table_load(&id, &[integrity_line(disk, provided)], DmOptions::private())
-                .map_err(ioctl_error("table reload", DM_INTEGRITY_NAME))?;
-            dm.device_suspend(&id, DmOptions::private())
-                .map_err(ioctl_error("resume", DM_INTEGRITY_NAME))?;
-            Ok(provided)
-        });
+    let resized = dm.status(DM_INTEGRITY_NAME).and_then(|status| {
+        let provided = provided_data_sectors(&status)
+            .map(|sectors| sectors / block * block)
+            .filter(|&sectors| sectors > 0)
+            .ok_or(DmError::IntegrityStatus { status })?;
+        dm.reload(DM_INTEGRITY_NAME, &[integrity_line(disk, provided)])?;
+        Ok(provided)
+    });
     match resized {
         Ok(provided) => Ok((devnum, provided)),
         Err(e) => {
-            let _ = dm.device_remove(&id, DmOptions::private());
+            let _ = dm.remove(DM_INTEGRITY_NAME);
             Err(e)
         }
     }
-}
-
-fn wait_for_node(path: &Path, limit: Duration) -> Result<(), DmError> {
-    let start = std::time::Instant::now();
-    while !path.exists() {
-        if start.elapsed() >= limit {
-            return Err(DmError::NoNode {
-                path: path.to_owned(),
-                waited: limit,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! The key is the LUKS2 *volume* key (no keyslot, no passphrase): 64 bytes for aes-xts-plain64,
 //! 96 with HMAC-SHA256 integrity (XTS key, then HMAC key, the order dm-crypt's `authenc` keys
 //! take). In the product it is the data key the join service derives for the disk's LUKS2 UUID
-//! ([`crate::join::race::ClusterKeySource`], or the admin's `hawser init`); the development source reads it from fw_cfg, which
+//! ([`crate::enrollment::race::Enrollment`], or the admin's `hawser init`); the development source reads it from fw_cfg, which
 //! the host controls — see [`KeySourceKind`].
 //!
 //! [`VolumeKey`] zeroizes its bytes when dropped and its `Debug` shows only the length.
@@ -50,7 +50,7 @@ pub enum KeySourceKind {
     /// and knows it, so the disk is encrypted against nobody; PID 1 warns on every boot, and
     /// the choice is on the measured command line, so a verifier sees it.
     FwCfgInsecureDev,
-    /// The product: the data key from the join service over aTLS ([`crate::join`]).
+    /// The product: the data key from the join service over aTLS ([`crate::enrollment`]).
     JoinService,
 }
 
@@ -79,10 +79,12 @@ impl KeySourceKind {
 /// Why no key could be had.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
+    /// The development source is configured and fw_cfg has no key.
     #[error(
         "hawser.state_disk_key_source=fw_cfg-insecure-dev, but fw_cfg has no opt/hawser/state_disk_key"
     )]
     MissingFwCfgKey,
+    /// The key has the wrong length for the measured integrity mode.
     #[error(
         "the key from {source_name} has {found} bytes; the state disk needs {expected} ({mode})"
     )]
@@ -92,8 +94,9 @@ pub enum KeyError {
         expected: usize,
         mode: &'static str,
     },
-    #[error("the join service gave no key: {reason}")]
-    JoinService { reason: String },
+    /// The join-service source is configured but no race was set up.
+    #[error("the join service gave no key: no join client was started")]
+    NoEnrollment,
 }
 
 /// What the disk code is about to do with the key: format a new disk (a node joining for the

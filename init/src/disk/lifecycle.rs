@@ -27,19 +27,19 @@
 //! [`Platform`]; disk reads and writes through [`BlockIo`]. The decisions are unit-tested on the
 //! host with an in-memory disk and a recording platform; the QEMU tests run the real thing.
 
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use hawser_luks2::{self as luks2, DiskState, HeaderSlot, Integrity, KeyDigest, NewHeader};
-use serde::{Deserialize, Serialize};
 
 use super::dm::DmError;
 use super::key::{DiskStatus, KeyError, KeySource, VolumeKey};
 use super::probe::{self, BlockIo, Contents, ProbeError};
-use crate::timings::PhaseTimer;
+use crate::platform::timings::PhaseTimer;
 
-/// The marker file hawser keeps on the state filesystem, relative to its mount point.
-pub const MARKER_FILE: &str = "hawser/state-disk.json";
+mod marker;
+
+pub use self::marker::{MARKER_FILE, Marker, read_marker, write_marker};
 
 /// What the kernel-facing steps need.
 pub trait Platform {
@@ -78,14 +78,24 @@ pub struct Options<'a> {
 /// these paths unless the disk was blank or hawser's and never initialized.
 #[derive(Debug, thiserror::Error)]
 pub enum LifecycleError {
+    /// The disk is not one hawser formats or opens.
     #[error(transparent)]
     Probe(#[from] ProbeError),
+    /// The key source gave no key.
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// The key does not match the LUKS2 digest of an initialized disk.
     #[error(
         "the key does not open LUKS2 volume {uuid}: its digest does not match; nothing was written"
     )]
     WrongKey { uuid: String },
+    /// The key has the wrong length for the measured integrity mode.
+    #[error(
+        "the key has {found} bytes; the state disk needs {expected} (as configured by \
+         hawser.state_disk_integrity); nothing was written"
+    )]
+    KeyLength { found: usize, expected: usize },
+    /// A header or superblock write (or its sync) failed.
     #[error("cannot write {what} at offset {offset}")]
     Write {
         what: &'static str,
@@ -93,22 +103,27 @@ pub enum LifecycleError {
         #[source]
         source: io::Error,
     },
+    /// getrandom(2) failed while making a UUID or salt.
     #[error("cannot get random bytes for the new header")]
     Random(#[source] io::Error),
+    /// The dm-crypt (and dm-integrity) mapping cannot be created.
     #[error("cannot map the data segment of LUKS2 volume {uuid}")]
     Map {
         uuid: String,
         #[source]
         source: DmError,
     },
+    /// Zeroing the mapped device for dm-integrity failed.
     #[error("cannot wipe {} for dm-integrity", mapped.display())]
     Wipe {
         mapped: PathBuf,
         #[source]
         source: io::Error,
     },
+    /// mke2fs could not run or failed; `detail` is its output.
     #[error("cannot create the filesystem on {}: {detail}", mapped.display())]
     Mkfs { mapped: PathBuf, detail: String },
+    /// The state file system cannot be mounted.
     #[error("cannot mount {} (LUKS2 volume {uuid}) on {}", mapped.display(), target.display())]
     Mount {
         mapped: PathBuf,
@@ -117,6 +132,7 @@ pub enum LifecycleError {
         #[source]
         source: io::Error,
     },
+    /// The marker file cannot be written durably.
     #[error("cannot write the marker file {}", path.display())]
     Marker {
         path: PathBuf,
@@ -150,16 +166,155 @@ pub struct Outcome {
     pub warnings: Vec<String>,
 }
 
-/// The marker file's contents.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Marker {
-    pub luks_uuid: String,
-    pub formatted_by: String,
-    pub boots: u64,
+/// What [`prepare`] decided to do with the disk; [`apply`] does it.
+#[derive(Debug)]
+pub struct Plan {
+    kind: PlanKind,
 }
 
-/// Brings the state disk up: formats or opens it (see the module documentation), maps it,
+#[derive(Debug)]
+enum PlanKind {
+    /// An initialized disk: open it with its key.
+    Open(Box<luks2::Selected>),
+    /// Format the disk under a new UUID: `first` copy first, at `seqid`.
+    Format {
+        uuid: String,
+        digest_salt: [u8; luks2::DIGEST_SALT_LEN],
+        first: HeaderSlot,
+        seqid: u64,
+        was: &'static str,
+    },
+}
+
+impl Plan {
+    /// The LUKS2 UUID the key is asked for: the disk's, or the new one a format writes.
+    pub fn luks_uuid(&self) -> &str {
+        match &self.kind {
+            PlanKind::Open(selected) => &selected.header.uuid,
+            PlanKind::Format { uuid, .. } => uuid,
+        }
+    }
+
+    /// Whether the key is for a new disk or an initialized one.
+    pub fn status(&self) -> DiskStatus {
+        match self.kind {
+            PlanKind::Open(_) => DiskStatus::Initialized,
+            PlanKind::Format { .. } => DiskStatus::New,
+        }
+    }
+}
+
+/// A key that [`verify`] found to open the planned disk (or, for a format, of the right length).
+#[derive(Debug)]
+pub struct VerifiedKey(VolumeKey);
+
+/// Step 1 (blocking, no key): probes the disk and decides between format and open. A format's
+/// UUID and digest salt are drawn here, so that the key can be asked for that UUID.
+pub fn prepare(
+    disk: &dyn BlockIo,
+    options: &Options<'_>,
+    platform: &dyn Platform,
+    timer: &mut PhaseTimer,
+) -> Result<Plan, LifecycleError> {
+    let contents = timer.time("state-disk-probe", || probe::probe(disk, options.integrity))?;
+    let (first, seqid, was) = match contents {
+        Contents::Hawser(selected) if selected.header.state == DiskState::Initialized => {
+            return Ok(Plan {
+                kind: PlanKind::Open(selected),
+            });
+        }
+        Contents::Hawser(selected) => (
+            selected.source.slot.other(),
+            selected.header.seqid.max(selected.source.seqid) + 1,
+            "formatted by hawser but never initialized",
+        ),
+        Contents::InterruptedFormat { .. } => (
+            HeaderSlot::Primary,
+            1,
+            "left half-formatted by an interrupted format",
+        ),
+        Contents::Blank => (HeaderSlot::Primary, 1, "blank"),
+    };
+    let mut uuid_bytes = [0u8; 16];
+    let mut digest_salt = [0u8; luks2::DIGEST_SALT_LEN];
+    platform
+        .random(&mut uuid_bytes)
+        .and_then(|()| platform.random(&mut digest_salt))
+        .map_err(LifecycleError::Random)?;
+    Ok(Plan {
+        kind: PlanKind::Format {
+            uuid: luks2::uuid_from_random(uuid_bytes),
+            digest_salt,
+            first,
+            seqid,
+            was,
+        },
+    })
+}
+
+/// Step 2 (blocking, reads nothing but the plan): checks `key` against the disk before anything
+/// is written or mapped — its length, and for an initialized disk the LUKS2 digest (PBKDF2).
+/// The caller takes the node lock only after this.
+pub fn verify(
+    plan: &Plan,
+    key: VolumeKey,
+    options: &Options<'_>,
+    timer: &mut PhaseTimer,
+) -> Result<VerifiedKey, LifecycleError> {
+    let expected = options.integrity.key_len();
+    if key.len() != expected {
+        return Err(LifecycleError::KeyLength {
+            found: key.len(),
+            expected,
+        });
+    }
+    if let PlanKind::Open(selected) = &plan.kind {
+        let matches = timer.time("state-disk-verify", || {
+            selected.header.digest.matches(key.as_bytes())
+        });
+        if !matches {
+            return Err(LifecycleError::WrongKey {
+                uuid: selected.header.uuid.clone(),
+            });
+        }
+    }
+    Ok(VerifiedKey(key))
+}
+
+/// Step 3 (blocking): formats or opens the disk as planned with the verified key, maps it,
 /// mounts it at `options.mount_point`.
+pub fn apply(
+    disk: &dyn BlockIo,
+    plan: Plan,
+    key: VerifiedKey,
+    options: &Options<'_>,
+    platform: &dyn Platform,
+    timer: &mut PhaseTimer,
+) -> Result<Outcome, LifecycleError> {
+    match plan.kind {
+        PlanKind::Open(selected) => open(disk, *selected, key.0, options, platform, timer),
+        PlanKind::Format {
+            uuid,
+            digest_salt,
+            first,
+            seqid,
+            was,
+        } => {
+            let fresh = Fresh {
+                uuid,
+                digest_salt,
+                seqid,
+                first,
+                was,
+            };
+            format(disk, fresh, key.0, options, platform, timer)
+        }
+    }
+}
+
+/// Brings the state disk up in one call with a key from `keys`: [`prepare`], the key,
+/// [`verify`], [`apply`] (PID 1 itself runs the steps one by one, racing for the key between
+/// them; this is the whole flow for the host tests and the cryptsetup cross-check).
 pub fn run(
     disk: &dyn BlockIo,
     options: &Options<'_>,
@@ -167,64 +322,23 @@ pub fn run(
     platform: &dyn Platform,
     timer: &mut PhaseTimer,
 ) -> Result<Outcome, LifecycleError> {
-    let start = timer.elapsed_ms();
-    let contents = probe::probe(disk, options.integrity)?;
-    timer.record("state-disk-probe", start);
-    match contents {
-        Contents::Hawser(selected) if selected.header.state == DiskState::Initialized => {
-            open(disk, *selected, options, keys, platform, timer)
-        }
-        Contents::Hawser(selected) => {
-            let first = selected.source.slot.other();
-            let seqid = selected.header.seqid.max(selected.source.seqid) + 1;
-            let was = "formatted by hawser but never initialized";
-            format(disk, first, seqid, was, options, keys, platform, timer)
-        }
-        Contents::InterruptedFormat { .. } => {
-            let was = "left half-formatted by an interrupted format";
-            format(
-                disk,
-                HeaderSlot::Primary,
-                1,
-                was,
-                options,
-                keys,
-                platform,
-                timer,
-            )
-        }
-        Contents::Blank => format(
-            disk,
-            HeaderSlot::Primary,
-            1,
-            "blank",
-            options,
-            keys,
-            platform,
-            timer,
-        ),
-    }
+    let plan = prepare(disk, options, platform, timer)?;
+    let key = timer.time("state-disk-key", || {
+        keys.volume_key(plan.luks_uuid(), options.integrity.key_len(), plan.status())
+    })?;
+    let key = verify(&plan, key, options, timer)?;
+    apply(disk, plan, key, options, platform, timer)
 }
 
 fn open(
     disk: &dyn BlockIo,
     selected: luks2::Selected,
+    key: VolumeKey,
     options: &Options<'_>,
-    keys: &dyn KeySource,
     platform: &dyn Platform,
     timer: &mut PhaseTimer,
 ) -> Result<Outcome, LifecycleError> {
     let uuid = selected.header.uuid.clone();
-    let start = timer.elapsed_ms();
-    let key = keys.volume_key(&uuid, options.integrity.key_len(), DiskStatus::Initialized)?;
-    timer.record("state-disk-key", start);
-
-    let start = timer.elapsed_ms();
-    if !selected.header.digest.matches(key.as_bytes()) {
-        return Err(LifecycleError::WrongKey { uuid });
-    }
-    timer.record("state-disk-verify", start);
-
     let mut warnings = Vec::new();
     if let Some((stale, reason)) = &selected.repair {
         let mut salt = [0u8; luks2::HEADER_SALT_LEN];
@@ -235,19 +349,10 @@ fn open(
         ));
     }
 
-    let start = timer.elapsed_ms();
-    let mapped = platform
-        .map(&uuid, options.integrity, &key)
-        .map_err(|source| LifecycleError::Map {
-            uuid: uuid.clone(),
-            source,
-        })?;
-    drop(key);
-    timer.record("state-disk-map", start);
-
-    let start = timer.elapsed_ms();
-    mount(platform, &mapped, options.mount_point, &uuid)?;
-    timer.record("state-disk-mount", start);
+    let mapped = timer.time("state-disk-map", || map(platform, &uuid, options, key))?;
+    timer.time("state-disk-mount", || {
+        mount(platform, &mapped, options.mount_point, &uuid)
+    })?;
 
     let marker_path = options.mount_point.join(MARKER_FILE);
     let marker = match read_marker(&marker_path) {
@@ -289,81 +394,90 @@ fn open(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Maps the data segment; the key is dropped (wiped) as soon as dm-crypt has it.
+fn map(
+    platform: &dyn Platform,
+    uuid: &str,
+    options: &Options<'_>,
+    key: VolumeKey,
+) -> Result<PathBuf, LifecycleError> {
+    platform
+        .map(uuid, options.integrity, &key)
+        .map_err(|source| LifecycleError::Map {
+            uuid: uuid.to_owned(),
+            source,
+        })
+}
+
+/// What [`prepare`] chose for a format.
+struct Fresh {
+    uuid: String,
+    digest_salt: [u8; luks2::DIGEST_SALT_LEN],
+    seqid: u64,
+    first: HeaderSlot,
+    was: &'static str,
+}
+
 fn format(
     disk: &dyn BlockIo,
-    first: HeaderSlot,
-    seqid: u64,
-    was: &'static str,
+    fresh: Fresh,
+    key: VolumeKey,
     options: &Options<'_>,
-    keys: &dyn KeySource,
     platform: &dyn Platform,
     timer: &mut PhaseTimer,
 ) -> Result<Outcome, LifecycleError> {
-    let mut uuid_bytes = [0u8; 16];
-    let mut digest_salt = [0u8; luks2::DIGEST_SALT_LEN];
-    platform
-        .random(&mut uuid_bytes)
-        .and_then(|()| platform.random(&mut digest_salt))
-        .map_err(LifecycleError::Random)?;
-    let uuid = luks2::uuid_from_random(uuid_bytes);
-
-    let start = timer.elapsed_ms();
-    let key = keys.volume_key(&uuid, options.integrity.key_len(), DiskStatus::New)?;
-    timer.record("state-disk-key", start);
-
-    tracing::info!("formatting the state disk as LUKS2 volume {uuid} (the disk was {was})");
-    let start = timer.elapsed_ms();
-    let mut header = NewHeader {
-        uuid: uuid.clone(),
-        integrity: options.integrity,
-        digest: KeyDigest::compute(key.as_bytes(), digest_salt, luks2::DIGEST_ITERATIONS),
-        state: DiskState::Formatting,
+    let Fresh {
+        uuid,
+        digest_salt,
         seqid,
-    };
-    write_header(disk, platform, &header, first)?;
-    if options.integrity != Integrity::None {
-        // A zeroed superblock makes the kernel format dm-integrity afresh.
-        write_synced(
-            disk,
-            "the dm-integrity superblock",
-            &[0u8; luks2::SECTOR_SIZE as usize],
-            luks2::DATA_OFFSET,
-        )?;
-    }
-    timer.record("state-disk-format", start);
-
-    let start = timer.elapsed_ms();
-    let mapped = platform
-        .map(&uuid, options.integrity, &key)
-        .map_err(|source| LifecycleError::Map {
+        first,
+        was,
+    } = fresh;
+    tracing::info!("formatting the state disk as LUKS2 volume {uuid} (the disk was {was})");
+    let mut header = timer.time("state-disk-format", || {
+        let header = NewHeader {
             uuid: uuid.clone(),
-            source,
-        })?;
-    drop(key);
-    timer.record("state-disk-map", start);
+            integrity: options.integrity,
+            digest: KeyDigest::compute(key.as_bytes(), digest_salt, luks2::DIGEST_ITERATIONS),
+            state: DiskState::Formatting,
+            seqid,
+        };
+        write_header(disk, platform, &header, first)?;
+        if options.integrity != Integrity::None {
+            // A zeroed superblock makes the kernel format dm-integrity afresh.
+            write_synced(
+                disk,
+                "the dm-integrity superblock",
+                &[0u8; luks2::SECTOR_SIZE as usize],
+                luks2::DATA_OFFSET,
+            )?;
+        }
+        Ok::<_, LifecycleError>(header)
+    })?;
+
+    let mapped = timer.time("state-disk-map", || map(platform, &uuid, options, key))?;
 
     let result = (|| {
         let mut wiped = None;
         if options.integrity != Integrity::None {
-            let start = timer.elapsed_ms();
-            let bytes = platform
-                .wipe(&mapped)
-                .map_err(|source| LifecycleError::Wipe {
-                    mapped: mapped.clone(),
-                    source,
-                })?;
-            timer.record("state-disk-wipe", start);
+            let bytes = timer.time("state-disk-wipe", || {
+                platform
+                    .wipe(&mapped)
+                    .map_err(|source| LifecycleError::Wipe {
+                        mapped: mapped.clone(),
+                        source,
+                    })
+            })?;
             wiped = Some(bytes);
         }
-        let start = timer.elapsed_ms();
-        platform
-            .mkfs(&mapped)
-            .map_err(|detail| LifecycleError::Mkfs {
-                mapped: mapped.clone(),
-                detail,
-            })?;
-        timer.record("state-disk-mkfs", start);
+        timer.time("state-disk-mkfs", || {
+            platform
+                .mkfs(&mapped)
+                .map_err(|detail| LifecycleError::Mkfs {
+                    mapped: mapped.clone(),
+                    detail,
+                })
+        })?;
         Ok(wiped)
     })();
     let wiped = match result {
@@ -374,9 +488,9 @@ fn format(
         }
     };
 
-    let start = timer.elapsed_ms();
-    mount(platform, &mapped, options.mount_point, &uuid)?;
-    timer.record("state-disk-mount", start);
+    timer.time("state-disk-mount", || {
+        mount(platform, &mapped, options.mount_point, &uuid)
+    })?;
     let marker = Marker {
         luks_uuid: uuid.clone(),
         formatted_by: options.formatted_by.to_owned(),
@@ -385,11 +499,11 @@ fn format(
     write_marker(&options.mount_point.join(MARKER_FILE), &marker)?;
 
     // Only now, with the filesystem and its marker on disk: the point of no reformat.
-    let start = timer.elapsed_ms();
-    header.state = DiskState::Initialized;
-    header.seqid += 1;
-    write_header(disk, platform, &header, HeaderSlot::Primary)?;
-    timer.record("state-disk-initialized", start);
+    timer.time("state-disk-initialized", || {
+        header.state = DiskState::Initialized;
+        header.seqid += 1;
+        write_header(disk, platform, &header, HeaderSlot::Primary)
+    })?;
 
     Ok(Outcome {
         uuid,
@@ -460,517 +574,5 @@ fn write_synced(
         })
 }
 
-/// Reads the marker file; `None` if it does not exist.
-pub fn read_marker(path: &Path) -> io::Result<Option<Marker>> {
-    match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
-/// Replaces the marker file durably: temporary file, fsync, rename, fsync of the directory.
-pub fn write_marker(path: &Path, marker: &Marker) -> Result<(), LifecycleError> {
-    let error = |source| LifecycleError::Marker {
-        path: path.to_owned(),
-        source,
-    };
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(dir).map_err(error)?;
-    let tmp = path.with_extension("json.tmp");
-    let mut text = serde_json::to_vec(marker).map_err(|e| error(io::Error::other(e)))?;
-    text.push(b'\n');
-    let mut file = std::fs::File::create(&tmp).map_err(error)?;
-    file.write_all(&text).map_err(error)?;
-    file.sync_all().map_err(error)?;
-    std::fs::rename(&tmp, path).map_err(error)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(error)
-}
-
 #[cfg(test)]
-mod tests {
-    use std::cell::RefCell;
-
-    use zeroize::Zeroizing;
-
-    use super::*;
-    use crate::disk::key::FixedKey;
-    use crate::disk::probe::MIN_DISK_SIZE;
-
-    /// An in-memory disk; optionally fails writes once `budget` bytes have been written (a
-    /// power cut: the failing write lands partially, in 512-byte sectors).
-    struct MemDisk {
-        data: RefCell<Vec<u8>>,
-        budget: RefCell<Option<usize>>,
-    }
-
-    impl MemDisk {
-        fn new() -> Self {
-            MemDisk {
-                data: RefCell::new(vec![0; MIN_DISK_SIZE as usize]),
-                budget: RefCell::new(None),
-            }
-        }
-        fn bytes(&self) -> Vec<u8> {
-            self.data.borrow().clone()
-        }
-    }
-
-    impl BlockIo for MemDisk {
-        fn size(&self) -> u64 {
-            self.data.borrow().len() as u64
-        }
-        fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-            let at = offset as usize;
-            buf.copy_from_slice(&self.data.borrow()[at..at + buf.len()]);
-            Ok(())
-        }
-        fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-            let at = offset as usize;
-            let mut budget = self.budget.borrow_mut();
-            let n = match *budget {
-                Some(left) if left < buf.len() => left / 512 * 512,
-                _ => buf.len(),
-            };
-            self.data.borrow_mut()[at..at + n].copy_from_slice(&buf[..n]);
-            if let Some(left) = budget.as_mut() {
-                *left -= n;
-                if n < buf.len() {
-                    return Err(io::Error::other("power cut"));
-                }
-            }
-            Ok(())
-        }
-        fn sync(&self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    enum Call {
-        Map(String, Integrity),
-        Unmap,
-        Wipe,
-        Mkfs,
-        Mount,
-    }
-
-    #[derive(Default)]
-    struct Recorder {
-        calls: RefCell<Vec<Call>>,
-        fail_mkfs: bool,
-        fail_mount: bool,
-        counter: RefCell<u8>,
-    }
-
-    impl Recorder {
-        fn calls(&self) -> Vec<Call> {
-            self.calls.borrow().clone()
-        }
-    }
-
-    impl Platform for Recorder {
-        fn map(
-            &self,
-            uuid: &str,
-            integrity: Integrity,
-            key: &VolumeKey,
-        ) -> Result<PathBuf, DmError> {
-            assert_eq!(key.len(), integrity.key_len());
-            self.calls
-                .borrow_mut()
-                .push(Call::Map(uuid.to_owned(), integrity));
-            Ok(PathBuf::from("/dev/dm-0"))
-        }
-        fn unmap(&self) {
-            self.calls.borrow_mut().push(Call::Unmap);
-        }
-        fn wipe(&self, _: &Path) -> io::Result<u64> {
-            self.calls.borrow_mut().push(Call::Wipe);
-            Ok(4096)
-        }
-        fn mkfs(&self, _: &Path) -> Result<(), String> {
-            self.calls.borrow_mut().push(Call::Mkfs);
-            if self.fail_mkfs {
-                return Err("power cut during mkfs".into());
-            }
-            Ok(())
-        }
-        fn mount(&self, _: &Path, _: &Path) -> io::Result<()> {
-            self.calls.borrow_mut().push(Call::Mount);
-            if self.fail_mount {
-                return Err(io::Error::from_raw_os_error(libc::EUCLEAN));
-            }
-            Ok(())
-        }
-        fn random(&self, buf: &mut [u8]) -> io::Result<()> {
-            let mut counter = self.counter.borrow_mut();
-            *counter = counter.wrapping_add(1);
-            buf.fill(*counter);
-            Ok(())
-        }
-    }
-
-    fn key(byte: u8, integrity: Integrity) -> FixedKey {
-        FixedKey::new(
-            VolumeKey::new(Zeroizing::new(vec![byte; integrity.key_len()])),
-            "test",
-        )
-    }
-
-    fn run_on(
-        disk: &MemDisk,
-        platform: &Recorder,
-        mount: &Path,
-        keys: &FixedKey,
-        integrity: Integrity,
-    ) -> Result<Outcome, LifecycleError> {
-        let options = Options {
-            integrity,
-            mount_point: mount,
-            formatted_by: "hawser test",
-        };
-        run(disk, &options, keys, platform, &mut PhaseTimer::start())
-    }
-
-    fn state(disk: &MemDisk) -> Contents {
-        probe::probe(disk, Integrity::None).unwrap()
-    }
-
-    #[test]
-    fn a_blank_disk_is_formatted_then_only_ever_opened() {
-        let disk = MemDisk::new();
-        let mount = tempfile::tempdir().unwrap();
-        let platform = Recorder::default();
-        let first = run_on(
-            &disk,
-            &platform,
-            mount.path(),
-            &key(1, Integrity::None),
-            Integrity::None,
-        )
-        .unwrap();
-        assert_eq!(first.action, Action::Formatted { was: "blank" });
-        assert_eq!(first.boots, 1);
-        assert_eq!(
-            platform.calls(),
-            [
-                Call::Map(first.uuid.clone(), Integrity::None),
-                Call::Mkfs,
-                Call::Mount
-            ]
-        );
-        let Contents::Hawser(selected) = state(&disk) else {
-            panic!("not hawser's")
-        };
-        assert_eq!(selected.header.state, DiskState::Initialized);
-        assert_eq!(selected.header.uuid, first.uuid);
-        assert_eq!(selected.header.seqid, 2);
-        let marker = read_marker(&mount.path().join(MARKER_FILE))
-            .unwrap()
-            .unwrap();
-        assert_eq!(marker.luks_uuid, first.uuid);
-        assert_eq!(marker.formatted_by, "hawser test");
-
-        for boot in 2..=3 {
-            let platform = Recorder::default();
-            let before = disk.bytes();
-            let again = run_on(
-                &disk,
-                &platform,
-                mount.path(),
-                &key(1, Integrity::None),
-                Integrity::None,
-            )
-            .unwrap();
-            assert_eq!(again.action, Action::Opened);
-            assert_eq!(again.uuid, first.uuid);
-            assert_eq!(again.boots, boot);
-            assert!(again.warnings.is_empty(), "{:?}", again.warnings);
-            // No mkfs, and not a byte of the disk changed.
-            assert_eq!(
-                platform.calls(),
-                [Call::Map(first.uuid.clone(), Integrity::None), Call::Mount]
-            );
-            assert!(disk.bytes() == before, "opening wrote to the disk");
-        }
-    }
-
-    #[test]
-    fn a_wrong_key_is_refused_and_nothing_is_written_or_mapped() {
-        let disk = MemDisk::new();
-        let mount = tempfile::tempdir().unwrap();
-        let formatted = run_on(
-            &disk,
-            &Recorder::default(),
-            mount.path(),
-            &key(1, Integrity::None),
-            Integrity::None,
-        )
-        .unwrap();
-        let before = disk.bytes();
-        let platform = Recorder::default();
-        let err = run_on(
-            &disk,
-            &platform,
-            mount.path(),
-            &key(2, Integrity::None),
-            Integrity::None,
-        )
-        .unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "the key does not open LUKS2 volume {}: its digest does not match; nothing was written",
-                formatted.uuid
-            )
-        );
-        assert!(platform.calls().is_empty());
-        assert!(disk.bytes() == before);
-    }
-
-    #[test]
-    fn a_failed_mkfs_leaves_the_disk_to_be_formatted_again() {
-        let disk = MemDisk::new();
-        let mount = tempfile::tempdir().unwrap();
-        let platform = Recorder {
-            fail_mkfs: true,
-            ..Recorder::default()
-        };
-        let err = run_on(
-            &disk,
-            &platform,
-            mount.path(),
-            &key(1, Integrity::None),
-            Integrity::None,
-        )
-        .unwrap_err();
-        assert!(matches!(err, LifecycleError::Mkfs { .. }), "{err}");
-        assert_eq!(platform.calls().last(), Some(&Call::Unmap));
-        let Contents::Hawser(selected) = state(&disk) else {
-            panic!("not hawser's")
-        };
-        assert_eq!(selected.header.state, DiskState::Formatting);
-        let first_uuid = selected.header.uuid.clone();
-
-        // Next boot: formatted again, under a new UUID, and initialized this time.
-        let platform = Recorder {
-            counter: RefCell::new(100),
-            ..Recorder::default()
-        };
-        let outcome = run_on(
-            &disk,
-            &platform,
-            mount.path(),
-            &key(1, Integrity::None),
-            Integrity::None,
-        )
-        .unwrap();
-        assert_eq!(
-            outcome.action,
-            Action::Formatted {
-                was: "formatted by hawser but never initialized"
-            }
-        );
-        assert_ne!(outcome.uuid, first_uuid);
-        let Contents::Hawser(selected) = state(&disk) else {
-            panic!("not hawser's")
-        };
-        assert_eq!(selected.header.state, DiskState::Initialized);
-        assert_eq!(selected.header.seqid, 3);
-    }
-
-    #[test]
-    fn a_power_cut_at_any_header_write_never_strands_the_disk() {
-        // Cut the first format after every possible number of written sectors: the next boot
-        // must format (never refuse) and end initialized.
-        let full = 2 * luks2::HEADER_SIZE;
-        for budget in (0..full).step_by(512 * 7).chain([full - 512]) {
-            let disk = MemDisk::new();
-            *disk.budget.borrow_mut() = Some(budget);
-            let mount = tempfile::tempdir().unwrap();
-            let _ = run_on(
-                &disk,
-                &Recorder::default(),
-                mount.path(),
-                &key(1, Integrity::None),
-                Integrity::None,
-            );
-            *disk.budget.borrow_mut() = None;
-            let outcome = run_on(
-                &disk,
-                &Recorder::default(),
-                mount.path(),
-                &key(1, Integrity::None),
-                Integrity::None,
-            )
-            .unwrap_or_else(|e| panic!("cut after {budget} bytes: {e}"));
-            assert!(
-                matches!(outcome.action, Action::Formatted { .. }),
-                "{budget}"
-            );
-            let Contents::Hawser(selected) = state(&disk) else {
-                panic!("not hawser's after {budget}")
-            };
-            assert_eq!(selected.header.state, DiskState::Initialized);
-        }
-    }
-
-    #[test]
-    fn a_power_cut_while_marking_initialized_keeps_a_consistent_header() {
-        // Format fully except that the final "initialized" write is cut part-way.
-        let formatting_writes = 2 * luks2::HEADER_SIZE;
-        for extra in [
-            0,
-            512,
-            4096,
-            8192,
-            luks2::HEADER_SIZE,
-            luks2::HEADER_SIZE + 4096,
-        ] {
-            let disk = MemDisk::new();
-            *disk.budget.borrow_mut() = Some(formatting_writes + extra);
-            let mount = tempfile::tempdir().unwrap();
-            let _ = run_on(
-                &disk,
-                &Recorder::default(),
-                mount.path(),
-                &key(1, Integrity::None),
-                Integrity::None,
-            );
-            *disk.budget.borrow_mut() = None;
-            let Contents::Hawser(selected) = state(&disk) else {
-                panic!("no valid header after cutting {extra} bytes into the mark")
-            };
-            // Either still formatting (formatted again next boot) or initialized (opened).
-            let platform = Recorder::default();
-            let outcome = run_on(
-                &disk,
-                &platform,
-                mount.path(),
-                &key(1, Integrity::None),
-                Integrity::None,
-            )
-            .unwrap();
-            match selected.header.state {
-                DiskState::Formatting => {
-                    assert!(matches!(outcome.action, Action::Formatted { .. }))
-                }
-                DiskState::Initialized => {
-                    assert_eq!(outcome.action, Action::Opened);
-                    assert!(!platform.calls().contains(&Call::Mkfs));
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_stale_copy_is_repaired_after_the_key_is_verified() {
-        let disk = MemDisk::new();
-        let mount = tempfile::tempdir().unwrap();
-        run_on(
-            &disk,
-            &Recorder::default(),
-            mount.path(),
-            &key(1, Integrity::None),
-            Integrity::None,
-        )
-        .unwrap();
-        // Damage the secondary copy's JSON area.
-        disk.data.borrow_mut()[luks2::HEADER_SIZE + 6000] ^= 0x55;
-        let outcome = run_on(
-            &disk,
-            &Recorder::default(),
-            mount.path(),
-            &key(1, Integrity::None),
-            Integrity::None,
-        )
-        .unwrap();
-        assert_eq!(outcome.action, Action::Opened);
-        assert!(
-            outcome.warnings[0].contains("repaired the secondary header"),
-            "{:?}",
-            outcome.warnings
-        );
-        let Contents::Hawser(selected) = state(&disk) else {
-            panic!()
-        };
-        assert_eq!(selected.repair, None);
-    }
-
-    #[test]
-    fn a_mount_failure_on_an_initialized_disk_never_formats() {
-        let disk = MemDisk::new();
-        let mount = tempfile::tempdir().unwrap();
-        run_on(
-            &disk,
-            &Recorder::default(),
-            mount.path(),
-            &key(1, Integrity::None),
-            Integrity::None,
-        )
-        .unwrap();
-        let before = disk.bytes();
-        let platform = Recorder {
-            fail_mount: true,
-            ..Recorder::default()
-        };
-        let err = run_on(
-            &disk,
-            &platform,
-            mount.path(),
-            &key(1, Integrity::None),
-            Integrity::None,
-        )
-        .unwrap_err();
-        assert!(
-            err.to_string().starts_with("cannot mount /dev/dm-0"),
-            "{err}"
-        );
-        assert!(!platform.calls().contains(&Call::Mkfs));
-        assert!(disk.bytes() == before);
-    }
-
-    #[test]
-    fn integrity_mode_wipes_before_mkfs_and_needs_the_longer_key() {
-        let disk = MemDisk::new();
-        let mount = tempfile::tempdir().unwrap();
-        let platform = Recorder::default();
-        let err = run_on(
-            &disk,
-            &platform,
-            mount.path(),
-            &key(1, Integrity::None),
-            Integrity::HmacSha256,
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("needs 96"), "{err}");
-        assert_eq!(
-            state(&disk),
-            Contents::Blank,
-            "nothing written without a key"
-        );
-        let outcome = run_on(
-            &disk,
-            &platform,
-            mount.path(),
-            &key(1, Integrity::HmacSha256),
-            Integrity::HmacSha256,
-        )
-        .unwrap();
-        assert_eq!(outcome.wiped, Some(4096));
-        assert_eq!(
-            platform.calls(),
-            [
-                Call::Map(outcome.uuid.clone(), Integrity::HmacSha256),
-                Call::Wipe,
-                Call::Mkfs,
-                Call::Mount
-            ]
-        );
-    }
-}
+mod tests;

@@ -13,19 +13,19 @@
 //! [`StateDiskConfig`]) says which disk, where its key comes from ([`key::KeySourceKind`]) and
 //! whether to add dm-integrity. With the default key source `none` PID 1 leaves disks alone.
 //!
-//! Only [`bring_up`] and [`LinuxPlatform`] touch the machine; the rest is tested on the host.
+//! The boot runs it in three steps — [`prepare`], the key (the race, in `crate::boot`),
+//! [`Prepared::verify`] then [`Prepared::apply`]. Only [`find`], those steps and
+//! [`LinuxPlatform`] touch the machine; the rest is tested on the host.
 
-pub mod device;
 pub mod dm;
 pub mod key;
 pub mod lifecycle;
 pub mod probe;
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::{self, Seek as _, SeekFrom};
 use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use hawser_luks2::Integrity;
@@ -33,13 +33,15 @@ use nix::mount::MsFlags;
 use tokio::io::AsyncReadExt as _;
 use tracing::{info, warn};
 
-use self::device::{BlockDevice, DiskSelector, Lookup, SysfsError};
 use self::dm::DmError;
-use self::key::{FixedKey, KeyError, KeySource, KeySourceKind, VolumeKey};
-use self::lifecycle::{Action, LifecycleError, Options, Platform};
-use crate::reaper::ChildRegistry;
-use crate::syscalls::{LinuxSyscalls, MountSpec};
-use crate::timings::PhaseTimer;
+use self::key::{DiskStatus, FixedKey, KeyError, KeySourceKind, VolumeKey};
+use self::lifecycle::{Action, LifecycleError, Options, Plan, Platform, VerifiedKey};
+use crate::platform::block::{self as device, BlockDevice, DiskSelector, Lookup, SysfsError};
+use crate::platform::mounts::SharedMountTable;
+use crate::platform::poll::{self, Poll};
+use crate::platform::reaper::ChildRegistry;
+use crate::platform::syscalls::{LinuxSyscalls, MountSpec};
+use crate::platform::timings::PhaseTimer;
 
 /// Where the state filesystem is mounted (ext4, no mount flags: what later runs from it —
 /// containerd, kubelet — decides its own).
@@ -50,6 +52,8 @@ pub const DISK_WAIT: Duration = Duration::from_secs(10);
 pub const MKFS: &str = "/usr/sbin/mke2fs";
 /// The ext4 label of the state filesystem.
 pub const FS_LABEL: &str = "hawser-state";
+/// How often sysfs is looked at while waiting for the disk.
+const DISK_POLL: Duration = Duration::from_millis(20);
 /// Bytes per write when wiping for dm-integrity.
 const WIPE_CHUNK: usize = 4 * 1024 * 1024;
 
@@ -66,6 +70,7 @@ pub struct StateDiskConfig {
 /// Why the state disk is not up. Each message names the disk.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
+    /// No disk with the configured serial appeared in time.
     #[error(
         "no state disk with {selector} appeared within {} s; disks present: {present}",
         waited.as_secs()
@@ -75,6 +80,7 @@ pub enum DiskError {
         waited: Duration,
         present: String,
     },
+    /// Several disks have the configured serial.
     #[error(
         "more than one disk has {selector} ({disks}); refusing to guess which is the state disk"
     )]
@@ -82,29 +88,36 @@ pub enum DiskError {
         selector: DiskSelector,
         disks: String,
     },
+    /// A key source is configured without `hawser.state_disk`.
     #[error(
         "hawser.state_disk_key_source={} needs hawser.state_disk=serial:<serial>",
         key_source.cmdline_name()
     )]
     NoDiskConfigured { key_source: KeySourceKind },
+    /// /sys/block cannot be listed.
     #[error("cannot list the disks")]
     Sysfs(#[source] SysfsError),
+    /// The disk is attached read-only.
     #[error("state disk {device} is read-only; hawser must be able to write to it")]
     ReadOnly { device: String },
+    /// The disk's device node cannot be opened for reading and writing.
     #[error("cannot open state disk {device}")]
     Open {
         device: String,
         #[source]
         source: io::Error,
     },
+    /// No key could be had from the configured source.
     #[error("state disk")]
     Key(#[source] KeyError),
+    /// Probing, formatting, opening, mapping or mounting the disk failed.
     #[error("state disk {device}")]
     Lifecycle {
         device: String,
         #[source]
         source: LifecycleError,
     },
+    /// A blocking task of the state disk panicked or was cancelled.
     #[error("the state disk task failed")]
     Task(#[source] tokio::task::JoinError),
 }
@@ -114,74 +127,182 @@ pub const INSECURE_KEY_WARNING: &str = "INSECURE: hawser.state_disk_key_source=f
      the state disk key comes from fw_cfg, which the host chooses and reads; the disk is not \
      protected from the host. For development only.";
 
-/// Brings the state disk up as `config` says, or does nothing when the key source is `none`.
-/// `fw_cfg_key` is fw_cfg's `opt/hawser/state_disk_key`, used only by the development source.
-/// Appends warnings for the boot report to `warnings`; returns `timer` with the disk's phases.
-pub async fn bring_up(
+/// Where the state disk's key comes from, as the configuration decided: nothing to do, the
+/// development key, or the cluster (`C`: the enrollment race, which is the boot's to run).
+#[derive(Debug)]
+pub enum KeyChoice<C> {
+    /// `hawser.state_disk_key_source=none`: PID 1 leaves disks alone.
+    None,
+    /// The development key from fw_cfg.
+    Fixed(FixedKey),
+    /// The join service or the admin, through the race.
+    Cluster(C),
+}
+
+/// Decides where the key comes from (`config`), or does nothing when the key source is `none`.
+/// `fw_cfg_key` is fw_cfg's `opt/hawser/state_disk_key`, used only by the development source;
+/// `cluster` is the race, needed by the join-service source. `warn` gets each warning for the
+/// boot report.
+pub fn choose_key<C>(
     config: &StateDiskConfig,
     fw_cfg_key: Option<VolumeKey>,
-    join_keys: Option<Arc<dyn KeySource + Send + Sync>>,
-    registry: &ChildRegistry,
-    mut timer: PhaseTimer,
-    warnings: &mut Vec<String>,
-) -> Result<PhaseTimer, DiskError> {
-    let mut warn_and_keep = |warning: String| {
-        warn!("{warning}");
-        warnings.push(warning);
-    };
+    cluster: Option<C>,
+    mut warn: impl FnMut(String),
+) -> Result<KeyChoice<C>, DiskError> {
     if fw_cfg_key.is_some() && config.key_source != KeySourceKind::FwCfgInsecureDev {
-        warn_and_keep(format!(
+        warn(format!(
             "fw_cfg opt/hawser/state_disk_key is ignored: hawser.state_disk_key_source is {}",
             config.key_source.cmdline_name()
         ));
     }
-    let keys: Arc<dyn KeySource + Send + Sync> = match config.key_source {
+    match config.key_source {
         KeySourceKind::None => {
             info!("no state disk (hawser.state_disk_key_source=none)");
-            return Ok(timer);
+            Ok(KeyChoice::None)
         }
-        KeySourceKind::JoinService => join_keys.ok_or(DiskError::Key(KeyError::JoinService {
-            reason: "no join client was started".to_owned(),
-        }))?,
+        KeySourceKind::JoinService => cluster
+            .map(KeyChoice::Cluster)
+            .ok_or(DiskError::Key(KeyError::NoEnrollment)),
         KeySourceKind::FwCfgInsecureDev => {
-            warn_and_keep(INSECURE_KEY_WARNING.to_owned());
+            warn(INSECURE_KEY_WARNING.to_owned());
             let key = fw_cfg_key.ok_or(DiskError::Key(KeyError::MissingFwCfgKey))?;
-            Arc::new(FixedKey::new(key, "fw_cfg opt/hawser/state_disk_key"))
+            Ok(KeyChoice::Fixed(FixedKey::new(
+                key,
+                "fw_cfg opt/hawser/state_disk_key",
+            )))
         }
-    };
+    }
+}
+
+/// Finds the configured disk (waiting for it to appear) and checks that it is writable.
+pub async fn find(config: &StateDiskConfig) -> Result<BlockDevice, DiskError> {
     // The configuration parser already refuses a key source without a disk.
     let Some(selector) = config.disk.clone() else {
         return Err(DiskError::NoDiskConfigured {
             key_source: config.key_source,
         });
     };
-
-    let start = timer.elapsed_ms();
     let disk = wait_for_disk(&selector, DISK_WAIT).await?;
-    timer.record("state-disk-find", start);
     if disk.read_only {
         return Err(DiskError::ReadOnly {
             device: disk.to_string(),
         });
     }
+    Ok(disk)
+}
 
-    let platform = LinuxPlatform {
-        disk: disk.clone(),
-        registry: registry.clone(),
-        runtime: tokio::runtime::Handle::current(),
-    };
-    let integrity = config.integrity;
-    let (timer, result) = tokio::task::spawn_blocking(move || {
-        let mut timer = timer;
-        let result = run_blocking(&disk, integrity, keys.as_ref(), &platform, &mut timer);
-        (timer, result)
-    })
-    .await
-    .map_err(DiskError::Task)?;
-    let (device, outcome) = result?;
-    for warning in outcome.warnings {
-        warn_and_keep(format!("state disk {device}: {warning}"));
+/// The options of the lifecycle on a node.
+fn options(integrity: Integrity) -> Options<'static> {
+    Options {
+        integrity,
+        mount_point: Path::new(STATE_MOUNT_POINT),
+        formatted_by: concat!("hawser ", env!("CARGO_PKG_VERSION")),
     }
+}
+
+/// A found and probed state disk with its plan (format or open), waiting for its key.
+pub struct Prepared {
+    device: String,
+    file: File,
+    plan: Plan,
+    integrity: Integrity,
+}
+
+/// Step 1 of the key flow (blocking): opens the disk, probes it and plans format or open.
+pub fn prepare(
+    disk: &BlockDevice,
+    integrity: Integrity,
+    platform: &dyn Platform,
+    timer: &mut PhaseTimer,
+) -> Result<Prepared, DiskError> {
+    let device = disk.to_string();
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open(disk.path())
+        .map_err(|source| DiskError::Open {
+            device: device.clone(),
+            source,
+        })?;
+    let plan = lifecycle::prepare(&file, &options(integrity), platform, timer);
+    let plan = plan.map_err(|source| DiskError::Lifecycle {
+        device: device.clone(),
+        source,
+    })?;
+    Ok(Prepared {
+        device,
+        file,
+        plan,
+        integrity,
+    })
+}
+
+impl Prepared {
+    /// The disk, as the log names it (`/dev/vdb (serial "…")`).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// The LUKS2 UUID to ask the key for.
+    pub fn luks_uuid(&self) -> &str {
+        self.plan.luks_uuid()
+    }
+
+    /// Whether the key is for a new disk or an initialized one.
+    pub fn status(&self) -> DiskStatus {
+        self.plan.status()
+    }
+
+    /// The key length the measured integrity mode needs.
+    pub fn key_len(&self) -> usize {
+        self.integrity.key_len()
+    }
+
+    fn lifecycle_error(&self) -> impl FnOnce(LifecycleError) -> DiskError + '_ {
+        |source| DiskError::Lifecycle {
+            device: self.device.clone(),
+            source,
+        }
+    }
+
+    /// Step 2 (blocking): checks `key` against the disk (its LUKS2 digest, for an initialized
+    /// disk) before anything is written, mapped or locked.
+    pub fn verify(&self, key: VolumeKey, timer: &mut PhaseTimer) -> Result<VerifiedKey, DiskError> {
+        lifecycle::verify(&self.plan, key, &options(self.integrity), timer)
+            .map_err(self.lifecycle_error())
+    }
+
+    /// Step 3 (blocking): formats or opens the disk, maps and mounts it; logs what was done and
+    /// returns the warnings for the boot report.
+    pub fn apply(
+        self,
+        key: VerifiedKey,
+        platform: &dyn Platform,
+        timer: &mut PhaseTimer,
+    ) -> Result<Vec<String>, DiskError> {
+        let Prepared {
+            device,
+            file,
+            plan,
+            integrity,
+        } = self;
+        let outcome = lifecycle::apply(&file, plan, key, &options(integrity), platform, timer)
+            .map_err(|source| DiskError::Lifecycle {
+                device: device.clone(),
+                source,
+            })?;
+        log_outcome(&device, integrity, &outcome);
+        Ok(outcome
+            .warnings
+            .iter()
+            .map(|warning| format!("state disk {device}: {warning}"))
+            .collect())
+    }
+}
+
+/// The console line of a state disk that is up.
+fn log_outcome(device: &str, integrity: Integrity, outcome: &lifecycle::Outcome) {
     let integrity = match integrity {
         Integrity::None => "no integrity".to_owned(),
         mode => format!("{} integrity", mode.cmdline_name()),
@@ -207,38 +328,6 @@ pub async fn bring_up(
             outcome.boots
         ),
     }
-    Ok(timer)
-}
-
-fn run_blocking(
-    disk: &BlockDevice,
-    integrity: Integrity,
-    keys: &dyn KeySource,
-    platform: &LinuxPlatform,
-    timer: &mut PhaseTimer,
-) -> Result<(String, lifecycle::Outcome), DiskError> {
-    let device = disk.to_string();
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(disk.path())
-        .map_err(|source| DiskError::Open {
-            device: device.clone(),
-            source,
-        })?;
-    let options = Options {
-        integrity,
-        mount_point: Path::new(STATE_MOUNT_POINT),
-        formatted_by: concat!("hawser ", env!("CARGO_PKG_VERSION")),
-    };
-    let outcome = lifecycle::run(&file, &options, keys, platform, timer).map_err(|source| {
-        DiskError::Lifecycle {
-            device: device.clone(),
-            source,
-        }
-    })?;
-    Ok((device, outcome))
 }
 
 /// Polls sysfs until the disk appears (or `limit` passes).
@@ -246,27 +335,25 @@ pub async fn wait_for_disk(
     selector: &DiskSelector,
     limit: Duration,
 ) -> Result<BlockDevice, DiskError> {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let disks = device::list_disks(Path::new("/sys/block")).map_err(DiskError::Sysfs)?;
+    poll::wait_until(limit, DISK_POLL, || {
+        let disks = match device::list_disks(Path::new("/sys/block")) {
+            Ok(disks) => disks,
+            Err(e) => return Poll::Failed(DiskError::Sysfs(e)),
+        };
         match device::find(disks, selector) {
-            Lookup::Found(disk) => return Ok(disk),
-            Lookup::Ambiguous(disks) => {
-                return Err(DiskError::Ambiguous {
-                    selector: selector.clone(),
-                    disks: device::describe_disks(&disks),
-                });
-            }
-            Lookup::Missing(present) if tokio::time::Instant::now() >= deadline => {
-                return Err(DiskError::NotFound {
-                    selector: selector.clone(),
-                    waited: limit,
-                    present: device::describe_disks(&present),
-                });
-            }
-            Lookup::Missing(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Lookup::Found(disk) => Poll::Ready(disk),
+            Lookup::Ambiguous(disks) => Poll::Failed(DiskError::Ambiguous {
+                selector: selector.clone(),
+                disks: device::describe_disks(&disks),
+            }),
+            Lookup::Missing(present) => Poll::Pending(DiskError::NotFound {
+                selector: selector.clone(),
+                waited: limit,
+                present: device::describe_disks(&present),
+            }),
         }
-    }
+    })
+    .await
 }
 
 /// The real [`Platform`]: device-mapper, mke2fs (through the child registry, so the reaper
@@ -275,6 +362,8 @@ pub async fn wait_for_disk(
 pub struct LinuxPlatform {
     pub disk: BlockDevice,
     pub registry: ChildRegistry,
+    /// PID 1's mount table: the mapping and the mount are recorded for the shutdown.
+    pub mounts: SharedMountTable,
     /// The PID 1 runtime, for spawning mke2fs from the blocking thread.
     pub runtime: tokio::runtime::Handle,
 }
@@ -288,7 +377,7 @@ impl Platform for LinuxPlatform {
     ) -> Result<PathBuf, DmError> {
         let mapped = dm::map(self.disk.devnum, self.disk.size, luks_uuid, integrity, key)?;
         // Closed at shutdown after the state file system is unmounted, crypt before integrity.
-        let mut table = crate::shutdown::mount_table();
+        let mut table = self.mounts.lock();
         if integrity == Integrity::HmacSha256 {
             table.record_device(dm::DM_INTEGRITY_NAME);
         }
@@ -299,7 +388,7 @@ impl Platform for LinuxPlatform {
     fn unmap(&self) {
         for name in [dm::DM_NAME, dm::DM_INTEGRITY_NAME] {
             let _ = dm::remove(name);
-            crate::shutdown::mount_table().forget_device(name);
+            self.mounts.lock().forget_device(name);
         }
     }
 
@@ -382,7 +471,8 @@ impl Platform for LinuxPlatform {
             flags: MsFlags::empty(),
             data: None,
         };
-        crate::shutdown::mount_table()
+        self.mounts
+            .lock()
             .mount(&LinuxSyscalls, &spec)
             .map_err(|e| e.source)
     }
@@ -423,40 +513,12 @@ async fn read_all(pipe: Option<impl tokio::io::AsyncRead + Unpin>) -> Vec<u8> {
     bytes
 }
 
-/// getrandom(2) until `buf` is full (blocks only until the CRNG is initialized, which the
-/// TPM seeding at bring-up has done).
-pub fn fill_random(buf: &mut [u8]) -> io::Result<()> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let rest = &mut buf[filled..];
-        // SAFETY: getrandom(2) writes at most `rest.len()` bytes into `rest`, which is valid
-        // and exclusively borrowed for the call.
-        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
-        if n < 0 {
-            let error = io::Error::last_os_error();
-            if error.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(error);
-        }
-        filled += n as usize;
-    }
-    Ok(())
-}
+/// The kernel's CSPRNG at its old path (`init/tests/luks2_cryptsetup.rs` imports it from here).
+pub use crate::platform::random::fill as fill_random;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn random_bytes_fill_the_buffer() {
-        let mut a = [0u8; 64];
-        let mut b = [0u8; 64];
-        fill_random(&mut a).unwrap();
-        fill_random(&mut b).unwrap();
-        assert_ne!(a, b);
-        assert_ne!(a, [0u8; 64]);
-    }
 
     #[tokio::test]
     async fn wiping_zeroes_the_whole_device() {
@@ -472,6 +534,7 @@ mod tests {
                 read_only: false,
             },
             registry: ChildRegistry::new(),
+            mounts: SharedMountTable::default(),
             runtime: tokio::runtime::Handle::current(),
         };
         assert_eq!(platform.wipe(file.path()).unwrap(), size as u64);
@@ -480,87 +543,63 @@ mod tests {
         assert!(bytes.iter().all(|&b| b == 0));
     }
 
-    #[tokio::test]
-    async fn the_none_key_source_touches_nothing() {
+    /// [`choose_key`] with no race, collecting the warnings.
+    fn choose(
+        config: &StateDiskConfig,
+        fw_cfg_key: Option<VolumeKey>,
+        warnings: &mut Vec<String>,
+    ) -> Result<KeyChoice<()>, DiskError> {
+        choose_key(config, fw_cfg_key, None, |warning| warnings.push(warning))
+    }
+
+    #[test]
+    fn the_none_key_source_touches_nothing() {
         let mut warnings = Vec::new();
-        let config = StateDiskConfig::default();
-        bring_up(
-            &config,
-            None,
-            None,
-            &ChildRegistry::new(),
-            PhaseTimer::start(),
-            &mut warnings,
-        )
-        .await
-        .unwrap();
+        let choice = choose(&StateDiskConfig::default(), None, &mut warnings).unwrap();
+        assert!(matches!(choice, KeyChoice::None));
         assert!(warnings.is_empty());
     }
 
-    #[tokio::test]
-    async fn a_fw_cfg_key_without_the_dev_source_is_ignored_with_a_warning() {
+    #[test]
+    fn a_fw_cfg_key_without_the_dev_source_is_ignored_with_a_warning() {
         let mut warnings = Vec::new();
         let key = VolumeKey::new(zeroize::Zeroizing::new(vec![1; 64]));
-        bring_up(
-            &StateDiskConfig::default(),
-            Some(key),
-            None,
-            &ChildRegistry::new(),
-            PhaseTimer::start(),
-            &mut warnings,
-        )
-        .await
-        .unwrap();
+        let choice = choose(&StateDiskConfig::default(), Some(key), &mut warnings).unwrap();
+        assert!(matches!(choice, KeyChoice::None));
         assert_eq!(
             warnings,
             ["fw_cfg opt/hawser/state_disk_key is ignored: hawser.state_disk_key_source is none"]
         );
     }
 
-    #[tokio::test]
-    async fn the_join_service_source_without_a_client_is_a_clear_error() {
+    #[test]
+    fn the_join_service_source_without_a_client_is_a_clear_error() {
         let config = StateDiskConfig {
             key_source: KeySourceKind::JoinService,
             disk: DiskSelector::parse("serial:x"),
             integrity: Integrity::None,
         };
-        let err = bring_up(
-            &config,
-            None,
-            None,
-            &ChildRegistry::new(),
-            PhaseTimer::start(),
-            &mut Vec::new(),
-        )
-        .await
-        .unwrap_err();
+        let err = choose(&config, None, &mut Vec::new()).unwrap_err();
         assert_eq!(
-            crate::fatal::error_chain(&err),
+            crate::platform::error_chain(&err),
             "state disk: the join service gave no key: no join client was started"
         );
+        let choice = choose_key(&config, None, Some("race"), |_| {}).unwrap();
+        assert!(matches!(choice, KeyChoice::Cluster("race")));
     }
 
-    #[tokio::test]
-    async fn the_dev_source_warns_and_needs_its_fw_cfg_key() {
+    #[test]
+    fn the_dev_source_warns_and_needs_its_fw_cfg_key() {
         let config = StateDiskConfig {
             key_source: KeySourceKind::FwCfgInsecureDev,
             disk: DiskSelector::parse("serial:x"),
             integrity: Integrity::None,
         };
         let mut warnings = Vec::new();
-        let err = bring_up(
-            &config,
-            None,
-            None,
-            &ChildRegistry::new(),
-            PhaseTimer::start(),
-            &mut warnings,
-        )
-        .await
-        .unwrap_err();
+        let err = choose(&config, None, &mut warnings).unwrap_err();
         assert_eq!(warnings, [INSECURE_KEY_WARNING]);
         assert!(
-            crate::fatal::error_chain(&err).contains("fw_cfg has no opt/hawser/state_disk_key"),
+            crate::platform::error_chain(&err).contains("fw_cfg has no opt/hawser/state_disk_key"),
             "{err}"
         );
     }

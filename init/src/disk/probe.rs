@@ -71,19 +71,24 @@ pub enum Contents {
 /// Why the disk is not one hawser formats or opens.
 #[derive(Debug, thiserror::Error)]
 pub enum ProbeError {
+    /// The disk is smaller than the LUKS2 header area plus one data sector.
     #[error("it has {size} bytes; the state disk needs at least {MIN_DISK_SIZE}")]
     TooSmall { size: u64 },
+    /// The disk holds something else (a file system, another LUKS volume, data).
     #[error(
         "it holds {what}; hawser formats only a blank disk or its own never-initialized state disk"
     )]
     Foreign { what: String },
+    /// The LUKS2 header is well-formed but not one hawser opens (cipher, sizes, integrity).
     #[error("its LUKS2 header is not one hawser opens: {0}")]
     Refused(HeaderError),
+    /// Both header copies are damaged and the data area is not blank.
     #[error(
         "hawser's LUKS2 header is damaged ({copies}) but the disk holds data at byte {data_at}; \
          refusing to format it"
     )]
     Damaged { copies: String, data_at: u64 },
+    /// A read of the header area failed.
     #[error("cannot read {len} bytes at offset {offset}")]
     Read {
         offset: u64,

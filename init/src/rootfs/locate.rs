@@ -25,7 +25,7 @@ use hawser_disk_format::verity::{self as verity_format, TreeGeometry, VeritySupe
 
 use super::verity::{self, DevNum};
 use super::{RootHash, RootfsError};
-use crate::disk::device::{self, SysfsError};
+use crate::platform::block::{self as device, SysfsError};
 
 /// Where whole disks are listed.
 pub const SYS_BLOCK: &str = "/sys/block";
@@ -119,13 +119,13 @@ fn read_table(
     disk: &str,
 ) -> Result<(u64, Vec<GptPartition>), String> {
     let block_size = sysfs_number(sys_block.join(disk).join("queue/logical_block_size"))
-        .map_err(|e| crate::fatal::error_chain(&e))?;
+        .map_err(|e| crate::platform::error_chain(&e))?;
     if !(512..=4096).contains(&block_size) || !block_size.is_power_of_two() {
         return Err(format!("logical block size {block_size}"));
     }
     let node = dev_dir.join(disk);
     let read = |offset: u64, len: usize| {
-        read_at(&node, offset, len).map_err(|e| crate::fatal::error_chain(&e))
+        read_at(&node, offset, len).map_err(|e| crate::platform::error_chain(&e))
     };
     let header =
         gpt::parse_header(&read(block_size, block_size as usize)?).map_err(|e| e.to_string())?;
@@ -511,7 +511,7 @@ mod tests {
             panic!("partitions not found");
         };
         let err = check_verity(partitions, &disk.dev_dir, &disk.root_hash).unwrap_err();
-        let message = crate::fatal::error_chain(&err);
+        let message = crate::platform::error_chain(&err);
         assert!(message.starts_with(&format!("verity partition {}", hash_node.display())));
         assert!(
             message.contains(&format!(
@@ -551,7 +551,7 @@ mod tests {
         };
         let err = check_verity(partitions, &disk.dev_dir, &disk.root_hash).unwrap_err();
         assert_eq!(
-            crate::fatal::error_chain(&err),
+            crate::platform::error_chain(&err),
             format!(
                 "verity partition {}: verity superblock field version is 2, expected 1",
                 hash_node.display()

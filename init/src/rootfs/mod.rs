@@ -52,8 +52,8 @@ use tracing::info;
 use self::activate::VerityDevice;
 use self::locate::{PartitionLookup, VerityTarget};
 use self::verity::VerityError;
-use crate::disk::device::SysfsError;
-use crate::disk::dm::DmError;
+use crate::platform::block::SysfsError;
+use crate::platform::dm::DmError;
 
 pub use self::plan::{
     NEW_ROOT_API_MOUNTS, RootfsPlan, StateBacking, SwitchOutcome, SwitchRootError, switch_root,
@@ -69,8 +69,10 @@ pub struct RootHash(pub [u8; 32]);
 /// Why a `hawser.root_hash` value is malformed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RootHashError {
+    /// The value is not 64 characters long.
     #[error("expected 64 lowercase hex digits (a sha256 dm-verity root hash)")]
     Length,
+    /// The value has a character outside 0-9 and a-f.
     #[error("expected only lowercase hex digits 0-9 and a-f")]
     NotLowercaseHex,
 }
@@ -138,8 +140,10 @@ pub fn parse_root_hash(value: &str) -> Result<RootHash, RootHashError> {
 /// Why the verified rootfs cannot be opened. Each message names the device and what differed.
 #[derive(Debug, thiserror::Error)]
 pub enum RootfsError {
+    /// /sys/block cannot be listed.
     #[error("cannot list the disks")]
     Sysfs(#[source] SysfsError),
+    /// A read of a partition (the partition table, the verity superblock) failed.
     #[error("cannot read {len} bytes at offset {offset} of {}", device.display())]
     Read {
         device: PathBuf,
@@ -148,6 +152,7 @@ pub enum RootfsError {
         #[source]
         source: std::io::Error,
     },
+    /// No disk with both partitions of the measured root hash appeared in time.
     #[error(
         "no disk has the rootfs partitions for hawser.root_hash={root_hash} (data partition \
          PARTUUID {data_uuid}, verity partition PARTUUID {verity_uuid}) after {} s; disks: \
@@ -161,8 +166,10 @@ pub enum RootfsError {
         waited: Duration,
         scanned: String,
     },
+    /// Several disks carry the root hash's partitions (a second, attacker-supplied copy?).
     #[error("more than one disk has the rootfs partitions ({disks}); refusing to guess")]
     Ambiguous { disks: String },
+    /// The kernel's idea of a partition differs from the partition table read now.
     #[error(
         "partition {partition}: the kernel's {field} is {kernel} sectors, but the partition \
          table read now says {table}"
@@ -173,12 +180,14 @@ pub enum RootfsError {
         kernel: u64,
         table: u64,
     },
+    /// The verity partition's superblock is malformed or not the one hawser writes.
     #[error("verity partition {}", device.display())]
     Verity {
         device: PathBuf,
         #[source]
         source: VerityError,
     },
+    /// A partition is smaller than its verity superblock says.
     #[error(
         "{} is {size} bytes, too small for the {needed} bytes the verity superblock describes",
         device.display()
@@ -188,8 +197,10 @@ pub enum RootfsError {
         size: u64,
         needed: u64,
     },
+    /// The dm-verity mapping cannot be created.
     #[error("cannot map the verified rootfs")]
     Dm(#[source] DmError),
+    /// The blocking task that opens the rootfs panicked or was cancelled.
     #[error("the rootfs task failed")]
     Task(#[source] tokio::task::JoinError),
 }

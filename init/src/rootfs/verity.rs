@@ -35,7 +35,7 @@ use hawser_disk_format::verity::{
 
 use super::RootHash;
 /// A `major:minor` block device number, as table lines name devices.
-pub use crate::disk::dm::DevNum;
+pub use crate::platform::dm::DevNum;
 
 /// The options hawser loads the table with (see the module documentation).
 pub const TABLE_OPTIONS: [&str; 2] = ["panic_on_corruption", "panic_on_error"];

@@ -19,7 +19,7 @@
 //!   `Supervisor::stop_all`, then `stop_all_processes`, then unmount.
 //!
 //! Every child is spawned through the [`ChildRegistry`], so the orphan reaper leaves their exit
-//! statuses to the tasks that await them ([`crate::reaper`]).
+//! statuses to the tasks that await them ([`crate::platform::reaper`]).
 
 pub mod envfile;
 pub mod oneshot;
@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use self::output::Redaction;
-use crate::reaper::{ChildRegistry, SupervisedChild};
+use crate::platform::reaper::{ChildRegistry, SupervisedChild};
 
 pub use self::oneshot::{OneShotError, OneShotJob, OneShotOutcome, run_once};
 

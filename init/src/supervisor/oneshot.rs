@@ -23,7 +23,7 @@ use tracing::{info, warn};
 
 use super::output::{self, Redaction, Tail};
 use super::{SERVICE_PATH, ServiceStop, terminate};
-use crate::reaper::ChildRegistry;
+use crate::platform::reaper::ChildRegistry;
 
 /// How long a job past its [`OneShotJob::timeout`] gets between SIGTERM and SIGKILL.
 pub const JOB_STOP_TIMEOUT: Duration = Duration::from_secs(3);

@@ -15,7 +15,7 @@ use hawser_kube_types::token::TOKEN_LEN;
 use tokio::io::{AsyncRead, AsyncReadExt as _};
 use tokio::task::JoinHandle;
 
-use crate::reaper::SupervisedChild;
+use crate::platform::reaper::SupervisedChild;
 
 /// Longest line forwarded; the rest of a longer line is dropped.
 pub const MAX_LINE: usize = 4096;

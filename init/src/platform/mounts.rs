@@ -9,7 +9,7 @@ use std::path::Path;
 
 use nix::mount::{MntFlags, MsFlags};
 
-use crate::syscalls::{MountSpec, Syscalls};
+use crate::platform::syscalls::{MountSpec, Syscalls};
 
 const PSEUDO: MsFlags = MsFlags::MS_NOSUID
     .union(MsFlags::MS_NODEV)
@@ -67,6 +67,7 @@ pub struct MountError {
 /// A step of the teardown that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum TeardownError {
+    /// A file system PID 1 mounted cannot be unmounted, even lazily.
     #[error("cannot unmount {target} ({fstype})")]
     Unmount {
         fstype: &'static str,
@@ -74,6 +75,7 @@ pub enum TeardownError {
         #[source]
         source: io::Error,
     },
+    /// A device-mapper device PID 1 created cannot be removed.
     #[error("cannot close the device-mapper device {name}")]
     CloseDevice {
         name: &'static str,
@@ -99,6 +101,21 @@ enum Entry {
     /// A device-mapper device: closed after the mounts made after it (the file system on it)
     /// are gone, and before the ones made before it (`/dev`, where its control node lives).
     Device(&'static str),
+}
+
+/// A handle on the one [`MountTable`] of PID 1, shared by whoever mounts (the bring-up, the
+/// state disk, the pivot) and whoever unmounts (the shutdown, the panic path). Cloning it
+/// shares the table. Poison is ignored: the table stays consistent between calls.
+#[derive(Debug, Clone, Default)]
+pub struct SharedMountTable(std::sync::Arc<std::sync::Mutex<MountTable>>);
+
+impl SharedMountTable {
+    /// Locks the table.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, MountTable> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 /// The mounts made so far and the device-mapper devices under them, in setup order: what the
@@ -212,7 +229,7 @@ impl MountTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::syscalls::{Call, RecordingSyscalls};
+    use crate::platform::syscalls::{Call, RecordingSyscalls};
     use nix::errno::Errno;
     use std::path::PathBuf;
 

@@ -107,7 +107,7 @@ impl Progress {
     /// Starts streaming the node's log lines into `stream`, on the current runtime.
     fn start(stream: mpsc::Sender<Result<InitResponse, Status>>) -> Progress {
         let (outcome, mut outcome_rx) = oneshot::channel::<InitResponse>();
-        let mut lines = crate::console::subscribe_lines();
+        let mut lines = crate::platform::console::subscribe_lines();
         tokio::spawn(async move {
             use tokio::sync::broadcast::error::RecvError;
             loop {
@@ -173,10 +173,13 @@ fn failure(reason: &str) -> InitResponse {
 /// Why a request is refused (→ `InvalidArgument`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
+    /// The master secret or its salt is too short.
     #[error("invalid master secret: {0}")]
     MasterSecret(String),
+    /// The measurement salt has the wrong length.
     #[error("measurement_salt must be {MEASUREMENT_SALT_LEN} bytes, got {0}")]
     MeasurementSalt(usize),
+    /// The cluster name is not a DNS label.
     #[error("cluster_name {0:?} is not a DNS label (1-63 of a-z, 0-9, '-', not at either end)")]
     ClusterName(String),
     /// The Kubernetes version is not a release version kubeadm installs without resolving a
@@ -194,6 +197,7 @@ pub enum RequestError {
         #[source]
         source: ServiceCidrError,
     },
+    /// An extra API server certificate name is neither an IP address nor a DNS name.
     #[error("api_server_cert_sans entry {0:?} is neither an IP address nor a DNS name")]
     CertSan(String),
 }
@@ -321,7 +325,7 @@ impl InitServer {
             }));
         }
         let (kind, master, measurement_salt) =
-            validated.map_err(|e| Status::invalid_argument(crate::fatal::error_chain(&e)))?;
+            validated.map_err(|e| Status::invalid_argument(crate::platform::error_chain(&e)))?;
         let sender = self
             .slot
             .lock()
@@ -386,6 +390,7 @@ impl InitService for InitServer {
 /// Why the init server cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum InitServerError {
+    /// The init server's port cannot be bound (in use?).
     #[error("cannot listen on {address} for `hawser init`")]
     Listen {
         address: SocketAddr,
@@ -421,7 +426,10 @@ pub async fn spawn(
             .serve_with_incoming(incoming)
             .await;
         if let Err(e) = result {
-            warn!("the init server stopped: {}", crate::fatal::error_chain(&e));
+            warn!(
+                "the init server stopped: {}",
+                crate::platform::error_chain(&e)
+            );
         }
     }))
 }
@@ -508,7 +516,7 @@ mod tests {
         for (mutate, expected) in cases {
             let mut request = good_init();
             mutate(&mut request);
-            let err = crate::fatal::error_chain(&validate_init(&mut request).unwrap_err());
+            let err = crate::platform::error_chain(&validate_init(&mut request).unwrap_err());
             assert!(err.contains(expected), "{err} should contain {expected}");
         }
     }
@@ -585,7 +593,7 @@ mod tests {
 
         let grant = grants.await.unwrap();
         assert_eq!(grant.kind.rpc(), "Init");
-        crate::console::emit(None, "formatting the state disk");
+        crate::platform::console::emit(None, "formatting the state disk");
         // Give the forwarder a chance to pick the line up before the outcome.
         tokio::task::yield_now().await;
         grant.progress.succeed([5; 32], Vec::new());

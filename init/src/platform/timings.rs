@@ -5,7 +5,7 @@
 
 use hawser_attestation::report::PhaseTiming;
 
-use crate::console::{boottime_seconds, monotonic_seconds};
+use crate::platform::console::{boottime_seconds, monotonic_seconds};
 
 /// Records named phases.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 //!
 //! A fresh disk (about to be formatted) asks `IssueJoinTicket`; an initialized disk asks
 //! `IssueRejoinTicket`. The node lock is taken by the race in [`super::race`], not here. Every failed attempt is logged with its reason — the join service's
-//! refusal names the PCRs that differ — and retried after [`Backoff`]: a join service that is
+//! refusal names the PCRs that differ — and retried after [`RetryBackoff`]: a join service that is
 //! down at boot and up later is normal (the first node of a cluster boots before its join
 //! service exists). The key, measurement secret and salt are zeroized; only the key's
 //! fingerprint and the public cluster ID are ever logged.
@@ -21,9 +21,9 @@ use hawser_proto::join::{
 use tracing::warn;
 use zeroize::Zeroizing;
 
-use super::{Backoff, INSECURE_TRUST_WARNING, JoinEndpoint, jitter_unit};
+use super::{INSECURE_TRUST_WARNING, JoinEndpoint, RetryBackoff, jitter_unit};
 use crate::disk::key::DiskStatus;
-use crate::fatal::error_chain;
+use crate::platform::error_chain;
 
 /// Deadline of one attempt (connect, handshake with quotes on both sides, call).
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -31,6 +31,7 @@ pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Why the join client cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum JoinSetupError {
+    /// An attested join service is required and the image has no provider CA to check it with.
     #[error(
         "hawser.join_service_trust=attested needs the provider CA that certifies the join \
          service's attestation key in the image ({path}; build with `hawser image build \
@@ -38,12 +39,14 @@ pub enum JoinSetupError {
          hawser.join_service_trust=insecure-dev for development"
     )]
     NoProviderCa { path: &'static str },
+    /// The image's provider CA cannot be parsed.
     #[error("the image's provider CA {path} is unusable")]
     ProviderCa {
         path: &'static str,
         #[source]
         source: hawser_attestation::validator::AkTrustError,
     },
+    /// The node's own PCRs, which the join service must share, cannot be read.
     #[error("cannot read this node's own PCRs to build the join service's expected measurements")]
     OwnPcrs(#[source] hawser_attestation::tpm::TpmError),
 }
@@ -101,7 +104,7 @@ pub fn describe(status: DiskStatus) -> &'static str {
 pub struct JoinClient {
     pub(super) endpoint: JoinEndpoint,
     atls: AtlsClient,
-    backoff: Backoff,
+    backoff: RetryBackoff,
     /// Ask for a control-plane join (fw_cfg `role=control-plane`).
     control_plane: bool,
 }
@@ -118,7 +121,7 @@ impl JoinClient {
         JoinClient {
             endpoint,
             atls,
-            backoff: Backoff::default(),
+            backoff: RetryBackoff::default(),
             control_plane: false,
         }
     }

@@ -55,8 +55,10 @@ impl NetConfig {
 /// Why the network is not up.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
+    /// No network interface other than `lo` appeared in time (no NIC, or its driver is missing).
     #[error("no network interface besides lo appeared in /sys/class/net within {} s", .0.as_secs())]
     NoInterface(Duration),
+    /// An interface ioctl (address, netmask, up, route) failed.
     #[error("cannot {what} on network interface {interface}")]
     Ioctl {
         what: &'static str,
@@ -64,6 +66,7 @@ pub enum NetError {
         #[source]
         source: io::Error,
     },
+    /// The socket the interface ioctls go through cannot be opened.
     #[error("cannot open a socket to configure the network")]
     Socket(#[source] io::Error),
 }
@@ -82,16 +85,13 @@ pub fn first_nic(sys_class_net: &Path) -> Option<String> {
 
 /// Brings `lo` and the first NIC up with `config`; returns the NIC's name.
 pub async fn bring_up(config: &NetConfig) -> Result<String, NetError> {
-    let deadline = tokio::time::Instant::now() + NIC_WAIT;
-    let nic = loop {
-        if let Some(nic) = first_nic(Path::new("/sys/class/net")) {
-            break nic;
+    let nic = super::poll::wait_until(NIC_WAIT, Duration::from_millis(20), || {
+        match first_nic(Path::new("/sys/class/net")) {
+            Some(nic) => super::poll::Poll::Ready(nic),
+            None => super::poll::Poll::Pending(NetError::NoInterface(NIC_WAIT)),
         }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(NetError::NoInterface(NIC_WAIT));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await?;
     let socket = socket()?;
     set_up(&socket, "lo")?;
     set_addr(

@@ -17,8 +17,10 @@ const RNDADDENTROPY: libc::Ioctl =
 /// Adding entropy failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EntropyError {
+    /// /dev/urandom cannot be opened for writing.
     #[error("cannot open /dev/urandom to add entropy")]
     Open(#[source] io::Error),
+    /// The kernel refused RNDADDENTROPY (PID 1 lacks CAP_SYS_ADMIN?).
     #[error("the RNDADDENTROPY ioctl on /dev/urandom failed")]
     Ioctl(#[source] io::Error),
 }
@@ -52,13 +54,7 @@ pub fn add_entropy(bytes: &[u8]) -> Result<(), EntropyError> {
     Ok(())
 }
 
-/// Whether the kernel's CRNG is initialized (a non-blocking getrandom succeeds).
-pub fn crng_ready() -> bool {
-    let mut byte = [0u8; 1];
-    // SAFETY: getrandom writes at most `byte.len()` bytes into the valid buffer.
-    let rc = unsafe { libc::getrandom(byte.as_mut_ptr().cast(), 1, libc::GRND_NONBLOCK) };
-    rc == 1
-}
+pub use super::random::crng_ready;
 
 #[cfg(test)]
 mod tests {

@@ -32,11 +32,13 @@ impl std::fmt::Display for Owner {
 /// Why the lock could not be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError<E: std::error::Error + 'static> {
+    /// Another contestant took the lock first.
     #[error(
         "the node lock is already held by {owner} (cluster {})",
         hex::encode(cluster_id)
     )]
     Held { owner: Owner, cluster_id: [u8; 32] },
+    /// The mark (the PCR 15 extension) failed; the lock stays open.
     #[error("cannot mark the TPM with the cluster ID (PCR {PCR_CLUSTER_ID})")]
     Mark(#[source] E),
 }

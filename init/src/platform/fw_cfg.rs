@@ -16,18 +16,21 @@ pub const MAX_ENTRY_SIZE: u64 = 4096;
 /// An fw_cfg entry that could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum FwCfgError {
+    /// The fw_cfg directory exists but cannot be listed.
     #[error("cannot list fw_cfg entries in {path}")]
     List {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
+    /// An fw_cfg entry cannot be read.
     #[error("cannot read fw_cfg entry {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: io::Error,
     },
+    /// An fw_cfg entry is larger than any hawser key needs.
     #[error("fw_cfg entry {path} holds {size} bytes, more than the {MAX_ENTRY_SIZE} accepted")]
     TooLarge { path: PathBuf, size: u64 },
 }

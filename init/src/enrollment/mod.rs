@@ -4,13 +4,14 @@
 //! - [`JoinEndpoint`] and [`JoinServiceTrust`]: where the join service is (fw_cfg or the
 //!   command line: unmeasured is fine, trust comes from attestation) and how the node trusts it
 //!   (the *measured* `hawser.join_service_trust`: `attested`, the default, or `insecure-dev`).
-//! - [`Backoff`]: exponential backoff with jitter between attempts (pure).
+//! - [`RetryBackoff`]: exponential backoff with jitter between attempts (pure).
 //! - [`lock::NodeLock`]: the point of no return. Whoever first gets the cluster's secrets takes
 //!   it; taking it extends PCR 15 with the cluster ID, so the node can never attest as fresh
 //!   again in this boot. The state machine is pure; the TPM extension is a closure.
 //! - [`client::JoinClient`]: the gRPC client with retries.
 //! - [`init_server::InitServer`]: the node's side of `hawser init` / `hawser recover`.
-//! - [`race::ClusterKeySource`]: runs both and lets the first to get secrets take the lock.
+//! - [`race::Enrollment`]: runs both and returns the first to get secrets as a grant, which
+//!   takes the lock once the boot has checked its key against the disk.
 
 pub mod client;
 pub mod init_server;
@@ -197,21 +198,21 @@ pub const INSECURE_TRUST_WARNING: &str = "INSECURE: hawser.join_service_trust=in
 /// `[d/2, d]` where `d = min(max, base · 2ⁿ)` ("equal jitter": never a thundering herd, never
 /// a zero wait).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub struct RetryBackoff {
     pub base: Duration,
     pub max: Duration,
 }
 
-impl Default for Backoff {
+impl Default for RetryBackoff {
     fn default() -> Self {
-        Backoff {
+        RetryBackoff {
             base: Duration::from_millis(500),
             max: Duration::from_secs(10),
         }
     }
 }
 
-impl Backoff {
+impl RetryBackoff {
     /// The ceiling for attempt `attempt`: `min(max, base · 2^attempt)`.
     pub fn ceiling(&self, attempt: u32) -> Duration {
         let factor = 1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX);
@@ -234,9 +235,7 @@ impl Backoff {
 /// none to give without blocking).
 pub fn jitter_unit() -> f64 {
     let mut bytes = [0u8; 8];
-    // SAFETY: getrandom(2) writes at most `bytes.len()` bytes into the live buffer.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), libc::GRND_NONBLOCK) };
-    if n != 8 {
+    if !crate::platform::random::try_fill_nonblocking(&mut bytes) {
         return 0.5;
     }
     (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64
@@ -248,7 +247,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_up_to_the_maximum_and_jitters_within_half() {
-        let b = Backoff::default();
+        let b = RetryBackoff::default();
         assert_eq!(b.ceiling(0), Duration::from_millis(500));
         assert_eq!(b.ceiling(1), Duration::from_secs(1));
         assert_eq!(b.ceiling(4), Duration::from_secs(8));

@@ -199,7 +199,7 @@ impl Syscalls for LinuxSyscalls {
     }
 
     fn remove_dm_device(&self, name: &'static str) -> io::Result<()> {
-        crate::disk::dm::remove(name).map_err(io::Error::other)
+        super::dm::remove(name).map_err(io::Error::other)
     }
 
     fn disable_ctrl_alt_del(&self) -> io::Result<()> {

@@ -1,0 +1,191 @@
+//! The phases after the state disk: what the node does with Kubernetes (its role), the quote
+//! and the one-line boot report, the firmware event log, and for images with a rootfs the
+//! pivot and the node's services.
+
+use hawser_attestation::report::EVENT_LOG_MARKER;
+use tracing::{info, warn};
+
+use super::BootError;
+use super::context::Boot;
+use crate::attest::step as tpm_step;
+use crate::attest::{self, Attestation, Measurement, NonceSource, ReportContext, TpmStepError};
+use crate::config::CmdlineConfig;
+use crate::enrollment::PROVIDER_CA_PATH;
+use crate::enrollment::init_server::{GrantKind, Progress};
+use crate::enrollment::race::Outcome;
+use crate::node;
+use crate::platform::{console, error_chain};
+
+/// Where the kernel exposes the firmware's TCG event log (securityfs, mounted at bring-up).
+const EVENT_LOG: &str = "/sys/kernel/security/tpm0/binary_bios_measurements";
+
+/// What the race decided, turned into the node's Kubernetes role and name; prints the join
+/// summary line.
+pub(super) fn role(
+    config: &CmdlineConfig,
+    outcome: Option<Outcome>,
+    measurement: &Measurement,
+) -> (node::Role, Option<String>) {
+    let Some(outcome) = outcome else {
+        return (node::Role::Rejoin, None);
+    };
+    match outcome.summary.to_console_line() {
+        Ok(line) => console::emit_raw_console_line(&line),
+        Err(e) => warn!("cannot encode the join summary: {e}"),
+    }
+    let node_name = crate::enrollment::client::node_name(&outcome.summary.disk_uuid);
+    let role = match (outcome.admin, outcome.kubeadm) {
+        (Some((GrantKind::Init(spec), progress)), _) if config.root_hash.is_some() => {
+            // The image's provider CA is in the initramfs, which the pivot frees: read now.
+            let provider_ca = std::fs::read_to_string(PROVIDER_CA_PATH).ok();
+            node::Role::Init {
+                spec,
+                cluster_id: outcome.cluster_id,
+                progress,
+                join_service: outcome.secrets.zip(provider_ca).map(|(secrets, pem)| {
+                    node::InClusterJoinService {
+                        secrets,
+                        // Read at `enter-initrd`, before the lock: what a fresh node of this
+                        // image measures.
+                        joiner_measurements: crate::enrollment::fresh_node_measurements_json(
+                            &measurement.pcrs,
+                        ),
+                        provider_ca_pem: pem,
+                    }
+                }),
+            }
+        }
+        (Some((kind, progress)), _) => {
+            report_to_admin(&kind, progress, outcome.cluster_id);
+            node::Role::Rejoin
+        }
+        (None, Some(ticket)) => node::Role::Join(ticket),
+        (None, None) => node::Role::Rejoin,
+    };
+    (role, Some(node_name))
+}
+
+/// Ends the admin's `hawser init` / `hawser recover` call. Kubernetes starts after the pivot
+/// into the rootfs; an image without a rootfs has no Kubernetes, so no kubeconfig to return.
+fn report_to_admin(kind: &GrantKind, progress: Progress, cluster_id: [u8; 32]) {
+    match kind {
+        GrantKind::Init(spec) => info!(
+            "cluster {:?} ({}) initialized on this node: the state disk is ready; this image has \
+             no rootfs, so Kubernetes is not started and there is no kubeconfig",
+            spec.cluster_name,
+            hex::encode(cluster_id)
+        ),
+        GrantKind::Recover => info!(
+            "node recovered into cluster {}: the state disk is open",
+            hex::encode(cluster_id)
+        ),
+    }
+    progress.succeed(cluster_id, Vec::new());
+}
+
+impl Boot {
+    /// The quote and the boot report line. The quote comes after the state disk: the node
+    /// lock may have extended PCR 15, and the report's PCR values must be the quoted ones.
+    pub(super) async fn report(
+        &mut self,
+        (nonce, nonce_source): (Vec<u8>, NonceSource),
+        measurement: Measurement,
+        config: &CmdlineConfig,
+        kernel_release: &str,
+    ) -> Result<(), BootError> {
+        let tpm = self.tpm()?;
+        let quoted_nonce = nonce.clone();
+        let (measurement, quote) = self
+            .time_blocking("attest", move || -> Result<_, TpmStepError> {
+                let mut measurement = measurement;
+                measurement.pcrs = tpm
+                    .read_pcrs_sha256(attest::REPORTED_PCRS)
+                    .map_err(tpm_step("read the sha256 PCR bank"))?;
+                let quote = attest::quote_boot(&tpm, &quoted_nonce)?;
+                Ok((measurement, quote))
+            })
+            .await??;
+        let attestation = Attestation {
+            nonce,
+            nonce_source,
+            measurement,
+            quote,
+        };
+        let warnings = self.take_warnings();
+        let report = attestation.into_report(ReportContext {
+            kernel_release,
+            tpm_device: &config.tpm_device.display().to_string(),
+            timer: self.timer(),
+            warnings,
+        });
+        let line = report.to_console_line().map_err(BootError::Report)?;
+        console::emit_raw_console_line(&line);
+        info!(
+            "boot report printed ({} bytes); bring-up took {:.1} ms",
+            line.len(),
+            self.timer().elapsed_ms()
+        );
+        Ok(())
+    }
+
+    /// For images with a rootfs: the pivot, then the node's services and kubeadm.
+    pub(super) async fn run_node(
+        &mut self,
+        config: &CmdlineConfig,
+        role: node::Role,
+        node_name: Option<String>,
+    ) -> Result<(), BootError> {
+        let Some(root_hash) = config.root_hash else {
+            return Ok(());
+        };
+        let state_disk = config.state_disk.disk.is_some();
+        let pivoted = node::pivot(root_hash, self.tpm()?, state_disk).await;
+        if let Err(e) = pivoted {
+            if let node::Role::Init { progress, .. } = role {
+                progress.fail(&format!("the pivot into the rootfs: {}", error_chain(&e)));
+            }
+            return Err(BootError::Pivot(e));
+        }
+        let identity = match (&config.net, node_name) {
+            (Some(net), Some(name)) => Some(node::NodeIdentity {
+                name,
+                ip: std::net::IpAddr::V4(net.address),
+            }),
+            _ => None,
+        };
+        match identity {
+            Some(identity) => node::run(role, identity, self.registry()).await,
+            None => {
+                let reason = "no node identity for Kubernetes (needs hawser.net and a cluster \
+                              key source): containerd, kubelet and kubeadm are not started";
+                warn!("{reason}");
+                if let node::Role::Init { progress, .. } = role {
+                    progress.fail(reason);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Prints the firmware's TCG event log as one console line, so a host can explain PCR values
+/// that differ from the prediction. Unmeasured diagnostics: nothing trusts it without replaying
+/// it against the quoted PCRs. A direct-kernel boot has no firmware and no log.
+pub(super) fn emit_event_log() {
+    use base64::Engine as _;
+    match std::fs::read(EVENT_LOG) {
+        Ok(log) => {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(&log);
+            console::emit_raw_console_line(&format!("{EVENT_LOG_MARKER}{encoded}"));
+            info!("firmware event log printed ({} bytes)", log.len());
+        }
+        Err(e) => info!("no firmware event log at {EVENT_LOG} ({e}); not a UEFI boot"),
+    }
+}
+
+/// The running kernel's release (`uname -r`), for the boot report.
+pub(super) fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|uts| uts.release().to_string_lossy().into_owned())
+        .unwrap_or_default()
+}

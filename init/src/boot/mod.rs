@@ -1,0 +1,319 @@
+//! The PID 1 sequence: bring-up, measurement, the state disk, attestation, boot report, the
+//! pivot and the node's services (images with a rootfs), idle, shutdown.
+//!
+//! ```text
+//! /init ─ fds 0-2, console log, panic hook
+//!       ─ mounts (/proc first, before the runtime)              [mounts]
+//!       ─ tokio current_thread runtime; reaper; SIGTERM/SIGINT/SIGPWR
+//!       ─ /proc/cmdline → hawser.* keys, reboot policy, log level [cmdline]
+//!       ─ kernel modules in modules.dep order                    [modules]
+//!       ─ power button watcher; fw_cfg keys                      [fw-cfg]
+//!       ─ network (hawser.net)                                   [net]
+//!       ─ wait for the TPM node; open it                         [tpm-wait, tpm-open]
+//!       ─ seed the kernel pool from TPM2_GetRandom               [entropy]
+//!       ─ PCR 11 before; extend "enter-initrd"; read PCRs 0-23   [measure]
+//!       ─ state disk: find, format or open, map, mount           [state-disk-*]
+//!         (join-service key: join client races init server, node lock → PCR 15)
+//!       ─ AK; quote PCRs 0-23 with the nonce                     [attest]
+//!       ─ boot report line; firmware event log line
+//!       ─ hawser.root_hash: pivot into the rootfs (PCR 11 ← "leave-initrd"), then
+//!         containerd, kubelet, kubeadm once (node.rs)
+//!       ─ "hawser: boot complete; idle"
+//!       ─ shutdown request → stop processes, unmount, power off
+//! ```
+//!
+//! A shutdown request is honoured at any point, also during the bring-up. Every error of the
+//! bring-up is fatal ([`crate::fatal`]).
+//!
+//! `bring_up` is the script; each phase is one method of the [`Boot`] context (`context.rs`),
+//! which owns the phase timer, the warnings for the boot report, the child registry and the
+//! TPM: the phases before the state disk in `phases.rs`, the state disk's prepare → race →
+//! apply in `state_disk.rs`, the report and the node in `after_disk.rs`.
+
+mod after_disk;
+mod context;
+mod phases;
+mod state_disk;
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+pub use self::context::{Boot, Warnings};
+pub use self::phases::wait_for_device;
+use crate::attest::TpmStepError;
+use crate::config::ConfigError;
+use crate::disk::DiskError;
+use crate::enrollment::race::EnrollmentError;
+use crate::fatal::{self, fatal, fatal_error};
+use crate::modules::ModuleError;
+use crate::node;
+use crate::platform::console;
+use crate::platform::fw_cfg::FwCfgError;
+use crate::platform::mounts::{EARLY_MOUNTS, SharedMountTable};
+use crate::platform::reaper::{self, ChildRegistry};
+use crate::platform::syscalls::{LinuxSyscalls, PowerAction, Syscalls};
+use crate::platform::timings::PhaseTimer;
+use crate::shutdown::{self, STOP_GRACE, STRAGGLER_KILL_WAIT};
+
+/// How long to wait for the TPM device node: devtmpfs creates it when the TIS/CRB driver has
+/// probed, which can lag behind /init on a slow (TCG) VM.
+pub const TPM_WAIT: Duration = Duration::from_secs(5);
+/// Random bytes credited to the kernel pool (256 bits, a full CRNG seed).
+pub const ENTROPY_BYTES: usize = 32;
+/// Length of a nonce PID 1 makes itself when fw_cfg gives none.
+pub const GENERATED_NONCE_BYTES: usize = 32;
+
+static LINUX: LinuxSyscalls = LinuxSyscalls;
+
+/// A bring-up step that failed. The message reads as the reason of a `FATAL:` line.
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    /// /proc/cmdline cannot be read (procfs is not mounted).
+    #[error("cannot read the kernel command line from /proc/cmdline")]
+    ReadCmdline(#[source] io::Error),
+    /// The measured command line has a malformed or contradictory `hawser.*` key.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A required kernel module cannot be loaded.
+    #[error(transparent)]
+    Modules(#[from] ModuleError),
+    /// fw_cfg's `opt/hawser/` directory cannot be read.
+    #[error(transparent)]
+    FwCfg(#[from] FwCfgError),
+    /// The TPM's device node did not appear (no TPM attached, or its driver is missing).
+    #[error("no TPM device: {} did not appear within {} s", path.display(), waited.as_secs())]
+    NoTpm { path: PathBuf, waited: Duration },
+    /// A phase asked for the TPM before it was opened: a mistake in the boot sequence.
+    #[error("the TPM was used before it was opened")]
+    TpmNotOpen,
+    /// A TPM command of the bring-up failed.
+    #[error(transparent)]
+    Tpm(#[from] TpmStepError),
+    /// The state disk cannot be found, probed, opened, formatted, mapped or mounted.
+    #[error(transparent)]
+    Disk(#[from] DiskError),
+    /// No key for the state disk came out of the race, or the node lock cannot be taken.
+    #[error("state disk {device}")]
+    StateDiskKey {
+        device: String,
+        /// Boxed: it is the largest cause, and would make every boot `Result` as large.
+        #[source]
+        source: Box<EnrollmentError>,
+    },
+    /// The network (`hawser.net`) cannot be brought up.
+    #[error(transparent)]
+    Net(#[from] crate::platform::net::NetError),
+    /// The join client cannot start (no provider CA for an attested join service).
+    #[error(transparent)]
+    JoinSetup(#[from] crate::enrollment::client::JoinSetupError),
+    /// The TPM-backed attestation issuer cannot start.
+    #[error("cannot attest to the join service or the admin: the TPM issuer cannot start")]
+    Issuer(#[source] hawser_attestation::IssuerError),
+    /// The pivot into the verified rootfs failed.
+    #[error("cannot pivot into the rootfs")]
+    Pivot(#[source] node::PivotError),
+    /// The boot report cannot be encoded as JSON.
+    #[error("cannot encode the boot report")]
+    Report(#[source] serde_json::Error),
+    /// A blocking task of the bring-up panicked or was cancelled.
+    #[error("a blocking task of the bring-up failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// Why the machine goes down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownRequest {
+    Signal(&'static str),
+    PowerButton,
+}
+
+impl std::fmt::Display for ShutdownRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShutdownRequest::Signal(name) => write!(f, "{name}"),
+            ShutdownRequest::PowerButton => f.write_str("the power button"),
+        }
+    }
+}
+
+/// PID 1's entry point. Never returns.
+pub fn run() -> ! {
+    let mut timer = PhaseTimer::start();
+    if std::process::id() != 1 {
+        // Someone ran the binary on a workstation: mounting over /dev and powering off would be
+        // a very bad surprise. Checked before the panic hook exists, which reboots.
+        eprintln!(
+            "hawser-init must run as PID 1 (the /init of the hawser initramfs); refusing to start"
+        );
+        std::process::exit(2);
+    }
+    console::ensure_std_fds();
+    console::open_console();
+    fatal::install_panic_hook();
+    console::init_tracing();
+    info!(
+        "hawser {} starting; kernel handed over {:.3} s after boot",
+        env!("CARGO_PKG_VERSION"),
+        timer.started_at_boottime_ms() / 1e3
+    );
+    let mut warnings = Warnings::default();
+
+    // /proc before the runtime: tokio and the standard library read it.
+    // The one mount table: the boot, the state disk and the shutdown get it from here, the
+    // panic path from its registration.
+    let mounts = SharedMountTable::default();
+    shutdown::register_mount_table(&mounts);
+    let mounted = timer.time("mounts", || mounts.lock().mount_all(&LINUX, &EARLY_MOUNTS));
+    if let Err(e) = mounted {
+        fatal_error(&e);
+    }
+    if let Some(warning) = console::attach_kmsg() {
+        warnings.warn(warning);
+    }
+    if let Err(e) = LINUX.disable_ctrl_alt_del() {
+        warnings.warn(format!(
+            "cannot route Ctrl-Alt-Del to PID 1 (reboot(RB_DISABLE_CAD): {e})"
+        ));
+    }
+
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => fatal(&format!("cannot start the tokio runtime: {e}")),
+    };
+    runtime.block_on(supervise(timer, warnings, mounts));
+    fatal("the PID 1 event loop ended");
+}
+
+/// Runs the bring-up and then idles; both end only in a shutdown.
+async fn supervise(timer: PhaseTimer, warnings: Warnings, mounts: SharedMountTable) {
+    let registry = ChildRegistry::new();
+    tokio::spawn({
+        let registry = registry.clone();
+        async move {
+            if let Err(e) = reaper::run(registry).await {
+                fatal(&format!("cannot reap orphaned processes: {e}"));
+            }
+        }
+    });
+    let (requests, mut requested) = mpsc::channel(4);
+    if let Err(e) = listen_for_signals(&requests) {
+        fatal(&format!("cannot install signal handlers: {e}"));
+    }
+
+    let mut boot = Boot::new(timer, warnings, registry, requests.clone(), mounts.clone());
+    tokio::select! {
+        result = bring_up(&mut boot) => match result {
+            Ok(()) => {
+                // The bring-up's buffers (image reads, TLS, the initramfs index) are freed:
+                // hand the heap's free pages back to the kernel.
+                // SAFETY: malloc_trim only walks glibc's own heap under its lock.
+                unsafe { libc::malloc_trim(0) };
+                info!("boot complete; idle; {}", memory_summary())
+            }
+            Err(e) => fatal_error(&e),
+        },
+        Some(request) = requested.recv() => shutdown(request, &mounts).await,
+    }
+    match requested.recv().await {
+        Some(request) => shutdown(request, &mounts).await,
+        None => fatal("every source of shutdown requests is gone"),
+    }
+}
+
+/// Turns SIGTERM, SIGINT (also Ctrl-Alt-Del, see [`Syscalls::disable_ctrl_alt_del`]) and SIGPWR
+/// into shutdown requests. Must run inside the runtime.
+pub fn listen_for_signals(requests: &mpsc::Sender<ShutdownRequest>) -> io::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    for (kind, name) in [
+        (SignalKind::terminate(), "SIGTERM"),
+        (SignalKind::interrupt(), "SIGINT"),
+        (SignalKind::from_raw(libc::SIGPWR), "SIGPWR"),
+    ] {
+        let mut stream = signal(kind)?;
+        let requests = requests.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                let _ = requests.send(ShutdownRequest::Signal(name)).await;
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Stops everything and powers off. Never returns.
+async fn shutdown(request: ShutdownRequest, mounts: &SharedMountTable) -> ! {
+    info!("shutdown requested by {request}");
+    // The node's services first, in reverse start order, each given time to stop cleanly.
+    node::stop_services().await;
+    let stopped = tokio::task::spawn_blocking(|| {
+        shutdown::stop_all_processes(
+            &LINUX,
+            STOP_GRACE,
+            STRAGGLER_KILL_WAIT,
+            shutdown::processes_left,
+            std::thread::sleep,
+        )
+    })
+    .await;
+    if let Ok(shutdown::Sweep::Stuck) = stopped {
+        warn!("some processes survived SIGKILL; powering off anyway");
+    }
+    info!("powering off");
+    let error = shutdown::power_down(&LINUX, &mut mounts.lock(), PowerAction::PowerOff);
+    fatal(&format!("cannot power off: reboot(2) failed: {error}"));
+}
+
+/// PID 1's resident memory now and at its peak (`VmRSS`, `VmHWM` of /proc/self/status).
+fn memory_summary() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.trim().strip_suffix("kB"))
+            .and_then(|kib| kib.trim().parse::<u64>().ok())
+            .map_or_else(
+                || "?".to_owned(),
+                |kib| format!("{:.1} MiB", kib as f64 / 1024.0),
+            )
+    };
+    format!(
+        "PID 1 resident memory {} ({} anonymous, {} of its binary and libraries in the freed \
+         initramfs, {} other files; peak {})",
+        field("VmRSS:"),
+        field("RssAnon:"),
+        field("RssShmem:"),
+        field("RssFile:"),
+        field("VmHWM:")
+    )
+}
+
+/// The bring-up, phase by phase.
+async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
+    let config = boot.read_config()?;
+    let kernel_release = after_disk::kernel_release();
+    boot.load_modules().await?;
+    boot.watch_power_buttons();
+    let mut fw_cfg = boot.read_fw_cfg()?;
+    boot.bring_up_net(&config).await?;
+    boot.open_tpm(&config.tpm_device).await?;
+    boot.seed_entropy().await?;
+    let nonce = boot.nonce(fw_cfg.quote_nonce.take()).await?;
+    let measurement = boot.measure().await?;
+    let enrollment = boot.enrollment(&config, &mut fw_cfg).await?;
+    let outcome = boot
+        .state_disk(&config.state_disk, fw_cfg.state_disk_key.take(), enrollment)
+        .await?;
+    let (role, node_name) = after_disk::role(&config, outcome, &measurement);
+    boot.report(nonce, measurement, &config, &kernel_release)
+        .await?;
+    after_disk::emit_event_log();
+    boot.run_node(&config, role, node_name).await
+}

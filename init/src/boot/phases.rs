@@ -1,0 +1,207 @@
+//! The phases before the state disk: configuration, kernel modules, fw_cfg, network, the TPM,
+//! entropy, the nonce and the `enter-initrd` measurement. Each is one method of [`Boot`].
+
+use std::path::Path;
+
+use hawser_attestation::tpm::Tpm;
+use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
+use tracing::info;
+
+use super::context::{Boot, blocking};
+use super::{BootError, ENTROPY_BYTES, GENERATED_NONCE_BYTES, LINUX, ShutdownRequest, TPM_WAIT};
+use crate::attest::{self, Measurement, NonceSource, TpmStepError, step as tpm_step};
+use crate::config::{self, CmdlineConfig, FwCfgConfig, RebootPolicy};
+use crate::fatal;
+use crate::modules;
+use crate::platform::{console, entropy, fw_cfg, net, poll, power_button};
+
+impl Boot {
+    /// The measured configuration from the kernel command line; sets the reboot policy and
+    /// the log level.
+    pub(super) fn read_config(&mut self) -> Result<CmdlineConfig, BootError> {
+        let config = self.time("cmdline", || {
+            let cmdline =
+                std::fs::read_to_string("/proc/cmdline").map_err(BootError::ReadCmdline)?;
+            config::parse_kernel_cmdline(&cmdline).map_err(|e| {
+                fatal::set_reboot_policy(config::reboot_policy_or_default(&cmdline));
+                BootError::Config(e)
+            })
+        })?;
+        fatal::set_reboot_policy(config.reboot_policy);
+        console::set_level(config.log_level);
+        if config.reboot_policy == RebootPolicy::HaltForever {
+            info!("hawser.reboot_delay=0: a fatal error halts the machine forever");
+        }
+        for warning in &config.warnings {
+            self.warn(warning.clone());
+        }
+        Ok(config)
+    }
+
+    /// Kernel modules (decompressing .ko.xz takes a while: off the event loop). An optional
+    /// module the machine cannot use was logged as a warning; the boot report lists it too.
+    pub(super) async fn load_modules(&mut self) -> Result<(), BootError> {
+        let kernel_modules = self
+            .time_blocking("modules", || {
+                modules::load_table(&LINUX, hawser_kmod::BOOT_MODULE_TABLE)
+            })
+            .await??;
+        info!("{kernel_modules}");
+        self.keep_warnings(kernel_modules.skipped.iter().map(ToString::to_string));
+        Ok(())
+    }
+
+    /// Turns presses of the ACPI power button into shutdown requests.
+    pub(super) fn watch_power_buttons(&mut self) {
+        let buttons = power_button::find_power_buttons(Path::new("/sys"), Path::new("/dev"));
+        if buttons.is_empty() {
+            self.warn(
+                "no ACPI power button input device found; power-button shutdown requests are \
+                 ignored",
+            );
+            return;
+        }
+        for button in buttons {
+            let requests = self.requests().clone();
+            tokio::spawn(async move {
+                match power_button::wait_for_press(&button).await {
+                    Ok(()) => {
+                        let _ = requests.send(ShutdownRequest::PowerButton).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!("stopped watching power button {}: {e}", button.display())
+                    }
+                }
+            });
+        }
+    }
+
+    /// The unmeasured configuration from fw_cfg.
+    pub(super) fn read_fw_cfg(&mut self) -> Result<FwCfgConfig, BootError> {
+        let parsed = self.time("fw-cfg", || {
+            let mut entries = fw_cfg::read_entries(Path::new(fw_cfg::FW_CFG_HAWSER_DIR))?;
+            let parsed = config::parse_fw_cfg(&entries);
+            // The raw entries may hold key material (the development state disk key).
+            entries.values_mut().for_each(zeroize::Zeroize::zeroize);
+            Ok::<_, BootError>(parsed?)
+        })?;
+        for warning in &parsed.warnings {
+            self.warn(warning.clone());
+        }
+        Ok(parsed)
+    }
+
+    /// The network, when `hawser.net` asks for it.
+    pub(super) async fn bring_up_net(&mut self, config: &CmdlineConfig) -> Result<(), BootError> {
+        let Some(net) = &config.net else {
+            return Ok(());
+        };
+        let nic = self.time_async("net", net::bring_up(net)).await?;
+        info!(
+            "network: {nic} is {}/{}{}",
+            net.address,
+            net.prefix_len,
+            net.gateway.map(|g| format!(" via {g}")).unwrap_or_default()
+        );
+        Ok(())
+    }
+
+    /// Waits for the TPM's device node and opens it.
+    pub(super) async fn open_tpm(&mut self, device: &Path) -> Result<(), BootError> {
+        self.time_async("tpm-wait", wait_for_device(device, TPM_WAIT))
+            .await?;
+        let tcti = format!("device:{}", device.display());
+        let tpm = self
+            .time_blocking("tpm-open", move || Tpm::open(&tcti))
+            .await?
+            .map_err(tpm_step("open the TPM"))?;
+        self.set_tpm(tpm);
+        Ok(())
+    }
+
+    /// Seeds the kernel pool from the TPM, before anything (libcrypto's session nonces) calls
+    /// a blocking getrandom.
+    pub(super) async fn seed_entropy(&mut self) -> Result<(), BootError> {
+        let crng_was_ready = entropy::crng_ready();
+        let tpm = self.tpm()?;
+        let seeded = self
+            .time_blocking("entropy", move || {
+                let seed = tpm
+                    .get_random(ENTROPY_BYTES)
+                    .map_err(tpm_step("get random bytes from the TPM"))?;
+                Ok::<_, TpmStepError>(entropy::add_entropy(&seed))
+            })
+            .await??;
+        if let Err(e) = seeded {
+            self.warn(format!(
+                "cannot seed the kernel's random pool: {}",
+                crate::platform::error_chain(&e)
+            ));
+        }
+        info!(
+            "seeded the kernel random pool with {ENTROPY_BYTES} bytes from the TPM (CRNG was {}ready before)",
+            if crng_was_ready { "" } else { "not " }
+        );
+        Ok(())
+    }
+
+    /// The quote's nonce: fw_cfg's, or one from the TPM.
+    pub(super) async fn nonce(
+        &mut self,
+        from_fw_cfg: Option<Vec<u8>>,
+    ) -> Result<(Vec<u8>, NonceSource), BootError> {
+        if let Some(nonce) = from_fw_cfg {
+            return Ok((nonce, NonceSource::FwCfg));
+        }
+        let tpm = self.tpm()?;
+        let nonce = blocking(move || tpm.get_random(GENERATED_NONCE_BYTES))
+            .await?
+            .map_err(tpm_step("get a nonce from the TPM"))?;
+        Ok((nonce, NonceSource::Generated))
+    }
+
+    /// PCR 11 ← `enter-initrd`, and the PCRs after it.
+    pub(super) async fn measure(&mut self) -> Result<Measurement, BootError> {
+        let tpm = self.tpm()?;
+        let measurement = self
+            .time_blocking("measure", move || attest::measure_enter_initrd(&tpm))
+            .await??;
+        info!("measured phase {PHASE_ENTER_INITRD} into PCR {PCR_KERNEL_BOOT}");
+        Ok(measurement)
+    }
+}
+
+/// Waits until `path` exists (devtmpfs creates TPM nodes when the driver probes).
+pub async fn wait_for_device(path: &Path, limit: std::time::Duration) -> Result<(), BootError> {
+    if poll::wait_for_path(path, limit, std::time::Duration::from_millis(10)).await {
+        return Ok(());
+    }
+    Err(BootError::NoTpm {
+        path: path.to_owned(),
+        waited: limit,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_missing_tpm_is_reported_with_its_path_after_the_wait() {
+        let err = wait_for_device(Path::new("/dev/tpm-does-not-exist"), TPM_WAIT)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "no TPM device: /dev/tpm-does-not-exist did not appear within 5 s"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_existing_device_is_found_at_once() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        wait_for_device(file.path(), Duration::ZERO).await.unwrap();
+    }
+}

@@ -1,0 +1,193 @@
+//! The state disk phase, as three steps with the race for the key in the middle:
+//!
+//! 1. **prepare** (blocking): find the disk, probe it, decide format or open
+//!    ([`disk::prepare`]) — a typed plan that names the LUKS2 UUID the key is for;
+//! 2. **race** (async): the join client against the init server ([`Enrollment::race`]) — the
+//!    key comes back by value, as a [`KeyGrant`]; with the development source, fw_cfg's key;
+//! 3. **apply** (blocking): check the key against the disk's LUKS2 digest
+//!    ([`disk::Prepared::verify`]), only then take the node lock (PCR 15 ← cluster ID,
+//!    [`KeyGrant::take_lock`]), then format or open, map and mount ([`disk::Prepared::apply`]).
+//!
+//! A key that does not open the disk is refused before the node lock: the node never marks
+//! itself as a cluster's for a disk it cannot open.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use super::BootError;
+use super::context::Boot;
+use crate::config::{CmdlineConfig, FwCfgConfig};
+use crate::disk::key::{KeySource as _, VolumeKey};
+use crate::disk::{self, DiskError, KeyChoice, LinuxPlatform, StateDiskConfig};
+use crate::enrollment::client::JoinClient;
+use crate::enrollment::init_server::INIT_PORT;
+use crate::enrollment::race::{Enrollment, KeyGrant, Outcome};
+use crate::enrollment::{
+    INSECURE_TRUST_WARNING, JoinServiceTrust, PROVIDER_CA_PATH, join_service_policy,
+};
+use crate::platform::error_chain;
+
+impl Boot {
+    /// The race's contestants, when the state disk key comes from the cluster: the join
+    /// client (if an endpoint is configured) and the init server (`hawser init`/`recover`).
+    pub(super) async fn enrollment(
+        &mut self,
+        config: &CmdlineConfig,
+        fw_cfg: &mut FwCfgConfig,
+    ) -> Result<Option<Enrollment>, BootError> {
+        if config.state_disk.key_source != crate::disk::key::KeySourceKind::JoinService {
+            return Ok(None);
+        }
+        let tpm = self.tpm()?;
+        let issuer = {
+            let tpm = Arc::clone(&tpm);
+            Arc::new(
+                super::context::blocking(move || hawser_attestation::TpmIssuer::new(tpm))
+                    .await?
+                    .map_err(BootError::Issuer)?,
+            )
+        };
+        let endpoint = config.join_endpoint.clone().or(fw_cfg.join_endpoint.take());
+        let join = match endpoint {
+            Some(endpoint) => {
+                let trust = config.join_service_trust;
+                if trust == JoinServiceTrust::InsecureDev {
+                    self.keep_warnings([INSECURE_TRUST_WARNING.to_owned()]);
+                }
+                let policy = super::context::blocking(move || {
+                    join_service_policy(trust, &tpm, Path::new(PROVIDER_CA_PATH))
+                })
+                .await??;
+                Some(
+                    JoinClient::new(endpoint, policy, Arc::clone(&issuer))
+                        .control_plane(fw_cfg.control_plane),
+                )
+            }
+            None => None,
+        };
+        Ok(Some(Enrollment::new(join, INIT_PORT, issuer)))
+    }
+
+    /// Brings the state disk up (prepare → race → apply); the race's outcome when the key
+    /// came from the cluster.
+    pub(super) async fn state_disk(
+        &mut self,
+        config: &StateDiskConfig,
+        fw_cfg_key: Option<VolumeKey>,
+        enrollment: Option<Enrollment>,
+    ) -> Result<Option<Outcome>, BootError> {
+        let choice = disk::choose_key(config, fw_cfg_key, enrollment, |w| self.warn(w))?;
+        if let KeyChoice::None = choice {
+            return Ok(None);
+        }
+        // 1. prepare
+        let device = self
+            .time_async("state-disk-find", disk::find(config))
+            .await?;
+        let platform = Arc::new(LinuxPlatform {
+            disk: device.clone(),
+            registry: self.registry().clone(),
+            mounts: self.mounts().clone(),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let integrity = config.integrity;
+        let prepared = {
+            let platform = Arc::clone(&platform);
+            self.with_timer_blocking(move |timer| {
+                disk::prepare(&device, integrity, platform.as_ref(), timer)
+            })
+            .await??
+        };
+        // 2. race (or the development key)
+        let (uuid, len, status) = (
+            prepared.luks_uuid().to_owned(),
+            prepared.key_len(),
+            prepared.status(),
+        );
+        let enrollment = match choice {
+            KeyChoice::None => return Ok(None),
+            KeyChoice::Fixed(fixed) => {
+                let key = self
+                    .time("state-disk-key", || fixed.volume_key(&uuid, len, status))
+                    .map_err(|e| DiskError::Lifecycle {
+                        device: prepared.device().to_owned(),
+                        source: e.into(),
+                    })?;
+                // 3. apply
+                let warnings = self
+                    .with_timer_blocking(move |timer| {
+                        let key = prepared.verify(key, timer)?;
+                        prepared.apply(key, platform.as_ref(), timer)
+                    })
+                    .await??;
+                self.warn_all(warnings);
+                return Ok(None);
+            }
+            KeyChoice::Cluster(enrollment) => enrollment,
+        };
+        let grant = self
+            .time_async("state-disk-key", enrollment.race(&uuid, len, status))
+            .await
+            .map_err(|source| BootError::StateDiskKey {
+                device: prepared.device().to_owned(),
+                source: Box::new(source),
+            })?;
+        // 3. apply: the key against the disk, then the lock, then the disk.
+        let key = grant.key();
+        let verified = self
+            .with_timer_blocking(move |timer| {
+                let verified = prepared.verify(key, timer);
+                (prepared, verified)
+            })
+            .await?;
+        let (prepared, key) = match verified {
+            (prepared, Ok(key)) => (prepared, key),
+            (_, Err(e)) => return Err(fail_admin(grant, e)),
+        };
+        let outcome = self.lock(grant, &enrollment, &prepared).await?;
+        let applied = self
+            .with_timer_blocking(move |timer| prepared.apply(key, platform.as_ref(), timer))
+            .await?;
+        match applied {
+            Ok(warnings) => {
+                self.warn_all(warnings);
+                Ok(Some(outcome))
+            }
+            Err(e) => {
+                // The admin whose request won learns why the node cannot go on.
+                if let Some((_, progress)) = outcome.admin {
+                    progress.fail(&format!("the state disk: {}", error_chain(&e)));
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Takes the node lock for the race's winner (PCR 15 ← cluster ID).
+    async fn lock(
+        &mut self,
+        grant: KeyGrant,
+        enrollment: &Enrollment,
+        prepared: &disk::Prepared,
+    ) -> Result<Outcome, BootError> {
+        let (lock, tpm) = (enrollment.node_lock(), self.tpm()?);
+        super::context::blocking(move || grant.take_lock(&lock, &tpm))
+            .await?
+            .map_err(|source| BootError::StateDiskKey {
+                device: prepared.device().to_owned(),
+                source: Box::new(source),
+            })
+    }
+
+    fn warn_all(&mut self, warnings: Vec<String>) {
+        for warning in warnings {
+            self.warn(warning);
+        }
+    }
+}
+
+/// A key that does not open the disk: the winning admin learns why, and the boot stops.
+fn fail_admin(grant: KeyGrant, error: DiskError) -> BootError {
+    grant.fail(&format!("the state disk: {}", error_chain(&error)));
+    error.into()
+}

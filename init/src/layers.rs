@@ -1,0 +1,129 @@
+//! The layers of `init/src`, checked: the platform layer imports no domain module, and no two
+//! top-level modules import each other, directly or around a circle.
+//!
+//! ```text
+//! boot ─ the script of phases over a Boot context                       (top)
+//! fatal, shutdown ─ the ways down                                       (below boot)
+//! enrollment, disk, rootfs, node, kubeadm, supervisor, modules, config, attest  (domain)
+//! platform ─ syscalls, block devices, device-mapper, random, console, … (bottom)
+//! ```
+//!
+//! The check reads the sources (non-test code only: everything before a file's first
+//! `#[cfg(test)]`, and no `tests.rs`) and collects the first path segment after each `crate::`.
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::{Path, PathBuf};
+
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// The top-level modules each top-level module's non-test code names through `crate::`.
+    fn imports() -> BTreeMap<String, BTreeSet<String>> {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for file in files {
+            let relative = file.strip_prefix(&src).unwrap();
+            let first = relative.components().next().unwrap();
+            let module = first.as_os_str().to_str().unwrap().trim_end_matches(".rs");
+            if ["lib", "main", "layers"].contains(&module) {
+                continue;
+            }
+            if file.file_name().is_some_and(|name| name == "tests.rs") {
+                continue; // a module's unit tests, in their own file
+            }
+            let text = std::fs::read_to_string(&file).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap();
+            let targets = graph.entry(module.to_owned()).or_default();
+            for line in code.lines() {
+                let line = line.split("//").next().unwrap();
+                for (i, _) in line.match_indices("crate::") {
+                    let rest = &line[i + "crate::".len()..];
+                    let names: Vec<&str> = if let Some(group) = rest.strip_prefix('{') {
+                        // `use crate::{a, b::c}`: the group's first segments.
+                        group
+                            .split(',')
+                            .map(|part| part.trim().split("::").next().unwrap_or(""))
+                            .collect()
+                    } else {
+                        vec![
+                            rest.split(|c: char| !c.is_alphanumeric() && c != '_')
+                                .next()
+                                .unwrap(),
+                        ]
+                    };
+                    for name in names {
+                        let name = name.trim_matches(|c: char| !c.is_alphanumeric() && c != '_');
+                        if !name.is_empty() && name != module && name != "self" {
+                            targets.insert(name.to_owned());
+                        }
+                    }
+                }
+            }
+        }
+        graph
+    }
+
+    #[test]
+    fn the_platform_layer_imports_no_domain_module() {
+        let graph = imports();
+        assert_eq!(
+            graph["platform"],
+            BTreeSet::new(),
+            "platform/ must import only platform/"
+        );
+    }
+
+    #[test]
+    fn no_top_level_modules_import_each_other_in_a_circle() {
+        let graph = imports();
+        // Depth-first search for a back edge; report the circle it closes.
+        fn visit(
+            node: &str,
+            graph: &BTreeMap<String, BTreeSet<String>>,
+            path: &mut Vec<String>,
+            done: &mut BTreeSet<String>,
+        ) -> Option<Vec<String>> {
+            if let Some(at) = path.iter().position(|n| n == node) {
+                let mut circle = path[at..].to_vec();
+                circle.push(node.to_owned());
+                return Some(circle);
+            }
+            if done.contains(node) {
+                return None;
+            }
+            path.push(node.to_owned());
+            for next in graph.get(node).into_iter().flatten() {
+                if let Some(circle) = visit(next, graph, path, done) {
+                    return Some(circle);
+                }
+            }
+            path.pop();
+            done.insert(node.to_owned());
+            None
+        }
+        let mut done = BTreeSet::new();
+        for node in graph.keys() {
+            let circle = visit(node, &graph, &mut Vec::new(), &mut done);
+            assert_eq!(circle, None, "an import circle between top-level modules");
+        }
+    }
+
+    #[test]
+    fn the_check_sees_imports() {
+        let graph = imports();
+        assert!(graph["boot"].contains("platform"), "{graph:?}");
+        assert!(graph["disk"].contains("platform"), "{graph:?}");
+    }
+}
