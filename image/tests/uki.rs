@@ -18,6 +18,7 @@ use hawser_image::test_support;
 use hawser_image::uki::{
     Image, UkiError, UkiSections, assemble_uki, pe_checksum, read_uki_sections,
 };
+use hawser_pe::PeError;
 
 // ---------------------------------------------------------------------------------------------
 // Inputs
@@ -155,6 +156,18 @@ fn objdump_field(bytes: &[u8], field: &str) -> u64 {
         .unwrap_or_else(|| panic!("objdump -x prints no {field}"));
     let value = line.split_whitespace().nth(1).expect("a value");
     u64::from_str_radix(value, 16).unwrap_or_else(|_| panic!("{field} is not hex: {value}"))
+}
+
+/// The error and its causes, as a chain printer shows them.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 fn u16_at(b: &[u8], o: usize) -> u16 {
@@ -696,8 +709,15 @@ fn not_a_pe_is_refused() {
     for bad in [&b""[..], b"M", b"MZ", b"\x7fELF\x02\x01\x01", &[0u8; 4096]] {
         let err = assemble_uki(bad, &small_sections()).unwrap_err();
         assert!(
-            matches!(err, UkiError::NotPe { .. } | UkiError::Truncated { .. }),
-            "{bad:?}: {err}"
+            matches!(
+                err,
+                UkiError::Pe {
+                    source: PeError::NotPe { .. } | PeError::Truncated { .. },
+                    ..
+                }
+            ),
+            "{bad:?}: {}",
+            error_chain(&err)
         );
         assert!(read_uki_sections(bad).is_err());
     }
@@ -708,14 +728,14 @@ fn not_a_pe_is_refused() {
     assert!(
         matches!(
             err,
-            UkiError::NotPe {
+            UkiError::Pe {
                 image: Image::Stub,
-                ..
+                source: PeError::NotPe { .. },
             }
         ),
         "{err}"
     );
-    assert!(err.to_string().contains("0x80"), "{err}");
+    assert!(error_chain(&err).contains("0x80"), "{}", error_chain(&err));
 }
 
 #[test]

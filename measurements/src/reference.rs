@@ -523,7 +523,7 @@ impl fmt::Display for Diff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pe::tests::tiny_pe;
+    use hawser_pe::test_support::tiny_pe;
 
     fn uki(cmdline: &[u8], initrd: &[u8]) -> Vec<u8> {
         let kernel = tiny_pe(&[(".text", b"kernel code")]);
