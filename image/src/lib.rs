@@ -11,7 +11,7 @@
 //! - [`initramfs`]: the newc archive ([`cpio`]) with /init, its libraries, the kernel modules
 //!   PID 1 loads, and the merged-/usr skeleton, zstd-compressed;
 //! - [`uki`]: the PE assembly of the unified kernel image;
-//! - [`build`]: the orchestration writing `hawser.efi`, `initrd.cpio.zst`, `vmlinuz`, `cmdline`
+//! - [`build`](mod@build): the orchestration writing `hawser.efi`, `initrd.cpio.zst`, `vmlinuz`, `cmdline`
 //!   and `manifest.json`;
 //! - [`pipeline`]: fetch + compile PID 1 + build, as the CLI runs it ([`compile`]: the
 //!   reproducible cargo builds of PID 1 and the rootfs's binaries).

@@ -10,7 +10,7 @@
 //! offset, and fails with a [`PeError`] that says which structure lies where, never a panic.
 //! What each consumer does with the result stays in that consumer: the Authenticode byte ranges
 //! in `hawser-measurements`, the ukify-compatible writing in `hawser-image` (which writes the
-//! fields at the offsets in [`format`]).
+//! fields at the offsets in [`format`](mod@format)).
 //!
 //! The UKI and the kernel inside its `.linux` section are untrusted input to the predictor (a
 //! file given on the command line), so the reader also refuses what a firmware loader refuses:

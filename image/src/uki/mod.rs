@@ -77,9 +77,9 @@
 //! # Where the code is
 //!
 //! PE headers are read by `hawser-pe`, the reader the PCR predictor uses too; this module adds
-//! what the UKI needs on top (PE32+, x86_64, power-of-two alignments). [`assemble`] edits the
-//! stub into a UKI (writing fields at `hawser_pe::format`'s offsets), [`sbat`] is ukify's SBAT
-//! merge and [`checksum`] the PE checksum.
+//! what the UKI needs on top (PE32+, x86_64, power-of-two alignments). `assemble` edits the
+//! stub into a UKI (writing fields at `hawser_pe::format`'s offsets), `sbat` is ukify's SBAT
+//! merge and `checksum` the PE checksum.
 
 use std::fmt;
 
@@ -115,8 +115,9 @@ pub enum UkiError {
     /// header area, an empty section table).
     #[error("the {image} is malformed: {reason}")]
     Malformed { image: Image, reason: String },
-    /// A header field to be written lies beyond the end of the image being edited (a stub
-    /// whose trailing symbol table starts inside its headers).
+    /// A header field or section to be edited lies beyond the end of the image being edited
+    /// (a stub whose trailing symbol table, which is stripped, starts inside its headers or
+    /// sections).
     #[error(
         "the {image} is truncated: the {what} needs bytes {offset:#x}..{end:#x} but the file has {len:#x} bytes"
     )]
