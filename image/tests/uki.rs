@@ -158,18 +158,6 @@ fn objdump_field(bytes: &[u8], field: &str) -> u64 {
     u64::from_str_radix(value, 16).unwrap_or_else(|_| panic!("{field} is not hex: {value}"))
 }
 
-/// The error and its causes, as a chain printer shows them.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
-
 fn u16_at(b: &[u8], o: usize) -> u16 {
     u16::from_le_bytes([b[o], b[o + 1]])
 }
@@ -717,7 +705,7 @@ fn not_a_pe_is_refused() {
                 }
             ),
             "{bad:?}: {}",
-            error_chain(&err)
+            test_support::error_chain(&err)
         );
         assert!(read_uki_sections(bad).is_err());
     }
@@ -735,7 +723,11 @@ fn not_a_pe_is_refused() {
         ),
         "{err}"
     );
-    assert!(error_chain(&err).contains("0x80"), "{}", error_chain(&err));
+    assert!(
+        test_support::error_chain(&err).contains("0x80"),
+        "{}",
+        test_support::error_chain(&err)
+    );
 }
 
 #[test]
