@@ -586,7 +586,7 @@ fn run_explain(
         raw
     } else {
         match eventlog::find_in_console(&String::from_utf8_lossy(&raw)) {
-            Some(decoded) => decoded.map_err(anyhow::Error::msg)?,
+            Some(decoded) => decoded?,
             None => bail!(
                 "{} is neither a binary event log nor a console log with a {}line; PID 1 prints it after the boot report",
                 log_source.display(),

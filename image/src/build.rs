@@ -239,9 +239,7 @@ pub fn build(inputs: &BuildInputs, out_dir: &Path) -> Result<BuildOutput, ImageE
             entries: &initrd.manifest,
         },
     };
-    let mut manifest_json = serde_json::to_vec_pretty(&manifest).map_err(|e| {
-        ImageError::InvalidInput(format!("the build manifest cannot be serialised: {e}"))
-    })?;
+    let mut manifest_json = serde_json::to_vec_pretty(&manifest).map_err(ImageError::Manifest)?;
     manifest_json.push(b'\n');
     let manifest_path = write_output(out_dir, MANIFEST_FILE, &manifest_json)?.path;
     tracing::info!(

@@ -45,15 +45,19 @@ const MAX_SYMLINKS: usize = 40;
 #[derive(Debug, thiserror::Error)]
 pub enum ClosureError {
     /// A file could not be read.
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     /// A file is not an ELF object this loader can use.
-    #[error("{path} is not a usable ELF object: {reason}")]
-    BadElf { path: PathBuf, reason: String },
+    #[error("{path} is not a usable ELF object")]
+    BadElf {
+        path: PathBuf,
+        #[source]
+        source: ElfError,
+    },
     /// A statically linked executable has no closure to ship; refuse so the caller notices.
     #[error("{path} has no PT_INTERP: it is not a dynamically linked executable")]
     NotDynamic { path: PathBuf },
@@ -95,6 +99,20 @@ pub enum ClosureError {
     /// A name that cannot be a file name in the library directory.
     #[error("{what} {name:?} is not a plain file name")]
     BadName { what: &'static str, name: String },
+}
+
+/// What is wrong with an ELF file the closure reads.
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    /// The ELF structures could not be read (not a 64-bit ELF file, or truncated).
+    #[error("its ELF structures cannot be read")]
+    Object(#[from] object::read::Error),
+    /// An ELF file for another machine.
+    #[error("machine {machine} is not x86-64")]
+    NotX86_64 { machine: u16 },
+    /// A string the loader uses is not UTF-8.
+    #[error("{what} is not UTF-8")]
+    NotUtf8 { what: &'static str },
 }
 
 /// A file to copy into the initramfs.
@@ -390,66 +408,55 @@ fn read(path: &Path) -> Result<Vec<u8>, ClosureError> {
 }
 
 /// `e_machine` of a little-endian ELF64 file.
-fn elf_machine(data: &[u8]) -> Result<u16, String> {
-    let header = object::elf::FileHeader64::<object::Endianness>::parse(data)
-        .map_err(|e| format!("not a 64-bit ELF file ({e})"))?;
-    let endian = header.endian().map_err(|e| e.to_string())?;
+fn elf_machine(data: &[u8]) -> Result<u16, ElfError> {
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(data)?;
+    let endian = header.endian()?;
     Ok(header.e_machine(endian))
 }
 
 /// Reads interpreter, needed sonames and own soname of an x86-64 ELF file.
 fn read_elf(path: &Path) -> Result<ElfDeps, ClosureError> {
     let data = read(path)?;
-    parse_elf(&data).map_err(|reason| ClosureError::BadElf {
+    parse_elf(&data).map_err(|source| ClosureError::BadElf {
         path: path.to_owned(),
-        reason,
+        source,
     })
 }
 
-fn parse_elf(data: &[u8]) -> Result<ElfDeps, String> {
-    let header = object::elf::FileHeader64::<object::Endianness>::parse(data)
-        .map_err(|e| format!("not a 64-bit ELF file ({e})"))?;
-    let endian = header.endian().map_err(|e| e.to_string())?;
+fn parse_elf(data: &[u8]) -> Result<ElfDeps, ElfError> {
+    let header = object::elf::FileHeader64::<object::Endianness>::parse(data)?;
+    let endian = header.endian()?;
     if header.e_machine(endian) != EM_X86_64 {
-        return Err(format!(
-            "machine {} is not x86-64",
-            header.e_machine(endian)
-        ));
+        return Err(ElfError::NotX86_64 {
+            machine: header.e_machine(endian),
+        });
     }
     let mut interpreter = None;
-    for segment in header
-        .program_headers(endian, data)
-        .map_err(|e| e.to_string())?
-    {
+    for segment in header.program_headers(endian, data)? {
         if segment.p_type(endian) == PT_INTERP {
-            let bytes = segment
-                .interpreter(endian, data)
-                .map_err(|e| e.to_string())?
-                .unwrap_or_default();
+            let bytes = segment.interpreter(endian, data)?.unwrap_or_default();
             interpreter = Some(
                 std::str::from_utf8(bytes)
-                    .map_err(|_| "PT_INTERP is not UTF-8".to_owned())?
+                    .map_err(|_| ElfError::NotUtf8 { what: "PT_INTERP" })?
                     .to_owned(),
             );
         }
     }
-    let sections = header.sections(endian, data).map_err(|e| e.to_string())?;
+    let sections = header.sections(endian, data)?;
     let mut needed = Vec::new();
     let mut soname = None;
-    if let Some((entries, strtab_index)) =
-        sections.dynamic(endian, data).map_err(|e| e.to_string())?
-    {
-        let strings = sections
-            .strings(endian, data, strtab_index)
-            .map_err(|e| e.to_string())?;
+    if let Some((entries, strtab_index)) = sections.dynamic(endian, data)? {
+        let strings = sections.strings(endian, data, strtab_index)?;
         for entry in entries {
             let tag = entry.tag32(endian);
             if tag != Some(DT_NEEDED) && tag != Some(DT_SONAME) {
                 continue;
             }
-            let value = entry.string(endian, strings).map_err(|e| e.to_string())?;
+            let value = entry.string(endian, strings)?;
             let value = std::str::from_utf8(value)
-                .map_err(|_| "a dynamic string is not UTF-8".to_owned())?
+                .map_err(|_| ElfError::NotUtf8 {
+                    what: "a dynamic string",
+                })?
                 .to_owned();
             if tag == Some(DT_NEEDED) {
                 needed.push(value);

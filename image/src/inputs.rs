@@ -21,6 +21,8 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::tool::{self, IoError, ToolError, io_error};
+
 /// The Debian suite the image content comes from.
 pub const SUITE: &str = "trixie";
 
@@ -96,14 +98,19 @@ pub struct InputLock {
 #[derive(Debug, thiserror::Error)]
 pub enum InputError {
     /// The lock file is missing or unreadable.
-    #[error("cannot read the input lock {path}: {source}")]
+    #[error("cannot read the input lock {path}")]
     ReadLock {
         path: PathBuf,
+        #[source]
         source: std::io::Error,
     },
     /// The lock file is not valid TOML of the expected shape.
-    #[error("the input lock {path} is malformed: {reason}")]
-    ParseLock { path: PathBuf, reason: String },
+    #[error("the input lock {path} is malformed")]
+    ParseLock {
+        path: PathBuf,
+        #[source]
+        source: LockParseError,
+    },
     /// The lock lacks a package of a role the image needs.
     #[error("the input lock has no {role:?} package; regenerate it with `hawser image lock`")]
     MissingRole { role: Role },
@@ -116,6 +123,7 @@ pub enum InputError {
         name: String,
         version: String,
         url: String,
+        /// curl's exit status.
         reason: String,
     },
     /// A downloaded file's sha256 differs from the lock.
@@ -128,12 +136,14 @@ pub enum InputError {
         expected: String,
         actual: String,
     },
-    /// A host tool the inputs need failed or is missing.
-    #[error("`{command}` failed: {reason} (it comes with the Debian package {package})")]
+    /// A host tool the inputs need (curl, dpkg-deb, apt) could not run or failed.
+    #[error("{step} failed (the tool comes with the Debian package {package})")]
     Tool {
-        command: String,
+        /// What the tool was doing, e.g. `unpacking libc6`.
+        step: String,
         package: &'static str,
-        reason: String,
+        #[source]
+        source: ToolError,
     },
     /// apt could not resolve a wanted package.
     #[error("apt cannot resolve {name} in {suite}: {reason}")]
@@ -152,18 +162,20 @@ pub enum InputError {
         what: &'static str,
         dir: PathBuf,
     },
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// A file or directory of the input cache could not be read or written.
+    #[error(transparent)]
+    Io(#[from] IoError),
 }
 
-fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> InputError + '_ {
-    move |source| InputError::Io {
-        path: path.to_owned(),
-        source,
-    }
+/// Why lock text is not a valid input lock.
+#[derive(Debug, thiserror::Error)]
+pub enum LockParseError {
+    /// The text is not TOML of the lock's shape.
+    #[error("it is not TOML of the input lock's shape")]
+    Toml(#[from] toml::de::Error),
+    /// A package's sha256 is not 64 hex digits.
+    #[error("package {package} has a malformed sha256 {sha256:?}")]
+    MalformedSha256 { package: String, sha256: String },
 }
 
 impl InputLock {
@@ -173,21 +185,21 @@ impl InputLock {
             path: path.to_owned(),
             source,
         })?;
-        Self::parse(&text).map_err(|reason| InputError::ParseLock {
+        Self::parse(&text).map_err(|source| InputError::ParseLock {
             path: path.to_owned(),
-            reason,
+            source,
         })
     }
 
-    /// Parses lock text; the error is the parser's description of what is wrong.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let lock: Self = toml::from_str(text).map_err(|e| e.to_string())?;
+    /// Parses lock text.
+    pub fn parse(text: &str) -> Result<Self, LockParseError> {
+        let lock: Self = toml::from_str(text)?;
         for p in &lock.packages {
             if p.sha256.len() != 64 || !p.sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return Err(format!(
-                    "package {} has a malformed sha256 {:?}",
-                    p.name, p.sha256
-                ));
+                return Err(LockParseError::MalformedSha256 {
+                    package: p.name.clone(),
+                    sha256: p.sha256.clone(),
+                });
             }
         }
         Ok(lock)
@@ -260,7 +272,7 @@ pub fn fetch(lock: &InputLock, cache: &Path) -> Result<FetchedInputs, InputError
     let debs = cache.join("debs");
     let unpacked = cache.join("inputs");
     for dir in [&debs, &unpacked] {
-        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        std::fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
     }
     let mut roots = Vec::new();
     for (i, pkg) in lock.packages.iter().enumerate() {
@@ -284,7 +296,7 @@ pub fn fetch(lock: &InputLock, cache: &Path) -> Result<FetchedInputs, InputError
             ));
             download_verified(pkg, &deb)?;
             unpack(pkg, &deb, &root)?;
-            std::fs::write(&stamp, &pkg.sha256).map_err(io_err(&stamp))?;
+            std::fs::write(&stamp, &pkg.sha256).map_err(io_error("write", &stamp))?;
         }
         roots.push((pkg.role, pkg.name.clone(), root));
     }
@@ -322,9 +334,9 @@ pub fn cached(lock: &InputLock, cache: &Path) -> Result<FetchedInputs, InputErro
 }
 
 fn sha256_file(path: &Path) -> Result<String, InputError> {
-    let mut file = std::fs::File::open(path).map_err(io_err(path))?;
+    let mut file = std::fs::File::open(path).map_err(io_error("open", path))?;
     let mut hasher = Sha256::new();
-    std::io::copy(&mut file, &mut hasher).map_err(io_err(path))?;
+    std::io::copy(&mut file, &mut hasher).map_err(io_error("read", path))?;
     Ok(hex::encode(hasher.finalize()))
 }
 
@@ -346,10 +358,13 @@ fn download_verified(pkg: &LockedPackage, deb: &Path) -> Result<(), InputError> 
         .arg(&partial)
         .arg(&pkg.url)
         .status()
-        .map_err(|e| InputError::Tool {
-            command: "curl".into(),
+        .map_err(|source| InputError::Tool {
+            step: format!("downloading {}", pkg.name),
             package: "curl",
-            reason: e.to_string(),
+            source: ToolError::Spawn {
+                tool: "curl".into(),
+                source,
+            },
         })?;
     if !status.success() {
         let _ = std::fs::remove_file(&partial);
@@ -370,35 +385,23 @@ fn download_verified(pkg: &LockedPackage, deb: &Path) -> Result<(), InputError> 
             actual,
         });
     }
-    std::fs::rename(&partial, deb).map_err(io_err(deb))
+    std::fs::rename(&partial, deb).map_err(io_error("rename the download to", deb))?;
+    Ok(())
 }
 
 fn unpack(pkg: &LockedPackage, deb: &Path, root: &Path) -> Result<(), InputError> {
     let tmp = root.with_extension("unpacking");
     let _ = std::fs::remove_dir_all(&tmp);
     let _ = std::fs::remove_dir_all(root);
-    let out = Command::new("dpkg-deb")
-        .arg("-x")
-        .arg(deb)
-        .arg(&tmp)
-        .output()
-        .map_err(|e| InputError::Tool {
-            command: "dpkg-deb -x".into(),
+    tool::run_tool(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&tmp)).map_err(|source| {
+        InputError::Tool {
+            step: format!("unpacking {}", pkg.name),
             package: "dpkg",
-            reason: e.to_string(),
-        })?;
-    if !out.status.success() {
-        return Err(InputError::Tool {
-            command: format!("dpkg-deb -x {}", deb.display()),
-            package: "dpkg",
-            reason: format!(
-                "{} ({})",
-                String::from_utf8_lossy(&out.stderr).trim(),
-                pkg.name
-            ),
-        });
-    }
-    std::fs::rename(&tmp, root).map_err(io_err(root))
+            source,
+        }
+    })?;
+    std::fs::rename(&tmp, root).map_err(io_error("rename the unpacked tree to", root))?;
+    Ok(())
 }
 
 /// Finds kernel, modules and stub in the unpacked trees.
@@ -415,7 +418,7 @@ fn locate(
     let (_, kernel_name, kernel_root) = find(Role::Kernel)?;
     let modules_base = kernel_root.join("usr/lib/modules");
     let kernel_release = std::fs::read_dir(&modules_base)
-        .map_err(io_err(&modules_base))?
+        .map_err(io_error("list", &modules_base))?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .next()
@@ -479,7 +482,7 @@ impl PrivateApt {
         let dir = cache.join("apt");
         for sub in ["lists/partial", "archives/partial", "etc"] {
             let d = dir.join(sub);
-            std::fs::create_dir_all(&d).map_err(io_err(&d))?;
+            std::fs::create_dir_all(&d).map_err(io_error("create directory", &d))?;
         }
         let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
         let mut sources = String::new();
@@ -494,10 +497,10 @@ impl PrivateApt {
             let _ = writeln!(sources, "deb [signed-by={keyring}] {url} {suite} main");
         }
         let list = dir.join("etc/sources.list");
-        std::fs::write(&list, sources).map_err(io_err(&list))?;
+        std::fs::write(&list, sources).map_err(io_error("write", &list))?;
         let status = dir.join("status");
         if !status.exists() {
-            std::fs::write(&status, "").map_err(io_err(&status))?;
+            std::fs::write(&status, "").map_err(io_error("write", &status))?;
         }
         Ok(Self { dir })
     }
@@ -522,22 +525,12 @@ impl PrivateApt {
     }
 
     fn run(&self, tool: &str, args: &[&str]) -> Result<String, InputError> {
-        let out = self
-            .command(tool)
-            .args(args)
-            .output()
-            .map_err(|e| InputError::Tool {
-                command: tool.into(),
+        let out =
+            tool::run_tool(self.command(tool).args(args)).map_err(|source| InputError::Tool {
+                step: format!("{tool} {}", args.join(" ")),
                 package: "apt",
-                reason: e.to_string(),
+                source,
             })?;
-        if !out.status.success() {
-            return Err(InputError::Tool {
-                command: format!("{tool} {}", args.join(" ")),
-                package: "apt",
-                reason: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            });
-        }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }
@@ -647,6 +640,7 @@ mod tests {
         assert!(
             InputLock::parse(&broken)
                 .unwrap_err()
+                .to_string()
                 .contains("malformed sha256")
         );
     }

@@ -11,7 +11,7 @@
 //! - [`initramfs`]: the newc archive ([`cpio`]) with /init, its libraries, the kernel modules
 //!   PID 1 loads, and the merged-/usr skeleton, zstd-compressed;
 //! - [`uki`]: the PE assembly of the unified kernel image;
-//! - [`build`]: the orchestration writing `hawser.efi`, `initrd.cpio.zst`, `vmlinuz`, `cmdline`
+//! - [`build`](mod@build): the orchestration writing `hawser.efi`, `initrd.cpio.zst`, `vmlinuz`, `cmdline`
 //!   and `manifest.json`;
 //! - [`pipeline`]: fetch + compile PID 1 + build, as the CLI runs it ([`compile`]: the
 //!   reproducible cargo builds of PID 1 and the rootfs's binaries).
@@ -27,6 +27,7 @@ pub mod pipeline;
 pub mod rootfs;
 #[doc(hidden)]
 pub mod test_support;
+pub mod tool;
 pub mod uki;
 
 use std::path::PathBuf;
@@ -52,33 +53,31 @@ pub use build::{BuildInputs, BuildOutput, build, default_os_release};
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     /// A file or directory could not be read or written.
-    #[error("cannot {action} {path}: {source}")]
-    Io {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] tool::IoError),
     /// The initramfs archive refused an entry.
-    #[error("assembling the initramfs failed: {0}")]
+    #[error("assembling the initramfs failed")]
     Cpio(#[from] cpio::CpioError),
     /// The init binary's libraries could not be resolved in the library roots.
-    #[error("resolving the init binary's shared libraries failed: {0}")]
+    #[error("resolving the init binary's shared libraries failed")]
     Closure(#[from] closure::ClosureError),
     /// The kernel modules PID 1 loads could not be resolved.
-    #[error("resolving kernel modules in {modules_dir} failed: {source}")]
+    #[error("resolving kernel modules in {modules_dir} failed")]
     Modules {
         modules_dir: PathBuf,
         #[source]
         source: hawser_kmod::KmodError,
     },
     /// zstd compression failed.
-    #[error("compressing the initramfs with zstd failed: {0}")]
+    #[error("compressing the initramfs with zstd failed")]
     Compress(#[source] std::io::Error),
     /// The UKI could not be assembled.
-    #[error("assembling the UKI failed: {0}")]
+    #[error("assembling the UKI failed")]
     Uki(#[from] uki::UkiError),
-    /// The build inputs are inconsistent.
+    /// The build manifest could not be serialised as JSON.
+    #[error("the build manifest cannot be serialised")]
+    Manifest(#[source] serde_json::Error),
+    /// The build inputs are inconsistent (the text says how).
     #[error("invalid build input: {0}")]
     InvalidInput(String),
 }
@@ -90,10 +89,12 @@ impl ImageError {
         path: impl Into<PathBuf>,
     ) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();
-        move |source| ImageError::Io {
-            action,
-            path,
-            source,
+        move |source| {
+            ImageError::Io(tool::IoError {
+                action,
+                path,
+                source,
+            })
         }
     }
 }

@@ -61,17 +61,29 @@ impl PipelineOptions {
 /// Why the pipeline stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
+    /// The inputs could not be locked, fetched or unpacked.
     #[error(transparent)]
     Inputs(#[from] inputs::InputError),
+    /// The initramfs or UKI could not be built.
     #[error(transparent)]
     Build(#[from] crate::ImageError),
     /// Compiling PID 1 failed; cargo's own output says why.
     #[error("compiling the init binary failed: `{command}` exited with {status}")]
     Compile { command: String, status: String },
-    #[error("cannot run cargo: {0}")]
-    Cargo(std::io::Error),
+    /// cargo could not be started.
+    #[error("cannot run cargo")]
+    Cargo(#[source] std::io::Error),
+    /// The provider CA file given for the image could not be read.
+    #[error("cannot read the provider CA {path}")]
+    ProviderCa {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The rootfs could not be built.
     #[error(transparent)]
     Rootfs(#[from] rootfs::RootfsError),
+    /// The disk image could not be built.
     #[error(transparent)]
     Disk(#[from] disk::DiskError),
 }
@@ -242,11 +254,9 @@ pub fn build_node_image(
 
 /// Reads a provider CA PEM file, refusing one without a certificate.
 fn read_provider_ca(path: &Path) -> Result<String, PipelineError> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        PipelineError::Build(crate::ImageError::InvalidInput(format!(
-            "cannot read the provider CA {}: {e}",
-            path.display()
-        )))
+    let text = std::fs::read_to_string(path).map_err(|source| PipelineError::ProviderCa {
+        path: path.to_path_buf(),
+        source,
     })?;
     if !text.contains("-----BEGIN CERTIFICATE-----") {
         return Err(PipelineError::Build(crate::ImageError::InvalidInput(

@@ -86,6 +86,19 @@ pub fn require_tool(tool: &str, package: &str) -> PathBuf {
     crate::locate_tool(tool).unwrap_or_else(|| panic!("`{tool}` is missing: {}", install(package)))
 }
 
+/// An error and its causes joined with `": "`, as a chain printer (`{:#}` of anyhow) shows
+/// them: what a test asserts on when the text it looks for is in a cause.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

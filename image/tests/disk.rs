@@ -22,7 +22,7 @@ use hawser_disk_format::gpt::{
 use hawser_image::disk::{
     self, DiskError, DiskImage, DiskLayout, build_disk_image, derive_guid, verity_root_hash,
 };
-use hawser_image::test_support::require_tool;
+use hawser_image::test_support::{self, require_tool};
 
 const MIB: u64 = 1024 * 1024;
 /// 2023-11-14T22:13:20Z.
@@ -52,18 +52,6 @@ fn run(command: &mut Command) -> String {
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8(output.stdout).expect("utf-8 output")
-}
-
-/// The error and its causes, as the CLI prints them (`{:#}`).
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// `veritysetup format` of `rootfs` into `verity`, with a fixed salt and UUID (reproducible);
@@ -402,7 +390,7 @@ fn inconsistent_or_missing_inputs_are_refused_before_anything_is_written() {
     layout.rootfs = &inputs.verity;
     layout.verity = &inputs.rootfs;
     let error = build_disk_image(&layout, &out).unwrap_err();
-    let text = error_chain(&error);
+    let text = test_support::error_chain(&error);
     assert!(
         matches!(error, DiskError::VeritySuperblock { .. }),
         "{text}"

@@ -333,7 +333,7 @@ fn missing_library_in_roots_names_soname() {
         &inputs.kernel_release,
         0,
     );
-    let err = initramfs::build_initramfs(&spec).unwrap_err().to_string();
+    let err = test_support::error_chain(&initramfs::build_initramfs(&spec).unwrap_err());
     assert!(err.contains("\"libcrypto.so.3\""), "{err}");
 }
 

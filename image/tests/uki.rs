@@ -18,6 +18,7 @@ use hawser_image::test_support;
 use hawser_image::uki::{
     Image, UkiError, UkiSections, assemble_uki, pe_checksum, read_uki_sections,
 };
+use hawser_pe::PeError;
 
 // ---------------------------------------------------------------------------------------------
 // Inputs
@@ -696,8 +697,15 @@ fn not_a_pe_is_refused() {
     for bad in [&b""[..], b"M", b"MZ", b"\x7fELF\x02\x01\x01", &[0u8; 4096]] {
         let err = assemble_uki(bad, &small_sections()).unwrap_err();
         assert!(
-            matches!(err, UkiError::NotPe { .. } | UkiError::Truncated { .. }),
-            "{bad:?}: {err}"
+            matches!(
+                err,
+                UkiError::Pe {
+                    source: PeError::NotPe { .. } | PeError::Truncated { .. },
+                    ..
+                }
+            ),
+            "{bad:?}: {}",
+            test_support::error_chain(&err)
         );
         assert!(read_uki_sections(bad).is_err());
     }
@@ -708,14 +716,18 @@ fn not_a_pe_is_refused() {
     assert!(
         matches!(
             err,
-            UkiError::NotPe {
+            UkiError::Pe {
                 image: Image::Stub,
-                ..
+                source: PeError::NotPe { .. },
             }
         ),
         "{err}"
     );
-    assert!(err.to_string().contains("0x80"), "{err}");
+    assert!(
+        test_support::error_chain(&err).contains("0x80"),
+        "{}",
+        test_support::error_chain(&err)
+    );
 }
 
 #[test]

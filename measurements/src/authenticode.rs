@@ -30,7 +30,7 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::pe::{PeError, PeImage};
+use hawser_pe::{PeError, PeImage};
 
 /// The Authenticode sha256 of `pe` (see the module docs for the exact byte ranges).
 pub fn authenticode_sha256(pe: &PeImage<'_>) -> Result<[u8; 32], PeError> {
@@ -106,7 +106,7 @@ pub fn authenticode_sha256(pe: &PeImage<'_>) -> Result<[u8; 32], PeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pe::tests::{TINY_HEADERS as H, tiny_pe};
+    use hawser_pe::test_support::{TINY_HEADERS as H, tiny_pe};
 
     fn sha256(parts: &[&[u8]]) -> [u8; 32] {
         let mut h = Sha256::new();

@@ -508,9 +508,14 @@ fn device_path(mut p: &[u8]) -> String {
 /// The console line prefix under which hawser's PID 1 prints the event log, base64-encoded.
 pub const EVENT_LOG_MARKER: &str = "HAWSER_EVENT_LOG ";
 
+/// Why the event-log line found on a console cannot be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the {EVENT_LOG_MARKER}line is not valid base64")]
+pub struct ConsoleLogError(#[source] pub base64::DecodeError);
+
 /// Finds `HAWSER_EVENT_LOG <base64>` in console output and decodes it. `None` if there is no
-/// such line; an error message if the base64 is damaged.
-pub fn find_in_console(console: &str) -> Option<Result<Vec<u8>, String>> {
+/// such line; an error if the base64 is damaged.
+pub fn find_in_console(console: &str) -> Option<Result<Vec<u8>, ConsoleLogError>> {
     use base64::Engine as _;
     let line = console
         .lines()
@@ -522,7 +527,7 @@ pub fn find_in_console(console: &str) -> Option<Result<Vec<u8>, String>> {
     Some(
         base64::engine::general_purpose::STANDARD
             .decode(line.trim())
-            .map_err(|e| format!("the {EVENT_LOG_MARKER}line is not valid base64: {e}")),
+            .map_err(ConsoleLogError),
     )
 }
 

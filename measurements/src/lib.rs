@@ -7,8 +7,8 @@
 //! that replays them.
 //!
 //! - [`pcr`]: the sha256 extend operation and the systemd-compatible boot-phase words.
-//! - [`pe`], [`authenticode`]: a bounds-checked PE reader and the Authenticode hash firmware
-//!   extends into PCR 4.
+//! - [`pe`], [`authenticode`]: the bounds-checked PE reader (crate `hawser-pe`, shared with the
+//!   UKI builder) and the Authenticode hash firmware extends into PCR 4.
 //! - [`stub`]: what systemd-stub 257 and the Linux 6.12 EFI stub do with a UKI's sections.
 //! - [`predict`]: the predicted events and values of PCRs 4, 9, 11 (per boot phase), 12, 13, 15.
 //! - [`eventlog`]: the firmware's TCG event log (crypto-agile), its replay, and the console
@@ -24,10 +24,12 @@ pub mod authenticode;
 pub mod eventlog;
 pub mod explain;
 pub mod pcr;
-pub mod pe;
 pub mod predict;
 pub mod reference;
 pub mod stub;
+
+/// The PE reader, re-exported under its old path (`hawser_measurements::pe`).
+pub use hawser_pe as pe;
 
 pub use pcr::{
     PCR_CLUSTER_ID, PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, cluster_lock_pcr,

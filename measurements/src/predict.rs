@@ -20,8 +20,8 @@ use sha2::{Digest, Sha256};
 
 use crate::authenticode::authenticode_sha256;
 use crate::pcr::{PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, extend_sha256, phase_digest};
-use crate::pe::{PeError, PeImage};
 use crate::stub::{PCR11_SECTION_ORDER, UNMODELLED_SECTIONS, load_options_utf16, osrel_cpio};
+use hawser_pe::{PeError, PeImage};
 
 /// The PCRs a prediction covers (the firmware's own PCRs 0–3 and 5–7 are not predicted).
 pub const PREDICTED_PCRS: [u8; 6] = [4, 9, 11, 12, 13, 15];
@@ -446,7 +446,7 @@ fn initrd_measurement(
         }
         None => None,
     };
-    let mut parts: Vec<(String, crate::pe::Loaded<'_>)> = Vec::new();
+    let mut parts: Vec<(String, hawser_pe::Loaded<'_>)> = Vec::new();
     for name in [".ucode", ".initrd"] {
         if let Some(s) = pe.section(name) {
             let loaded = pe.loaded(s);
@@ -458,7 +458,7 @@ fn initrd_measurement(
     if let Some(cpio) = &osrel_cpio {
         parts.push((
             ".osrel as /.extra/os-release (systemd-stub's cpio)".to_owned(),
-            crate::pe::Loaded {
+            hawser_pe::Loaded {
                 data: cpio,
                 zeros: 0,
             },
@@ -509,7 +509,7 @@ pub(crate) fn size(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pe::tests::tiny_pe;
+    use hawser_pe::test_support::tiny_pe;
 
     fn sha(data: &[u8]) -> [u8; 32] {
         Sha256::digest(data).into()
@@ -692,7 +692,7 @@ mod tests {
             );
         }
         // Every single-byte corruption of the headers either predicts or fails cleanly.
-        for at in 0..crate::pe::tests::TINY_HEADERS {
+        for at in 0..hawser_pe::test_support::TINY_HEADERS {
             for value in [0x00, 0x7f, 0xff] {
                 let mut bad = uki.clone();
                 bad[at] = value;

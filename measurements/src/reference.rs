@@ -142,14 +142,18 @@ pub struct FileDigest {
 /// Why a reference file cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum ReferenceError {
-    #[error("the reference measurements are not valid JSON of the expected shape: {0}")]
+    /// The text is not JSON, or not of the reference file's shape.
+    #[error("the reference measurements are not valid JSON of the expected shape")]
     Json(#[from] serde_json::Error),
+    /// The file was written by a hawser with another format.
     #[error(
         "the reference measurements have format version {found}; this hawser reads version {FORMAT_VERSION}"
     )]
     Version { found: u32 },
+    /// A PCR value is not a sha256 digest in hex.
     #[error("the reference value of PCR {pcr} is not 64 hex digits: {value:?}")]
     BadValue { pcr: u8, value: String },
+    /// A key of the PCR map is not a PCR index.
     #[error("the reference names PCR {key}, but a TPM has PCRs 0 to 23")]
     PcrIndex { key: String },
 }
@@ -523,7 +527,7 @@ impl fmt::Display for Diff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pe::tests::tiny_pe;
+    use hawser_pe::test_support::tiny_pe;
 
     fn uki(cmdline: &[u8], initrd: &[u8]) -> Vec<u8> {
         let kernel = tiny_pe(&[(".text", b"kernel code")]);

@@ -1,64 +1,18 @@
-//! A bounds-checked reader for the parts of a PE/COFF image that measured boot depends on.
-//!
-//! Two consumers need the same facts about a PE file: the Authenticode hash (which firmware
-//! extends into PCR 4) needs the header size, the `CheckSum` and certificate-table fields and
-//! every section's file range; systemd-stub's PCR 11 measurements need each section's name,
-//! `VirtualSize` and file data. The UKI and the kernel inside its `.linux` section are both
-//! untrusted input here (a file given on the command line), so every offset is checked and every
-//! failure is a [`PeError`] that says which structure lies where, never a panic.
-//!
-//! Format reference: Microsoft "PE Format" (PE/COFF specification), sections "MS-DOS Stub",
-//! "Signature", "COFF File Header", "Optional Header", "Section Table".
+//! [`PeImage`]: a parsed PE image borrowing the file's bytes, its section table and the loaded
+//! view of a section.
 
 use std::fmt;
 
-/// Why a file is not a usable PE image.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PeError {
-    /// The file does not start like a PE image at all.
-    #[error("the {image} is not a PE image: {reason}")]
-    NotPe { image: String, reason: String },
-    /// A structure extends past the end of the file.
-    #[error(
-        "the {image} is truncated: {what} needs bytes {offset:#x}..{end:#x} but the file has only {len:#x} bytes"
-    )]
-    Truncated {
-        image: String,
-        what: String,
-        offset: u64,
-        end: u64,
-        len: usize,
-    },
-    /// The headers contradict each other or the PE format.
-    #[error("the {image} is malformed: {reason}")]
-    Malformed { image: String, reason: String },
-}
-
-/// Optional header magic of a PE32 image.
-pub const MAGIC_PE32: u16 = 0x10b;
-/// Optional header magic of a PE32+ image.
-pub const MAGIC_PE32_PLUS: u16 = 0x20b;
-
-const DOS_E_LFANEW: usize = 0x3c;
-const COFF_HEADER_SIZE: usize = 20;
-const SECTION_HEADER_SIZE: usize = 40;
-/// Index of the certificate table ("security directory") among the data directories.
-const DATA_DIRECTORY_SECURITY: u32 = 4;
-/// Offset of `CheckSum` in the optional header (PE32 and PE32+ alike).
-const OPT_CHECKSUM: usize = 64;
-const OPT_SIZE_OF_IMAGE: usize = 56;
-const OPT_SIZE_OF_HEADERS: usize = 60;
-
-/// The largest `SizeOfImage` accepted: 1 GiB, far beyond any bootable UKI (the firmware must
-/// allocate that much memory to load it). Bounds what a hostile file can make us hash.
-pub const MAX_SIZE_OF_IMAGE: u32 = 1 << 30;
-const OPT_SUBSYSTEM: usize = 68;
+use crate::format::*;
+use crate::{MAGIC_PE32, MAGIC_PE32_PLUS, MAX_SIZE_OF_IMAGE, PeError};
 
 /// One entry of the section table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SectionHeader {
     /// The name with trailing NULs removed (lossy UTF-8; section names are ASCII in practice).
     pub name: String,
+    /// File offset of this header in the section table (where a writer edits it).
+    pub header_offset: usize,
     /// `VirtualSize`: the size of the section once loaded.
     pub virtual_size: u32,
     /// `VirtualAddress`: the section's RVA.
@@ -80,8 +34,30 @@ pub struct PeImage<'a> {
     pub magic: u16,
     /// COFF `Machine`.
     pub machine: u16,
+    /// COFF `Characteristics` (`IMAGE_FILE_*`).
+    pub characteristics: u16,
+    /// COFF `PointerToSymbolTable` (0: none).
+    pub pointer_to_symbol_table: u32,
+    /// COFF `NumberOfSymbols`.
+    pub number_of_symbols: u32,
+    /// File offset of the COFF file header (right after the `PE\0\0` signature).
+    pub coff_header_offset: usize,
+    /// File offset of the optional header (right after the COFF file header).
+    pub optional_header_offset: usize,
+    /// COFF `SizeOfOptionalHeader`.
+    pub size_of_optional_header: usize,
+    /// File offset of the section table (right after the optional header).
+    pub section_table_offset: usize,
+    /// Optional header `SizeOfInitializedData`.
+    pub size_of_initialized_data: u32,
+    /// Optional header `SectionAlignment` (not checked to be a power of two).
+    pub section_alignment: u32,
+    /// Optional header `FileAlignment` (not checked to be a power of two).
+    pub file_alignment: u32,
     /// Optional header `Subsystem` (10 = EFI application).
     pub subsystem: u16,
+    /// Optional header `DllCharacteristics` (`IMAGE_DLLCHARACTERISTICS_*`).
+    pub dll_characteristics: u16,
     /// File offset of the optional header's `CheckSum` field.
     pub checksum_offset: usize,
     /// `NumberOfRvaAndSizes`.
@@ -102,15 +78,17 @@ pub struct PeImage<'a> {
 impl<'a> PeImage<'a> {
     /// Parses `data`; `label` names the file in errors (e.g. `UKI out/hawser.efi`).
     ///
-    /// Checks that every header lies within the file, that `SizeOfHeaders` does, and that the
-    /// file data of every section does.
+    /// Accepts PE32 and PE32+ of any machine. Checks that every header lies within the file,
+    /// that `SizeOfHeaders` does and covers the section table, that `SizeOfImage` is at most
+    /// [`MAX_SIZE_OF_IMAGE`], and that every section lies within `SizeOfImage` and its file
+    /// data within the file.
     pub fn parse(data: &'a [u8], label: impl Into<String>) -> Result<Self, PeError> {
         let label = label.into();
         let r = Reader {
             data,
             label: &label,
         };
-        if data.len() < 2 || &data[..2] != b"MZ" {
+        if data.len() < 2 || &data[..2] != DOS_MAGIC {
             return Err(PeError::NotPe {
                 image: label.clone(),
                 reason: if data.is_empty() {
@@ -121,7 +99,7 @@ impl<'a> PeImage<'a> {
             });
         }
         let pe = r.u32(DOS_E_LFANEW, "the DOS header's e_lfanew field")? as usize;
-        if r.bytes(pe, 4, "the PE signature")? != b"PE\0\0" {
+        if r.bytes(pe, 4, "the PE signature")? != PE_SIGNATURE {
             return Err(PeError::NotPe {
                 image: label.clone(),
                 reason: format!("there is no PE\\0\\0 signature at offset {pe:#x} (e_lfanew)"),
@@ -129,15 +107,23 @@ impl<'a> PeImage<'a> {
         }
         let coff = pe + 4;
         r.bytes(coff, COFF_HEADER_SIZE, "the COFF file header")?;
-        let machine = r.u16(coff, "the COFF header")?;
-        let number_of_sections = usize::from(r.u16(coff + 2, "the COFF header")?);
-        let size_of_optional_header = usize::from(r.u16(coff + 16, "the COFF header")?);
+        let coff_u16 = |at: usize| r.u16(coff + at, "the COFF header");
+        let coff_u32 = |at: usize| r.u32(coff + at, "the COFF header");
+        let machine = coff_u16(COFF_MACHINE)?;
+        let number_of_sections = usize::from(coff_u16(COFF_NUMBER_OF_SECTIONS)?);
+        let pointer_to_symbol_table = coff_u32(COFF_POINTER_TO_SYMBOL_TABLE)?;
+        let number_of_symbols = coff_u32(COFF_NUMBER_OF_SYMBOLS)?;
+        let size_of_optional_header = usize::from(coff_u16(COFF_SIZE_OF_OPTIONAL_HEADER)?);
+        let characteristics = coff_u16(COFF_CHARACTERISTICS)?;
         let opt = coff + COFF_HEADER_SIZE;
         r.bytes(opt, size_of_optional_header, "the optional header")?;
-        let magic = r.u16(opt, "the optional header")?;
+        let magic = r.u16(opt + OPT_MAGIC, "the optional header")?;
         let (rva_count_at, directories_at) = match magic {
-            MAGIC_PE32 => (92, 96),
-            MAGIC_PE32_PLUS => (108, 112),
+            MAGIC_PE32 => (OPT_NUMBER_OF_RVA_AND_SIZES_PE32, OPT_DATA_DIRECTORIES_PE32),
+            MAGIC_PE32_PLUS => (
+                OPT_NUMBER_OF_RVA_AND_SIZES_PE32_PLUS,
+                OPT_DATA_DIRECTORIES_PE32_PLUS,
+            ),
             other => {
                 return Err(PeError::NotPe {
                     image: label.clone(),
@@ -155,8 +141,10 @@ impl<'a> PeImage<'a> {
                 ),
             });
         }
-        let size_of_headers = r.u32(opt + OPT_SIZE_OF_HEADERS, "the optional header")?;
-        let size_of_image = r.u32(opt + OPT_SIZE_OF_IMAGE, "the optional header")?;
+        let opt_u16 = |at: usize| r.u16(opt + at, "the optional header");
+        let opt_u32 = |at: usize| r.u32(opt + at, "the optional header");
+        let size_of_headers = opt_u32(OPT_SIZE_OF_HEADERS)?;
+        let size_of_image = opt_u32(OPT_SIZE_OF_IMAGE)?;
         if size_of_image > MAX_SIZE_OF_IMAGE {
             return Err(PeError::Malformed {
                 image: label.clone(),
@@ -165,9 +153,13 @@ impl<'a> PeImage<'a> {
                 ),
             });
         }
-        let subsystem = r.u16(opt + OPT_SUBSYSTEM, "the optional header")?;
-        let number_of_rva_and_sizes = r.u32(opt + rva_count_at, "the optional header")?;
-        let directories_fit = (size_of_optional_header - directories_at) / 8;
+        let size_of_initialized_data = opt_u32(OPT_SIZE_OF_INITIALIZED_DATA)?;
+        let section_alignment = opt_u32(OPT_SECTION_ALIGNMENT)?;
+        let file_alignment = opt_u32(OPT_FILE_ALIGNMENT)?;
+        let subsystem = opt_u16(OPT_SUBSYSTEM)?;
+        let dll_characteristics = opt_u16(OPT_DLL_CHARACTERISTICS)?;
+        let number_of_rva_and_sizes = opt_u32(rva_count_at)?;
+        let directories_fit = (size_of_optional_header - directories_at) / DATA_DIRECTORY_SIZE;
         if (number_of_rva_and_sizes as usize) > directories_fit {
             return Err(PeError::Malformed {
                 image: label.clone(),
@@ -177,8 +169,8 @@ impl<'a> PeImage<'a> {
             });
         }
         let (security_directory_offset, security_directory) =
-            if number_of_rva_and_sizes > DATA_DIRECTORY_SECURITY {
-                let at = opt + directories_at + DATA_DIRECTORY_SECURITY as usize * 8;
+            if number_of_rva_and_sizes as usize > DATA_DIRECTORY_SECURITY {
+                let at = opt + directories_at + DATA_DIRECTORY_SECURITY * DATA_DIRECTORY_SIZE;
                 let entry = (
                     r.u32(at, "the certificate table entry")?,
                     r.u32(at + 4, "the certificate table entry")?,
@@ -206,16 +198,20 @@ impl<'a> PeImage<'a> {
         for i in 0..number_of_sections {
             let at = table + i * SECTION_HEADER_SIZE;
             let raw = r.bytes(at, SECTION_HEADER_SIZE, "a section header")?;
-            let end = raw[..8].iter().position(|&b| b == 0).unwrap_or(8);
+            let end = raw[..SECTION_NAME_SIZE]
+                .iter()
+                .position(|&b| b == 0)
+                .unwrap_or(SECTION_NAME_SIZE);
             let name = String::from_utf8_lossy(&raw[..end]).into_owned();
             let field = |o: usize| u32::from_le_bytes([raw[o], raw[o + 1], raw[o + 2], raw[o + 3]]);
             let section = SectionHeader {
                 name,
-                virtual_size: field(8),
-                virtual_address: field(12),
-                size_of_raw_data: field(16),
-                pointer_to_raw_data: field(20),
-                characteristics: field(36),
+                header_offset: at,
+                virtual_size: field(SEC_VIRTUAL_SIZE),
+                virtual_address: field(SEC_VIRTUAL_ADDRESS),
+                size_of_raw_data: field(SEC_SIZE_OF_RAW_DATA),
+                pointer_to_raw_data: field(SEC_POINTER_TO_RAW_DATA),
+                characteristics: field(SEC_CHARACTERISTICS),
             };
             // What a loader (EDK II's PeCoffLoaderLoadImage) enforces: the section lies within
             // the loaded image.
@@ -242,7 +238,18 @@ impl<'a> PeImage<'a> {
             data,
             magic,
             machine,
+            characteristics,
+            pointer_to_symbol_table,
+            number_of_symbols,
+            coff_header_offset: coff,
+            optional_header_offset: opt,
+            size_of_optional_header,
+            section_table_offset: table,
+            size_of_initialized_data,
+            section_alignment,
+            file_alignment,
             subsystem,
+            dll_characteristics,
             checksum_offset: opt + OPT_CHECKSUM,
             number_of_rva_and_sizes,
             security_directory_offset,
@@ -274,9 +281,23 @@ impl<'a> PeImage<'a> {
     /// VirtualSize)` bytes. The loaded section continues with zeros up to `VirtualSize`.
     pub fn file_data(&self, section: &SectionHeader) -> &'a [u8] {
         let len = section.size_of_raw_data.min(section.virtual_size) as usize;
-        let start = section.pointer_to_raw_data as usize;
-        // `parse` checked that pointer..pointer+SizeOfRawData is inside the file, and len is at
-        // most SizeOfRawData; a zero-length section may point anywhere.
+        self.file_bytes(section.pointer_to_raw_data, len)
+    }
+
+    /// A section's whole file space: `SizeOfRawData` bytes from `PointerToRawData`, padding
+    /// included (what the Authenticode hash covers and what a writer may fill).
+    pub fn raw_data(&self, section: &SectionHeader) -> &'a [u8] {
+        self.file_bytes(
+            section.pointer_to_raw_data,
+            section.size_of_raw_data as usize,
+        )
+    }
+
+    fn file_bytes(&self, pointer: u32, len: usize) -> &'a [u8] {
+        let start = pointer as usize;
+        // `parse` checked that pointer..pointer+SizeOfRawData is inside the file for every
+        // section of this image, and callers ask for at most that; a zero-length section may
+        // point anywhere.
         self.data.get(start..start + len).unwrap_or(&[])
     }
 
@@ -289,7 +310,8 @@ impl<'a> PeImage<'a> {
         }
     }
 
-    pub(crate) fn malformed(&self, reason: impl Into<String>) -> PeError {
+    /// A [`PeError::Malformed`] about this image, for a consumer's own checks.
+    pub fn malformed(&self, reason: impl Into<String>) -> PeError {
         PeError::Malformed {
             image: self.label.clone(),
             reason: reason.into(),
@@ -377,51 +399,10 @@ impl fmt::Display for SectionHeader {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-
-    /// Size of [`tiny_pe`]'s headers.
-    pub(crate) const TINY_HEADERS: usize = 0x400;
-
-    /// A minimal PE32+ image: headers of [`TINY_HEADERS`] bytes, then the given sections' data,
-    /// each file-aligned to 0x200. Returns the file.
-    pub(crate) fn tiny_pe(sections: &[(&str, &[u8])]) -> Vec<u8> {
-        let mut f = vec![0u8; TINY_HEADERS];
-        f[..2].copy_from_slice(b"MZ");
-        f[0x3c..0x40].copy_from_slice(&0x80u32.to_le_bytes());
-        f[0x80..0x84].copy_from_slice(b"PE\0\0");
-        let coff = 0x84;
-        f[coff..coff + 2].copy_from_slice(&0x8664u16.to_le_bytes());
-        f[coff + 2..coff + 4].copy_from_slice(&(sections.len() as u16).to_le_bytes());
-        let opt_size: u16 = 112 + 16 * 8;
-        f[coff + 16..coff + 18].copy_from_slice(&opt_size.to_le_bytes());
-        let opt = coff + 20;
-        f[opt..opt + 2].copy_from_slice(&MAGIC_PE32_PLUS.to_le_bytes());
-        f[opt + 32..opt + 36].copy_from_slice(&0x1000u32.to_le_bytes());
-        f[opt + 36..opt + 40].copy_from_slice(&0x200u32.to_le_bytes());
-        f[opt + 60..opt + 64].copy_from_slice(&(TINY_HEADERS as u32).to_le_bytes());
-        f[opt + 64..opt + 68].copy_from_slice(&0xdeadbeefu32.to_le_bytes());
-        f[opt + 68..opt + 70].copy_from_slice(&10u16.to_le_bytes());
-        f[opt + 108..opt + 112].copy_from_slice(&16u32.to_le_bytes());
-        let table = opt + usize::from(opt_size);
-        let mut va = 0x1000u32;
-        for (i, (name, data)) in sections.iter().enumerate() {
-            let pointer = f.len() as u32;
-            let raw = data.len().div_ceil(0x200) * 0x200;
-            f.extend_from_slice(data);
-            f.resize(pointer as usize + raw, 0);
-            let h = table + i * 40;
-            f[h..h + name.len()].copy_from_slice(name.as_bytes());
-            f[h + 8..h + 12].copy_from_slice(&(data.len() as u32).to_le_bytes());
-            f[h + 12..h + 16].copy_from_slice(&va.to_le_bytes());
-            f[h + 16..h + 20].copy_from_slice(&(raw as u32).to_le_bytes());
-            f[h + 20..h + 24].copy_from_slice(&pointer.to_le_bytes());
-            f[h + 36..h + 40].copy_from_slice(&0x4000_0040u32.to_le_bytes());
-            va += (data.len() as u32).div_ceil(0x1000).max(1) * 0x1000;
-        }
-        f[opt + 56..opt + 60].copy_from_slice(&va.to_le_bytes());
-        f
-    }
+    use crate::MAGIC_PE32_PLUS;
+    use crate::test_support::{TINY_HEADERS, tiny_pe};
 
     #[test]
     fn parses_sections_and_directories() {
@@ -438,6 +419,35 @@ pub(crate) mod tests {
         assert_eq!(image.file_data(osrel), b"ID=x\n");
         assert_eq!(image.loaded(osrel).to_vec(), b"ID=x\n");
         assert!(image.section(".initrd").is_none());
+    }
+
+    #[test]
+    fn header_offsets_and_fields_a_writer_needs() {
+        let pe = tiny_pe(&[(".osrel", b"ID=x\n"), (".linux", &[7u8; 0x300])]);
+        let image = PeImage::parse(&pe, "test image").expect("valid");
+        assert_eq!(image.machine, crate::format::MACHINE_AMD64);
+        assert_eq!(image.coff_header_offset, 0x84);
+        assert_eq!(image.optional_header_offset, 0x84 + 20);
+        assert_eq!(image.size_of_optional_header, 112 + 16 * 8);
+        assert_eq!(image.section_table_offset, 0x84 + 20 + 112 + 16 * 8);
+        assert_eq!(image.checksum_offset, image.optional_header_offset + 64);
+        assert_eq!(
+            image.security_directory_offset,
+            Some(image.optional_header_offset + 112 + 4 * 8)
+        );
+        assert_eq!(
+            (image.file_alignment, image.section_alignment),
+            (0x200, 0x1000)
+        );
+        let offsets: Vec<usize> = image.sections.iter().map(|s| s.header_offset).collect();
+        assert_eq!(
+            offsets,
+            [image.section_table_offset, image.section_table_offset + 40]
+        );
+        // The whole file space of a section, padding included, versus what the loader copies.
+        let linux = image.section(".linux").expect("present");
+        assert_eq!(image.raw_data(linux).len(), 0x400);
+        assert_eq!(image.file_data(linux), &[7u8; 0x300][..]);
     }
 
     #[test]

@@ -1,0 +1,253 @@
+//! mkosi, which builds the Debian tree, and the probe of pkgs.k8s.io that decides whether
+//! Kubernetes comes from there or the stand-ins go in.
+
+use std::collections::VecDeque;
+use std::io::BufRead as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{
+    KUBERNETES_PACKAGES, PROBE_TIMEOUT_SECS, RootfsError, RootfsOptions, TOOL_PATH, TREE_DIR,
+    find_tool, kubernetes_repository, run_tool,
+};
+use crate::tool::{self, ToolError, io_error};
+
+/// `Ok` when pkgs.k8s.io answers within a few seconds; `Err` says why not.
+pub fn probe_kubernetes_repository() -> Result<(), String> {
+    let url = format!("{}InRelease", kubernetes_repository());
+    let output = Command::new("curl")
+        .args(["--silent", "--show-error", "--fail", "--head", "--max-time"])
+        .arg(PROBE_TIMEOUT_SECS.to_string())
+        .arg(&url)
+        .env("PATH", TOOL_PATH)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run curl: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+        Err(if stderr.is_empty() {
+            format!("curl {}", output.status)
+        } else {
+            stderr
+        })
+    }
+}
+
+/// A package manager tree adding the pkgs.k8s.io repository and its signing key.
+pub(super) fn kubernetes_package_manager_tree(out_dir: &Path) -> Result<PathBuf, RootfsError> {
+    let tree = out_dir.join("kubernetes.pkgmngr");
+    let keyrings = tree.join("etc/apt/keyrings");
+    let sources = tree.join("etc/apt/sources.list.d");
+    for dir in [&keyrings, &sources] {
+        std::fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
+    }
+    let key = keyrings.join("kubernetes.asc");
+    let mut curl = Command::new("curl");
+    curl.args([
+        "--silent",
+        "--show-error",
+        "--fail",
+        "--location",
+        "--max-time",
+        "60",
+        "--output",
+    ])
+    .arg(&key)
+    .arg(format!("{}Release.key", kubernetes_repository()));
+    run_tool(curl, "downloading the pkgs.k8s.io signing key", "")?;
+    let list = sources.join("kubernetes.sources");
+    std::fs::write(
+        &list,
+        format!(
+            "Types: deb\nURIs: {}\nSuites: /\nSigned-By: /etc/apt/keyrings/kubernetes.asc\n",
+            kubernetes_repository()
+        ),
+    )
+    .map_err(io_error("write", &list))?;
+    Ok(tree)
+}
+
+/// The kubeadm package version in mkosi's JSON manifest.
+pub(super) fn kubeadm_version_from_manifest(manifest: &Path) -> Result<String, RootfsError> {
+    let text = std::fs::read_to_string(manifest).map_err(io_error("read", manifest))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|source| RootfsError::Manifest {
+            path: manifest.to_owned(),
+            source,
+        })?;
+    json["packages"]
+        .as_array()
+        .and_then(|packages| packages.iter().find(|p| p["name"] == "kubeadm"))
+        .and_then(|p| p["version"].as_str())
+        .map(str::to_owned)
+        .ok_or_else(|| RootfsError::ToolOutput {
+            tool: "mkosi",
+            what: "kubeadm package in its manifest",
+            output: tool::tail(&text, 10),
+        })
+}
+
+/// Strips ANSI colour sequences.
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// What usually makes mkosi fail.
+const MKOSI_HINT: &str = "mkosi needs root (or user namespaces), network access to deb.debian.org, \
+                          and its dependencies from bookworm-backports: run scripts/setup-host";
+
+/// Runs mkosi, streaming its phases to `progress`; returns the tree.
+pub(super) fn run_mkosi(
+    opts: &RootfsOptions,
+    extra_package_manager_tree: Option<&Path>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<PathBuf, RootfsError> {
+    let mkosi = find_tool("mkosi", "mkosi (bookworm-backports)")?;
+    let package_cache = opts.cache_dir.join("mkosi");
+    std::fs::create_dir_all(&package_cache)
+        .map_err(io_error("create directory", &package_cache))?;
+    // mkosi's scratch space: never inside the source tree (mkosi refuses that, and an output
+    // directory under `target/` is), and off tmpfs (the tree is hundreds of MiB).
+    let scratch = opts.cache_dir.join("mkosi-workspace");
+    std::fs::create_dir_all(&scratch).map_err(io_error("create directory", &scratch))?;
+    let mut cmd = Command::new(&mkosi);
+    cmd.current_dir(&opts.workspace)
+        .arg("--directory")
+        .arg(&opts.workspace)
+        .arg("--force")
+        .arg(format!("--source-date-epoch={}", opts.source_date_epoch))
+        .arg(format!("--output-dir={}", opts.out_dir.display()))
+        .arg(format!("--workspace-dir={}", scratch.display()))
+        .arg(format!("--package-cache-dir={}", package_cache.display()));
+    if let Some(tree) = extra_package_manager_tree {
+        cmd.arg(format!("--package-manager-tree={}", tree.display()))
+            .arg(format!("--package={}", KUBERNETES_PACKAGES.join(",")));
+    }
+    cmd.arg("build")
+        .env("PATH", TOOL_PATH)
+        .env("PYTHONUNBUFFERED", "1")
+        .env("SOURCE_DATE_EPOCH", opts.source_date_epoch.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    progress(&format!(
+        "rootfs: mkosi build (Debian bookworm, package cache {})",
+        package_cache.display()
+    ));
+    tracing::info!(workspace = %opts.workspace.display(), "running mkosi");
+    let spawn_error = |source| RootfsError::Step {
+        step: "mkosi build",
+        hint: MKOSI_HINT,
+        source: ToolError::Spawn {
+            tool: "mkosi".into(),
+            source,
+        },
+    };
+    let mut child = cmd.spawn().map_err(spawn_error)?;
+
+    // Both streams into one channel, read on this thread (progress is not Send).
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let mut readers = Vec::new();
+    let streams: [Option<Box<dyn std::io::Read + Send>>; 2] = [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    ];
+    for stream in streams.into_iter().flatten() {
+        let tx = tx.clone();
+        readers.push(std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stream).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    drop(tx);
+
+    const HEARTBEAT: Duration = Duration::from_secs(10);
+    let mut recent: VecDeque<String> = VecDeque::with_capacity(40);
+    let mut last_said = Instant::now();
+    let mut packages = 0usize;
+    loop {
+        match rx.recv_timeout(HEARTBEAT) {
+            Ok(line) => {
+                let line = plain(&line);
+                if line.starts_with("Unpacking ") {
+                    packages += 1;
+                }
+                let trimmed = line.trim();
+                if let Some(phase) = trimmed.strip_prefix('‣') {
+                    progress(&format!("rootfs: mkosi: {}", phase.trim()));
+                    last_said = Instant::now();
+                } else if last_said.elapsed() >= HEARTBEAT && !trimmed.is_empty() {
+                    progress(&format!(
+                        "rootfs: mkosi: … {trimmed} ({packages} packages unpacked)"
+                    ));
+                    last_said = Instant::now();
+                }
+                if recent.len() == 40 {
+                    recent.pop_front();
+                }
+                recent.push_back(line);
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                progress("rootfs: mkosi: … still working");
+                last_said = Instant::now();
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    for reader in readers {
+        let _ = reader.join();
+    }
+    let status = child.wait().map_err(spawn_error)?;
+    if !status.success() {
+        return Err(RootfsError::Step {
+            step: "mkosi build",
+            hint: MKOSI_HINT,
+            source: ToolError::Failed {
+                command: format!("mkosi (in {})", opts.workspace.display()),
+                status,
+                output_tail: Vec::from(recent).join("\n"),
+            },
+        });
+    }
+    let tree = opts.out_dir.join(TREE_DIR);
+    if !tree.join("usr").is_dir() {
+        return Err(RootfsError::NoTree { path: tree });
+    }
+    Ok(tree)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ansi_sequences_are_stripped() {
+        assert_eq!(plain("\u{1b}[1m‣ Installing\u{1b}[0m"), "‣ Installing");
+    }
+}

@@ -1,0 +1,129 @@
+//! hawser's own binaries in the rootfs: `hawser-joind`, and the kubeadm/kubelet stand-ins of
+//! an offline build with the marker that says so.
+
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::{KUBERNETES_PACKAGES, RootfsError, STANDIN_MARKER, kubernetes_repository};
+use crate::tool::{ToolError, io_error};
+
+/// The text of `/usr/share/hawser/STAND-IN`. It carries no build-time detail (such as the probe's
+/// error), so it is the same in every offline build.
+pub fn standin_marker_text() -> String {
+    format!(
+        "This image carries hawser STAND-INS, NOT Kubernetes.\n\
+         \n\
+         Substituted:\n\
+         \x20 /usr/bin/kubeadm  hawser-standin's kubeadm: checks kubeadm v1beta4 configurations, writes a\n\
+         \x20                   stand-in CA and kubeconfigs, starts no control plane\n\
+         \x20 /usr/bin/kubelet  hawser-standin's kubelet: checks its flags, runs no pods\n\
+         Not installed: {}.\n\
+         \n\
+         Why: the Kubernetes package repository {} could not be reached when this\n\
+         image was built.\n",
+        KUBERNETES_PACKAGES
+            .iter()
+            .filter(|p| !matches!(**p, "kubeadm" | "kubelet"))
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", "),
+        kubernetes_repository()
+    )
+}
+
+/// Copies the stand-ins to `/usr/bin` of `tree` and writes the marker, all timestamped `epoch`.
+pub fn install_standins(tree: &Path, bin_dir: &Path, epoch: u64) -> Result<(), RootfsError> {
+    let usr_bin = tree.join("usr/bin");
+    let marker = tree.join(STANDIN_MARKER);
+    let marker_dir = tree.join("usr/share/hawser");
+    std::fs::create_dir_all(&marker_dir).map_err(io_error("create directory", &marker_dir))?;
+    let mut installed = vec![
+        (usr_bin.clone(), None),
+        (tree.join("usr/share"), None),
+        (marker_dir, Some(0o755)),
+    ];
+    for name in ["kubeadm", "kubelet"] {
+        let from = bin_dir.join(name);
+        if !from.is_file() {
+            return Err(RootfsError::StandInsMissing {
+                path: bin_dir.to_owned(),
+            });
+        }
+        let to = usr_bin.join(name);
+        std::fs::copy(&from, &to).map_err(io_error("copy a stand-in to", &to))?;
+        installed.push((to, Some(0o755)));
+    }
+    std::fs::write(&marker, standin_marker_text()).map_err(io_error("write", &marker))?;
+    installed.push((marker, Some(0o644)));
+    set_modes_and_epoch(installed, epoch)
+}
+
+/// The join service binary in the rootfs: PID 1 runs it on a cluster's first control-plane
+/// node so that later nodes can join (and attest it).
+pub const JOIND_PATH: &str = "usr/bin/hawser-joind";
+
+/// Installs `hawser-joind` from `bin_dir` (built by [`compile_rootfs_binaries`]) as
+/// [`JOIND_PATH`].
+pub fn install_joind(tree: &Path, bin_dir: &Path, epoch: u64) -> Result<(), RootfsError> {
+    let from = bin_dir.join("hawser-joind");
+    let to = tree.join(JOIND_PATH);
+    std::fs::copy(&from, &to).map_err(io_error("copy hawser-joind to", &to))?;
+    set_modes_and_epoch(vec![(to, Some(0o755)), (tree.join("usr/bin"), None)], epoch)
+}
+
+/// Sets each path's mode (if given) and its mtime to `epoch`.
+fn set_modes_and_epoch(paths: Vec<(PathBuf, Option<u32>)>, epoch: u64) -> Result<(), RootfsError> {
+    let epoch_time = SystemTime::UNIX_EPOCH + Duration::from_secs(epoch);
+    for (path, mode) in paths {
+        if let Some(mode) = mode {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .map_err(io_error("set permissions of", &path))?;
+        }
+        std::fs::File::open(&path)
+            .and_then(|f| f.set_modified(epoch_time))
+            .map_err(io_error("set the mtime of", &path))?;
+    }
+    Ok(())
+}
+
+/// Compiles the binaries hawser puts into the rootfs — `hawser-joind` and the stand-ins — as
+/// the init binary is compiled (the `image` profile, build paths remapped), and returns the
+/// directory holding `hawser-joind`, `kubeadm` and `kubelet`.
+pub fn compile_rootfs_binaries(
+    workspace: &Path,
+    target_dir: Option<&Path>,
+    source_date_epoch: u64,
+) -> Result<PathBuf, RootfsError> {
+    let target_dir = crate::compile::image_target_dir(workspace, target_dir);
+    let status = crate::compile::image_cargo_build(
+        workspace,
+        &target_dir,
+        "hawser-standin",
+        source_date_epoch,
+    )
+    .args(["-p", "hawser-joinservice"])
+    .status()
+    .map_err(|source| RootfsError::Step {
+        step: "compiling the rootfs binaries",
+        hint: "",
+        source: ToolError::Spawn {
+            tool: "cargo".into(),
+            source,
+        },
+    })?;
+    if !status.success() {
+        return Err(RootfsError::Step {
+            step: "compiling the rootfs binaries",
+            hint: "",
+            source: ToolError::Failed {
+                command:
+                    "cargo build --locked --profile image -p hawser-standin -p hawser-joinservice"
+                        .into(),
+                status,
+                output_tail: "(cargo's own output is above)".into(),
+            },
+        });
+    }
+    Ok(target_dir.join("image"))
+}
