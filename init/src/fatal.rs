@@ -19,9 +19,11 @@ pub use crate::platform::error_chain;
 use crate::platform::syscalls::{LinuxSyscalls, PowerAction};
 use crate::shutdown::{self, halt_forever};
 
+/// Global because the panic hook applies it and gets no context.
 static REBOOT_POLICY: Mutex<RebootPolicy> = Mutex::new(RebootPolicy::RebootAfter(
     crate::config::DEFAULT_REBOOT_DELAY,
 ));
+/// Global because a fatal error on any thread (or in the panic hook) must see the first one.
 static FATAL_IN_PROGRESS: AtomicBool = AtomicBool::new(false);
 
 /// Sets the policy applied by [`fatal`] and the panic hook.

@@ -23,7 +23,8 @@
 //! ## Layers
 //!
 //! ```text
-//! boot/          the script of phases over a Boot context (timer, warnings, TPM, registry)
+//! boot/          the script of phases over a Boot context (timer, warnings, TPM, registry,
+//!                mount table, the node's services)
 //! fatal, shutdown  the ways down: FATAL + reboot policy; stop processes, unmount, power off
 //! ─────────────────────────────────────────────────────────────────────────────────────────
 //! enrollment/    join client, init server, the race, the node lock (PCR 15)

@@ -16,7 +16,8 @@
 
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
+use std::time::Duration;
 
 use hawser_attestation::tpm::Tpm;
 use hawser_kube_types::KubernetesVersion;
@@ -28,10 +29,12 @@ use crate::enrollment::init_server::{ClusterSpec, Progress};
 use crate::enrollment::race::ClusterSecrets;
 use crate::fatal::error_chain;
 use crate::kubeadm::{self, InitRequest, JoinTicket};
+use crate::platform::mounts::SharedMountTable;
+use crate::platform::poll;
 use crate::platform::reaper::ChildRegistry;
 use crate::platform::syscalls::LinuxSyscalls;
 use crate::rootfs::{self, RootHash, RootfsPlan, StateBacking};
-use crate::supervisor::{self, OneShotJob, OneShotOutcome, Supervisor};
+use crate::supervisor::{self, OneShotJob, OneShotOutcome, SharedSupervisor, Supervisor};
 
 /// Where the kubeadm configuration is written (tmpfs: it holds the bootstrap token).
 pub const KUBEADM_CONFIG: &str = "/run/hawser/kubeadm.yaml";
@@ -86,31 +89,27 @@ fn write_control_plane_files(pki_dir: &Path, files: &[ControlPlaneFile]) -> std:
 /// containerd's CRI socket, which the kubelet needs.
 pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 /// How long the kubelet's start waits for [`CONTAINERD_SOCKET`].
-const CONTAINERD_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+const CONTAINERD_WAIT: Duration = Duration::from_secs(30);
+/// How often that wait looks for the socket.
+const CONTAINERD_POLL: Duration = Duration::from_millis(100);
 
 /// Waits until `path` exists or `limit` passed (then says so and goes on).
-async fn wait_for_path(path: &Path, limit: std::time::Duration) {
+async fn wait_for_path(path: &Path, limit: Duration) {
     let started = tokio::time::Instant::now();
-    while !path.exists() {
-        if started.elapsed() >= limit {
-            warn!(
-                "{} did not appear within {} s; starting the kubelet anyway",
-                path.display(),
-                limit.as_secs()
-            );
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    if poll::wait_for_path(path, limit, CONTAINERD_POLL).await {
+        info!(
+            "{} is there after {:.1} s",
+            path.display(),
+            started.elapsed().as_secs_f64()
+        );
+    } else {
+        warn!(
+            "{} did not appear within {} s; starting the kubelet anyway",
+            path.display(),
+            limit.as_secs()
+        );
     }
-    info!(
-        "{} is there after {:.1} s",
-        path.display(),
-        started.elapsed().as_secs_f64()
-    );
 }
-
-/// The running services, for the shutdown path.
-static SUPERVISOR: OnceLock<tokio::sync::Mutex<Supervisor>> = OnceLock::new();
 
 /// What the node does with Kubernetes after the pivot.
 pub enum Role {
@@ -228,12 +227,14 @@ pub enum PivotError {
     Task(#[source] tokio::task::JoinError),
 }
 
-/// Opens the verified rootfs and switches into it (steps 1–2). After an error past the
-/// measurement the machine is half-switched: the caller's fatal path must end it.
+/// Opens the verified rootfs and switches into it (steps 1–2); records the new root's mounts
+/// in `mounts`, PID 1's mount table, for the shutdown. After an error past the measurement the
+/// machine is half-switched: the caller's fatal path must end it.
 pub async fn pivot(
     root_hash: RootHash,
     tpm: Arc<Tpm>,
     state_disk: bool,
+    mounts: &SharedMountTable,
 ) -> Result<Vec<String>, PivotError> {
     // The initramfs holds the kernel's modules and is freed by the switch: what Kubernetes
     // networking needs is loaded now. A failure costs the pod network, not the node.
@@ -275,7 +276,7 @@ pub async fn pivot(
     })
     .await
     .map_err(PivotError::Task)??;
-    let mut table = crate::shutdown::mount_table();
+    let mut table = mounts.lock();
     // The shutdown unmounts these before the state disk they bind from.
     for spec in after_switch {
         table.record(spec);
@@ -334,21 +335,27 @@ fn prepare_kubernetes_networking() -> Result<usize, NetworkingError> {
     Ok(loaded)
 }
 
-/// Starts the node's services and runs kubeadm for `role` (steps 3–5). Never fails: what
-/// goes wrong is logged (and reported to the admin), and the node stays up.
-pub async fn run(role: Role, identity: NodeIdentity, registry: &ChildRegistry) {
+/// Starts the node's services and runs kubeadm for `role` (steps 3–5); hands the services to
+/// `services`, where the shutdown stops them. Never fails: what goes wrong is logged (and
+/// reported to the admin), and the node stays up.
+pub async fn run(
+    role: Role,
+    identity: NodeIdentity,
+    registry: &ChildRegistry,
+    services: &SharedSupervisor,
+) {
     // The kubelet and kubeadm name the node after the host unless told otherwise.
     match nix::unistd::sethostname(&identity.name) {
         Ok(()) => info!("hostname set to {}", identity.name),
         Err(e) => warn!("cannot set the hostname to {}: {e}", identity.name),
     }
-    let mut services = Supervisor::new(registry.clone());
-    services.start(supervisor::containerd());
+    let mut started = Supervisor::new(registry.clone());
+    started.start(supervisor::containerd());
     // As systemd's `After=containerd.service` (with containerd's sd_notify) does: the kubelet
     // refuses to start without the runtime's socket. The supervisor restarts it either way.
     wait_for_path(Path::new(CONTAINERD_SOCKET), CONTAINERD_WAIT).await;
-    services.start(supervisor::kubelet());
-    if SUPERVISOR.set(tokio::sync::Mutex::new(services)).is_err() {
+    started.start(supervisor::kubelet());
+    if services.install(started).await.is_err() {
         warn!("the node's services were already started once; not starting them again");
         return;
     }
@@ -417,7 +424,7 @@ pub async fn run(role: Role, identity: NodeIdentity, registry: &ChildRegistry) {
     } = role
     {
         if outcome.is_ok() {
-            start_join_service(join_service.as_ref(), &spec.kubernetes_version).await;
+            start_join_service(join_service.as_ref(), &spec.kubernetes_version, services).await;
         }
         match outcome.and_then(|()| {
             std::fs::read(ADMIN_KUBECONFIG).map_err(KubeadmRunError::AdminKubeconfig)
@@ -486,6 +493,7 @@ async fn run_kubeadm(
 async fn start_join_service(
     join_service: Option<&InClusterJoinService>,
     version: &KubernetesVersion,
+    services: &SharedSupervisor,
 ) {
     let Some(join_service) = join_service else {
         warn!(
@@ -497,8 +505,7 @@ async fn start_join_service(
     };
     match join_service.prepare(version) {
         Ok(spec) => {
-            if let Some(services) = SUPERVISOR.get() {
-                services.lock().await.start(spec);
+            if services.start(spec).await {
                 info!(
                     "started the cluster's join service on port {JOIND_PORT} (attested with this node's TPM)"
                 );
@@ -514,12 +521,9 @@ async fn start_join_service(
 }
 
 /// Stops the node's services in reverse start order (the shutdown path); nothing if none run.
-pub async fn stop_services() {
-    if let Some(services) = SUPERVISOR.get() {
-        let reports = services.lock().await.stop_all().await;
-        for report in reports {
-            info!("service {}: {:?}", report.name, report.outcome);
-        }
+pub async fn stop_services(services: &SharedSupervisor) {
+    for report in services.stop_all().await {
+        info!("service {}: {:?}", report.name, report.outcome);
     }
 }
 

@@ -19,18 +19,18 @@ pub const STOP_GRACE: Duration = Duration::from_secs(10);
 pub const STRAGGLER_KILL_WAIT: Duration = Duration::from_secs(3);
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
-/// The mount table the panic path unmounts: registered once by the boot
-/// ([`register_mount_table`]) because a panic hook gets no context. Everything else receives
-/// the [`SharedMountTable`] from the boot explicitly.
+/// Global because the panic hook and [`crate::fatal::fatal`] get no context: the mount table
+/// they unmount, registered once by the boot ([`register_mount_table`]). Everything else
+/// receives the [`SharedMountTable`] from the boot's context.
 static PANIC_PATH_MOUNTS: OnceLock<SharedMountTable> = OnceLock::new();
 
-/// Registers PID 1's mount table for the panic path (and [`mount_table`]); the first call wins.
+/// Registers PID 1's mount table for the panic path ([`mount_table`]); the first call wins.
 pub fn register_mount_table(mounts: &SharedMountTable) {
     let _ = PANIC_PATH_MOUNTS.set(mounts.clone());
 }
 
-/// The registered mount table (empty if the boot registered none yet). For the panic path,
-/// and for `node.rs`'s pivot until it is handed the table.
+/// The registered mount table (empty if the boot registered none yet). Only for the panic
+/// path and [`crate::fatal::fatal`], which have no context to get it from.
 pub fn mount_table() -> MutexGuard<'static, MountTable> {
     PANIC_PATH_MOUNTS
         .get_or_init(SharedMountTable::default)

@@ -22,6 +22,7 @@ use hawser_init::disk::dm::DmError;
 use hawser_init::disk::key::{FixedKey, VolumeKey};
 use hawser_init::disk::lifecycle::{self, Action, Options, Platform};
 use hawser_init::disk::probe::{self, Contents, ProbeError};
+use hawser_init::platform::error_chain;
 use hawser_init::timings::PhaseTimer;
 use hawser_luks2::{self as luks2, DiskState, HeaderSlot, Integrity, KeyDigest, NewHeader};
 use zeroize::Zeroizing;
@@ -342,10 +343,8 @@ fn cryptsetup_headers_with_other_parameters_are_refused() {
             matches!(err, ProbeError::Refused(_) | ProbeError::Foreign { .. }),
             "{err}"
         );
-        assert!(
-            err.to_string().contains(expected),
-            "{expected:?} not in {err}"
-        );
+        let chain = error_chain(&err);
+        assert!(chain.contains(expected), "{expected:?} not in {chain}");
     }
 }
 

@@ -139,7 +139,7 @@ impl Boot {
             return Ok(());
         };
         let state_disk = config.state_disk.disk.is_some();
-        let pivoted = node::pivot(root_hash, self.tpm()?, state_disk).await;
+        let pivoted = node::pivot(root_hash, self.tpm()?, state_disk, self.mounts()).await;
         if let Err(e) = pivoted {
             if let node::Role::Init { progress, .. } = role {
                 progress.fail(&format!("the pivot into the rootfs: {}", error_chain(&e)));
@@ -154,7 +154,7 @@ impl Boot {
             _ => None,
         };
         match identity {
-            Some(identity) => node::run(role, identity, self.registry()).await,
+            Some(identity) => node::run(role, identity, self.registry(), self.services()).await,
             None => {
                 let reason = "no node identity for Kubernetes (needs hawser.net and a cluster \
                               key source): containerd, kubelet and kubeadm are not started";

@@ -1,6 +1,8 @@
 //! The [`Boot`] context: what the phases of the bring-up share — the phase timer, the warnings
-//! for the boot report, the child registry, the shutdown-request channel, the mount table and,
-//! once opened, the TPM. One method times a phase, one keeps a warning.
+//! for the boot report, the child registry, the shutdown-request channel, the mount table, the
+//! node's services and, once opened, the TPM. One method times a phase, one keeps a warning.
+//! The mount table and the services are handles: the shutdown holds clones of them, since it
+//! also runs while a phase holds the context.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -13,6 +15,7 @@ use super::{BootError, ShutdownRequest};
 use crate::platform::mounts::SharedMountTable;
 use crate::platform::reaper::ChildRegistry;
 use crate::platform::timings::PhaseTimer;
+use crate::supervisor::SharedSupervisor;
 
 /// The warnings of the bring-up, for the boot report: each is logged once when kept.
 #[derive(Debug, Default)]
@@ -34,6 +37,7 @@ pub struct Boot {
     registry: ChildRegistry,
     requests: mpsc::Sender<ShutdownRequest>,
     mounts: SharedMountTable,
+    services: SharedSupervisor,
     tpm: Option<Arc<Tpm>>,
 }
 
@@ -53,6 +57,7 @@ impl Boot {
             registry,
             requests,
             mounts,
+            services: SharedSupervisor::default(),
             tpm: None,
         }
     }
@@ -133,6 +138,11 @@ impl Boot {
     /// PID 1's mount table (what the shutdown unmounts).
     pub fn mounts(&self) -> &SharedMountTable {
         &self.mounts
+    }
+
+    /// The node's services, once started after the pivot (what the shutdown stops first).
+    pub fn services(&self) -> &SharedSupervisor {
+        &self.services
     }
 
     /// Keeps the opened TPM for the later phases.

@@ -26,9 +26,10 @@
 //! bring-up is fatal ([`crate::fatal`]).
 //!
 //! `bring_up` is the script; each phase is one method of the [`Boot`] context (`context.rs`),
-//! which owns the phase timer, the warnings for the boot report, the child registry and the
-//! TPM: the phases before the state disk in `phases.rs`, the state disk's prepare → race →
-//! apply in `state_disk.rs`, the report and the node in `after_disk.rs`.
+//! which owns the phase timer, the warnings for the boot report, the child registry, the TPM,
+//! the mount table and the node's services (the shutdown stops and unmounts through clones of
+//! those two handles): the phases before the state disk in `phases.rs`, the state disk's
+//! prepare → race → apply in `state_disk.rs`, the report and the node in `after_disk.rs`.
 
 mod after_disk;
 mod context;
@@ -58,6 +59,7 @@ use crate::platform::reaper::{self, ChildRegistry};
 use crate::platform::syscalls::{LinuxSyscalls, PowerAction, Syscalls};
 use crate::platform::timings::PhaseTimer;
 use crate::shutdown::{self, STOP_GRACE, STRAGGLER_KILL_WAIT};
+use crate::supervisor::SharedSupervisor;
 
 /// How long to wait for the TPM device node: devtmpfs creates it when the TIS/CRB driver has
 /// probed, which can lag behind /init on a slow (TCG) VM.
@@ -67,6 +69,7 @@ pub const ENTROPY_BYTES: usize = 32;
 /// Length of a nonce PID 1 makes itself when fw_cfg gives none.
 pub const GENERATED_NONCE_BYTES: usize = 32;
 
+/// The real syscalls: a unit struct with no state, named once for the phases to borrow.
 static LINUX: LinuxSyscalls = LinuxSyscalls;
 
 /// A bring-up step that failed. The message reads as the reason of a `FATAL:` line.
@@ -208,6 +211,8 @@ async fn supervise(timer: PhaseTimer, warnings: Warnings, mounts: SharedMountTab
     }
 
     let mut boot = Boot::new(timer, warnings, registry, requests.clone(), mounts.clone());
+    // The shutdown may interrupt the bring-up, which holds the context: it gets the handles.
+    let services = boot.services().clone();
     tokio::select! {
         result = bring_up(&mut boot) => match result {
             Ok(()) => {
@@ -219,10 +224,10 @@ async fn supervise(timer: PhaseTimer, warnings: Warnings, mounts: SharedMountTab
             }
             Err(e) => fatal_error(&e),
         },
-        Some(request) = requested.recv() => shutdown(request, &mounts).await,
+        Some(request) = requested.recv() => shutdown(request, &mounts, &services).await,
     }
     match requested.recv().await {
-        Some(request) => shutdown(request, &mounts).await,
+        Some(request) => shutdown(request, &mounts, &services).await,
         None => fatal("every source of shutdown requests is gone"),
     }
 }
@@ -248,10 +253,14 @@ pub fn listen_for_signals(requests: &mpsc::Sender<ShutdownRequest>) -> io::Resul
 }
 
 /// Stops everything and powers off. Never returns.
-async fn shutdown(request: ShutdownRequest, mounts: &SharedMountTable) -> ! {
+async fn shutdown(
+    request: ShutdownRequest,
+    mounts: &SharedMountTable,
+    services: &SharedSupervisor,
+) -> ! {
     info!("shutdown requested by {request}");
     // The node's services first, in reverse start order, each given time to stop cleanly.
-    node::stop_services().await;
+    node::stop_services(services).await;
     let stopped = tokio::task::spawn_blocking(|| {
         shutdown::stop_all_processes(
             &LINUX,

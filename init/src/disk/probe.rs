@@ -19,6 +19,8 @@ use std::io;
 
 use hawser_luks2::{self as luks2, HeaderError, HeaderSlot, Integrity, PolicyError, Selected};
 
+use crate::platform::error_chain;
+
 /// The smallest disk hawser formats: the 16 MiB LUKS2 metadata plus room for a filesystem.
 pub const MIN_DISK_SIZE: u64 = 64 * 1024 * 1024;
 /// Scanned for zeros / signatures from the start of the disk.
@@ -80,8 +82,8 @@ pub enum ProbeError {
     )]
     Foreign { what: String },
     /// The LUKS2 header is well-formed but not one hawser opens (cipher, sizes, integrity).
-    #[error("its LUKS2 header is not one hawser opens: {0}")]
-    Refused(HeaderError),
+    #[error("its LUKS2 header is not one hawser opens")]
+    Refused(#[source] HeaderError),
     /// Both header copies are damaged and the data area is not blank.
     #[error(
         "hawser's LUKS2 header is damaged ({copies}) but the disk holds data at byte {data_at}; \
@@ -130,7 +132,7 @@ pub fn probe(disk: &dyn BlockIo, integrity: Integrity) -> Result<Contents, Probe
             });
         }
         Err(HeaderError::NoValidCopy { primary, secondary }) => {
-            format!("{primary}; {secondary}")
+            format!("{}; {}", error_chain(&primary), error_chain(&secondary))
         }
         Err(refused) => return Err(ProbeError::Refused(refused)),
     };
@@ -360,6 +362,14 @@ mod tests {
             .unwrap();
         let err = probe(&disk, Integrity::HmacSha256).unwrap_err();
         assert!(matches!(err, ProbeError::Refused(_)), "{err}");
+        // The reason is the cause, printed once by the chain, not part of the message.
+        assert_eq!(err.to_string(), "its LUKS2 header is not one hawser opens");
+        assert_eq!(
+            error_chain(&err),
+            "its LUKS2 header is not one hawser opens: the primary header (offset 0) has data \
+             integrity none, hawser only opens \"hmac(sha256)\" (journal encryption \"none\", \
+             journal integrity \"none\") (hawser.state_disk_integrity=hmac-sha256)"
+        );
     }
 
     #[test]

@@ -171,11 +171,11 @@ fn failure(reason: &str) -> InitResponse {
 }
 
 /// Why a request is refused (→ `InvalidArgument`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum RequestError {
-    /// The master secret or its salt is too short.
-    #[error("invalid master secret: {0}")]
-    MasterSecret(String),
+    /// The master secret is too short.
+    #[error("invalid master secret")]
+    MasterSecret(#[source] hawser_keys::KeyError),
     /// The measurement salt has the wrong length.
     #[error("measurement_salt must be {MEASUREMENT_SALT_LEN} bytes, got {0}")]
     MeasurementSalt(usize),
@@ -186,14 +186,18 @@ pub enum RequestError {
     /// label (`v1.33.4`, `v1.34.0-rc.1`).
     #[error("kubernetes_version {value:?} is not a Kubernetes version to install (e.g. v1.33.4)")]
     KubernetesVersion {
+        /// The version as the request spelled it.
         value: String,
+        /// Why it is not one.
         #[source]
         source: KubernetesVersionError,
     },
     /// The Service range is not a CIDR, or is larger than the API server allows.
     #[error("service_cidr {value:?} is not a usable Service range (e.g. 10.96.0.0/12)")]
     ServiceCidr {
+        /// The range as the request spelled it.
         value: String,
+        /// Why it is not usable.
         #[source]
         source: ServiceCidrError,
     },
@@ -257,8 +261,7 @@ pub fn validate_recover(
 }
 
 fn take_master(key: &mut Vec<u8>, salt: &mut Vec<u8>) -> Result<MasterSecret, RequestError> {
-    let result = MasterSecret::new(key.clone(), salt.clone())
-        .map_err(|e| RequestError::MasterSecret(e.to_string()));
+    let result = MasterSecret::new(key.clone(), salt.clone()).map_err(RequestError::MasterSecret);
     key.zeroize();
     salt.zeroize();
     result
@@ -469,7 +472,10 @@ mod tests {
     fn each_bad_field_is_named() {
         type Mutation = fn(&mut InitRequest);
         let cases: [(Mutation, &str); 12] = [
-            (|r| r.master_secret = vec![1; 8], "invalid master secret"),
+            (
+                |r| r.master_secret = vec![1; 8],
+                "invalid master secret: the master secret is 8 bytes",
+            ),
             (
                 |r| r.measurement_salt = vec![1; 3],
                 "measurement_salt must be 32 bytes, got 3",
@@ -528,10 +534,8 @@ mod tests {
             master_secret_salt: vec![8; 32],
             measurement_salt: Vec::new(),
         };
-        assert_eq!(
-            validate_recover(&mut request).unwrap_err(),
-            RequestError::MeasurementSalt(0)
-        );
+        let err = validate_recover(&mut request).unwrap_err();
+        assert!(matches!(err, RequestError::MeasurementSalt(0)), "{err:?}");
     }
 
     fn server(disk: DiskStatus) -> (InitServer, oneshot::Receiver<Grant>, Arc<NodeLock>) {

@@ -43,14 +43,18 @@ struct Sinks {
     kmsg: Option<File>,
 }
 
+/// Global because every log line goes there, also from the panic hook and `fatal`, which get
+/// no context.
 static SINKS: Mutex<Sinks> = Mutex::new(Sinks {
     console: None,
     kmsg: None,
 });
+/// Global because the tracing subscriber is process-wide: the handle that changes its level.
 static LEVEL_HANDLE: OnceLock<reload::Handle<LevelFilter, tracing_subscriber::Registry>> =
     OnceLock::new();
 
 /// Copies of every log line for whoever listens (the init server streams them to the admin).
+/// Global because the process-wide subscriber writes into it.
 static TAP: OnceLock<tokio::sync::broadcast::Sender<String>> = OnceLock::new();
 
 /// How many log lines a slow listener may fall behind before it misses some.

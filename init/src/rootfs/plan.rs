@@ -62,8 +62,8 @@ const NOSUID_NODEV: MsFlags = MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV);
 
 /// API filesystems the new root needs and the initramfs did not: pseudo-terminals, POSIX
 /// shared memory, and the cgroup v2 hierarchy (kubelet and containerd refuse to run without
-/// it). Mounted after [`switch_root`], through the shutdown mount table so that they are
-/// unmounted at shutdown: `shutdown::mount_table().mount_all(&sys, &NEW_ROOT_API_MOUNTS)`.
+/// it). Mounted after [`switch_root`], through PID 1's mount table so that they are unmounted
+/// at shutdown: `mounts.lock().mount_all(&sys, &NEW_ROOT_API_MOUNTS)` (`node::pivot`).
 pub const NEW_ROOT_API_MOUNTS: [MountSpec; 3] = [
     MountSpec {
         source: "devpts",

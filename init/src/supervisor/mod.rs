@@ -322,6 +322,43 @@ impl Supervisor {
     }
 }
 
+/// A handle on the node's [`Supervisor`], shared by whoever starts services (the node, after
+/// the pivot) and whoever stops them (the shutdown). Cloning it shares the supervisor; it is
+/// empty until the node hands its services over.
+#[derive(Clone, Default)]
+pub struct SharedSupervisor(std::sync::Arc<tokio::sync::Mutex<Option<Supervisor>>>);
+
+impl SharedSupervisor {
+    /// Hands `services` over; gives them back if services were handed over already.
+    pub async fn install(&self, services: Supervisor) -> Result<(), Supervisor> {
+        let mut slot = self.0.lock().await;
+        if slot.is_some() {
+            return Err(services);
+        }
+        *slot = Some(services);
+        Ok(())
+    }
+
+    /// Starts `spec` under the handed-over supervisor; false if none was handed over.
+    pub async fn start(&self, spec: ServiceSpec) -> bool {
+        match self.0.lock().await.as_mut() {
+            Some(services) => {
+                services.start(spec);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// [`Supervisor::stop_all`]; no reports if no services were handed over.
+    pub async fn stop_all(&self) -> Vec<StopReport> {
+        match self.0.lock().await.as_mut() {
+            Some(services) => services.stop_all().await,
+            None => Vec::new(),
+        }
+    }
+}
+
 /// Sends SIGTERM, waits `timeout`, then SIGKILL and waits [`SERVICE_SIGKILL_WAIT`].
 async fn terminate(child: &mut SupervisedChild, name: &str, timeout: Duration) -> ServiceStop {
     let pid = child.id();
@@ -694,6 +731,28 @@ pub(crate) mod tests {
             "{reports:?}"
         );
         assert!(logs.contains("second still runs 0.3 s after SIGTERM; sending SIGKILL"));
+    }
+
+    #[tokio::test]
+    async fn the_shared_supervisor_stops_what_any_handle_started_once_handed_over() {
+        let quiet = |name: &str| sh(name, "trap 'exit 0' TERM; while :; do sleep 0.05; done");
+        let node = SharedSupervisor::default();
+        let shutdown = node.clone();
+        // Before the node hands its services over there is nothing to start into or stop.
+        assert!(!node.start(quiet("early")).await);
+        assert!(shutdown.stop_all().await.is_empty());
+
+        let mut services = Supervisor::new(ChildRegistry::new());
+        services.start(quiet("first"));
+        assert!(node.install(services).await.is_ok());
+        let again = Supervisor::new(ChildRegistry::new());
+        assert!(node.install(again).await.is_err(), "handed over twice");
+        assert!(node.start(quiet("second")).await);
+
+        let reports = shutdown.stop_all().await;
+        let names: Vec<&str> = reports.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["second", "first"]);
+        assert!(shutdown.stop_all().await.is_empty());
     }
 
     #[tokio::test]
