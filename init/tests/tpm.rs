@@ -39,6 +39,11 @@ fn the_boot_report_verifies_and_replays_pcr_11() {
 
     let first = report(&tpm, &nonce, &timer);
     let verified = first.verify(Some(&nonce)).unwrap();
+    // The quote binds the boot report's labelled hash of the host's nonce, never the nonce.
+    assert_eq!(
+        verified.quote.nonce,
+        hawser_attestation::report::boot_report_qualifying_data(&nonce)
+    );
     // A fresh TPM: PCR 11 was zero, and is now extend(0, H("enter-initrd")).
     assert_eq!(first.pcr11_before_phase, "00".repeat(32));
     assert_eq!(
