@@ -182,6 +182,13 @@ impl Enrollment {
         }
     }
 
+    /// The cluster the state disk records: the join client refuses (and asks past) a join
+    /// service of another cluster, before the lock ([`JoinClient::disk_cluster`]).
+    pub fn disk_cluster(mut self, cluster_id: Option<[u8; 32]>) -> Self {
+        self.join = self.join.map(|join| join.disk_cluster(cluster_id));
+        self
+    }
+
     /// The node lock the init server watches and [`KeyGrant::take_lock`] takes.
     pub fn node_lock(&self) -> Arc<NodeLock> {
         Arc::clone(&self.lock)
