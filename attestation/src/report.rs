@@ -7,6 +7,23 @@
 //! in the report covers the reported PCR values and the nonce, and the reported PCR 11 equals
 //! the replay of the phase words hawser extended on top of the value it read before.
 //!
+//! # The qualifying data
+//!
+//! The nonce comes from the host (fw_cfg `quote_nonce`), and the AK that signs the boot report's
+//! quote is the one that signs aTLS evidence. So the nonce never goes into the quote as it is:
+//! the quote's qualifying data (`extraData`, 32 bytes) is
+//!
+//! ```text
+//! SHA-256( "hawser boot report v1\0"     22 bytes, domain separation
+//!        || nonce )                       1-64 bytes, chosen by the verifier (or the node)
+//! ```
+//!
+//! ([`boot_report_qualifying_data`]). aTLS hashes its own label (`"hawser aTLS evidence v1\0"`,
+//! [`crate::evidence::QUALIFYING_DATA_PREFIX`]) in front of its inputs, and the two labels differ
+//! in their eighth byte, so no nonce a host chooses makes a boot-report quote that aTLS accepts
+//! (that would be a SHA-256 collision): the host cannot use the boot as a signing oracle for an
+//! aTLS binding of its choice.
+//!
 //! What `verify` does **not** decide is whether the AK belongs to a TPM you trust: it returns
 //! the AK's name and fingerprint in [`VerifiedQuote`], and the caller must compare them with a
 //! trusted AK (see [`VerifiedQuote::ensure_ak_name`]) or a certificate chain. It also does not
@@ -75,6 +92,18 @@ pub use hawser_measurements::eventlog::EVENT_LOG_MARKER;
 /// The report format this crate writes and verifies.
 pub const REPORT_VERSION: u32 = 1;
 
+/// The first bytes hashed into a boot report's qualifying data (see the module docs).
+pub const BOOT_REPORT_QUALIFYING_DATA_PREFIX: &[u8; 22] = b"hawser boot report v1\0";
+
+/// The qualifying data a boot report's quote binds for `nonce`:
+/// `SHA-256("hawser boot report v1\0" || nonce)` (see the module docs).
+pub fn boot_report_qualifying_data(nonce: &[u8]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(BOOT_REPORT_QUALIFYING_DATA_PREFIX);
+    hasher.update(nonce);
+    hasher.finalize().into()
+}
+
 /// Evidence from one TPM2_Quote, as the TPM marshalled it (hex strings).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct QuoteEvidence {
@@ -110,7 +139,7 @@ pub struct BootReport {
     pub kernel_release: String,
     /// The TPM device used, e.g. "/dev/tpmrm0".
     pub tpm_device: String,
-    /// Hex of the quote's qualifying data.
+    /// Hex of the nonce; the quote binds [`boot_report_qualifying_data`] of it.
     pub nonce: String,
     /// Where the nonce came from: "fw_cfg" (the verifier's) or "generated" (the node's own).
     pub nonce_source: String,
@@ -192,9 +221,17 @@ pub enum VerifyError {
         "the quote's qualifiedSigner is {actual}, expected {expected} (the AK as a primary key of the endorsement hierarchy)"
     )]
     QualifiedSigner { expected: String, actual: String },
-    /// The quote's extraData differs from the nonce the report claims.
-    #[error("the quote's extraData is {attest}, but the report's nonce field is {report}")]
-    NonceMismatch { report: String, attest: String },
+    /// The quote's extraData is not the boot-report qualifying data of the nonce the report
+    /// claims (a quote made for another nonce, or for another purpose such as aTLS).
+    #[error(
+        "the quote's extraData is {attest}, but the report's nonce field {report} gives the \
+         boot-report qualifying data {expected}"
+    )]
+    NonceMismatch {
+        report: String,
+        expected: String,
+        attest: String,
+    },
     /// The quote's nonce is not the one the verifier asked for (a replay, or another boot).
     #[error("the quote's nonce is {actual}, expected {expected}")]
     UnexpectedNonce { expected: String, actual: String },
@@ -263,8 +300,11 @@ pub struct VerifiedQuote {
 /// What a valid boot report proves (on top of [`VerifiedQuote`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerifiedReport {
-    /// The verified quote.
+    /// The verified quote (its `nonce` is the qualifying data, [`boot_report_qualifying_data`]
+    /// of [`VerifiedReport::nonce`]).
     pub quote: VerifiedQuote,
+    /// The report's nonce, which the quote binds.
+    pub nonce: Vec<u8>,
     /// The quoted sha256-bank PCR values.
     pub pcrs: BTreeMap<u8, [u8; 32]>,
     /// PCR 11 before the phase words, as reported (consistent with the quoted PCR 11).
@@ -301,8 +341,9 @@ fn describe_selections(selections: &[tpm_types::PcrSelection]) -> String {
 impl QuoteEvidence {
     /// Checks that this quote is a TPM-generated quote signed by a restricted P-256 ECDSA
     /// signing key that is a primary of the endorsement hierarchy, over exactly the declared
-    /// sha256 PCRs, binding `nonce`.
-    pub fn verify(&self, nonce: &[u8]) -> Result<VerifiedQuote, VerifyError> {
+    /// sha256 PCRs, with `qualifying_data` as its extraData (for a boot report, that is
+    /// [`boot_report_qualifying_data`] of the nonce; [`BootReport::verify`] derives it).
+    pub fn verify(&self, qualifying_data: &[u8]) -> Result<VerifiedQuote, VerifyError> {
         let ak_bytes = decode_hex("quote.ak_public", &self.ak_public)?;
         let attest_bytes = decode_hex("quote.attest", &self.attest)?;
         let signature_bytes = decode_hex("quote.signature", &self.signature)?;
@@ -314,7 +355,7 @@ impl QuoteEvidence {
             },
             &REPORT_FIELDS,
             &self.pcr_selection,
-            nonce,
+            qualifying_data,
         )
     }
 }
@@ -520,9 +561,10 @@ impl VerifiedQuote {
 }
 
 impl BootReport {
-    /// Verifies the report (see the module docs): the quote with its own nonce field, that
-    /// nonce against `expected_nonce` when the verifier supplied one, the PCR values against the
-    /// quoted digest, and PCR 11 against the replay of `phases_extended`.
+    /// Verifies the report (see the module docs): the quote with the boot-report qualifying
+    /// data of its own nonce field, that nonce against `expected_nonce` when the verifier
+    /// supplied one, the PCR values against the quoted digest, and PCR 11 against the replay of
+    /// `phases_extended`.
     pub fn verify(&self, expected_nonce: Option<&[u8]>) -> Result<VerifiedReport, VerifyError> {
         if self.report_version != REPORT_VERSION {
             return Err(VerifyError::UnsupportedReportVersion {
@@ -531,13 +573,18 @@ impl BootReport {
             });
         }
         let nonce = decode_hex("nonce", &self.nonce)?;
-        let quote = self.quote.verify(&nonce).map_err(|err| match err {
-            VerifyError::UnexpectedNonce { expected, actual } => VerifyError::NonceMismatch {
-                report: expected,
-                attest: actual,
-            },
-            other => other,
-        })?;
+        let qualifying_data = boot_report_qualifying_data(&nonce);
+        let quote = self
+            .quote
+            .verify(&qualifying_data)
+            .map_err(|err| match err {
+                VerifyError::UnexpectedNonce { expected, actual } => VerifyError::NonceMismatch {
+                    report: self.nonce.clone(),
+                    expected,
+                    attest: actual,
+                },
+                other => other,
+            })?;
         if let Some(expected) = expected_nonce
             && expected != nonce.as_slice()
         {
@@ -576,6 +623,7 @@ impl BootReport {
 
         Ok(VerifiedReport {
             quote,
+            nonce,
             pcrs,
             pcr11_before_phase: before,
             phases_extended: self.phases_extended.clone(),
@@ -606,12 +654,17 @@ impl BootReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_fixtures::{AK_NAME, AK_PUB, ATTEST, ATTEST_HIGH_S, SIG, SIG_HIGH_S};
+    use crate::test_fixtures::{
+        AK_PUB, ATTEST, BOOT_REPORT_AK_NAME as AK_NAME, BOOT_REPORT_AK_PUB,
+        BOOT_REPORT_ATTEST as REPORT_ATTEST, BOOT_REPORT_ATTEST_HIGH_S as REPORT_ATTEST_HIGH_S,
+        BOOT_REPORT_SIG as REPORT_SIG, BOOT_REPORT_SIG_HIGH_S as REPORT_SIG_HIGH_S, SIG,
+    };
 
     const NONCE: &str = "00112233445566778899aabbccddeeff";
     const PCR11: &str = "d15b0e8e244e65c40f024e95773f2347ce4ef3ffe6b597c9a14b50bbab6df319";
 
-    /// A report around the tpm2-tools quote: the fixture TPM had PCR 11 = extend(0, enter-initrd),
+    /// A report around the tpm2-tools boot-report quote (qualifying data
+    /// `boot_report_qualifying_data(NONCE)`): the fixture TPM had PCR 11 = extend(0, enter-initrd),
     /// PCRs 17..=22 all-ones (locality-4 PCRs reset to ones) and every other PCR zero.
     fn tpm2_tools_report() -> BootReport {
         let pcrs = (0u8..=23)
@@ -635,9 +688,9 @@ mod tests {
             phases_extended: vec!["enter-initrd".into()],
             pcrs,
             quote: QuoteEvidence {
-                ak_public: AK_PUB.into(),
-                attest: ATTEST.into(),
-                signature: SIG.into(),
+                ak_public: BOOT_REPORT_AK_PUB.into(),
+                attest: REPORT_ATTEST.into(),
+                signature: REPORT_SIG.into(),
                 pcr_selection: (0..=23).collect(),
             },
             timings: vec![PhaseTiming {
@@ -657,7 +710,8 @@ mod tests {
             .verify(Some(&nonce))
             .expect("the tpm2-tools quote verifies");
         assert_eq!(verified.quote.ak_name, hex::decode(AK_NAME).expect("hex"));
-        assert_eq!(verified.quote.nonce, nonce);
+        assert_eq!(verified.nonce, nonce);
+        assert_eq!(verified.quote.nonce, boot_report_qualifying_data(&nonce));
         assert_eq!(verified.quote.clock_info.reset_count, 1);
         assert_eq!(verified.quote.firmware_version, 0x2019_1023_0016_3636);
         assert_eq!(verified.pcrs.len(), 24);
@@ -679,8 +733,8 @@ mod tests {
 
         // The high-S quote of the same state verifies too.
         let mut report = tpm2_tools_report();
-        report.quote.attest = ATTEST_HIGH_S.into();
-        report.quote.signature = SIG_HIGH_S.into();
+        report.quote.attest = REPORT_ATTEST_HIGH_S.into();
+        report.quote.signature = REPORT_SIG_HIGH_S.into();
         report.verify(None).expect("high-S quote verifies");
     }
 
@@ -755,7 +809,7 @@ mod tests {
         assert!(matches!(err, VerifyError::NonceMismatch { .. }), "{err}");
 
         let mut r = tpm2_tools_report();
-        let mut sig = hex::decode(SIG).expect("hex");
+        let mut sig = hex::decode(REPORT_SIG).expect("hex");
         let last = sig.len() - 1;
         sig[last] ^= 0x01;
         r.quote.signature = hex::encode(sig);
@@ -763,12 +817,12 @@ mod tests {
         assert!(matches!(err, VerifyError::SignatureInvalid { .. }), "{err}");
 
         let mut r = tpm2_tools_report();
-        r.quote.attest = ATTEST[..ATTEST.len() - 2].into();
+        r.quote.attest = REPORT_ATTEST[..REPORT_ATTEST.len() - 2].into();
         let err = r.verify(None).expect_err("truncated attest");
         assert_eq!(
             crate::error_chain(&err),
             "field quote.attest does not parse: TPMS_ATTEST: field attested.quote.pcrDigest \
-             at offset 97 needs 32 bytes but only 31 remain"
+             at offset 113 needs 32 bytes but only 31 remain"
         );
 
         let mut r = tpm2_tools_report();
@@ -829,7 +883,7 @@ mod tests {
     fn refuses_an_unrestricted_or_decrypting_ak() {
         // Clearing `restricted` changes the AK's name, so the signature check would fail too;
         // the attribute check comes first and names the real problem.
-        let mut ak = hex::decode(AK_PUB).expect("hex");
+        let mut ak = hex::decode(BOOT_REPORT_AK_PUB).expect("hex");
         // objectAttributes are bytes 6..10 of the TPM2B_PUBLIC (size 2, type 2, nameAlg 2).
         ak[7] &= !0x01; // bit 16: restricted
         let mut r = tpm2_tools_report();
@@ -846,7 +900,7 @@ mod tests {
             "{err}"
         );
 
-        let mut ak = hex::decode(AK_PUB).expect("hex");
+        let mut ak = hex::decode(BOOT_REPORT_AK_PUB).expect("hex");
         ak[7] |= 0x02; // bit 17: decrypt
         let mut r = tpm2_tools_report();
         r.quote.ak_public = hex::encode(&ak);
@@ -857,5 +911,74 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn boot_report_qualifying_data_is_the_labelled_hash_of_the_nonce() {
+        let nonce = hex::decode(NONCE).expect("hex");
+        // The value tpm2_quote was given for the fixture (computed with Python's hashlib).
+        assert_eq!(
+            hex::encode(boot_report_qualifying_data(&nonce)),
+            "819ca5a192c932bb5f375de145a4e1dd4ab5613afe297b65d08e9fc68002cfa5"
+        );
+        let mut input = b"hawser boot report v1\0".to_vec();
+        input.extend_from_slice(&nonce);
+        assert_eq!(
+            boot_report_qualifying_data(&nonce),
+            <[u8; 32]>::from(Sha256::digest(&input))
+        );
+        assert_ne!(
+            boot_report_qualifying_data(&nonce),
+            boot_report_qualifying_data(&nonce[1..])
+        );
+    }
+
+    #[test]
+    fn boot_report_and_atls_qualifying_data_are_separate_domains() {
+        use crate::evidence::{Binding, QUALIFYING_DATA_PREFIX, Role};
+        // Neither label is a prefix of the other: the hash inputs of the two domains differ in
+        // their first bytes whatever follows, so equal outputs would be a SHA-256 collision.
+        let (report, atls) = (
+            &BOOT_REPORT_QUALIFYING_DATA_PREFIX[..],
+            &QUALIFYING_DATA_PREFIX[..],
+        );
+        let common = report.len().min(atls.len());
+        assert_ne!(report[..common], atls[..common]);
+        // A host that chooses the boot report's nonce to be exactly the aTLS input after the
+        // label still gets another value than aTLS expects.
+        let nonce = [0x42; 32];
+        let binding = Binding {
+            role: Role::Server,
+            nonce: &nonce,
+            tls_spki_der: b"spki",
+        };
+        let atls_value = binding.qualifying_data(b"");
+        let mut atls_input_after_label = vec![b's'];
+        atls_input_after_label.extend_from_slice(&nonce);
+        atls_input_after_label.extend_from_slice(&binding.tls_key_hash());
+        atls_input_after_label.extend_from_slice(&Sha256::digest(b""));
+        for host_nonce in [&atls_value[..], &atls_input_after_label[..]] {
+            assert_ne!(boot_report_qualifying_data(host_nonce), atls_value);
+        }
+    }
+
+    #[test]
+    fn a_quote_of_the_raw_nonce_is_not_a_boot_report() {
+        // The tpm2-tools quote with the nonce itself as qualifying data (what a boot report
+        // quoted before domain separation) is refused, naming the value it should bind.
+        let mut r = tpm2_tools_report();
+        r.quote.ak_public = AK_PUB.into();
+        r.quote.attest = ATTEST.into();
+        r.quote.signature = SIG.into();
+        let err = r.verify(None).expect_err("raw nonce");
+        assert!(matches!(err, VerifyError::NonceMismatch { .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "the quote's extraData is {NONCE}, but the report's nonce field {NONCE} gives \
+                 the boot-report qualifying data \
+                 819ca5a192c932bb5f375de145a4e1dd4ab5613afe297b65d08e9fc68002cfa5"
+            )
+        );
     }
 }

@@ -538,6 +538,18 @@ impl Tpm {
         })
     }
 
+    /// The quote of a boot report: the sha256-bank `pcrs` with the AK, binding
+    /// [`boot_report_qualifying_data`](crate::report::boot_report_qualifying_data) of `nonce` —
+    /// never the nonce itself, which the host may have chosen (see [`crate::report`]).
+    pub fn quote_boot_report(
+        &self,
+        ak: &AttestationKey,
+        nonce: &[u8],
+        pcrs: &[u8],
+    ) -> Result<QuoteEvidence, TpmError> {
+        self.quote(ak, &crate::report::boot_report_qualifying_data(nonce), pcrs)
+    }
+
     /// [`Tpm::quote`] returning the marshalled `TPMS_ATTEST` and `TPMT_SIGNATURE` as bytes.
     ///
     /// The AK is authorised with a password session (its auth value is empty), not an HMAC

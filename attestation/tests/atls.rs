@@ -894,3 +894,76 @@ async fn mutual_attestation_on_a_current_thread_runtime() {
     assert!(s.peer_attestation().evidence().is_some());
     assert!(c.peer_attestation().evidence().is_some());
 }
+
+/// Tamper row: a boot-report quote replayed as aTLS evidence
+///
+/// The host chooses the boot report's nonce (fw_cfg `quote_nonce`), and the boot report is
+/// quoted with the AK that signs aTLS evidence. A host that sets the nonce to the qualifying
+/// data an aTLS verifier expects for a TLS key it holds gets a quote of the node's real PCRs —
+/// and the verifier still refuses it: the boot report binds a labelled hash of the nonce.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tamper_boot_report_quote_cannot_be_used_as_atls_evidence() {
+    let ca = ProviderCa::generate("test provider").expect("CA");
+    let node = node(&ca);
+    let issuer = Arc::clone(&node.issuer);
+    let pcrs = node.pcrs.clone();
+    let host_nonces: Arc<Mutex<Vec<[u8; 32]>>> = Arc::default();
+    let chosen = Arc::clone(&host_nonces);
+    let server = AtlsServer::new(
+        forged(move |role, nonce| {
+            let key = TlsKey::generate().expect("key");
+            let binding = Binding {
+                role,
+                nonce: nonce.expect("client nonce"),
+                tls_spki_der: key.spki_der(),
+            };
+            // The host's nonce for the next boot report: exactly what aTLS expects.
+            let host_nonce = binding.qualifying_data(b"");
+            chosen.lock().expect("lock").push(host_nonce);
+            let tpm = issuer.tpm();
+            let ak = tpm.create_attestation_key().expect("AK");
+            let all: Vec<u8> = pcrs.keys().copied().collect();
+            let quote = tpm
+                .quote_boot_report(&ak, &host_nonce, &all)
+                .expect("the boot report's quote");
+            let evidence = Evidence {
+                version: 1,
+                variant: hawser_attestation::Variant::QemuVtpm as i32,
+                ak_public: hex::decode(&quote.ak_public).expect("hex"),
+                quote: hex::decode(&quote.attest).expect("hex"),
+                signature: hex::decode(&quote.signature).expect("hex"),
+                pcrs_sha256: pcrs
+                    .iter()
+                    .map(|(pcr, value)| (u32::from(*pcr), value.to_vec()))
+                    .collect(),
+                ak_cert_chain: issuer.ak_cert_chain().to_vec(),
+                user_data: Vec::new(),
+                nonce: binding.nonce.to_vec(),
+                tls_key_hash: binding.tls_key_hash().to_vec(),
+            };
+            certificate_for(&key, &evidence)
+        }),
+        PeerPolicy::Unauthenticated,
+    );
+    let client = AtlsClient::new(Identity::Unattested, verify(&ca));
+    let reason = assert_client_refused_server(handshake(&server, &client).await);
+    let host_nonce = host_nonces.lock().expect("lock")[0];
+    assert_eq!(
+        reason,
+        format!(
+            "the quote's qualifying data is {}, expected {} for this connection's role \
+             (server), nonce, TLS key and user data",
+            hex::encode(hawser_attestation::report::boot_report_qualifying_data(
+                &host_nonce
+            )),
+            hex::encode(host_nonce)
+        )
+    );
+
+    // The same node's honest evidence passes the same verifier: the refusal is the binding's,
+    // not the AK's or the PCRs'.
+    let server = AtlsServer::new(attested(&node), PeerPolicy::Unauthenticated);
+    let (s, c) = handshake(&server, &client).await;
+    s.expect("server side");
+    c.expect("honest evidence verifies");
+}

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::Swtpm;
+use hawser_attestation::report::boot_report_qualifying_data;
 use hawser_attestation::tpm::HashingAlgorithm;
 use hawser_attestation::{
     BootReport, PhaseTiming, QuoteEvidence, REPORT_VERSION, Tpm, TpmError, VerifyError,
@@ -53,7 +54,7 @@ fn boot_report(tpm: &Tpm, nonce: &[u8]) -> BootReport {
     let pcrs = tpm.read_pcrs_sha256(ALL_PCRS).expect("read sha256 bank");
     let ak = tpm.create_attestation_key().expect("create AK");
     let all: Vec<u8> = ALL_PCRS.collect();
-    let quote = tpm.quote(&ak, nonce, &all).expect("quote");
+    let quote = tpm.quote_boot_report(&ak, nonce, &all).expect("quote");
     BootReport {
         report_version: REPORT_VERSION,
         hawser_version: "test".into(),
@@ -275,7 +276,8 @@ fn quote_becomes_a_boot_report_that_verifies() {
     let ak = tpm.create_attestation_key().expect("AK");
     assert_eq!(verified.quote.ak_name, ak.name());
     verified.quote.ensure_ak_name(ak.name()).expect("pinned AK");
-    assert_eq!(verified.quote.nonce, nonce);
+    assert_eq!(verified.nonce, nonce);
+    assert_eq!(verified.quote.nonce, boot_report_qualifying_data(&nonce));
     assert_eq!(verified.pcrs.len(), 24);
     assert_eq!(verified.pcr11_before_phase, [0; 32]);
     assert_eq!(
@@ -293,7 +295,7 @@ fn quote_becomes_a_boot_report_that_verifies() {
     let nonce2 = tpm.get_random(32).expect("nonce 2");
     let all: Vec<u8> = ALL_PCRS.collect();
     let mut report2 = report.clone();
-    report2.quote = tpm.quote(&ak, &nonce2, &all).expect("quote 2");
+    report2.quote = tpm.quote_boot_report(&ak, &nonce2, &all).expect("quote 2");
     report2.nonce = hex::encode(&nonce2);
     let verified2 = report2
         .verify(Some(&nonce2))

@@ -84,13 +84,15 @@ pub fn measure_enter_initrd(tpm: &Tpm) -> Result<Measurement, TpmStepError> {
     Ok(Measurement { pcr11_before, pcrs })
 }
 
-/// Creates the AK and quotes [`REPORTED_PCRS`] with `nonce`. The AK is flushed on return.
+/// Creates the AK and quotes [`REPORTED_PCRS`] for a boot report with `nonce` (the quote binds
+/// the boot-report qualifying data of the nonce, never the host's nonce itself: see
+/// `hawser_attestation::report`). The AK is flushed on return.
 pub fn quote_boot(tpm: &Tpm, nonce: &[u8]) -> Result<QuoteEvidence, TpmStepError> {
     let ak = tpm
         .create_attestation_key()
         .map_err(step("create the attestation key"))?;
     let pcrs: Vec<u8> = REPORTED_PCRS.collect();
-    tpm.quote(&ak, nonce, &pcrs)
+    tpm.quote_boot_report(&ak, nonce, &pcrs)
         .map_err(step("quote the boot PCRs"))
 }
 

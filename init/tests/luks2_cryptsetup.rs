@@ -9,7 +9,9 @@
 //!   wrong key;
 //! - hawser reads headers cryptsetup wrote (`luksFormat --volume-key-file`), including after an
 //!   operator adds a recovery keyslot, and refuses cryptsetup headers with other parameters;
-//! - the lifecycle, run on an image file, leaves a header cryptsetup reads as initialized.
+//! - the lifecycle, run on an image file, leaves a header cryptsetup reads as initialized;
+//! - the cluster ID in hawser's token survives cryptsetup's rewrites (`luksAddKey`), and
+//!   recording it later keeps an operator's keyslot usable.
 //!
 //! Needs `cryptsetup` (Debian package cryptsetup-bin, installed by `scripts/setup-host`).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
@@ -98,6 +100,7 @@ fn write_hawser_header(disk: &Path, integrity: Integrity, state: DiskState, volu
         digest: KeyDigest::compute(volume_key, [0x11; 32], luks2::DIGEST_ITERATIONS),
         state,
         seqid: 1,
+        cluster_id: None,
     };
     let mut bytes = luks2::new_header_copy(HeaderSlot::Primary, &header, [0x22; 64]);
     bytes.extend(luks2::new_header_copy(
@@ -388,6 +391,7 @@ fn the_lifecycle_on_an_image_file_leaves_a_header_cryptsetup_opens() {
         integrity: Integrity::None,
         mount_point: &mount,
         formatted_by: "hawser test",
+        cluster_id: None,
     };
     let disk = std::fs::OpenOptions::new()
         .read(true)
@@ -422,4 +426,75 @@ fn the_lifecycle_on_an_image_file_leaves_a_header_cryptsetup_opens() {
         probe::probe(&disk, Integrity::None).unwrap(),
         Contents::Hawser(_)
     ));
+}
+
+#[test]
+fn the_cluster_id_in_hawsers_token_survives_cryptsetup_and_keeps_an_operators_keyslot() {
+    let scratch = Scratch::new();
+    let disk = scratch.disk("disk.img");
+    let disk_str = disk.to_string_lossy().into_owned();
+    let volume_key = key(64, 7);
+    // A disk initialized before hawser recorded cluster IDs, with an operator's keyslot.
+    write_hawser_header(&disk, Integrity::None, DiskState::Initialized, &volume_key);
+    let vk = scratch.file("vk", &volume_key);
+    let passphrase = scratch.file("pass", b"recovery passphrase");
+    ok(&[
+        "luksAddKey",
+        "-q",
+        "--key-size",
+        "512",
+        "--volume-key-file",
+        &vk,
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        &disk_str,
+        &passphrase,
+    ]);
+    // hawser records the cluster ID as PID 1 does at the next lock: both copies, seqid + 1.
+    let selected = read_headers(&disk, Integrity::None).unwrap();
+    assert_eq!(selected.header.cluster_id, None);
+    let seqid = selected.header.seqid + 1;
+    let first = selected.source.slot.other();
+    let file = std::fs::OpenOptions::new().write(true).open(&disk).unwrap();
+    for (slot, salt) in [(first, [0x44; 64]), (first.other(), [0x55; 64])] {
+        let copy =
+            luks2::copy_recording_cluster_id(&selected.source, slot, seqid, &[0xc1; 32], salt)
+                .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &copy, slot.offset()).unwrap();
+    }
+    drop(file);
+
+    // cryptsetup reads the token and still opens the operator's keyslot.
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["luksDump", "--dump-json-metadata", &disk_str])).unwrap();
+    assert_eq!(json["tokens"]["0"]["type"], "hawser");
+    assert_eq!(json["tokens"]["0"]["cluster_id"], "c1".repeat(32));
+    ok(&[
+        "open",
+        "--test-passphrase",
+        "--key-file",
+        &passphrase,
+        &disk_str,
+    ]);
+
+    // Another cryptsetup rewrite (a second keyslot) keeps the token and its cluster ID.
+    let second = scratch.file("pass2", b"second passphrase");
+    ok(&[
+        "luksAddKey",
+        "-q",
+        "--key-file",
+        &passphrase,
+        "--pbkdf",
+        "pbkdf2",
+        "--pbkdf-force-iterations",
+        "1000",
+        &disk_str,
+        &second,
+    ]);
+    let selected = read_headers(&disk, Integrity::None).unwrap();
+    assert_eq!(selected.header.cluster_id, Some([0xc1; 32]));
+    assert_eq!(selected.header.state, DiskState::Initialized);
+    assert!(selected.header.digest.matches(&volume_key));
 }

@@ -39,6 +39,11 @@ fn the_boot_report_verifies_and_replays_pcr_11() {
 
     let first = report(&tpm, &nonce, &timer);
     let verified = first.verify(Some(&nonce)).unwrap();
+    // The quote binds the boot report's labelled hash of the host's nonce, never the nonce.
+    assert_eq!(
+        verified.quote.nonce,
+        hawser_attestation::report::boot_report_qualifying_data(&nonce)
+    );
     // A fresh TPM: PCR 11 was zero, and is now extend(0, H("enter-initrd")).
     assert_eq!(first.pcr11_before_phase, "00".repeat(32));
     assert_eq!(
@@ -76,4 +81,56 @@ fn the_report_round_trips_through_a_console_line() {
         .unwrap()
         .unwrap();
     parsed.verify(Some(b"nonce")).unwrap();
+}
+
+/// Tamper row: PCR 15 already extended
+///
+/// Something extends PCR 15 before the node lock (with any value; here, the one a lock for
+/// another cluster would leave). The lock is refused with the reason, stays open, and PCR 15 is
+/// left as it was; on a TPM whose PCR 15 is zero the same lock is taken.
+#[test]
+fn tamper_pcr15_already_extended() {
+    use hawser_init::enrollment::lock::{
+        LockError, MarkError, NodeLock, Owner, PCR_CLUSTER_ID, State, cluster_lock_pcr, mark_tpm,
+    };
+    let cluster_id = [0x15; 32];
+
+    let swtpm = common::Swtpm::start();
+    let tpm = Tpm::open(&swtpm.tcti()).unwrap();
+    tpm.extend_sha256_digest(PCR_CLUSTER_ID, &[0xee; 32])
+        .unwrap();
+    let before = tpm.read_pcrs_sha256([PCR_CLUSTER_ID]).unwrap()[&PCR_CLUSTER_ID];
+    let lock = NodeLock::new();
+    let err = lock
+        .lock(Owner::JoinClient, cluster_id, |id| mark_tpm(&tpm, id))
+        .unwrap_err();
+    assert!(
+        matches!(&err, LockError::Mark(MarkError::AlreadyExtended { value }) if *value == before),
+        "{err:?}"
+    );
+    assert_eq!(
+        hawser_init::platform::error_chain(&err),
+        format!(
+            "cannot mark the TPM with the cluster ID (PCR 15): PCR 15 already holds {} instead \
+             of zeros: something extended it before the node lock, so extending it with the \
+             cluster ID would not prove one cluster; the node does not lock",
+            hex::encode(before)
+        )
+    );
+    assert_eq!(lock.state(), State::Unlocked);
+    assert_eq!(
+        tpm.read_pcrs_sha256([PCR_CLUSTER_ID]).unwrap()[&PCR_CLUSTER_ID],
+        before,
+        "the refused lock did not extend PCR 15"
+    );
+
+    // The control: a fresh TPM locks, and PCR 15 is the documented prediction.
+    let fresh_swtpm = common::Swtpm::start();
+    let fresh = Tpm::open(&fresh_swtpm.tcti()).unwrap();
+    lock.lock(Owner::JoinClient, cluster_id, |id| mark_tpm(&fresh, id))
+        .unwrap();
+    assert_eq!(
+        fresh.read_pcrs_sha256([PCR_CLUSTER_ID]).unwrap()[&PCR_CLUSTER_ID],
+        cluster_lock_pcr(&cluster_id)
+    );
 }

@@ -28,7 +28,11 @@
 //!
 //! The "initialized" mark is a LUKS2 token of type `hawser` with `"state": "initialized"`,
 //! written only after the filesystem exists (PID 1's disk lifecycle). cryptsetup keeps unknown
-//! tokens when it rewrites a header, so an operator's `luksAddKey` does not reset it.
+//! tokens when it rewrites a header, so an operator's `luksAddKey` does not reset it. The token
+//! also records the cluster the disk belongs to (`"cluster_id"`, 64 hex digits: PCR 15's input),
+//! written with the mark or, on a disk initialized without it, by [`copy_recording_cluster_id`]
+//! at the node's next lock. Like the whole header it is unauthenticated: it lets PID 1 refuse a
+//! join service of another cluster early and by name; the key digest is the proof.
 //!
 //! Reading, from the first [`HEADERS_LEN`] bytes of a disk to the [`Header`] hawser uses:
 //!
@@ -78,4 +82,7 @@ pub use metadata::json_area;
 pub use parse::{CopyError, HeaderCopy, is_uuid, parse_copy};
 pub use policy::{Header, PolicyError, validate};
 pub use select::{HeaderError, Selected, parse_headers};
-pub use write::{NewHeader, new_header_copy, repaired_copy, uuid_from_random};
+pub use write::{
+    NewHeader, RecordError, copy_recording_cluster_id, new_header_copy, repaired_copy,
+    uuid_from_random,
+};

@@ -94,7 +94,8 @@ pub(crate) struct Requirements {
     pub(crate) mandatory: Vec<String>,
 }
 
-/// hawser's token: `{"type":"hawser","keyslots":[],"state":"initialized"}`.
+/// hawser's token: `{"type":"hawser","keyslots":[],"state":"initialized"}`, and once the node
+/// has taken its first lock `"cluster_id":"<64 hex digits>"` (the cluster the disk belongs to).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StateToken {
@@ -102,6 +103,8 @@ pub(crate) struct StateToken {
     pub(crate) kind: String,
     pub(crate) keyslots: Vec<String>,
     pub(crate) state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cluster_id: Option<String>,
 }
 
 /// cryptsetup's rules for the JSON area: it starts with `{`, the JSON text ends at the first
@@ -154,6 +157,7 @@ pub fn json_area(header: &NewHeader) -> Vec<u8> {
             kind: STATE_TOKEN_TYPE.into(),
             keyslots: Vec::new(),
             state: STATE_INITIALIZED.into(),
+            cluster_id: header.cluster_id.map(hex::encode),
         };
         // Serializing a struct of strings cannot fail.
         tokens.insert(

@@ -53,7 +53,8 @@ pub enum PolicyError {
     /// A token of hawser's type is not the token hawser writes.
     #[error(
         "the {slot} has a malformed hawser token; hawser writes \
-         {{\"type\":\"{STATE_TOKEN_TYPE}\",\"keyslots\":[],\"state\":\"{STATE_INITIALIZED}\"}}"
+         {{\"type\":\"{STATE_TOKEN_TYPE}\",\"keyslots\":[],\"state\":\"{STATE_INITIALIZED}\"}} \
+         and, once the node has locked, \"cluster_id\":\"<64 hex digits>\""
     )]
     StateToken {
         /// Which copy.
@@ -77,6 +78,11 @@ pub struct Header {
     pub digest: KeyDigest,
     /// Whether the filesystem exists (hawser's token).
     pub state: DiskState,
+    /// The cluster the disk belongs to, if hawser's token records one (a disk initialized
+    /// before hawser recorded it, or with a key that came from no cluster, has none).
+    /// Unauthenticated, like the whole header: a fast, named refusal of another cluster's join
+    /// service, not a proof (the key digest is that).
+    pub cluster_id: Option<[u8; 32]>,
 }
 
 /// Checks a well-formed copy against what hawser writes. `integrity` is the measured mode:
@@ -209,6 +215,7 @@ pub fn validate(copy: &HeaderCopy, integrity: Integrity) -> Result<Header, Polic
         parse_digest(digest).map_err(|(what, expected, found)| mismatch(what, expected, found))?;
 
     let mut state = DiskState::Formatting;
+    let mut cluster_id = None;
     for token in metadata.tokens.values() {
         if token.get("type").and_then(|t| t.as_str()) != Some(STATE_TOKEN_TYPE) {
             continue;
@@ -223,6 +230,15 @@ pub fn validate(copy: &HeaderCopy, integrity: Integrity) -> Result<Header, Polic
             ));
         }
         state = DiskState::Initialized;
+        if let Some(text) = &token.cluster_id {
+            cluster_id = Some(parse_cluster_id(text).ok_or_else(|| {
+                mismatch(
+                    "the hawser token's cluster_id",
+                    "64 lowercase hex digits".into(),
+                    format!("{text:?}"),
+                )
+            })?);
+        }
     }
 
     Ok(Header {
@@ -231,7 +247,16 @@ pub fn validate(copy: &HeaderCopy, integrity: Integrity) -> Result<Header, Polic
         integrity,
         digest,
         state,
+        cluster_id,
     })
+}
+
+/// A cluster ID as hawser writes it: 64 lowercase hex digits.
+fn parse_cluster_id(text: &str) -> Option<[u8; 32]> {
+    if text.len() != 64 || !text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    hex::decode(text).ok()?.try_into().ok()
 }
 
 /// What differs, what hawser writes, what the header says: a [`PolicyError::Mismatch`] without
@@ -415,6 +440,27 @@ mod tests {
             let chain = error_chain(&err);
             assert!(chain.contains("unknown field"), "{chain}");
         }
+    }
+
+    #[test]
+    fn a_malformed_cluster_id_is_refused() {
+        for bad in [
+            serde_json::json!("AB".repeat(32)),
+            serde_json::json!("ab".repeat(31)),
+            serde_json::json!("zz".repeat(32)),
+            serde_json::json!(7),
+        ] {
+            let area = tampered(|j| j["tokens"]["0"]["cluster_id"] = bad.clone());
+            let err = parse_headers(&area, Integrity::None).unwrap_err();
+            let chain = error_chain(&err);
+            assert!(
+                chain.contains("cluster_id") || chain.contains("malformed hawser token"),
+                "{bad}: {chain}"
+            );
+        }
+        let area = tampered(|j| j["tokens"]["0"]["cluster_id"] = "0a".repeat(32).into());
+        let header = parse_headers(&area, Integrity::None).unwrap().header;
+        assert_eq!(header.cluster_id, Some([0x0a; 32]));
     }
 
     #[test]

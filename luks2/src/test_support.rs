@@ -22,6 +22,7 @@ pub(crate) fn new_header(state: DiskState, integrity: Integrity, seqid: u64) -> 
         digest: KeyDigest::compute(&key(integrity.key_len()), [9; 32], DIGEST_ITERATIONS),
         state,
         seqid,
+        cluster_id: None,
     }
 }
 

@@ -123,7 +123,9 @@ impl Boot {
                 self.warn_all(warnings);
                 return Ok(None);
             }
-            KeyChoice::Cluster(enrollment) => enrollment,
+            KeyChoice::Cluster(enrollment) => {
+                enrollment.disk_cluster(prepared.recorded_cluster_id())
+            }
         };
         let grant = self
             .time_async("state-disk-key", enrollment.race(&uuid, len, status))
@@ -145,6 +147,7 @@ impl Boot {
             (_, Err(e)) => return Err(fail_admin(grant, e)),
         };
         let outcome = self.lock(grant, &enrollment, &prepared).await?;
+        let prepared = prepared.for_cluster(outcome.cluster_id);
         let applied = self
             .with_timer_blocking(move |timer| prepared.apply(key, platform.as_ref(), timer))
             .await?;

@@ -10,10 +10,19 @@
 //!            │                                                                                  │
 //!            ├──────── hawser's, initialized ──────────────────────────────────────────────────┤
 //!            │   key(UUID) → LUKS2 digest matches? ── no ──► WrongKey: nothing written          │
-//!            │   → [repair a stale or torn header copy] → map → mount → marker: boots + 1       │
+//!            │   → [repair a stale or torn header copy]                                         │
+//!            │   → [no cluster ID recorded: record the lock's (seqid + 1, both copies)]         │
+//!            │   → map → mount → marker: boots + 1                                              │
 //!            │                                                                                  │
 //!            └──────── anything else: refused, naming what was found; nothing written ─────────┘
 //! ```
+//!
+//! The cluster the node locked into (PCR 15's input, [`Options::cluster_id`]) is recorded in
+//! hawser's token with the "initialized" mark, or — on a disk initialized before hawser recorded
+//! it — at the next boot that opens it; a disk that records another cluster than the lock's is
+//! refused before anything is written ([`LifecycleError::OtherCluster`]). The join client reads
+//! the recorded ID ([`Plan::recorded_cluster_id`]) to refuse another cluster's join service
+//! before the lock.
 //!
 //! The "initialized" mark is the last write of the first boot, after the filesystem and its
 //! marker file are on disk: a power cut anywhere before it leaves a disk that the next boot
@@ -37,6 +46,7 @@ use super::key::{DiskStatus, KeyError, KeySource, VolumeKey};
 use super::probe::{self, BlockIo, Contents, ProbeError};
 use crate::platform::timings::PhaseTimer;
 
+mod cluster;
 mod marker;
 
 pub use self::marker::{MARKER_FILE, Marker, read_marker, write_marker};
@@ -72,6 +82,9 @@ pub struct Options<'a> {
     pub mount_point: &'a Path,
     /// Written into the marker file ("hawser 0.1.0").
     pub formatted_by: &'a str,
+    /// The cluster the node locked into (PCR 15's input), recorded on the disk by [`apply`];
+    /// `None` when the key came from no cluster (the development key source).
+    pub cluster_id: Option<[u8; 32]>,
 }
 
 /// Why the state disk could not be brought up. Nothing on the disk is overwritten on any of
@@ -89,6 +102,25 @@ pub enum LifecycleError {
         "the key does not open LUKS2 volume {uuid}: its digest does not match; nothing was written"
     )]
     WrongKey { uuid: String },
+    /// The disk records another cluster than the one the node locked into.
+    #[error(
+        "LUKS2 volume {uuid} belongs to cluster {}, but the node locked into cluster {}; \
+         nothing was written",
+        hex::encode(recorded),
+        hex::encode(locked)
+    )]
+    OtherCluster {
+        uuid: String,
+        recorded: [u8; 32],
+        locked: [u8; 32],
+    },
+    /// The header copy recording the cluster ID cannot be made.
+    #[error("cannot record the cluster ID in the header of LUKS2 volume {uuid}")]
+    Record {
+        uuid: String,
+        #[source]
+        source: luks2::RecordError,
+    },
     /// The key has the wrong length for the measured integrity mode.
     #[error(
         "the key has {found} bytes; the state disk needs {expected} (as configured by \
@@ -192,6 +224,15 @@ impl Plan {
         match &self.kind {
             PlanKind::Open(selected) => &selected.header.uuid,
             PlanKind::Format { uuid, .. } => uuid,
+        }
+    }
+
+    /// The cluster an initialized disk's header says it belongs to (unauthenticated: see
+    /// `hawser_luks2::Header::cluster_id`); `None` for a format or a disk that records none.
+    pub fn recorded_cluster_id(&self) -> Option<[u8; 32]> {
+        match &self.kind {
+            PlanKind::Open(selected) => selected.header.cluster_id,
+            PlanKind::Format { .. } => None,
         }
     }
 
@@ -348,6 +389,7 @@ fn open(
             "repaired the {stale} of state disk {uuid} from the other copy ({reason})"
         ));
     }
+    cluster::record_cluster_id(disk, &selected, options.cluster_id, platform)?;
 
     let mapped = timer.time("state-disk-map", || map(platform, &uuid, options, key))?;
     timer.time("state-disk-mount", || {
@@ -441,6 +483,7 @@ fn format(
             digest: KeyDigest::compute(key.as_bytes(), digest_salt, luks2::DIGEST_ITERATIONS),
             state: DiskState::Formatting,
             seqid,
+            cluster_id: None,
         };
         write_header(disk, platform, &header, first)?;
         if options.integrity != Integrity::None {
@@ -502,6 +545,7 @@ fn format(
     timer.time("state-disk-initialized", || {
         header.state = DiskState::Initialized;
         header.seqid += 1;
+        header.cluster_id = options.cluster_id;
         write_header(disk, platform, &header, HeaderSlot::Primary)
     })?;
 

@@ -192,11 +192,12 @@ pub async fn find(config: &StateDiskConfig) -> Result<BlockDevice, DiskError> {
 }
 
 /// The options of the lifecycle on a node.
-fn options(integrity: Integrity) -> Options<'static> {
+fn options(integrity: Integrity, cluster_id: Option<[u8; 32]>) -> Options<'static> {
     Options {
         integrity,
         mount_point: Path::new(STATE_MOUNT_POINT),
         formatted_by: concat!("hawser ", env!("CARGO_PKG_VERSION")),
+        cluster_id,
     }
 }
 
@@ -206,6 +207,8 @@ pub struct Prepared {
     file: File,
     plan: Plan,
     integrity: Integrity,
+    /// The cluster the node locked into, recorded on the disk by [`Prepared::apply`].
+    cluster_id: Option<[u8; 32]>,
 }
 
 /// Step 1 of the key flow (blocking): opens the disk, probes it and plans format or open.
@@ -225,7 +228,7 @@ pub fn prepare(
             device: device.clone(),
             source,
         })?;
-    let plan = lifecycle::prepare(&file, &options(integrity), platform, timer);
+    let plan = lifecycle::prepare(&file, &options(integrity, None), platform, timer);
     let plan = plan.map_err(|source| DiskError::Lifecycle {
         device: device.clone(),
         source,
@@ -235,6 +238,7 @@ pub fn prepare(
         file,
         plan,
         integrity,
+        cluster_id: None,
     })
 }
 
@@ -254,6 +258,20 @@ impl Prepared {
         self.plan.status()
     }
 
+    /// The cluster the disk's header says it belongs to (unauthenticated; the join client
+    /// refuses a join service of another cluster with it, before the node lock).
+    pub fn recorded_cluster_id(&self) -> Option<[u8; 32]> {
+        self.plan.recorded_cluster_id()
+    }
+
+    /// The cluster the node locked into: [`Prepared::apply`] records it on the disk (with the
+    /// "initialized" mark of a format, or on a disk that records none yet) and refuses a disk
+    /// that records another.
+    pub fn for_cluster(mut self, cluster_id: [u8; 32]) -> Self {
+        self.cluster_id = Some(cluster_id);
+        self
+    }
+
     /// The key length the measured integrity mode needs.
     pub fn key_len(&self) -> usize {
         self.integrity.key_len()
@@ -269,7 +287,7 @@ impl Prepared {
     /// Step 2 (blocking): checks `key` against the disk (its LUKS2 digest, for an initialized
     /// disk) before anything is written, mapped or locked.
     pub fn verify(&self, key: VolumeKey, timer: &mut PhaseTimer) -> Result<VerifiedKey, DiskError> {
-        lifecycle::verify(&self.plan, key, &options(self.integrity), timer)
+        lifecycle::verify(&self.plan, key, &options(self.integrity, None), timer)
             .map_err(self.lifecycle_error())
     }
 
@@ -286,11 +304,15 @@ impl Prepared {
             file,
             plan,
             integrity,
+            cluster_id,
         } = self;
-        let outcome = lifecycle::apply(&file, plan, key, &options(integrity), platform, timer)
-            .map_err(|source| DiskError::Lifecycle {
-                device: device.clone(),
-                source,
+        let options = options(integrity, cluster_id);
+        let outcome =
+            lifecycle::apply(&file, plan, key, &options, platform, timer).map_err(|source| {
+                DiskError::Lifecycle {
+                    device: device.clone(),
+                    source,
+                }
             })?;
         log_outcome(&device, integrity, &outcome);
         Ok(outcome

@@ -256,6 +256,7 @@ mod tests {
             digest: KeyDigest::compute(&[7; 64], [1; 32], 1000),
             state,
             seqid: 1,
+            cluster_id: None,
         };
         let mut bytes = luks2::new_header_copy(HeaderSlot::Primary, &header, [3; 64]);
         bytes.extend(luks2::new_header_copy(

@@ -7,7 +7,16 @@
 //! down at boot and up later is normal (the first node of a cluster boots before its join
 //! service exists). The key, measurement secret and salt are zeroized; only the key's
 //! fingerprint and the public cluster ID are ever logged.
+//!
+//! An initialized disk records the cluster it belongs to (hawser's LUKS2 token). An answer from
+//! a join service of another cluster — its cluster ID, derived from the measurement secret and
+//! salt it sent as the node lock derives it, differs — is refused by name before the node lock
+//! ([`ForeignCluster`]) and the client keeps trying: the endpoint may be misconfigured and fixed
+//! later, and rebooting would not change the answer. The recorded ID is unauthenticated; the
+//! cryptographic refusal is the LUKS2 key digest (another cluster's master secret gives another
+//! key), which the boot checks before the lock too.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,6 +58,44 @@ pub enum JoinSetupError {
     /// The node's own PCRs, which the join service must share, cannot be read.
     #[error("cannot read this node's own PCRs to build the join service's expected measurements")]
     OwnPcrs(#[source] hawser_attestation::tpm::TpmError),
+}
+
+/// A join service that answered for another cluster than the one this node's disk records.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the join service at {endpoint} belongs to cluster {}; this node's disk belongs to cluster {}",
+    hex::encode(service),
+    hex::encode(disk)
+)]
+pub struct ForeignCluster {
+    /// The join service's address.
+    pub endpoint: String,
+    /// The cluster ID its answer derives (measurement secret and salt).
+    pub service: [u8; 32],
+    /// The cluster ID the disk records.
+    pub disk: [u8; 32],
+}
+
+/// Accepts `secrets` from the join service at `endpoint` only if they are of the cluster the
+/// disk records (`disk_cluster`; a new disk, or one initialized before hawser recorded it,
+/// records none and accepts any).
+pub fn check_cluster(
+    endpoint: &JoinEndpoint,
+    disk_cluster: Option<&[u8; 32]>,
+    secrets: &Secrets,
+) -> Result<(), ForeignCluster> {
+    let Some(disk) = disk_cluster else {
+        return Ok(());
+    };
+    let service = hawser_keys::cluster_id(&secrets.measurement_secret, &secrets.measurement_salt);
+    if service == *disk {
+        return Ok(());
+    }
+    Err(ForeignCluster {
+        endpoint: endpoint.to_string(),
+        service,
+        disk: *disk,
+    })
 }
 
 /// What the join service sent, secrets zeroized on drop.
@@ -107,6 +154,8 @@ pub struct JoinClient {
     backoff: RetryBackoff,
     /// Ask for a control-plane join (fw_cfg `role=control-plane`).
     control_plane: bool,
+    /// The cluster the state disk records: answers of another cluster are refused.
+    disk_cluster: Option<[u8; 32]>,
 }
 
 impl JoinClient {
@@ -123,7 +172,15 @@ impl JoinClient {
             atls,
             backoff: RetryBackoff::default(),
             control_plane: false,
+            disk_cluster: None,
         }
+    }
+
+    /// Refuses (and keeps asking past) a join service of another cluster than `cluster_id`, the
+    /// one the state disk records (`None`: accept any).
+    pub fn disk_cluster(mut self, cluster_id: Option<[u8; 32]>) -> Self {
+        self.disk_cluster = cluster_id;
+        self
     }
 
     /// Asks for a control-plane join instead of a worker join.
@@ -132,27 +189,16 @@ impl JoinClient {
         self
     }
 
-    /// Asks until the join service answers. Returns the secrets and the number of attempts.
+    /// Asks until the join service answers with secrets of the disk's cluster. Returns the
+    /// secrets and the number of attempts.
     pub async fn fetch(&self, disk_uuid: &str, status: DiskStatus) -> (Secrets, u32) {
-        let mut attempt: u32 = 0;
-        loop {
-            attempt += 1;
-            let result =
-                tokio::time::timeout(ATTEMPT_TIMEOUT, self.attempt(disk_uuid, status)).await;
-            let reason = match result {
-                Ok(Ok(secrets)) => return (secrets, attempt),
-                Ok(Err(reason)) => reason,
-                Err(_) => format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs()),
-            };
-            let delay = self.backoff.delay(attempt.saturating_sub(1), jitter_unit());
-            warn!(
-                "join attempt {attempt} ({} to {}) failed: {reason}; retrying in {:.1} s",
-                describe(status),
-                self.endpoint,
-                delay.as_secs_f64()
-            );
-            tokio::time::sleep(delay).await;
-        }
+        let retry = Retry {
+            endpoint: &self.endpoint,
+            backoff: &self.backoff,
+            disk_cluster: self.disk_cluster.as_ref(),
+            status,
+        };
+        retry.run(|| self.attempt(disk_uuid, status)).await
     }
 
     async fn attempt(&self, disk_uuid: &str, status: DiskStatus) -> Result<Secrets, String> {
@@ -209,6 +255,52 @@ impl JoinClient {
                     ticket: None,
                 })
             }
+        }
+    }
+}
+
+/// The retry loop of [`JoinClient::fetch`], apart from the gRPC call so that its decisions are
+/// tested without a join service.
+struct Retry<'a> {
+    endpoint: &'a JoinEndpoint,
+    backoff: &'a RetryBackoff,
+    disk_cluster: Option<&'a [u8; 32]>,
+    status: DiskStatus,
+}
+
+impl Retry<'_> {
+    /// Runs `attempt` until it gives secrets of the disk's cluster; every failure and every
+    /// refusal is logged with its reason and retried after the backoff.
+    async fn run<F, A>(&self, mut attempt: F) -> (Secrets, u32)
+    where
+        F: FnMut() -> A,
+        A: Future<Output = Result<Secrets, String>>,
+    {
+        let mut attempts: u32 = 0;
+        loop {
+            attempts += 1;
+            let result = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt()).await;
+            let reason = match result {
+                Ok(Ok(secrets)) => {
+                    match check_cluster(self.endpoint, self.disk_cluster, &secrets) {
+                        Ok(()) => return (secrets, attempts),
+                        // The foreign secrets are dropped (zeroized) here, before any lock.
+                        Err(foreign) => foreign.to_string(),
+                    }
+                }
+                Ok(Err(reason)) => reason,
+                Err(_) => format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs()),
+            };
+            let delay = self
+                .backoff
+                .delay(attempts.saturating_sub(1), jitter_unit());
+            warn!(
+                "join attempt {attempts} ({} to {}) failed: {reason}; retrying in {:.1} s",
+                describe(self.status),
+                self.endpoint,
+                delay.as_secs_f64()
+            );
+            tokio::time::sleep(delay).await;
         }
     }
 }
@@ -362,6 +454,78 @@ mod tests {
                 .unwrap()
                 .ca_cert_hashes
                 .is_empty()
+        );
+    }
+
+    fn secrets_of(measurement_secret: &[u8], key: u8) -> Secrets {
+        Secrets {
+            state_disk_key: Zeroizing::new(vec![key; 64]),
+            measurement_secret: Zeroizing::new(measurement_secret.to_vec()),
+            measurement_salt: b"salt".to_vec(),
+            ticket: None,
+        }
+    }
+
+    fn endpoint() -> JoinEndpoint {
+        JoinEndpoint::parse("10.0.2.2:9090").unwrap()
+    }
+
+    #[test]
+    fn a_join_service_of_the_disks_cluster_or_any_for_a_disk_without_one_is_accepted() {
+        let ours = hawser_keys::cluster_id(b"our secret", b"salt");
+        check_cluster(&endpoint(), Some(&ours), &secrets_of(b"our secret", 1)).unwrap();
+        check_cluster(&endpoint(), None, &secrets_of(b"their secret", 1)).unwrap();
+        let err =
+            check_cluster(&endpoint(), Some(&ours), &secrets_of(b"their secret", 1)).unwrap_err();
+        let theirs = hawser_keys::cluster_id(b"their secret", b"salt");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "the join service at 10.0.2.2:9090 belongs to cluster {}; this node's disk \
+                 belongs to cluster {}",
+                hex::encode(theirs),
+                hex::encode(ours)
+            )
+        );
+        // The salt is part of the cluster ID, as in the node lock.
+        let mut salted = secrets_of(b"our secret", 1);
+        salted.measurement_salt = b"other salt".to_vec();
+        assert!(check_cluster(&endpoint(), Some(&ours), &salted).is_err());
+    }
+
+    /// Tamper row: a join service of another cluster
+    ///
+    /// A node whose disk records cluster A asks a join service that answers for cluster B (a
+    /// misconfigured endpoint, or someone else's join service of the same image): the answer is
+    /// refused before the node lock and the client keeps asking — here the endpoint answers for
+    /// A on the third attempt, and only that answer comes back.
+    #[tokio::test(start_paused = true)]
+    async fn tamper_join_service_of_another_cluster() {
+        let ours = hawser_keys::cluster_id(b"our secret", b"salt");
+        let endpoint = endpoint();
+        let backoff = RetryBackoff::default();
+        let retry = Retry {
+            endpoint: &endpoint,
+            backoff: &backoff,
+            disk_cluster: Some(&ours),
+            status: DiskStatus::Initialized,
+        };
+        let answers = std::cell::RefCell::new(vec![
+            secrets_of(b"our secret", 3),
+            secrets_of(b"their secret", 2),
+            secrets_of(b"their secret", 1),
+        ]);
+        let (secrets, attempts) = retry
+            .run(|| {
+                let answer = answers.borrow_mut().pop();
+                async move { answer.ok_or_else(|| "no more answers".to_owned()) }
+            })
+            .await;
+        assert_eq!(attempts, 3, "two refusals, then the disk's cluster");
+        assert_eq!(*secrets.state_disk_key, vec![3; 64]);
+        assert_eq!(
+            hawser_keys::cluster_id(&secrets.measurement_secret, &secrets.measurement_salt),
+            ours
         );
     }
 }

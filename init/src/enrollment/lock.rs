@@ -8,10 +8,61 @@
 //!
 //! PCR 15's sha256 bank is extended with the cluster ID itself as the digest, as Constellation's
 //! bootstrapper does, so `PCR 15 = SHA-256(0³² ‖ cluster ID)` — see [`cluster_lock_pcr`].
+//!
+//! That value proves one cluster only if PCR 15 was zero when the lock extended it: whoever
+//! extended it first (a program before PID 1's lock, or a second lock in one boot) would make
+//! the node's quotes show a value no cluster predicts — or, with the right choice, the value of
+//! another cluster. So the product's mark, [`mark_tpm`], reads PCR 15 first and refuses to lock
+//! unless it is still all zeros ([`MarkError::AlreadyExtended`]).
 
 use std::sync::Mutex;
 
+use hawser_attestation::tpm::{Tpm, TpmError};
+
 pub use hawser_measurements::{PCR_CLUSTER_ID, cluster_lock_pcr};
+
+/// Why the TPM could not be marked with the cluster ID.
+#[derive(Debug, thiserror::Error)]
+pub enum MarkError {
+    /// PCR 15 is not zero before the lock: something extended it first.
+    #[error(
+        "PCR {PCR_CLUSTER_ID} already holds {} instead of zeros: something extended it before \
+         the node lock, so extending it with the cluster ID would not prove one cluster; the node \
+         does not lock",
+        hex::encode(value)
+    )]
+    AlreadyExtended { value: [u8; 32] },
+    /// PCR 15 could not be read.
+    #[error("cannot read PCR {PCR_CLUSTER_ID} before the node lock")]
+    Read(#[source] TpmError),
+    /// The read returned no value for PCR 15.
+    #[error("the TPM returned no sha256 value for PCR {PCR_CLUSTER_ID}")]
+    Missing,
+    /// The extension failed.
+    #[error("cannot extend PCR {PCR_CLUSTER_ID} with the cluster ID")]
+    Extend(#[source] TpmError),
+}
+
+/// The lock's precondition on PCR 15's value: all zeros (as the TPM reset it).
+pub fn check_unextended(pcr15: &[u8; 32]) -> Result<(), MarkError> {
+    if pcr15.iter().all(|&b| b == 0) {
+        Ok(())
+    } else {
+        Err(MarkError::AlreadyExtended { value: *pcr15 })
+    }
+}
+
+/// The node lock's mark on `tpm` (blocking): PCR 15 ← `cluster_id`, only if PCR 15 is still
+/// zero ([`check_unextended`]).
+pub fn mark_tpm(tpm: &Tpm, cluster_id: &[u8; 32]) -> Result<(), MarkError> {
+    let values = tpm
+        .read_pcrs_sha256([PCR_CLUSTER_ID])
+        .map_err(MarkError::Read)?;
+    let pcr15 = values.get(&PCR_CLUSTER_ID).ok_or(MarkError::Missing)?;
+    check_unextended(pcr15)?;
+    tpm.extend_sha256_digest(PCR_CLUSTER_ID, cluster_id)
+        .map_err(MarkError::Extend)
+}
 
 /// Who took the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +196,29 @@ mod tests {
         assert_eq!(lock.state(), State::Unlocked);
         lock.lock(Owner::InitServer, [3; 32], |_| Ok::<(), Gone>(()))
             .unwrap();
+    }
+
+    #[test]
+    fn only_a_zero_pcr15_may_be_marked() {
+        check_unextended(&[0; 32]).unwrap();
+        let mut value = [0; 32];
+        value[31] = 1;
+        let err = check_unextended(&value).unwrap_err();
+        assert!(
+            matches!(err, MarkError::AlreadyExtended { value: v } if v == value),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "PCR 15 already holds {} instead of zeros: something extended it before the node \
+                 lock, so extending it with the cluster ID would not prove one cluster; the node \
+                 does not lock",
+                hex::encode(value)
+            )
+        );
+        // The value a lock leaves behind is not zero either: a second lock is refused too.
+        assert!(check_unextended(&cluster_lock_pcr(&[0xab; 32])).is_err());
     }
 
     #[test]

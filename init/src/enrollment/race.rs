@@ -22,14 +22,14 @@ use std::sync::Arc;
 
 use hawser_attestation::TpmIssuer;
 use hawser_attestation::report::JoinReport;
-use hawser_attestation::tpm::{Tpm, TpmError};
+use hawser_attestation::tpm::Tpm;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
 use super::client::{JoinClient, KubeadmTicket, Secrets, describe};
 use super::init_server::{self, GrantKind, InitServer, Progress};
-use super::lock::{LockError, NodeLock, Owner, PCR_CLUSTER_ID, cluster_lock_pcr};
+use super::lock::{LockError, MarkError, NodeLock, Owner, PCR_CLUSTER_ID, cluster_lock_pcr};
 use crate::disk::key::{DiskStatus, KeyError, VolumeKey};
 use crate::platform::error_chain;
 
@@ -83,7 +83,7 @@ pub enum EnrollmentError {
     Key(#[from] KeyError),
     /// The node lock is held already, or the TPM refused the PCR 15 extension.
     #[error("the join service gave no key: cannot take the node lock")]
-    Lock(#[source] LockError<TpmError>),
+    Lock(#[source] LockError<MarkError>),
 }
 
 /// The winner of the race, before the lock.
@@ -123,7 +123,7 @@ impl KeyGrant {
     /// Blocking (the TPM). Call only after the key was checked against the disk.
     pub fn take_lock(self, lock: &NodeLock, tpm: &Tpm) -> Result<Outcome, EnrollmentError> {
         let locked = lock.lock(self.owner, self.cluster_id, |id| {
-            tpm.extend_sha256_digest(PCR_CLUSTER_ID, id)
+            super::lock::mark_tpm(tpm, id)
         });
         if let Err(e) = locked {
             let e = EnrollmentError::Lock(e);
@@ -180,6 +180,13 @@ impl Enrollment {
             issuer,
             lock: Arc::new(NodeLock::new()),
         }
+    }
+
+    /// The cluster the state disk records: the join client refuses (and asks past) a join
+    /// service of another cluster, before the lock ([`JoinClient::disk_cluster`]).
+    pub fn disk_cluster(mut self, cluster_id: Option<[u8; 32]>) -> Self {
+        self.join = self.join.map(|join| join.disk_cluster(cluster_id));
+        self
     }
 
     /// The node lock the init server watches and [`KeyGrant::take_lock`] takes.

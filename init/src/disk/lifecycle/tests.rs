@@ -131,12 +131,33 @@ fn run_on(
     keys: &FixedKey,
     integrity: Integrity,
 ) -> Result<Outcome, LifecycleError> {
+    run_for_cluster(disk, platform, mount, keys, integrity, None)
+}
+
+/// [`run_on`] for a node that locked into `cluster_id`.
+fn run_for_cluster(
+    disk: &MemDisk,
+    platform: &Recorder,
+    mount: &Path,
+    keys: &FixedKey,
+    integrity: Integrity,
+    cluster_id: Option<[u8; 32]>,
+) -> Result<Outcome, LifecycleError> {
     let options = Options {
         integrity,
         mount_point: mount,
         formatted_by: "hawser test",
+        cluster_id,
     };
     run(disk, &options, keys, platform, &mut PhaseTimer::start())
+}
+
+/// The header an initialized disk is opened with.
+fn header(disk: &MemDisk) -> luks2::Header {
+    match state(disk) {
+        Contents::Hawser(selected) => selected.header,
+        other => panic!("not hawser's: {other:?}"),
+    }
 }
 
 fn state(disk: &MemDisk) -> Contents {
@@ -218,6 +239,7 @@ fn the_key_is_checked_against_the_disk_before_anything_is_applied() {
         integrity: Integrity::None,
         mount_point: mount.path(),
         formatted_by: "hawser test",
+        cluster_id: None,
     };
     let platform = Recorder::default();
     let mut timer = PhaseTimer::start();
@@ -529,4 +551,169 @@ fn integrity_mode_wipes_before_mkfs_and_needs_the_longer_key() {
             Call::Mount
         ]
     );
+}
+
+#[test]
+fn the_cluster_id_is_recorded_with_the_initialized_mark() {
+    let disk = MemDisk::new();
+    let mount = tempfile::tempdir().unwrap();
+    let keys = key(1, Integrity::None);
+    let platform = Recorder::default();
+    run_for_cluster(
+        &disk,
+        &platform,
+        mount.path(),
+        &keys,
+        Integrity::None,
+        Some([0xa1; 32]),
+    )
+    .unwrap();
+    let formatted = header(&disk);
+    assert_eq!(formatted.state, DiskState::Initialized);
+    assert_eq!(formatted.cluster_id, Some([0xa1; 32]));
+    let options = Options {
+        integrity: Integrity::None,
+        mount_point: mount.path(),
+        formatted_by: "hawser test",
+        cluster_id: None,
+    };
+    let plan = prepare(&disk, &options, &platform, &mut PhaseTimer::start()).unwrap();
+    assert_eq!(plan.recorded_cluster_id(), Some([0xa1; 32]));
+
+    // Opened by the same cluster: nothing to write, same header.
+    let before = disk.bytes();
+    run_for_cluster(
+        &disk,
+        &platform,
+        mount.path(),
+        &keys,
+        Integrity::None,
+        Some([0xa1; 32]),
+    )
+    .unwrap();
+    assert!(disk.bytes()[..luks2::HEADERS_LEN] == before[..luks2::HEADERS_LEN]);
+
+    // The development key source (no cluster) neither records nor checks one.
+    let blank = MemDisk::new();
+    run_on(&blank, &platform, mount.path(), &keys, Integrity::None).unwrap();
+    assert_eq!(header(&blank).cluster_id, None);
+}
+
+#[test]
+fn a_disk_without_a_cluster_id_records_it_at_its_next_lock() {
+    // Initialized before hawser recorded cluster IDs.
+    let disk = MemDisk::new();
+    let mount = tempfile::tempdir().unwrap();
+    let keys = key(1, Integrity::None);
+    run_on(
+        &disk,
+        &Recorder::default(),
+        mount.path(),
+        &keys,
+        Integrity::None,
+    )
+    .unwrap();
+    let old = header(&disk);
+    assert_eq!(old.cluster_id, None);
+
+    let opened = run_for_cluster(
+        &disk,
+        &Recorder::default(),
+        mount.path(),
+        &keys,
+        Integrity::None,
+        Some([0xb2; 32]),
+    )
+    .unwrap();
+    assert_eq!(opened.action, Action::Opened);
+    let recorded = header(&disk);
+    assert_eq!(recorded.cluster_id, Some([0xb2; 32]));
+    assert_eq!(recorded.uuid, old.uuid);
+    assert_eq!(recorded.seqid, old.seqid + 1);
+    assert!(recorded.digest.matches(&[1; 64]), "same key digest");
+    // Both copies were rewritten: nothing left to repair.
+    let Contents::Hawser(selected) = state(&disk) else {
+        panic!("not hawser's")
+    };
+    assert!(selected.repair.is_none(), "{:?}", selected.repair);
+
+    // A cut at any point of the recording leaves a disk that opens, with or without the ID.
+    for budget in (0..=2 * luks2::HEADER_SIZE).step_by(3584) {
+        let disk = MemDisk::new();
+        run_on(
+            &disk,
+            &Recorder::default(),
+            mount.path(),
+            &keys,
+            Integrity::None,
+        )
+        .unwrap();
+        *disk.budget.borrow_mut() = Some(budget);
+        let _ = run_for_cluster(
+            &disk,
+            &Recorder::default(),
+            mount.path(),
+            &keys,
+            Integrity::None,
+            Some([0xb2; 32]),
+        );
+        *disk.budget.borrow_mut() = None;
+        let after = header(&disk);
+        assert_eq!(
+            after.state,
+            DiskState::Initialized,
+            "cut after {budget} bytes"
+        );
+        assert!(matches!(after.cluster_id, None | Some([0xb2, ..])));
+        let reopened = run_for_cluster(
+            &disk,
+            &Recorder::default(),
+            mount.path(),
+            &keys,
+            Integrity::None,
+            Some([0xb2; 32]),
+        )
+        .unwrap();
+        assert_eq!(reopened.action, Action::Opened, "cut after {budget} bytes");
+        assert_eq!(header(&disk).cluster_id, Some([0xb2; 32]));
+    }
+}
+
+#[test]
+fn a_disk_of_another_cluster_is_refused_before_anything_is_written_or_mapped() {
+    let disk = MemDisk::new();
+    let mount = tempfile::tempdir().unwrap();
+    let keys = key(1, Integrity::None);
+    let formatted = run_for_cluster(
+        &disk,
+        &Recorder::default(),
+        mount.path(),
+        &keys,
+        Integrity::None,
+        Some([0xa1; 32]),
+    )
+    .unwrap();
+    let before = disk.bytes();
+    let platform = Recorder::default();
+    let err = run_for_cluster(
+        &disk,
+        &platform,
+        mount.path(),
+        &keys,
+        Integrity::None,
+        Some([0xc3; 32]),
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "LUKS2 volume {} belongs to cluster {}, but the node locked into cluster {}; \
+             nothing was written",
+            formatted.uuid,
+            "a1".repeat(32),
+            "c3".repeat(32)
+        )
+    );
+    assert!(platform.calls().is_empty());
+    assert!(disk.bytes() == before);
 }
