@@ -6,6 +6,7 @@ use anyhow::Context as _;
 use clap::Subcommand;
 use hawser_image::inputs::{self, InputLock};
 use hawser_image::pipeline::{self, PipelineOptions};
+use hawser_image::profile::ImageProfile;
 
 #[derive(Subcommand)]
 pub enum ImageCommand {
@@ -19,9 +20,16 @@ pub enum ImageCommand {
         /// Use this init binary instead of compiling one.
         #[arg(long)]
         init: Option<PathBuf>,
-        /// Replace the measured kernel command line.
+        /// Replace the measured kernel command line (a production image adds
+        /// `hawser.state_disk_integrity=hmac-sha256` to it).
         #[arg(long, default_value = pipeline::DEFAULT_CMDLINE)]
         cmdline: String,
+        /// A development image: the state disk is AES-XTS only (confidentiality without
+        /// integrity: the host can change sectors undetected) and its first boot skips the
+        /// integrity wipe. Without it the image is for production: the state disk has
+        /// hmac-sha256 integrity (docs/security.md).
+        #[arg(long)]
+        development: bool,
         /// Cargo target directory for the init binary.
         #[arg(long)]
         target_dir: Option<PathBuf>,
@@ -62,10 +70,18 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
             out,
             init,
             cmdline,
+            development,
             target_dir,
             provider_ca,
             uki_only,
         } => {
+            let profile = if development {
+                ImageProfile::Development
+            } else {
+                ImageProfile::Production
+            };
+            let cmdline = profile.cmdline(&cmdline)?;
+            eprintln!("{profile:?} image, measured command line: {cmdline}");
             let opts = PipelineOptions {
                 init_binary: init,
                 cmdline,

@@ -14,7 +14,9 @@
 //! - [`build`](mod@build): the orchestration writing `hawser.efi`, `initrd.cpio.zst`, `vmlinuz`, `cmdline`
 //!   and `manifest.json`;
 //! - [`pipeline`]: fetch + compile PID 1 + build, as the CLI runs it ([`compile`]: the
-//!   reproducible cargo builds of PID 1 and the rootfs's binaries).
+//!   reproducible cargo builds of PID 1 and the rootfs's binaries);
+//! - [`profile`]: production or development, as the measured command line says it (the
+//!   state disk's integrity).
 
 pub mod build;
 pub mod closure;
@@ -24,6 +26,7 @@ pub mod disk;
 pub mod initramfs;
 pub mod inputs;
 pub mod pipeline;
+pub mod profile;
 pub mod rootfs;
 #[doc(hidden)]
 pub mod test_support;

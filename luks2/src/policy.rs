@@ -334,6 +334,24 @@ mod tests {
         assert!(message.contains("aes-cbc-essiv"), "{message}");
     }
 
+    /// Tamper row: LUKS2 segment offset. A data segment moved into the header and keyslot
+    /// area (offset 0, or one sector before 16 MiB), with valid checksums in both copies: the
+    /// header is refused naming the offset and the 16 MiB hawser maps, before any key is asked.
+    #[test]
+    fn tamper_luks2_segment_offset_is_refused_naming_it() {
+        for offset in ["0", "16773120"] {
+            let message = refusal(|j| j["segments"]["0"]["offset"] = offset.into());
+            assert_eq!(
+                message,
+                format!(
+                    "the primary header (offset 0) has data segment offset {offset}, \
+                     hawser only opens 16777216"
+                )
+            );
+        }
+        assert_eq!(DATA_OFFSET, 16 << 20);
+    }
+
     #[test]
     fn every_layout_change_is_refused() {
         type Edit = Box<dyn Fn(&mut serde_json::Value)>;

@@ -755,3 +755,53 @@ fn benchmark_open_and_throughput_against_cryptsetup() {
         .expect("integrity marker read");
     assert!(marker.contains(&uuids[1]), "{marker}");
 }
+
+/// The first-boot cost of integrity, side by side on the same disk size as the node tests and
+/// `hawser local up` (256 MiB) in one run: a plain (AES-XTS) and an `hmac-sha256` first boot,
+/// each from VM start to the boot report, with hawser's own `state-disk-*` phases from the boot
+/// report (the wipe is `state-disk-wipe`). The numbers behind the production/development choice
+/// in docs/benchmarks.md and docs/security.md. Prints `BENCH` lines; run explicitly:
+/// `cargo test -p hawser-qemu --test disk -- --ignored --nocapture benchmark_first_boot`.
+#[test]
+#[ignore = "benchmark: boots QEMU twice; run explicitly"]
+fn benchmark_first_boot_with_and_without_integrity() {
+    let dir = scratch("bench-first-boot");
+    image();
+    let mut rows = Vec::new();
+    for (mode, key_len, extra) in [
+        ("aes-xts (development)", 64, ""),
+        (
+            "hmac-sha256 (production)",
+            96,
+            "hawser.state_disk_integrity=hmac-sha256",
+        ),
+    ] {
+        let disk = dir.join(format!("state-{key_len}.img"));
+        sparse_disk(&disk, DISK_MIB);
+        let started = std::time::Instant::now();
+        let vm = Boot::new("disk-first-boot", &disk, &volume_key(key_len, 9))
+            .cmdline(extra)
+            .start();
+        let (line, report) = wait_for_state_disk(&vm, "boot 1 of this disk");
+        let total = started.elapsed();
+        let state_disk_ms: f64 = report
+            .timings
+            .iter()
+            .filter(|t| t.name.starts_with("state-disk"))
+            .map(|t| t.duration_ms)
+            .sum();
+        let row = format!(
+            "BENCH first boot, {DISK_MIB} MiB disk, {mode}: VM start to boot report {:.1} s, \
+             state disk {:.1} s ({})",
+            total.as_secs_f64(),
+            state_disk_ms / 1000.0,
+            timings(&report)
+        );
+        eprintln!("{row}\nBENCH   {line}");
+        rows.push(row);
+        power_off(&vm);
+    }
+    for row in &rows {
+        eprintln!("{row}");
+    }
+}

@@ -10,6 +10,11 @@
 //!    the diagnosis of that boot against the *original* image names exactly the `.cmdline` and
 //!    `.initrd` events.
 //!
+//! Two rows of docs/security.md's tamper table share the image build without a boot: a UKI
+//! with one byte of the kernel (`tamper_kernel_byte_…`) or of the initramfs
+//! (`tamper_initrd_byte_…`) changed is held against the reference published for the original
+//! image by the verifier's own code, which refuses it naming the PCRs and their values.
+//!
 //! `#[ignore]`d in plain `cargo test`; run with
 //! `cargo test -p hawser-qemu --test measurements -- --ignored --test-threads=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
@@ -226,15 +231,19 @@ fn tamper_initrd(compressed: &[u8]) -> Vec<u8> {
     zstd::encode_all(cpio.as_slice(), 3).expect("compress")
 }
 
-#[test]
-#[ignore = "boots QEMU; run by scripts/test"]
-fn one_changed_byte_changes_the_prediction_and_the_boot_follows_it() {
+/// The built image taken apart: the locked stub, its sections, its bytes and its prediction.
+/// Re-assembling the sections with the stub gives the same bytes (asserted), so a UKI
+/// assembled from edited sections differs from the built one in exactly the bytes edited.
+struct Sections {
+    stub: Vec<u8>,
+    base: UkiSections,
+    original: Prediction,
+}
+
+fn sections() -> Sections {
     let image = image();
     let uki = std::fs::read(&image.uki.path).expect("read UKI");
     let original = Prediction::from_uki(&uki, "original").expect("predict");
-
-    // Re-assemble the image from its own sections and the locked stub: bit-identical, so the
-    // tampered images below differ in exactly the bytes changed.
     let lock = hawser_image::inputs::InputLock::load(&workspace().join("inputs.lock"))
         .expect("inputs.lock");
     let fetched = hawser_image::inputs::fetch(&lock, &hawser_image::inputs::cache_dir())
@@ -260,6 +269,47 @@ fn one_changed_byte_changes_the_prediction_and_the_boot_follows_it() {
         uki,
         "re-assembling the built UKI from its sections must give the same bytes"
     );
+    Sections {
+        stub,
+        base,
+        original,
+    }
+}
+
+/// What the verifier says about a boot of the UKI made of `tampered` sections, given the
+/// reference published for the original image: the reference file is written from the
+/// original's prediction and read by the verifier's own parser (as the join service reads
+/// it); the PCRs held against it are the ones the tampered UKI's boot quotes, i.e. its
+/// prediction (that a real boot quotes exactly its prediction, a tampered one included, is what
+/// this file's two boot tests prove). Returns the PCRs the verifier names and its message.
+fn verifier_refusal(s: &Sections, tampered: &UkiSections) -> (Vec<u8>, String) {
+    let bytes = assemble_uki(&s.stub, tampered).expect("assemble the tampered UKI");
+    let prediction = Prediction::from_uki(&bytes, "tampered").expect("predict the tampered UKI");
+    let reference = ReferenceMeasurements::new(&s.original, ReferenceInputs::default());
+    let expected = ExpectedMeasurements::from_json(&reference.render())
+        .expect("the verifier parses the reference format");
+    expected
+        .check(&s.original.pcrs(Phase::EnterInitrd))
+        .expect("the verifier accepts the original image");
+    let mismatch = expected
+        .check(&prediction.pcrs(Phase::EnterInitrd))
+        .expect_err("the verifier accepts a tampered image");
+    let pcrs = mismatch.mismatches.iter().map(|m| m.pcr).collect();
+    for m in &mismatch.mismatches {
+        assert_eq!(m.expected, s.original.pcr(m.pcr, Phase::EnterInitrd));
+        assert_eq!(m.actual, Some(prediction.pcr(m.pcr, Phase::EnterInitrd)));
+    }
+    (pcrs, mismatch.to_string())
+}
+
+#[test]
+#[ignore = "boots QEMU; run by scripts/test"]
+fn one_changed_byte_changes_the_prediction_and_the_boot_follows_it() {
+    let Sections {
+        stub,
+        base,
+        original,
+    } = sections();
 
     let cmdline_only = UkiSections {
         cmdline: tamper_cmdline(&base.cmdline),
@@ -346,4 +396,44 @@ fn one_changed_byte_changes_the_prediction_and_the_boot_follows_it() {
         "names the expected command line:\n{text}"
     );
     eprintln!("diagnosis of the tampered boot against the original image:\n{text}");
+}
+
+/// Tamper row: kernel byte. One byte in the middle of the kernel (`.linux`) changed: the
+/// verifier refuses the boot naming PCR 4 (the UKI's Authenticode hash covers `.linux`) and
+/// PCR 11 (systemd-stub measures the section) with expected and actual values. No boot: the
+/// reasoning from prediction to quote is the boot tests'.
+#[test]
+#[ignore = "builds the image (no boot); run by scripts/test"]
+fn tamper_kernel_byte_is_refused_naming_pcrs_4_and_11() {
+    let s = sections();
+    let mut linux = s.base.linux.clone();
+    let at = linux.len() / 2;
+    linux[at] ^= 0x01;
+    let tampered = UkiSections {
+        linux,
+        ..s.base.clone()
+    };
+    let (pcrs, message) = verifier_refusal(&s, &tampered);
+    assert_eq!(pcrs, [4, 11], "{message}");
+    assert!(
+        message.starts_with("measurements differ from the expected ones: PCR 4 expected "),
+        "{message}"
+    );
+    eprintln!("kernel byte {at} of {}: {message}", s.base.linux.len());
+}
+
+/// Tamper row: initrd byte. One byte of the initramfs changed (the cpio trailer's mtime, which
+/// the kernel ignores: the image would boot): the verifier refuses it naming PCR 4 (UKI
+/// Authenticode), PCR 9 (the Linux stub measures the initrd it loads) and PCR 11 (`.initrd`).
+#[test]
+#[ignore = "builds the image (no boot); run by scripts/test"]
+fn tamper_initrd_byte_is_refused_naming_pcrs_4_9_and_11() {
+    let s = sections();
+    let tampered = UkiSections {
+        initrd: tamper_initrd(&s.base.initrd),
+        ..s.base.clone()
+    };
+    let (pcrs, message) = verifier_refusal(&s, &tampered);
+    assert_eq!(pcrs, [4, 9, 11], "{message}");
+    eprintln!("initrd byte: {message}");
 }
