@@ -505,3 +505,46 @@ fn describe_evidence(evidence: &ValidatedEvidence) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_init_secret_file_is_private_never_overwritten_and_read_back_with_its_hash() {
+        use sha2::Digest as _;
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("hawser-init-secret-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(INIT_SECRET_FILE);
+        let hash = write_new_init_secret(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let secret = read_init_secret(&path).unwrap();
+        assert_eq!(secret.len(), INIT_SECRET_LEN);
+        assert_eq!(
+            <[u8; 32]>::from(sha2::Sha256::digest(secret.as_slice())),
+            hash
+        );
+        let again = write_new_init_secret(&path).unwrap_err();
+        assert!(
+            format!("{again:#}").contains("refusing to overwrite"),
+            "{again:#}"
+        );
+
+        let missing = read_init_secret(&dir.join("nope")).unwrap_err();
+        assert!(
+            format!("{missing:#}").contains("--init-secret FILE"),
+            "{missing:#}"
+        );
+        let short = dir.join("short");
+        std::fs::write(&short, "abcd\n").unwrap();
+        let err = format!("{:#}", read_init_secret(&short).unwrap_err());
+        assert!(
+            err.contains("is not an init secret") && err.contains("short"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
