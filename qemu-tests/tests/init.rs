@@ -268,8 +268,11 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
     // The node is taken: its init server stopped listening once the lock was taken and the
     // admin's call ended, so a second init finds nothing to talk to; overwriting the admin's
     // files is refused too.
-    vm.wait_for_line("the init server on 0.0.0.0:9000 has stopped", BOOT_TIMEOUT)
-        .unwrap_or_else(|e| panic!("{e}\n{}", console(&vm)));
+    let text = console(&vm);
+    assert!(
+        text.contains("the init server on 0.0.0.0:9000 has stopped"),
+        "{text}"
+    );
     let again = rt
         .block_on(cluster::init(
             &InitOptions {
@@ -282,9 +285,11 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
             &mut |_| {},
         ))
         .unwrap_err();
+    // Nothing answers on the node's port 9000 (QEMU's forward accepts, the guest refuses).
+    let again = format!("{again:#}");
     assert!(
-        format!("{again:#}").contains("attesting the node"),
-        "{again:#}"
+        again.contains("attesting the node") || again.contains("cannot connect to the node"),
+        "{again}"
     );
     assert!(!admin.join("other-secret.json").exists());
     let overwrite = rt
@@ -380,7 +385,7 @@ fn tamper_init_without_the_secret(
     );
     let text = console(vm);
     assert!(
-        text.contains("Init from") && text.contains(WRONG_INIT_SECRET),
+        text.contains(&format!("Init refused: {WRONG_INIT_SECRET}")),
         "the refusal is not on the node's console:\n{text}"
     );
     assert!(!text.contains("node lock taken"), "{text}");
@@ -522,6 +527,12 @@ fn second_node_joins(
     // Same cluster, locked.
     assert_eq!(join.cluster_id, hex::encode(cluster_id).as_str());
     assert_eq!(pcr15, hawser_measurements::cluster_lock_pcr(cluster_id));
+    // No init secret hash in its platform's metadata: no init server, only the join client.
+    assert!(
+        text.contains("no init secret hash configured, so no init server"),
+        "{text}"
+    );
+    assert!(!text.contains(WAITING), "{text}");
     // It verified the service (attested trust is the default of this image).
     assert!(!text.contains("INSECURE"), "{text}");
     // kubeadm join: the first node's control plane, its CA pin, a token from its kubeadm.

@@ -420,17 +420,11 @@ impl InitServer {
 
     /// The first check of every request: the init secret. A refusal is logged without the
     /// secret, waits [`REFUSAL_DELAY`], and changes nothing on the node.
-    async fn check_secret(
-        &self,
-        rpc: &'static str,
-        secret: &mut Vec<u8>,
-        peer: Option<SocketAddr>,
-    ) -> Result<(), Status> {
+    async fn check_secret(&self, rpc: &'static str, secret: &mut Vec<u8>) -> Result<(), Status> {
         let checked = self.secret_hash.check(secret);
         secret.zeroize();
         if let Err(e) = checked {
-            let peer = peer.map_or_else(|| "an unknown peer".to_owned(), |p| p.to_string());
-            warn!("{rpc} from {peer} refused: {e}; the node is not locked and keeps waiting");
+            warn!("{rpc} refused: {e}; the node is not locked and keeps waiting");
             tokio::time::sleep(REFUSAL_DELAY).await;
             return Err(refusal(&e));
         }
@@ -508,10 +502,8 @@ impl InitService for InitServer {
         &self,
         request: Request<InitRequest>,
     ) -> Result<Response<Self::InitStream>, Status> {
-        let peer = request.remote_addr();
         let mut request = request.into_inner();
-        self.check_secret("Init", &mut request.init_secret, peer)
-            .await?;
+        self.check_secret("Init", &mut request.init_secret).await?;
         let validated = validate_init(&mut request);
         let receiver = self.admit("Init", validated)?;
         Ok(Response::new(Box::pin(
@@ -523,9 +515,8 @@ impl InitService for InitServer {
         &self,
         request: Request<RecoverRequest>,
     ) -> Result<Response<Self::RecoverStream>, Status> {
-        let peer = request.remote_addr();
         let mut request = request.into_inner();
-        self.check_secret("Recover", &mut request.init_secret, peer)
+        self.check_secret("Recover", &mut request.init_secret)
             .await?;
         let validated = validate_recover(&mut request);
         let receiver = self.admit("Recover", validated)?;
