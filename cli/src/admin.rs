@@ -20,6 +20,10 @@ pub struct NodeArgs {
     /// PEM of the CA that certified the node's attestation key (the cloud provider's).
     #[arg(long)]
     provider_ca: PathBuf,
+    /// The init secret the node was created with (its SHA-256 is in the node's platform
+    /// metadata); sent only after the node is verified.
+    #[arg(long, default_value = hawser_cli::cluster::INIT_SECRET_FILE)]
+    init_secret: PathBuf,
 }
 
 /// Verify a waiting node and initialize a new cluster on it.
@@ -49,6 +53,19 @@ pub struct InitArgs {
     /// Extra subject alternative names of the API server certificate (repeatable).
     #[arg(long = "api-server-san")]
     api_server_sans: Vec<String>,
+    /// The TPM name (hex, `000b…`, as `hawser-joind` prints it in a refusal) of an AK that may
+    /// join the cluster as a control plane (repeatable).
+    #[arg(long = "approve-control-plane", value_parser = parse_ak_name)]
+    approve_control_plane: Vec<Vec<u8>>,
+}
+
+fn parse_ak_name(text: &str) -> Result<Vec<u8>, String> {
+    match hex::decode(text.trim()) {
+        Ok(name) if name.len() >= 3 => Ok(name),
+        _ => Err(format!(
+            "{text:?} is not an AK TPM name in hex (000b followed by 64 hex digits)"
+        )),
+    }
 }
 
 /// Verify a node of an existing cluster and let it reopen its state disk without a join service.
@@ -91,6 +108,8 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
         kubernetes_version: args.kubernetes_version,
         service_cidr: args.service_cidr,
         api_server_cert_sans: args.api_server_sans,
+        init_secret: args.target.init_secret,
+        control_plane_approvals: args.approve_control_plane,
     };
     let done = runtime()?.block_on(cluster::init(&opts, &mut say, &mut node_log))?;
     println!(
@@ -108,6 +127,7 @@ pub fn recover(args: RecoverArgs) -> anyhow::Result<()> {
         provider_ca: args.target.provider_ca,
         master_secret: args.master_secret,
         cluster_file: args.cluster_file,
+        init_secret: args.target.init_secret,
     };
     let done = runtime()?.block_on(cluster::recover(&opts, &mut say, &mut node_log))?;
     println!(

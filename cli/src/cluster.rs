@@ -9,6 +9,11 @@
 //! sends them, so a crash after the node accepted can never lose the cluster's only root
 //! secret. The node's log lines stream to the terminal; on success the node's cluster ID must
 //! equal the one computed here, and a second attestation must show PCR 15 locked to it.
+//!
+//! Both send the **init secret** (`--init-secret FILE`, 32 random bytes in hex, written by
+//! whoever created the node and gave its platform the secret's SHA-256): the node refuses any
+//! request without it. Like the master secret, it is only sent after the node was verified, is
+//! zeroized after use and never printed.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -27,6 +32,44 @@ use serde::{Deserialize, Serialize};
 use hawser_keys::MEASUREMENT_SALT_LEN;
 use hawser_measurements::pcr::{extend_sha256, phase_digest};
 use hawser_measurements::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD, cluster_lock_pcr};
+
+/// Length of the init secret.
+pub const INIT_SECRET_LEN: usize = 32;
+/// Default name of the init secret file.
+pub const INIT_SECRET_FILE: &str = "hawser-init-secret";
+
+/// Generates an init secret, writes it to `path` (hex, 0600, never over an existing file) and
+/// returns the SHA-256 the node's platform must be given (fw_cfg `opt/hawser/init_secret_hash`
+/// or `hawser.init_secret_hash`).
+pub fn write_new_init_secret(path: &Path) -> anyhow::Result<[u8; 32]> {
+    use sha2::Digest as _;
+    let secret = zeroize::Zeroizing::new(hawser_keys::random_bytes(INIT_SECRET_LEN)?);
+    let text = zeroize::Zeroizing::new(format!("{}\n", hex::encode(secret.as_slice())));
+    write_new_file(path, text.as_bytes(), 0o600)?;
+    Ok(sha2::Sha256::digest(secret.as_slice()).into())
+}
+
+/// Reads the init secret file `path` (hex, as [`write_new_init_secret`] writes it).
+pub fn read_init_secret(path: &Path) -> anyhow::Result<zeroize::Zeroizing<Vec<u8>>> {
+    let text = zeroize::Zeroizing::new(std::fs::read_to_string(path).with_context(|| {
+        format!(
+            "reading the init secret {} (written by whoever created the node, e.g. `hawser \
+             local up --init`; pass it with --init-secret FILE)",
+            path.display()
+        )
+    })?);
+    let mut secret = zeroize::Zeroizing::new(vec![0u8; INIT_SECRET_LEN]);
+    let trimmed = text.trim_ascii();
+    if trimmed.len() != 2 * INIT_SECRET_LEN || hex::decode_to_slice(trimmed, &mut secret).is_err() {
+        bail!(
+            "{} is not an init secret ({INIT_SECRET_LEN} bytes as {} hex digits); pass the file \
+             the node's creator wrote with --init-secret FILE",
+            path.display(),
+            2 * INIT_SECRET_LEN
+        );
+    }
+    Ok(secret)
+}
 
 /// Bound on one aTLS handshake (a TPM quote under TCG takes a fraction of a second).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -207,9 +250,10 @@ async fn init_client(
     Ok(InitServiceClient::new(channel))
 }
 
-/// Streams the node's answer: log lines to `log`, then the success or failure.
+/// Streams the node's answer: log lines to `log`, then the success or failure. The caller
+/// keeps the stream open while it confirms the lock: the node stops listening once it ends.
 async fn follow(
-    mut stream: tonic::Streaming<InitResponse>,
+    stream: &mut tonic::Streaming<InitResponse>,
     log: &mut dyn FnMut(&str),
 ) -> anyhow::Result<hawser_proto::init::InitSuccess> {
     while let Some(message) = stream.message().await.context("the node's stream broke")? {
@@ -238,6 +282,29 @@ pub struct InitOptions {
     pub kubernetes_version: hawser_kube_types::KubernetesVersion,
     pub service_cidr: String,
     pub api_server_cert_sans: Vec<String>,
+    /// The init secret file (see the module docs).
+    pub init_secret: PathBuf,
+    /// TPM names of the AKs the cluster's join service approves as control planes.
+    pub control_plane_approvals: Vec<Vec<u8>>,
+}
+
+/// The status of a refused request, for the admin: the node's reason, and what to do about a
+/// refused init secret.
+fn refused(rpc: &str, status: &tonic::Status, init_secret: &Path) -> anyhow::Error {
+    let hint = if status.code() == tonic::Code::PermissionDenied {
+        format!(
+            "\n{} is not the init secret this node was created with: pass the right file with \
+             --init-secret (nothing else was changed on the node)",
+            init_secret.display()
+        )
+    } else {
+        String::new()
+    };
+    anyhow::anyhow!(
+        "the node refused {rpc} ({:?}): {}{hint}",
+        status.code(),
+        status.message()
+    )
 }
 
 /// What `init` and `recover` established.
@@ -263,6 +330,7 @@ pub async fn init(
             );
         }
     }
+    let init_secret = read_init_secret(&opts.init_secret)?;
     let trust = NodeTrust::load(&opts.measurements, &opts.provider_ca)?;
     let fresh = trust.client(Some([0; 32]))?;
     say(&format!(
@@ -300,16 +368,20 @@ pub async fn init(
         kubernetes_version: opts.kubernetes_version.to_string(),
         service_cidr: opts.service_cidr.clone(),
         api_server_cert_sans: opts.api_server_cert_sans.clone(),
+        init_secret: init_secret.to_vec(),
+        control_plane_approvals: opts.control_plane_approvals.clone(),
     };
+    drop(init_secret);
     say("sending Init; the node's log follows");
-    let stream = init_client(&opts.node, &fresh)
+    let mut stream = init_client(&opts.node, &fresh)
         .await?
         .init(request)
         .await
-        .map_err(|s| anyhow::anyhow!("the node refused Init ({:?}): {}", s.code(), s.message()))?
+        .map_err(|s| refused("Init", &s, &opts.init_secret))?
         .into_inner();
-    let success = follow(stream, log).await?;
+    let success = follow(&mut stream, log).await?;
     let established = confirm(&opts.node, &trust, &success, cluster_id, say).await?;
+    drop(stream);
     let kubeconfig_written = !success.kubeconfig.is_empty();
     if kubeconfig_written {
         write_new_file(&opts.kubeconfig, &success.kubeconfig, 0o600)?;
@@ -334,6 +406,8 @@ pub struct RecoverOptions {
     pub provider_ca: PathBuf,
     pub master_secret: PathBuf,
     pub cluster_file: PathBuf,
+    /// The init secret file (see the module docs).
+    pub init_secret: PathBuf,
 }
 
 /// `hawser recover`: a node of an existing cluster reopens its state disk with a key derived
@@ -356,6 +430,7 @@ pub async fn recover(
             cluster.cluster_id
         );
     }
+    let init_secret = read_init_secret(&opts.init_secret)?;
     let trust = NodeTrust::load(&opts.measurements, &opts.provider_ca)?;
     let fresh = trust.client(Some([0; 32]))?;
     say(&format!("verifying the node at {} …", opts.node));
@@ -365,18 +440,22 @@ pub async fn recover(
         "sending Recover for cluster {:?}; the node's log follows",
         cluster.cluster_name
     ));
-    let stream = init_client(&opts.node, &fresh)
+    let mut stream = init_client(&opts.node, &fresh)
         .await?
         .recover(RecoverRequest {
+            init_secret: init_secret.to_vec(),
             master_secret: master.key_bytes().to_vec(),
             master_secret_salt: master.salt_bytes().to_vec(),
             measurement_salt: salt,
         })
         .await
-        .map_err(|s| anyhow::anyhow!("the node refused Recover ({:?}): {}", s.code(), s.message()))?
+        .map_err(|s| refused("Recover", &s, &opts.init_secret))?
         .into_inner();
-    let success = follow(stream, log).await?;
-    confirm(&opts.node, &trust, &success, cluster_id, say).await
+    drop(init_secret);
+    let success = follow(&mut stream, log).await?;
+    let established = confirm(&opts.node, &trust, &success, cluster_id, say).await;
+    drop(stream);
+    established
 }
 
 /// Checks the node's answer: its cluster ID is ours, and a fresh attestation shows PCR 15
@@ -425,4 +504,47 @@ fn describe_evidence(evidence: &ValidatedEvidence) -> String {
         text.push_str(&format!("\n  warning: {warning}"));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_init_secret_file_is_private_never_overwritten_and_read_back_with_its_hash() {
+        use sha2::Digest as _;
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("hawser-init-secret-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(INIT_SECRET_FILE);
+        let hash = write_new_init_secret(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let secret = read_init_secret(&path).unwrap();
+        assert_eq!(secret.len(), INIT_SECRET_LEN);
+        assert_eq!(
+            <[u8; 32]>::from(sha2::Sha256::digest(secret.as_slice())),
+            hash
+        );
+        let again = write_new_init_secret(&path).unwrap_err();
+        assert!(
+            format!("{again:#}").contains("refusing to overwrite"),
+            "{again:#}"
+        );
+
+        let missing = read_init_secret(&dir.join("nope")).unwrap_err();
+        assert!(
+            format!("{missing:#}").contains("--init-secret FILE"),
+            "{missing:#}"
+        );
+        let short = dir.join("short");
+        std::fs::write(&short, "abcd\n").unwrap();
+        let err = format!("{:#}", read_init_secret(&short).unwrap_err());
+        assert!(
+            err.contains("is not an init secret") && err.contains("short"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -193,6 +193,13 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
         })
         .disk(&disk, localhost::STATE_DISK_SERIAL)
         .fw_cfg_string("quote_nonce", hex::encode(&nonce));
+    // With --init the node runs an init server only for whoever holds this secret: its hash
+    // goes to the node as a cloud's instance metadata would carry it.
+    let init_secret = dir.join(hawser_cli::cluster::INIT_SECRET_FILE);
+    if opts.init {
+        let hash = hawser_cli::cluster::write_new_init_secret(&init_secret)?;
+        config = config.fw_cfg_string("init_secret_hash", hex::encode(hash));
+    }
     config.extra_args.extend(localhost::user_net_args(
         join_port,
         &[(opts.init_port, localhost::NODE_INIT_PORT)],
@@ -221,10 +228,11 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
         eprintln!(
             "\nthe node waits for `hawser init`; in another terminal run:\n\n  \
              cargo run -q -p hawser-cli -- init --node 127.0.0.1:{} --measurements {} \
-             --provider-ca {}\n",
+             --provider-ca {} --init-secret {}\n",
             opts.init_port,
             measurements.display(),
-            cluster.provider_ca_path().display()
+            cluster.provider_ca_path().display(),
+            init_secret.display()
         );
     }
     let Some(line) = wait_or_stop(&vm, JOIN_REPORT_MARKER, Duration::from_secs(3600), &stop)?

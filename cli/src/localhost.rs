@@ -191,11 +191,11 @@ impl LocalCluster {
         Ok(service::spawn(config).await?)
     }
 
-    /// Creates a TPM state directory for a node, its AK certified by the provider.
-    pub fn provision_tpm(&self, tpm_dir: &Path) -> anyhow::Result<()> {
+    /// Creates a TPM state directory for a node, its AK certified by the provider; returns the
+    /// AK's TPM name (what `hawser init --approve-control-plane` takes).
+    pub fn provision_tpm(&self, tpm_dir: &Path) -> anyhow::Result<Vec<u8>> {
         std::fs::create_dir_all(tpm_dir)?;
-        self.provider.provision_state_dir(tpm_dir)?;
-        Ok(())
+        Ok(self.provider.provision_state_dir(tpm_dir)?.ak_name)
     }
 }
 

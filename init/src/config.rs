@@ -34,8 +34,13 @@ pub const DEFAULT_REBOOT_DELAY: Duration = Duration::from_secs(30);
 /// TPM device when `hawser.tpm` is not given (the kernel's resource-managed TPM node).
 pub const DEFAULT_TPM_DEVICE: &str = "/dev/tpmrm0";
 /// The fw_cfg keys (under `opt/hawser/`) hawser accepts from the unmeasured host.
-pub const FW_CFG_ALLOWED_KEYS: &[&str] =
-    &["quote_nonce", "state_disk_key", "join_endpoint", "role"];
+pub const FW_CFG_ALLOWED_KEYS: &[&str] = &[
+    "quote_nonce",
+    "state_disk_key",
+    "join_endpoint",
+    "role",
+    "init_secret_hash",
+];
 /// Longest accepted quote nonce: a TPM2B_DATA holds at most 64 bytes of qualifying data.
 pub const MAX_NONCE_LEN: usize = 64;
 /// Longest accepted state disk key: XTS and HMAC keys (see [`Integrity::key_len`]).
@@ -100,6 +105,8 @@ pub struct CmdlineConfig {
     /// `hawser.root_hash`: the dm-verity root hash of the rootfs to pivot into; `None` keeps
     /// the node in the initramfs (an image without a rootfs).
     pub root_hash: Option<crate::rootfs::RootHash>,
+    /// `hawser.init_secret_hash`: SHA-256 of the admin's init secret; wins over fw_cfg's.
+    pub init_secret_hash: Option<[u8; 32]>,
     /// Things worth a warning line (unknown keys, repeated keys).
     pub warnings: Vec<String>,
 }
@@ -115,6 +122,7 @@ impl Default for CmdlineConfig {
             join_service_trust: JoinServiceTrust::default(),
             join_endpoint: None,
             root_hash: None,
+            init_secret_hash: None,
             warnings: Vec::new(),
         }
     }
@@ -337,6 +345,12 @@ pub fn parse_kernel_cmdline(cmdline: &str) -> Result<CmdlineConfig, ConfigError>
                         .map_err(|e| malformed(key, value, e.reason()))?,
                 );
             }
+            "init_secret_hash" => {
+                config.init_secret_hash = Some(
+                    parse_init_secret_hash(value.unwrap_or_default().as_bytes())
+                        .ok_or_else(|| malformed(key, value, INIT_SECRET_HASH_FORMAT))?,
+                );
+            }
             "join_endpoint" => {
                 config.join_endpoint =
                     Some(value.and_then(JoinEndpoint::parse).ok_or_else(|| {
@@ -367,6 +381,11 @@ pub struct FwCfgConfig {
     /// cloud's instance metadata: the join service decides what an attested node of this
     /// image gets.
     pub control_plane: bool,
+    /// `init_secret_hash`: SHA-256 of the admin's init secret, as a cloud would put it in the
+    /// instance metadata. Without it (and without `hawser.init_secret_hash`) the node runs no
+    /// init server. Unmeasured: a host that sets its own hash can only initialize a node it
+    /// boots anyway, and the admin's CLI verifies the node before it sends the secret.
+    pub init_secret_hash: Option<[u8; 32]>,
     /// Keys present but not allowed, each worth a warning.
     pub warnings: Vec<String>,
 }
@@ -395,6 +414,15 @@ pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, 
                 })?;
                 config.join_endpoint = Some(endpoint);
             }
+            "init_secret_hash" => {
+                config.init_secret_hash = Some(parse_init_secret_hash(raw).ok_or_else(|| {
+                    ConfigError::MalformedFwCfg {
+                        key: key.clone(),
+                        value: String::from_utf8_lossy(raw).chars().take(80).collect(),
+                        reason: INIT_SECRET_HASH_FORMAT,
+                    }
+                })?);
+            }
             "role" => {
                 let text = String::from_utf8_lossy(raw);
                 config.control_plane = match text.trim_ascii() {
@@ -413,6 +441,15 @@ pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, 
         }
     }
     Ok(config)
+}
+
+const INIT_SECRET_HASH_FORMAT: &str = "expected 64 hex digits (SHA-256 of the init secret)";
+
+/// A SHA-256 in hex (surrounding whitespace ignored).
+fn parse_init_secret_hash(raw: &[u8]) -> Option<[u8; 32]> {
+    let mut hash = [0u8; 32];
+    hex::decode_to_slice(raw.trim_ascii(), &mut hash).ok()?;
+    Some(hash)
 }
 
 /// Hex key material. The error never repeats the value: it may be (most of) a key.
@@ -566,6 +603,26 @@ mod tests {
             assert!(
                 err.contains(key) && err.contains(reason),
                 "{cmdline}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_init_secret_hash_comes_from_the_cmdline_or_fw_cfg_as_64_hex_digits() {
+        let hash = "ab".repeat(32);
+        let config = parse_kernel_cmdline(&format!("hawser.init_secret_hash={hash}")).unwrap();
+        assert_eq!(config.init_secret_hash, Some([0xab; 32]));
+        let config =
+            parse_fw_cfg(&fw(&[("init_secret_hash", format!("{hash}\n").as_bytes())])).unwrap();
+        assert_eq!(config.init_secret_hash, Some([0xab; 32]));
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+        for bad in ["ab", "zz".repeat(32).as_str(), ""] {
+            let err = parse_kernel_cmdline(&format!("hawser.init_secret_hash={bad}")).unwrap_err();
+            assert!(err.to_string().contains("64 hex digits"), "{err}");
+            let err = parse_fw_cfg(&fw(&[("init_secret_hash", bad.as_bytes())])).unwrap_err();
+            assert!(
+                err.to_string().contains("opt/hawser/init_secret_hash"),
+                "{err}"
             );
         }
     }

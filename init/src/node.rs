@@ -143,12 +143,31 @@ pub struct InClusterJoinService {
 pub const JOIND_DIR: &str = "/run/hawser/joind";
 /// The port of the in-cluster join service.
 pub const JOIND_PORT: u16 = 7000;
+/// The in-cluster join service's state directory (registry of joined disks).
+pub const JOIND_STATE_DIR: &str = "/var/lib/hawser-joind";
+/// The AK names `hawser init --approve-control-plane` approved; the admin adds later ones to
+/// the same file (until the cluster keeps them in its own store).
+pub const JOIND_APPROVALS: &str = "/var/lib/hawser-joind/control-plane-approvals";
+
+/// The approvals file's text: a header and one AK name a line.
+fn approvals_file(ak_names: &[String]) -> String {
+    let mut text = String::from(
+        "# AK TPM names that may join this cluster as control planes (hawser init \
+         --approve-control-plane);\n# one a line, reloaded by hawser-joind when it changes\n",
+    );
+    for name in ak_names {
+        text.push_str(name);
+        text.push('\n');
+    }
+    text
+}
 
 impl InClusterJoinService {
     /// Writes the inputs under [`JOIND_DIR`] and returns the service to supervise.
     fn prepare(
         &self,
         kubernetes_version: &KubernetesVersion,
+        control_plane_approvals: &[String],
     ) -> std::io::Result<supervisor::ServiceSpec> {
         use std::os::unix::fs::DirBuilderExt as _;
         let dir = Path::new(JOIND_DIR);
@@ -168,6 +187,12 @@ impl InClusterJoinService {
         std::fs::write(&measurements, self.joiner_measurements.to_string())?;
         let provider_ca = dir.join("provider-ca.pem");
         std::fs::write(&provider_ca, &self.provider_ca_pem)?;
+        // On the first control plane the disk is new: the file is the admin's list as sent.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(JOIND_STATE_DIR)?;
+        std::fs::write(JOIND_APPROVALS, approvals_file(control_plane_approvals))?;
         let listen = format!("0.0.0.0:{JOIND_PORT}");
         let path = |p: &Path| p.display().to_string();
         let args = [
@@ -186,7 +211,9 @@ impl InClusterJoinService {
             "--kubeconfig".to_owned(),
             ADMIN_KUBECONFIG.to_owned(),
             "--state-dir".to_owned(),
-            "/var/lib/hawser-joind".to_owned(),
+            JOIND_STATE_DIR.to_owned(),
+            "--control-plane-approvals".to_owned(),
+            JOIND_APPROVALS.to_owned(),
             "--pki-dir".to_owned(),
             PKI_DIR.to_owned(),
             "--kubernetes-version".to_owned(),
@@ -424,7 +451,7 @@ pub async fn run(
     } = role
     {
         if outcome.is_ok() {
-            start_join_service(join_service.as_ref(), &spec.kubernetes_version, services).await;
+            start_join_service(join_service.as_ref(), &spec, services).await;
         }
         match outcome.and_then(|()| {
             std::fs::read(ADMIN_KUBECONFIG).map_err(KubeadmRunError::AdminKubeconfig)
@@ -492,7 +519,7 @@ async fn run_kubeadm(
 /// runs this same image).
 async fn start_join_service(
     join_service: Option<&InClusterJoinService>,
-    version: &KubernetesVersion,
+    spec: &ClusterSpec,
     services: &SharedSupervisor,
 ) {
     let Some(join_service) = join_service else {
@@ -503,11 +530,13 @@ async fn start_join_service(
         );
         return;
     };
-    match join_service.prepare(version) {
-        Ok(spec) => {
-            if services.start(spec).await {
+    match join_service.prepare(&spec.kubernetes_version, &spec.control_plane_approvals) {
+        Ok(service) => {
+            if services.start(service).await {
                 info!(
-                    "started the cluster's join service on port {JOIND_PORT} (attested with this node's TPM)"
+                    "started the cluster's join service on port {JOIND_PORT} (attested with this \
+                     node's TPM); {} control-plane AK(s) approved in {JOIND_APPROVALS}",
+                    spec.control_plane_approvals.len()
                 );
             }
         }

@@ -1,6 +1,7 @@
 //! The audit trail: one structured log line per join decision.
 //!
-//! Fields: node name, disk UUID, the PCRs checked (enforced ones), the outcome and its reason.
+//! Fields: the peer's address and AK name (its TPM), node name, disk UUID, the PCRs checked
+//! (enforced ones), the outcome and its reason.
 //! Never a key, token or secret. The target is `audit`, so operators can route these lines.
 
 use std::net::IpAddr;
@@ -26,6 +27,8 @@ impl Outcome {
 pub struct Decision<'a> {
     pub call: &'static str,
     pub peer: Option<IpAddr>,
+    /// The TPM name of the peer's AK, hex.
+    pub ak_name: &'a str,
     pub node: &'a str,
     pub disk_uuid: &'a str,
     pub pcrs_checked: &'a [u8],
@@ -49,6 +52,7 @@ pub fn record(decision: &Decision<'_>) {
             target: "audit",
             call = decision.call,
             %peer,
+            ak = decision.ak_name,
             node = decision.node,
             disk_uuid = decision.disk_uuid,
             pcrs = %pcrs,
@@ -60,6 +64,7 @@ pub fn record(decision: &Decision<'_>) {
             target: "audit",
             call = decision.call,
             %peer,
+            ak = decision.ak_name,
             node = decision.node,
             disk_uuid = decision.disk_uuid,
             pcrs = %pcrs,

@@ -1,11 +1,18 @@
 //! The join decisions, free of gRPC: check the verified peer's PCRs against the current policy,
-//! derive its disk key, issue a bootstrap token, remember the disk, audit the decision.
+//! check that a control-plane join comes from an approved AK, derive its disk key, issue a
+//! bootstrap token, remember the disk with the AK that joined it, audit the decision.
+//!
+//! The registry of joined disks (`registry_file`) is a text file, one disk a line:
+//! `<disk uuid> <AK name, hex>`, appended when a disk first joins. A line with a UUID alone
+//! (written before disks were bound to AKs) is bound to the AK of the disk's next join or
+//! rejoin, with a warning, and the file is rewritten. A disk bound to one AK is refused to
+//! any other: a cloned disk on another machine does not boot as a second copy of the node.
 //!
 //! The aTLS layer has already verified the evidence itself (quote signature, freshness, binding
 //! to the TLS key, AK certificate chain); this layer applies the expected measurements, which
 //! may have been reloaded since the handshake began.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -16,6 +23,7 @@ use hawser_keys::{MasterSecret, STATE_DISK_KEY_LEN};
 use hawser_kube_types::{DnsSubdomain, DnsSubdomainError};
 use zeroize::Zeroizing;
 
+use crate::approvals::ApprovalStore;
 use crate::audit::{self, Decision, Outcome};
 use crate::policy::PolicyStore;
 use crate::tokens::{BootstrapTokenIssuer, JoinCredentials, TokenError};
@@ -34,6 +42,8 @@ pub struct VerifiedPeer {
     pub address: Option<IpAddr>,
     /// sha256-bank PCR values from the peer's verified quote.
     pub pcrs: BTreeMap<u8, [u8; 32]>,
+    /// TPM name of the AK that signed the peer's verified evidence: the identity of its TPM.
+    pub ak_name: Vec<u8>,
 }
 
 /// A control-plane file: name relative to /etc/kubernetes/pki, and its (secret) content.
@@ -113,6 +123,27 @@ pub enum JoinError {
     /// A rejoin for a disk that is not in the registry of joined disks.
     #[error("disk {0} never joined this cluster; a new node must use IssueJoinTicket")]
     UnknownDisk(String),
+    /// A control-plane join from an AK that is not on the control-plane approvals list.
+    #[error("control-plane join refused: AK {ak_name} is not approved; add it to {approvals}")]
+    ControlPlaneNotApproved {
+        /// The peer's AK name, hex.
+        ak_name: String,
+        /// The approvals file, or a note that none is configured.
+        approvals: String,
+    },
+    /// A disk that joined with one AK asks again from another TPM.
+    #[error(
+        "disk {uuid} joined with AK {registered}; this {request} comes from AK {presented}: a cloned disk on another machine?"
+    )]
+    AnotherAk {
+        uuid: String,
+        /// The AK recorded at the disk's first join, hex.
+        registered: String,
+        /// The AK of this request, hex.
+        presented: String,
+        /// `join` or `rejoin`.
+        request: &'static str,
+    },
     /// The bootstrap token issuer (kubeadm) failed.
     #[error("cannot issue a bootstrap token")]
     Token(#[from] TokenError),
@@ -130,6 +161,9 @@ pub enum JoinError {
         #[source]
         source: std::io::Error,
     },
+    /// A line of the registry of joined disks is not `<disk uuid> [<AK name, hex>]`.
+    #[error("line {line} of the registry of joined disks {path} is not `<disk uuid> [<AK name>]`")]
+    RegistryLine { path: String, line: usize },
     /// The state disk key could not be derived from the master secret.
     #[error("internal error: cannot derive the state disk key")]
     DiskKey(#[source] hawser_keys::KeyError),
@@ -155,33 +189,34 @@ pub struct JoinCoreConfig {
     pub token_ttl: Duration,
     /// Where the cluster's PKI lives (for control-plane joins); `None` refuses them.
     pub pki_dir: Option<PathBuf>,
-    /// A file listing the disk UUIDs that joined (one per line), for rejoins.
+    /// The registry of joined disks (see the module docs), for rejoins.
     pub registry_file: PathBuf,
 }
+
+/// The AK a joined disk is bound to (hex), `None` for a registry line written before disks
+/// were bound.
+type Registry = BTreeMap<String, Option<String>>;
 
 /// The join service's decisions.
 pub struct JoinCore {
     policy: Arc<PolicyStore>,
+    approvals: Arc<ApprovalStore>,
     tokens: Arc<dyn BootstrapTokenIssuer>,
     config: JoinCoreConfig,
-    joined: Mutex<BTreeSet<String>>,
+    joined: Mutex<Registry>,
 }
 
 impl JoinCore {
-    /// A core over `policy` and `tokens`; reads the registry of joined disks.
+    /// A core over `policy` and `tokens`; reads the registry of joined disks. It approves no
+    /// control-plane join until given a list ([`JoinCore::with_control_plane_approvals`]).
     pub fn new(
         policy: Arc<PolicyStore>,
         tokens: Arc<dyn BootstrapTokenIssuer>,
         config: JoinCoreConfig,
     ) -> Result<Self, JoinError> {
         let joined = match std::fs::read_to_string(&config.registry_file) {
-            Ok(text) => text
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .map(str::to_owned)
-                .collect(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeSet::new(),
+            Ok(text) => parse_registry(&config.registry_file, &text)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Registry::new(),
             Err(source) => {
                 return Err(JoinError::Registry {
                     path: config.registry_file.display().to_string(),
@@ -191,15 +226,27 @@ impl JoinCore {
         };
         Ok(Self {
             policy,
+            approvals: Arc::new(ApprovalStore::none()),
             tokens,
             config,
             joined: Mutex::new(joined),
         })
     }
 
+    /// Control-plane joins are granted to the AKs on `approvals` only.
+    pub fn with_control_plane_approvals(mut self, approvals: Arc<ApprovalStore>) -> Self {
+        self.approvals = approvals;
+        self
+    }
+
     /// The policy store (for reload watching).
     pub fn policy(&self) -> &Arc<PolicyStore> {
         &self.policy
+    }
+
+    /// The control-plane approvals (for reload watching).
+    pub fn approvals(&self) -> &Arc<ApprovalStore> {
+        &self.approvals
     }
 
     /// Decides a join. Blocking (token issuance runs kubeadm): call from `spawn_blocking`.
@@ -248,6 +295,7 @@ impl JoinCore {
         audit::record(&Decision {
             call,
             peer: peer.address,
+            ak_name: &hex::encode(&peer.ak_name),
             node,
             disk_uuid,
             pcrs_checked: &checked,
@@ -268,13 +316,18 @@ impl JoinCore {
         validate_node_name(&req.node_name)?;
         check_measurements(peer, expected)?;
         let control_plane_files = if req.is_control_plane {
-            self.control_plane_files()?
+            self.control_plane_files(peer)?
         } else {
             Vec::new()
         };
+        // Refuse a clone before kubeadm runs; `bind` below decides under the registry lock.
+        let ak_name = hex::encode(&peer.ak_name);
+        if let Some(Some(registered)) = self.lock_joined().get(&uuid) {
+            check_same_ak(&uuid, registered, &ak_name, "join")?;
+        }
         let credentials = self.tokens.issue(self.config.token_ttl)?;
         let state_disk_key = self.state_disk_key(&uuid)?;
-        self.remember(&uuid)?;
+        self.bind(&uuid, &ak_name, "join")?;
         Ok(JoinTicket {
             state_disk_key,
             measurement_secret: self.config.master_secret.measurement_secret(),
@@ -285,7 +338,7 @@ impl JoinCore {
         })
     }
 
-    /// Decides a rejoin: only for disks that joined before.
+    /// Decides a rejoin: only for disks that joined before, from the AK they joined with.
     pub fn issue_rejoin_ticket(
         &self,
         peer: &VerifiedPeer,
@@ -299,9 +352,10 @@ impl JoinCore {
             |expected| {
                 let uuid = hawser_keys::canonical_uuid(disk_uuid).map_err(JoinError::DiskUuid)?;
                 check_measurements(peer, expected)?;
-                if !self.lock_joined().contains(&uuid) {
+                if !self.lock_joined().contains_key(&uuid) {
                     return Err(JoinError::UnknownDisk(uuid));
                 }
+                self.bind(&uuid, &hex::encode(&peer.ak_name), "rejoin")?;
                 Ok(RejoinTicket {
                     state_disk_key: self.state_disk_key(&uuid)?,
                     measurement_secret: self.config.master_secret.measurement_secret(),
@@ -324,48 +378,141 @@ impl JoinCore {
             .map_err(JoinError::DiskKey)
     }
 
-    fn lock_joined(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+    fn lock_joined(&self) -> std::sync::MutexGuard<'_, Registry> {
         match self.joined.lock() {
             Ok(guard) => guard,
             Err(poisoned) => poisoned.into_inner(),
         }
     }
 
-    /// Records a joined disk (in memory and appended to the registry file).
-    fn remember(&self, uuid: &str) -> Result<(), JoinError> {
+    /// Binds disk `uuid` to `ak_name` (hex): records a new disk (appended to the registry
+    /// file), binds a disk recorded without an AK (the file rewritten), and refuses a disk
+    /// bound to another AK.
+    fn bind(&self, uuid: &str, ak_name: &str, request: &'static str) -> Result<(), JoinError> {
         use std::io::Write as _;
         let mut joined = self.lock_joined();
-        if joined.contains(uuid) {
-            return Ok(());
-        }
         let path = &self.config.registry_file;
         let io = |source| JoinError::Registry {
             path: path.display().to_string(),
             source,
         };
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .map_err(io)?;
-        writeln!(file, "{uuid}")
-            .and_then(|()| file.sync_data())
-            .map_err(io)?;
-        joined.insert(uuid.to_owned());
-        Ok(())
+        match joined.get(uuid) {
+            Some(Some(registered)) => check_same_ak(uuid, registered, ak_name, request),
+            Some(None) => {
+                let mut bound = joined.clone();
+                bound.insert(uuid.to_owned(), Some(ak_name.to_owned()));
+                write_registry(path, &bound).map_err(io)?;
+                tracing::warn!(
+                    target: "audit",
+                    disk_uuid = uuid,
+                    ak = ak_name,
+                    "disk joined before disks were bound to AKs; bound it to the AK of this {request}"
+                );
+                *joined = bound;
+                Ok(())
+            }
+            None => {
+                let mut file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(io)?;
+                writeln!(file, "{uuid} {ak_name}")
+                    .and_then(|()| file.sync_data())
+                    .map_err(io)?;
+                joined.insert(uuid.to_owned(), Some(ak_name.to_owned()));
+                Ok(())
+            }
+        }
     }
 
-    fn control_plane_files(&self) -> Result<Vec<ControlPlaneFile>, JoinError> {
+    fn control_plane_files(&self, peer: &VerifiedPeer) -> Result<Vec<ControlPlaneFile>, JoinError> {
         let Some(dir) = &self.config.pki_dir else {
             return Err(JoinError::BadRequest(
                 "this join service does not hand out control-plane certificates".into(),
             ));
         };
+        if !self.approvals.current().approves(&peer.ak_name) {
+            return Err(JoinError::ControlPlaneNotApproved {
+                ak_name: hex::encode(&peer.ak_name),
+                approvals: match self.approvals.path() {
+                    Some(path) => path.display().to_string(),
+                    None => {
+                        "a control-plane approvals file (this join service has none configured)"
+                            .to_owned()
+                    }
+                },
+            });
+        }
         CONTROL_PLANE_FILES
             .iter()
             .map(|name| read_secret_file(&dir.join(name)).map(|data| ((*name).to_owned(), data)))
             .collect()
     }
+}
+
+fn check_same_ak(
+    uuid: &str,
+    registered: &str,
+    presented: &str,
+    request: &'static str,
+) -> Result<(), JoinError> {
+    if registered == presented {
+        return Ok(());
+    }
+    Err(JoinError::AnotherAk {
+        uuid: uuid.to_owned(),
+        registered: registered.to_owned(),
+        presented: presented.to_owned(),
+        request,
+    })
+}
+
+/// Parses the registry of joined disks (format in the module docs).
+fn parse_registry(path: &Path, text: &str) -> Result<Registry, JoinError> {
+    let mut registry = Registry::new();
+    for (index, line) in text.lines().enumerate() {
+        let mut fields = line.split_whitespace();
+        let Some(uuid) = fields.next() else {
+            continue;
+        };
+        let ak_name = fields.next();
+        let well_formed = fields.next().is_none()
+            && ak_name.is_none_or(|ak| ak.bytes().all(|b| b.is_ascii_hexdigit()));
+        if !well_formed {
+            return Err(JoinError::RegistryLine {
+                path: path.display().to_string(),
+                line: index + 1,
+            });
+        }
+        registry.insert(uuid.to_owned(), ak_name.map(str::to_ascii_lowercase));
+    }
+    Ok(registry)
+}
+
+/// Replaces the registry file with `registry` (write a temporary file, sync, rename).
+fn write_registry(path: &Path, registry: &Registry) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut text = String::new();
+    for (uuid, ak_name) in registry {
+        text.push_str(uuid);
+        if let Some(ak_name) = ak_name {
+            text.push(' ');
+            text.push_str(ak_name);
+        }
+        text.push('\n');
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".new");
+    let tmp = PathBuf::from(tmp);
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>, JoinError> {
@@ -452,7 +599,10 @@ mod tests {
                 registry_file: dir.path().join("joined"),
             },
         )
-        .unwrap();
+        .unwrap()
+        .with_control_plane_approvals(Arc::new(
+            ApprovalStore::load(&dir.path().join("control-plane-approvals")).unwrap(),
+        ));
         Fixture {
             _dir: dir,
             core,
@@ -461,11 +611,53 @@ mod tests {
         }
     }
 
+    /// The TPM name of the AK of the node `peer` stands for.
+    const AK: [u8; 34] = [0xa1; 34];
+    /// The AK of another machine.
+    const OTHER_AK: [u8; 34] = [0xb2; 34];
+
     fn peer(pcr9: u8) -> VerifiedPeer {
+        peer_with_ak(pcr9, &AK)
+    }
+
+    fn peer_with_ak(pcr9: u8, ak_name: &[u8]) -> VerifiedPeer {
         VerifiedPeer {
             address: Some("127.0.0.1".parse().unwrap()),
             pcrs: BTreeMap::from([(9, [pcr9; 32]), (0, [1; 32])]),
+            ak_name: ak_name.to_vec(),
         }
+    }
+
+    /// Writes the approvals file with `ak_names` and reloads it.
+    fn approve(f: &Fixture, ak_names: &[&[u8]]) {
+        let text: String = ak_names
+            .iter()
+            .map(|name| format!("{}\n", hex::encode(name)))
+            .collect();
+        std::fs::write(f.core.approvals().path().unwrap(), text).unwrap();
+        assert!(matches!(
+            f.core.approvals().reload_if_changed(),
+            crate::policy::ReloadOutcome::Reloaded { .. }
+        ));
+    }
+
+    fn core_over_registry(f: &Fixture, registry_file: PathBuf) -> JoinCore {
+        JoinCore::new(
+            Arc::clone(f.core.policy()),
+            Arc::new(KubeadmTokenIssuer {
+                kubeadm: "/nonexistent".into(),
+                kubeconfig: "/nonexistent".into(),
+            }),
+            JoinCoreConfig {
+                master_secret: f.master.clone(),
+                measurement_salt: vec![7; 32],
+                kubernetes_version: "v1.33.4".into(),
+                token_ttl: Duration::from_secs(60),
+                pki_dir: f.core.config.pki_dir.clone(),
+                registry_file,
+            },
+        )
+        .unwrap()
     }
 
     fn request(control_plane: bool) -> JoinRequest {
@@ -564,6 +756,7 @@ mod tests {
     #[test]
     fn control_plane_joins_receive_the_pki_files() {
         let f = fixture(true);
+        approve(&f, &[&AK]);
         let ticket = f
             .core
             .issue_join_ticket(&peer(0x99), &request(true))
@@ -596,6 +789,138 @@ mod tests {
             f.core
                 .issue_join_ticket(&peer(0x99), &request(false))
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn a_control_plane_join_needs_an_approved_ak_and_workers_do_not() {
+        let f = fixture(true);
+        let err = f
+            .core
+            .issue_join_ticket(&peer(0x99), &request(true))
+            .unwrap_err();
+        let file = f.core.approvals().path().unwrap().display().to_string();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "control-plane join refused: AK {} is not approved; add it to {file}",
+                hex::encode(AK)
+            )
+        );
+        // The same node joins as a worker.
+        let ticket = f
+            .core
+            .issue_join_ticket(&peer(0x99), &request(false))
+            .unwrap();
+        assert!(ticket.control_plane_files.is_empty());
+        // Another machine's approval does not admit this one; its own does, until revoked.
+        approve(&f, &[&OTHER_AK]);
+        assert!(matches!(
+            f.core.issue_join_ticket(&peer(0x99), &request(true)),
+            Err(JoinError::ControlPlaneNotApproved { .. })
+        ));
+        approve(&f, &[&OTHER_AK, &AK]);
+        f.core
+            .issue_join_ticket(&peer(0x99), &request(true))
+            .unwrap();
+        std::fs::remove_file(f.core.approvals().path().unwrap()).unwrap();
+        f.core.approvals().reload_if_changed();
+        assert!(matches!(
+            f.core.issue_join_ticket(&peer(0x99), &request(true)),
+            Err(JoinError::ControlPlaneNotApproved { .. })
+        ));
+    }
+
+    #[test]
+    fn without_an_approvals_file_no_control_plane_joins() {
+        let f = fixture(true);
+        let core = core_over_registry(&f, f.core.config.registry_file.clone());
+        let err = core
+            .issue_join_ticket(&peer(0x99), &request(true))
+            .unwrap_err();
+        assert!(err.to_string().contains("none configured"), "{err}");
+    }
+
+    #[test]
+    fn a_disk_is_bound_to_the_ak_of_its_first_join() {
+        let f = fixture(false);
+        f.core
+            .issue_join_ticket(&peer(0x99), &request(false))
+            .unwrap();
+        let registry = std::fs::read_to_string(&f.core.config.registry_file).unwrap();
+        assert_eq!(registry, format!("{UUID} {}\n", hex::encode(AK)));
+
+        let clone = peer_with_ak(0x99, &OTHER_AK);
+        let err = f.core.issue_rejoin_ticket(&clone, UUID).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "disk {UUID} joined with AK {}; this rejoin comes from AK {}: a cloned disk on another machine?",
+                hex::encode(AK),
+                hex::encode(OTHER_AK)
+            )
+        );
+        // Nor can the clone ask for the disk's key as a fresh join.
+        let err = f
+            .core
+            .issue_join_ticket(&clone, &request(false))
+            .unwrap_err();
+        assert!(err.to_string().contains("this join comes from AK"), "{err}");
+        // The binding survives a restart; the node itself still rejoins.
+        let again = core_over_registry(&f, f.core.config.registry_file.clone());
+        assert!(matches!(
+            again.issue_rejoin_ticket(&clone, UUID),
+            Err(JoinError::AnotherAk { .. })
+        ));
+        again.issue_rejoin_ticket(&peer(0x99), UUID).unwrap();
+    }
+
+    #[test]
+    fn a_disk_recorded_without_an_ak_is_bound_at_its_next_rejoin() {
+        let f = fixture(false);
+        let other = "00000000-1111-4222-8333-444444444444";
+        let registry_file = f.core.config.registry_file.clone();
+        std::fs::write(&registry_file, format!("{UUID}\n{other}\n")).unwrap();
+        let core = core_over_registry(&f, registry_file.clone());
+        core.issue_rejoin_ticket(&peer(0x99), UUID).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&registry_file).unwrap(),
+            format!("{other}\n{UUID} {}\n", hex::encode(AK))
+        );
+        assert!(matches!(
+            core.issue_rejoin_ticket(&peer_with_ak(0x99, &OTHER_AK), UUID),
+            Err(JoinError::AnotherAk { .. })
+        ));
+        // The other legacy disk is still unbound, and binds to whoever comes first.
+        core.issue_rejoin_ticket(&peer_with_ak(0x99, &OTHER_AK), other)
+            .unwrap();
+    }
+
+    #[test]
+    fn a_malformed_registry_line_stops_the_start() {
+        let f = fixture(false);
+        let registry_file = f.core.config.registry_file.clone();
+        std::fs::write(&registry_file, format!("{UUID} zz-not-hex\n")).unwrap();
+        let err = JoinCore::new(
+            Arc::clone(f.core.policy()),
+            Arc::new(KubeadmTokenIssuer {
+                kubeadm: "/nonexistent".into(),
+                kubeconfig: "/nonexistent".into(),
+            }),
+            JoinCoreConfig {
+                master_secret: f.master.clone(),
+                measurement_salt: vec![7; 32],
+                kubernetes_version: "v1.33.4".into(),
+                token_ttl: Duration::from_secs(60),
+                pki_dir: None,
+                registry_file,
+            },
+        )
+        .err()
+        .unwrap();
+        assert!(
+            matches!(err, JoinError::RegistryLine { line: 1, .. }),
+            "{err}"
         );
     }
 }

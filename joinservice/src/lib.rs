@@ -2,13 +2,14 @@
 //! TLS and receives the key to its state disk and what it needs to join the cluster.
 //!
 //! Core logic knows nothing of gRPC: the policy (expected measurements, reloaded when the file
-//! changes), the key service (HKDF from the master secret), bootstrap tokens (through a
+//! changes), the control-plane approvals (AK names, reloaded likewise), the key service (HKDF from the master secret), bootstrap tokens (through a
 //! pluggable issuer; the real one runs `kubeadm token create`), per-peer rate limits and the
 //! audit trail are plain Rust here; the gRPC service is a thin adapter over [`JoinCore`].
 //!
 //! Concurrency: validations never take a global lock. The policy is an `Arc` swapped on reload
 //! and cloned per request; the rate limiter's lock is held for a map lookup only.
 
+pub mod approvals;
 pub mod audit;
 pub mod core;
 pub mod policy;

@@ -1,8 +1,10 @@
 //! The expected-measurements policy, reloaded when its file changes, without a restart.
 //!
-//! A new file that cannot be parsed is rejected and the old policy stays in force, loudly (an
-//! error log line on every check until the file is fixed); a deleted file likewise keeps the
-//! old policy, so a half-finished `mv` never opens the door. Readers clone an `Arc` of the
+//! A new file that cannot be parsed, or that enforces no PCR (`{}`, or every entry `warnOnly`:
+//! no validator can be made from it, so every later handshake would be refused), is rejected
+//! and the old policy stays in force, loudly (an error log line once per problem); a deleted
+//! file likewise keeps the old policy, so a half-finished `mv` never opens the door. At
+//! start-up the same files are an error. Readers clone an `Arc` of the
 //! current policy and validate without holding any lock.
 
 use std::path::{Path, PathBuf};
@@ -20,6 +22,22 @@ pub struct Policy {
     pub digest: String,
 }
 
+/// Why a measurements file cannot become the policy.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The file cannot be read, or is not a valid expected-measurements file.
+    #[error(transparent)]
+    Measurements(#[from] MeasurementsError),
+    /// The file is valid but enforces no PCR (`{}`, or every entry `warnOnly`).
+    #[error(
+        "the expected measurements in {path} enforce no PCR (the file is empty or every entry is warnOnly); at least one PCR must be enforced"
+    )]
+    NothingEnforced {
+        /// The measurements file.
+        path: String,
+    },
+}
+
 /// What a reload check did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReloadOutcome {
@@ -29,7 +47,8 @@ pub enum ReloadOutcome {
     Reloaded { digest: String },
     /// The new content is invalid; the old policy stays.
     Rejected { reason: String },
-    /// The file is gone; the old policy stays.
+    /// The file is gone: the old measurements policy stays (the control-plane approvals, which
+    /// share this type, approve nobody instead).
     Missing,
 }
 
@@ -44,14 +63,25 @@ fn digest(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// Parses a measurements file and refuses one that enforces nothing.
+fn parse(path: &Path, text: &str) -> Result<ExpectedMeasurements, PolicyError> {
+    let measurements = ExpectedMeasurements::from_json(text)?;
+    if measurements.enforced().next().is_none() {
+        return Err(PolicyError::NothingEnforced {
+            path: path.display().to_string(),
+        });
+    }
+    Ok(measurements)
+}
+
 impl PolicyStore {
-    /// Loads the policy; a missing or invalid file at start-up is an error.
-    pub fn load(path: &Path) -> Result<Self, MeasurementsError> {
+    /// Loads the policy; a missing or invalid file, or one that enforces no PCR, is an error.
+    pub fn load(path: &Path) -> Result<Self, PolicyError> {
         let text = std::fs::read_to_string(path).map_err(|source| MeasurementsError::Io {
             path: path.display().to_string(),
             source,
         })?;
-        let measurements = ExpectedMeasurements::from_json(&text)?;
+        let measurements = parse(path, &text)?;
         Ok(Self {
             path: path.to_owned(),
             current: RwLock::new(Policy {
@@ -85,7 +115,7 @@ impl PolicyStore {
         if new_digest == self.current().digest {
             return ReloadOutcome::Unchanged;
         }
-        match ExpectedMeasurements::from_json(&text) {
+        match parse(&self.path, &text) {
             Ok(measurements) => {
                 let policy = Policy {
                     measurements: Arc::new(measurements),
@@ -207,6 +237,51 @@ mod tests {
         assert!(PolicyStore::load(&path).is_err());
         std::fs::write(&path, "[]").unwrap();
         assert!(PolicyStore::load(&path).is_err());
+    }
+
+    #[test]
+    fn a_file_that_enforces_nothing_is_refused_at_start_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.json");
+        let warn_only = format!(
+            r#"{{"4": {{"expected": "{}", "warnOnly": true}}}}"#,
+            "aa".repeat(32)
+        );
+        for text in ["{}", r#"{"measurementsVersion": 1}"#, &warn_only] {
+            std::fs::write(&path, text).unwrap();
+            let err = PolicyStore::load(&path).unwrap_err();
+            assert!(
+                matches!(err, PolicyError::NothingEnforced { .. }),
+                "{text}: {err:?}"
+            );
+            assert!(err.to_string().contains("enforce no PCR"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_file_that_enforces_nothing_is_rejected_on_reload_and_the_old_policy_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.json");
+        std::fs::write(&path, file(&"aa".repeat(32))).unwrap();
+        let store = PolicyStore::load(&path).unwrap();
+        let kept = store.current().digest;
+        let warn_only = format!(
+            r#"{{"4": {{"expected": "{}", "warnOnly": true}}}}"#,
+            "bb".repeat(32)
+        );
+        for text in ["{}", &warn_only] {
+            std::fs::write(&path, text).unwrap();
+            let outcome = store.reload_if_changed();
+            assert!(
+                matches!(&outcome, ReloadOutcome::Rejected { reason } if reason.contains("enforce no PCR")),
+                "{text}: {outcome:?}"
+            );
+            assert_eq!(store.current().digest, kept);
+            assert_eq!(
+                store.current().measurements.get(4).unwrap().expected,
+                [0xaa; 32]
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -75,7 +75,8 @@ pub struct ServiceConfig {
     pub call_timeout: Duration,
     /// Deadline of every aTLS handshake, quotes included (default 10 s).
     pub handshake_timeout: Duration,
-    /// How often the expected-measurements file is checked for changes (default 2 s).
+    /// How often the expected-measurements and control-plane approvals files are checked for
+    /// changes (default 2 s).
     pub policy_poll: Duration,
 }
 
@@ -205,6 +206,11 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
             .watch(config.policy_poll)
             .instrument(tracing::info_span!("policy_watch")),
     );
+    let approvals_watcher = tokio::spawn(
+        Arc::clone(config.core.approvals())
+            .watch(config.policy_poll)
+            .instrument(tracing::info_span!("approvals_watch")),
+    );
     // The validator follows policy reloads: each new connection gets the server for the
     // policy in force. `None` (a reloaded policy that enforces nothing) refuses, loudly.
     let incoming = incoming_from(listener, MAX_PENDING_HANDSHAKES, move || {
@@ -232,6 +238,7 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
             })
             .await;
         watcher.abort();
+        approvals_watcher.abort();
         result.map_err(ServiceError::from)
     });
     Ok(RunningService {
@@ -292,12 +299,15 @@ pub fn status_of(err: &JoinError) -> Status {
         JoinError::BadRequest(_) | JoinError::DiskUuid(_) | JoinError::NodeName { .. } => {
             Code::InvalidArgument
         }
-        JoinError::Measurements(_) => Code::PermissionDenied,
+        JoinError::Measurements(_)
+        | JoinError::ControlPlaneNotApproved { .. }
+        | JoinError::AnotherAk { .. } => Code::PermissionDenied,
         JoinError::UnknownDisk(_) => Code::NotFound,
         JoinError::Token(_) => Code::Unavailable,
-        JoinError::ControlPlaneFile { .. } | JoinError::Registry { .. } | JoinError::DiskKey(_) => {
-            Code::Internal
-        }
+        JoinError::ControlPlaneFile { .. }
+        | JoinError::Registry { .. }
+        | JoinError::RegistryLine { .. }
+        | JoinError::DiskKey(_) => Code::Internal,
     };
     Status::new(code, hawser_attestation::error_chain(err))
 }
@@ -317,6 +327,7 @@ impl Service {
         Ok(VerifiedPeer {
             address: info.remote_addr.map(|a| a.ip()),
             pcrs: evidence.pcrs.clone(),
+            ak_name: evidence.ak_name.clone(),
         })
     }
 

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use hawser_attestation::atls::{AtlsClient, Identity, PeerPolicy};
 use hawser_attestation::evidence::EvidenceIssuer;
 use hawser_attestation::{Tpm, TpmIssuer};
-use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
+use hawser_joinservice::approvals::ApprovalStore;
+use hawser_joinservice::core::{CONTROL_PLANE_FILES, JoinCore, JoinCoreConfig};
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, RunningService, ServiceConfig};
 use hawser_joinservice::tokens::KubeadmTokenIssuer;
@@ -73,12 +74,14 @@ fn standin() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kubeadm-standin")
 }
 
-/// A join service over a fresh master secret, expecting a booted node's PCRs.
+/// A join service over a fresh master secret, expecting a booted node's PCRs, with a PKI
+/// directory for control-plane joins and an approvals file that does not exist yet.
 struct Fixture {
     dir: tempfile::TempDir,
     ca: ProviderCa,
     master: MasterSecret,
     measurements: PathBuf,
+    approvals: PathBuf,
     service: Option<RunningService>,
     addr: SocketAddr,
 }
@@ -98,6 +101,13 @@ impl Fixture {
         let kubeconfig = dir.path().join("admin.conf");
         std::fs::write(&kubeconfig, "kind: Config\n").expect("write");
         let policy = Arc::new(PolicyStore::load(&measurements).expect("policy"));
+        let pki_dir = dir.path().join("pki");
+        for name in CONTROL_PLANE_FILES {
+            let path = pki_dir.join(name);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&path, format!("content of {name}")).expect("write");
+        }
+        let approvals = dir.path().join("control-plane-approvals");
         let core = JoinCore::new(
             policy,
             Arc::new(KubeadmTokenIssuer {
@@ -109,11 +119,14 @@ impl Fixture {
                 measurement_salt: b"salt".to_vec(),
                 kubernetes_version: "v1.33.4".into(),
                 token_ttl: Duration::from_secs(600),
-                pki_dir: None,
+                pki_dir: Some(pki_dir),
                 registry_file: dir.path().join("joined"),
             },
         )
-        .expect("core");
+        .expect("core")
+        .with_control_plane_approvals(Arc::new(
+            ApprovalStore::load(&approvals).expect("approvals"),
+        ));
         let mut config = ServiceConfig::new(
             "127.0.0.1:0".parse().expect("addr"),
             Arc::new(core),
@@ -130,6 +143,7 @@ impl Fixture {
             ca,
             master,
             measurements,
+            approvals,
             service: Some(service),
             addr,
         }
@@ -564,6 +578,167 @@ async fn clients_that_never_finish_their_handshake_do_not_block_others() {
             matches!(read, Ok(0) | Err(_)),
             "closed without a TLS conversation: {read:?}"
         );
+    }
+    f.stop().await;
+}
+
+/// The AK name of `node`'s TPM, as refusals print it and the approvals file lists it.
+fn ak_hex(node: &Node) -> String {
+    hex::encode(node.issuer.ak_name())
+}
+
+fn control_plane_request(uuid: &str) -> IssueJoinTicketRequest {
+    IssueJoinTicketRequest {
+        node_name: "control-plane-2".into(),
+        is_control_plane: true,
+        ..join_request(uuid)
+    }
+}
+
+/// Tamper row: control-plane join without approval
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tamper_control_plane_join_without_approval() {
+    let f = Fixture::start(|_, _| {}).await;
+    let node = node(&f.ca, true);
+    let mut client = f.client(&node).await;
+
+    // A genuine node that asks to be a control plane (an unmeasured fw_cfg flag) is refused,
+    // and told which AK the admin must approve where.
+    let status = client
+        .issue_join_ticket(control_plane_request(UUID))
+        .await
+        .expect_err("control-plane join without approval refused");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        status.message(),
+        format!(
+            "control-plane join refused: AK {} is not approved; add it to {}",
+            ak_hex(&node),
+            f.approvals.display()
+        )
+    );
+    // Approving another machine's AK changes nothing for this one.
+    let other = "000b".to_owned() + &"17".repeat(32);
+    std::fs::write(&f.approvals, format!("# cp-3\n{other}\n")).expect("write");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let status = client
+        .issue_join_ticket(control_plane_request(UUID))
+        .await
+        .expect_err("still not approved");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+
+    // Worker joins need no approval.
+    let worker = client
+        .issue_join_ticket(join_request(UUID))
+        .await
+        .expect("worker join")
+        .into_inner();
+    assert!(worker.control_plane_files.is_empty());
+
+    // Once the admin approves its AK (picked up without a restart), it receives the PKI.
+    std::fs::write(
+        &f.approvals,
+        format!("# cp-3\n{other}\n{}  # cp-2\n", ak_hex(&node)),
+    )
+    .expect("write");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let ticket = client
+        .issue_join_ticket(control_plane_request(UUID))
+        .await
+        .expect("approved control-plane join")
+        .into_inner();
+    let names: Vec<&str> = ticket
+        .control_plane_files
+        .iter()
+        .map(|file| file.name.as_str())
+        .collect();
+    assert_eq!(names, CONTROL_PLANE_FILES);
+    f.stop().await;
+}
+
+/// Tamper row: cloned disk on another TPM
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tamper_cloned_disk_on_another_tpm() {
+    let f = Fixture::start(|_, _| {}).await;
+    let original = node(&f.ca, true);
+    let mut client = f.client(&original).await;
+    client
+        .issue_join_ticket(join_request(UUID))
+        .await
+        .expect("first join");
+
+    // The same image on another machine (another TPM, certified by the same provider) boots a
+    // copy of the disk: its rejoin, and a fresh join of the same disk, are refused.
+    let clone = node(&f.ca, true);
+    assert_ne!(ak_hex(&clone), ak_hex(&original));
+    let mut clone_client = f.client(&clone).await;
+    let status = clone_client
+        .issue_rejoin_ticket(IssueRejoinTicketRequest {
+            disk_uuid: UUID.into(),
+        })
+        .await
+        .expect_err("the clone's rejoin is refused");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert_eq!(
+        status.message(),
+        format!(
+            "disk {UUID} joined with AK {}; this rejoin comes from AK {}: a cloned disk on another machine?",
+            ak_hex(&original),
+            ak_hex(&clone)
+        )
+    );
+    let status = clone_client
+        .issue_join_ticket(join_request(UUID))
+        .await
+        .expect_err("the clone's join of the same disk is refused");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().contains("this join comes from AK"),
+        "{}",
+        status.message()
+    );
+
+    // The original still rejoins with its key.
+    let rejoin = client
+        .issue_rejoin_ticket(IssueRejoinTicketRequest {
+            disk_uuid: UUID.into(),
+        })
+        .await
+        .expect("the original rejoins")
+        .into_inner();
+    assert_eq!(
+        rejoin.state_disk_key,
+        &f.master.state_disk_key(UUID).unwrap()[..]
+    );
+    f.stop().await;
+}
+
+/// Tamper row: a measurements file that enforces nothing is refused on reload (old policy kept)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tamper_measurements_file_that_enforces_nothing() {
+    let f = Fixture::start(|_, _| {}).await;
+    let genuine = node(&f.ca, true);
+    let wrong = node(&f.ca, false);
+    let all_warn_only = format!(
+        r#"{{"4": {{"expected": "{}", "warnOnly": true}}, "11": {{"expected": "{}", "warnOnly": true}}}}"#,
+        "00".repeat(32),
+        "00".repeat(32),
+    );
+    for text in ["{}", all_warn_only.as_str()] {
+        std::fs::write(&f.measurements, text).expect("write");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        // No outage: the old policy admits the genuine node...
+        f.client(&genuine)
+            .await
+            .issue_join_ticket(join_request(UUID))
+            .await
+            .unwrap_or_else(|e| panic!("{text}: genuine node refused: {e:?}"));
+        // ...and still refuses a node whose PCR 11 differs.
+        let err = f
+            .connect(&wrong)
+            .await
+            .expect_err("the old policy still enforces PCR 11");
+        assert!(err.contains("PCR 11"), "{text}: {err}");
     }
     f.stop().await;
 }

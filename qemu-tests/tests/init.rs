@@ -1,18 +1,24 @@
 //! `hawser init` and `hawser recover` against a real node: PID 1's init server attests over
 //! aTLS, the admin's CLI (the library the `hawser` binary runs) verifies it against the
-//! measurements predicted from the UKI, and only then sends the master secret.
+//! measurements predicted from the UKI, and only then sends the init secret (whose hash the
+//! node got through fw_cfg, as from a cloud's instance metadata) and the master secret.
 //!
 //! Nodes booted from the node disk image (UKI + verified rootfs with the kubeadm and kubelet
 //! stand-ins; the image carries the provider CA), three boots: (1) a fresh node with no join
 //! service waits; a CLI holding wrong measurements is refused naming the PCR and writes nothing;
-//! the right one initializes the cluster: the node pivots into its rootfs and runs `kubeadm
+//! an Init without the right init secret is refused and leaves the node fresh
+//! ([`tamper_init_without_the_secret`]); the right one initializes the cluster, approving the
+//! second node's AK as a control plane: the node pivots into its rootfs and runs `kubeadm
 //! init` with the configuration built from the admin's request (checked as the stand-in received
 //! it), and the admin kubeconfig comes back to the CLI; the signed quote shows PCR 15 = the node
 //! lock for the cluster ID the CLI computed. (1b) A second node joins through the first node's
 //! `hawser-joind` as a control-plane node, both sides attesting: it gets the key derived from
 //! the admin's master secret and the cluster's shared certificates, and runs `kubeadm join`.
-//! Then a second init of the first node is refused. (2) The first node (same TPM, same disk)
-//! boots again, waits for `hawser recover` (an initialized disk refuses `init`), reopens
+//! Then a second init of the first node is refused: its init server stopped listening after the
+//! lock. (2) The first node (same TPM, same disk) boots again, waits for `hawser recover` (an
+//! initialized disk refuses `init`); a Recover with a wrong init secret and one with another
+//! cluster's master secret are refused without locking or rebooting the node
+//! ([`tamper_recover_with_a_wrong_secret`]); the right one reopens
 //! its disk with the key derived from the master secret, locks to the same cluster, and starts
 //! its services without running kubeadm again.
 //!
@@ -23,7 +29,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MARKER, JoinReport};
-use hawser_cli::cluster::{self, ClusterFile, InitOptions, RecoverOptions};
+use hawser_cli::cluster::{self, ClusterFile, InitOptions, RecoverOptions, write_new_init_secret};
 use hawser_cli::localhost::{self, LocalCluster, free_port, luks_uuid};
 use hawser_image::pipeline::DEFAULT_CMDLINE;
 use hawser_keys::MasterSecret;
@@ -34,6 +40,8 @@ use common::{CONFIG_RECEIVED, NO_SECOND_KUBEADM, kubeadm_document, kubeadm_docum
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(300);
 const WAITING: &str = "init server listening on 0.0.0.0:9000";
+/// The named reason of a refused init secret (PID 1's `InitSecretError`).
+const WRONG_INIT_SECRET: &str = "init secret does not match the node's init secret hash";
 
 fn console(vm: &Vm) -> String {
     vm.console_lines().join("\n")
@@ -44,6 +52,7 @@ fn boot(
     cluster: &LocalCluster,
     disk: &Path,
     (init_port, joind_port): (u16, u16),
+    init_secret_hash: &[u8; 32],
     name: &str,
 ) -> Vm {
     let mut config = VmConfig::uefi_disk(image)
@@ -53,6 +62,7 @@ fn boot(
             ..TpmConfig::default()
         })
         .disk(disk, localhost::STATE_DISK_SERIAL)
+        .fw_cfg_string("init_secret_hash", hex::encode(init_secret_hash))
         .keep_logs_in(cluster.dir.join(format!("logs-{name}")));
     config.extra_args.extend(localhost::user_net_args(
         None,
@@ -114,9 +124,22 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
     let ports = (port, joind_port);
     let node = format!("127.0.0.1:{port}");
     let rt = runtime();
+    // Who creates the node holds the init secret; the node's platform gets its hash.
+    let init_secret = admin.join("init-secret");
+    let init_secret_hash = write_new_init_secret(&init_secret).unwrap();
+    // The second node's TPM exists before the cluster: its AK is approved in `hawser init`.
+    let second_tpm = dir.join("second/tpm");
+    let second_ak = cluster.provision_tpm(&second_tpm).unwrap();
 
     // (1) A fresh node waits for `hawser init`.
-    let vm = boot(&node_image.disk.path, &cluster, &disk, ports, "init");
+    let vm = boot(
+        &node_image.disk.path,
+        &cluster,
+        &disk,
+        ports,
+        &init_secret_hash,
+        "init",
+    );
     vm.wait_for_line(WAITING, BOOT_TIMEOUT)
         .unwrap_or_else(|e| panic!("{e}\n{}", console(&vm)));
 
@@ -131,6 +154,8 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         kubernetes_version: "v1.33.4".parse().unwrap(),
         service_cidr: "10.96.0.0/12".into(),
         api_server_cert_sans: vec!["10.0.2.15".into()],
+        init_secret: init_secret.clone(),
+        control_plane_approvals: vec![second_ak.clone()],
     };
     // Measurements of another image: refused before any secret is made or sent.
     let mut wrong: serde_json::Value =
@@ -155,6 +180,7 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         !opts.master_secret.exists(),
         "a refused init wrote a master secret"
     );
+    tamper_init_without_the_secret(&rt, &vm, &opts, &admin);
 
     let mut said = Vec::new();
     let mut node_lines = Vec::new();
@@ -233,14 +259,20 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
     second_node_joins(
         &vm,
         &node_image.disk.path,
-        &cluster,
         &dir,
         joind_port,
         &master,
         &done.cluster_id,
     );
 
-    // The node is taken: a second init is refused, and overwriting the admin's files too.
+    // The node is taken: its init server stopped listening once the lock was taken and the
+    // admin's call ended, so a second init finds nothing to talk to; overwriting the admin's
+    // files is refused too.
+    let text = console(&vm);
+    assert!(
+        text.contains("the init server on 0.0.0.0:9000 has stopped"),
+        "{text}"
+    );
     let again = rt
         .block_on(cluster::init(
             &InitOptions {
@@ -253,8 +285,13 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
             &mut |_| {},
         ))
         .unwrap_err();
-    // A locked node's quote has PCR 15 ≠ 0: the CLI refuses it as not fresh.
-    assert!(format!("{again:#}").contains("PCR 15"), "{again:#}");
+    // Nothing answers on the node's port 9000 (QEMU's forward accepts, the guest refuses).
+    let again = format!("{again:#}");
+    assert!(
+        again.contains("attesting the node") || again.contains("cannot connect to the node"),
+        "{again}"
+    );
+    assert!(!admin.join("other-secret.json").exists());
     let overwrite = rt
         .block_on(cluster::init(&opts, &mut |_| {}, &mut |_| {}))
         .unwrap_err();
@@ -273,21 +310,27 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         .unwrap_or_else(|e| panic!("{e}\n{}", console(&vm)));
 
     // (2) The same node boots again: its disk is initialized, so it waits for `recover`.
-    let vm = boot(&node_image.disk.path, &cluster, &disk, ports, "recover");
+    let vm = boot(
+        &node_image.disk.path,
+        &cluster,
+        &disk,
+        ports,
+        &init_secret_hash,
+        "recover",
+    );
     vm.wait_for_line(WAITING, BOOT_TIMEOUT)
         .unwrap_or_else(|e| panic!("{e}\n{}", console(&vm)));
+    let recover = RecoverOptions {
+        node: node.clone(),
+        measurements: measurements.clone(),
+        provider_ca: cluster.provider_ca_path(),
+        master_secret: opts.master_secret.clone(),
+        cluster_file: opts.cluster_file.clone(),
+        init_secret: init_secret.clone(),
+    };
+    tamper_recover_with_a_wrong_secret(&rt, &vm, &recover, &admin, &cluster_file);
     let done = rt
-        .block_on(cluster::recover(
-            &RecoverOptions {
-                node: node.clone(),
-                measurements: measurements.clone(),
-                provider_ca: cluster.provider_ca_path(),
-                master_secret: opts.master_secret.clone(),
-                cluster_file: opts.cluster_file.clone(),
-            },
-            &mut |_| {},
-            &mut |_| {},
-        ))
+        .block_on(cluster::recover(&recover, &mut |_| {}, &mut |_| {}))
         .unwrap_or_else(|e| panic!("{e:#}\n{}", console(&vm)));
     let (join, pcr15) = reports(&vm);
     assert_eq!(join.rpc, "Recover");
@@ -302,7 +345,123 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         !text.contains(CONFIG_RECEIVED),
         "kubeadm ran again:\n{text}"
     );
+    // One boot: the refused Recovers neither rebooted nor stopped the node.
+    assert!(!text.contains("FATAL"), "{text}");
+    assert_eq!(text.matches(WAITING).count(), 1, "{text}");
     vm.kill();
+}
+
+/// Tamper row: Init without the secret — an `Init` whose init secret is not the one whose
+/// hash the node's platform gave it is refused (`PERMISSION_DENIED`, named reason), and the
+/// node is not locked: PCR 15 stays zero, so the right `Init` afterwards still succeeds (the
+/// CLI attests the node as fresh before it sends anything).
+fn tamper_init_without_the_secret(
+    rt: &tokio::runtime::Runtime,
+    vm: &Vm,
+    opts: &InitOptions,
+    admin: &Path,
+) {
+    let wrong_secret = admin.join("someone-elses-init-secret");
+    write_new_init_secret(&wrong_secret).unwrap();
+    let refused = rt
+        .block_on(cluster::init(
+            &InitOptions {
+                init_secret: wrong_secret.clone(),
+                master_secret: admin.join("intruder-secret.json"),
+                cluster_file: admin.join("intruder-cluster.json"),
+                kubeconfig: admin.join("intruder-admin.conf"),
+                ..opts.clone()
+            },
+            &mut |_| {},
+            &mut |_| {},
+        ))
+        .unwrap_err();
+    let refused = format!("{refused:#}");
+    assert!(refused.contains("PermissionDenied"), "{refused}");
+    assert!(refused.contains(WRONG_INIT_SECRET), "{refused}");
+    assert!(
+        refused.contains(&wrong_secret.display().to_string()),
+        "{refused}"
+    );
+    let text = console(vm);
+    assert!(
+        text.contains(&format!("Init refused: {WRONG_INIT_SECRET}")),
+        "the refusal is not on the node's console:\n{text}"
+    );
+    assert!(!text.contains("node lock taken"), "{text}");
+    let secret = std::fs::read_to_string(&wrong_secret).unwrap();
+    assert!(
+        !text.contains(secret.trim()),
+        "the init secret reached the console"
+    );
+    // Not locked: the CLI's attestation (which requires PCR 15 = 0) is the proof; the right
+    // Init that follows in the caller depends on it.
+}
+
+/// Tamper row: Recover with a wrong secret (node not locked, no reboot) — a `Recover` with a
+/// wrong init secret is refused (`PERMISSION_DENIED`), and one with the right init secret but
+/// another cluster's master secret is refused after its key fails the disk's LUKS2 digest; the
+/// node stays unlocked on the same boot and the right `Recover` then succeeds.
+fn tamper_recover_with_a_wrong_secret(
+    rt: &tokio::runtime::Runtime,
+    vm: &Vm,
+    recover: &RecoverOptions,
+    admin: &Path,
+    cluster_file: &ClusterFile,
+) {
+    let wrong_init_secret = admin.join("wrong-init-secret");
+    write_new_init_secret(&wrong_init_secret).unwrap();
+    let refused = rt
+        .block_on(cluster::recover(
+            &RecoverOptions {
+                init_secret: wrong_init_secret,
+                ..recover.clone()
+            },
+            &mut |_| {},
+            &mut |_| {},
+        ))
+        .unwrap_err();
+    let refused = format!("{refused:#}");
+    assert!(refused.contains("PermissionDenied"), "{refused}");
+    assert!(refused.contains(WRONG_INIT_SECRET), "{refused}");
+
+    // Another cluster's master secret, with a cluster file that matches it (so the CLI sends
+    // it): the node derives a key that does not open its disk.
+    let other_master = MasterSecret::generate().unwrap();
+    let other_secret = admin.join("other-cluster-secret.json");
+    other_master.write_new_file(&other_secret).unwrap();
+    let salt = cluster_file.salt().unwrap();
+    let other_file = admin.join("other-cluster-file.json");
+    let other = ClusterFile {
+        cluster_id: hex::encode(hawser_keys::cluster_id(
+            other_master.measurement_secret().as_slice(),
+            &salt,
+        )),
+        ..cluster_file.clone()
+    };
+    std::fs::write(&other_file, serde_json::to_string(&other).unwrap()).unwrap();
+    let refused = rt
+        .block_on(cluster::recover(
+            &RecoverOptions {
+                master_secret: other_secret,
+                cluster_file: other_file,
+                ..recover.clone()
+            },
+            &mut |_| {},
+            &mut |_| {},
+        ))
+        .unwrap_err();
+    let refused = format!("{refused:#}");
+    assert!(
+        refused.contains(
+            "Recover refused: the master secret does not give this node's state disk key"
+        ),
+        "{refused}"
+    );
+    assert!(refused.contains("the node is not locked"), "{refused}");
+    let text = console(vm);
+    assert!(!text.contains("node lock taken"), "{text}");
+    assert!(!text.contains("FATAL"), "{text}");
 }
 
 /// Boots a second node of the same image whose join endpoint (fw_cfg, unmeasured) is the first
@@ -310,7 +469,6 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
 fn second_node_joins(
     first: &Vm,
     image: &Path,
-    cluster: &LocalCluster,
     dir: &Path,
     joind_port: u16,
     master: &MasterSecret,
@@ -328,8 +486,8 @@ fn second_node_joins(
         .to_owned();
     let node_dir = dir.join("second");
     std::fs::create_dir_all(&node_dir).unwrap();
+    // Provisioned (and its AK approved in `hawser init`) before the cluster existed.
     let tpm_dir = node_dir.join("tpm");
-    cluster.provision_tpm(&tpm_dir).unwrap();
     let disk = node_dir.join("state.img");
     std::fs::File::create(&disk)
         .and_then(|f| f.set_len(256 << 20))
@@ -369,6 +527,12 @@ fn second_node_joins(
     // Same cluster, locked.
     assert_eq!(join.cluster_id, hex::encode(cluster_id).as_str());
     assert_eq!(pcr15, hawser_measurements::cluster_lock_pcr(cluster_id));
+    // No init secret hash in its platform's metadata: no init server, only the join client.
+    assert!(
+        text.contains("no init secret hash configured, so no init server"),
+        "{text}"
+    );
+    assert!(!text.contains(WAITING), "{text}");
     // It verified the service (attested trust is the default of this image).
     assert!(!text.contains("INSECURE"), "{text}");
     // kubeadm join: the first node's control plane, its CA pin, a token from its kubeadm.

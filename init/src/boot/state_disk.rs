@@ -9,7 +9,9 @@
 //!    [`KeyGrant::take_lock`]), then format or open, map and mount ([`disk::Prepared::apply`]).
 //!
 //! A key that does not open the disk is refused before the node lock: the node never marks
-//! itself as a cluster's for a disk it cannot open.
+//! itself as a cluster's for a disk it cannot open. When that key came from the admin
+//! (`hawser recover` with another cluster's master secret), the admin's call is refused with
+//! the reason and the race runs again: the node neither locks nor reboots.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use crate::config::{CmdlineConfig, FwCfgConfig};
 use crate::disk::key::{KeySource as _, VolumeKey};
 use crate::disk::{self, DiskError, KeyChoice, LinuxPlatform, StateDiskConfig};
 use crate::enrollment::client::JoinClient;
+use crate::enrollment::init_secret::InitSecretHash;
 use crate::enrollment::init_server::INIT_PORT;
 use crate::enrollment::race::{Enrollment, KeyGrant, Outcome};
 use crate::enrollment::{
@@ -65,7 +68,12 @@ impl Boot {
             }
             None => None,
         };
-        Ok(Some(Enrollment::new(join, INIT_PORT, issuer)))
+        Ok(Some(Enrollment::new(
+            join,
+            INIT_PORT,
+            init_secret_hash(config, fw_cfg),
+            issuer,
+        )))
     }
 
     /// Brings the state disk up (prepare → race → apply); the race's outcome when the key
@@ -127,24 +135,32 @@ impl Boot {
                 enrollment.disk_cluster(prepared.recorded_cluster_id())
             }
         };
-        let grant = self
-            .time_async("state-disk-key", enrollment.race(&uuid, len, status))
-            .await
-            .map_err(|source| BootError::StateDiskKey {
-                device: prepared.device().to_owned(),
-                source: Box::new(source),
-            })?;
-        // 3. apply: the key against the disk, then the lock, then the disk.
-        let key = grant.key();
-        let verified = self
-            .with_timer_blocking(move |timer| {
-                let verified = prepared.verify(key, timer);
-                (prepared, verified)
-            })
-            .await?;
-        let (prepared, key) = match verified {
-            (prepared, Ok(key)) => (prepared, key),
-            (_, Err(e)) => return Err(fail_admin(grant, e)),
+        let mut enrollment = enrollment;
+        let mut prepared = prepared;
+        let (grant, prepared, key) = loop {
+            let grant = self
+                .time_async("state-disk-key", enrollment.race(&uuid, len, status))
+                .await
+                .map_err(|source| BootError::StateDiskKey {
+                    device: prepared.device().to_owned(),
+                    source: Box::new(source),
+                })?;
+            // 3. apply: the key against the disk, then the lock, then the disk.
+            let key = grant.key();
+            let verified = self
+                .with_timer_blocking(move |timer| {
+                    let verified = prepared.verify(key, timer);
+                    (prepared, verified)
+                })
+                .await?;
+            match verified {
+                (verified_disk, Ok(key)) => break (grant, verified_disk, key),
+                (refused_disk, Err(e)) if grant.from_admin() => {
+                    refuse_admin(grant, &e);
+                    prepared = refused_disk;
+                }
+                (_, Err(e)) => return Err(fail_admin(grant, e)),
+            }
         };
         let outcome = self.lock(grant, &enrollment, &prepared).await?;
         let prepared = prepared.for_cluster(outcome.cluster_id);
@@ -187,6 +203,37 @@ impl Boot {
             self.warn(warning);
         }
     }
+}
+
+/// The platform's init secret hash: the measured command line wins over fw_cfg.
+fn init_secret_hash(config: &CmdlineConfig, fw_cfg: &mut FwCfgConfig) -> Option<InitSecretHash> {
+    let from_fw_cfg = fw_cfg.init_secret_hash.take();
+    if let (Some(measured), Some(unmeasured)) = (config.init_secret_hash, from_fw_cfg)
+        && measured != unmeasured
+    {
+        tracing::warn!(
+            "fw_cfg opt/hawser/init_secret_hash differs from the measured \
+             hawser.init_secret_hash; the measured one is used"
+        );
+    }
+    config
+        .init_secret_hash
+        .or(from_fw_cfg)
+        .map(InitSecretHash::from_bytes)
+}
+
+/// An admin's key that does not open the disk (`hawser recover` with another cluster's master
+/// secret): the admin learns why, the node is not locked, and the race goes on.
+fn refuse_admin(grant: KeyGrant, error: &DiskError) {
+    let reason = format!(
+        "{} refused: the master secret does not give this node's state disk key (the disk \
+         belongs to another cluster, or the master secret is wrong); the node is not locked and \
+         waits for the right one: {}",
+        grant.rpc(),
+        error_chain(error)
+    );
+    tracing::warn!("{reason}");
+    grant.fail(&reason);
 }
 
 /// A key that does not open the disk: the winning admin learns why, and the boot stops.

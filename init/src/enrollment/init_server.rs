@@ -3,9 +3,11 @@
 //! While the node waits for its state-disk key, PID 1 listens on [`INIT_PORT`] with aTLS: the
 //! node attests itself (its quote is in the TLS certificate), the admin's CLI checks that quote
 //! against the expected measurements and only then sends the cluster's master secret. The CLI
-//! does not attest, so anyone who reaches the port first may initialize a fresh node — as with
-//! Constellation's bootstrapper, whoever boots a node decides which cluster it starts; what the
-//! admin gains is the proof of *what* they initialized.
+//! does not attest; it proves that it knows the **init secret** whose hash the node's platform
+//! gave it ([`super::init_secret`]). That check comes before anything else: a request without
+//! the right secret is refused (`PERMISSION_DENIED`), logged without the secret, and changes
+//! nothing — the node is not locked and keeps serving. A node without an init secret hash runs
+//! no init server at all.
 //!
 //! - `Init` is accepted only while the state disk is new: an initialized disk holds a cluster's
 //!   data and is never reformatted for another cluster (`hawser recover` reopens it instead).
@@ -17,10 +19,17 @@
 //! stays open: the node's log lines stream to the admin until boot reports the outcome through
 //! [`Progress`]. Validation is pure ([`validate_init`], [`validate_recover`]); the gRPC service is
 //! a thin adapter over it.
+//!
+//! A grant whose key turns out not to open the disk (`Recover` with another cluster's master
+//! secret) is refused through its own call; the server then takes requests again. Once the node
+//! lock is taken the server refuses everything, and it stops listening when the winning admin's
+//! call has ended (the CLI keeps it open for its confirming quote, at most [`CONFIRM_WINDOW`]).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use hawser_attestation::TpmIssuer;
 use hawser_attestation::atls::{AtlsServer, Identity, PeerPolicy};
@@ -32,11 +41,12 @@ use hawser_proto::init::init_service_server::{InitService, InitServiceServer};
 use hawser_proto::init::{
     InitFailure, InitRequest, InitResponse, InitSuccess, RecoverRequest, init_response,
 };
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 use zeroize::Zeroize as _;
 
+use super::init_secret::{InitSecretError, InitSecretHash, REFUSAL_DELAY};
 use super::lock::{NodeLock, State};
 use crate::disk::key::DiskStatus;
 
@@ -49,6 +59,11 @@ pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
 const MAX_PENDING_HANDSHAKES: usize = 4;
 /// Buffered responses per call before the node's log lines wait for a slow admin.
 const STREAM_BUFFER: usize = 64;
+/// After the outcome, how long the winning admin's call may stay open (the CLI re-attests the
+/// node meanwhile, to see PCR 15 locked) before the server stops listening anyway.
+pub const CONFIRM_WINDOW: Duration = Duration::from_secs(120);
+/// Longest accepted list of control-plane approvals in one `Init`.
+pub const MAX_CONTROL_PLANE_APPROVALS: usize = 64;
 
 /// What the admin asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +91,8 @@ pub struct ClusterSpec {
     pub kubernetes_version: KubernetesVersion,
     pub service_cidr: ServiceCidr,
     pub api_server_cert_sans: Vec<String>,
+    /// AK TPM names (lowercase hex) the cluster's join service approves as control planes.
+    pub control_plane_approvals: Vec<String>,
 }
 
 /// A valid request: the cluster's secrets and the channel back to the admin.
@@ -101,11 +118,42 @@ impl std::fmt::Debug for Grant {
 #[derive(Debug)]
 pub struct Progress {
     outcome: Option<oneshot::Sender<InitResponse>>,
+    /// Marks the server busy with this call until the call's outcome is decided.
+    _busy: Option<Busy>,
+}
+
+/// The init server serves one admin at a time: this is held while it does.
+#[derive(Debug)]
+struct Busy(Arc<AtomicBool>);
+
+impl Busy {
+    fn take(flag: &Arc<AtomicBool>) -> Option<Busy> {
+        flag.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| Busy(Arc::clone(flag)))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// What the call's forwarder does once the call has ended: stop the server if the node is
+/// locked by then (the lock is final; a refused grant leaves the server serving).
+struct EndOfCall {
+    lock: Arc<NodeLock>,
+    stop: Arc<Notify>,
 }
 
 impl Progress {
     /// Starts streaming the node's log lines into `stream`, on the current runtime.
-    fn start(stream: mpsc::Sender<Result<InitResponse, Status>>) -> Progress {
+    fn start(
+        stream: mpsc::Sender<Result<InitResponse, Status>>,
+        busy: Busy,
+        end: EndOfCall,
+    ) -> Progress {
         let (outcome, mut outcome_rx) = oneshot::channel::<InitResponse>();
         let mut lines = crate::platform::console::subscribe_lines();
         tokio::spawn(async move {
@@ -130,14 +178,21 @@ impl Progress {
                         let outcome = outcome.unwrap_or_else(|_| failure(
                             "the node stopped serving this request before it finished (see its console)",
                         ));
-                        let _ = stream.send(Ok(outcome)).await;
-                        return;
+                        if stream.send(Ok(outcome)).await.is_ok() {
+                            // Hold the call until the admin has re-attested and hung up.
+                            let _ = tokio::time::timeout(CONFIRM_WINDOW, stream.closed()).await;
+                        }
+                        break;
                     }
                 }
+            }
+            if matches!(end.lock.state(), State::Locked { .. }) {
+                end.stop.notify_one();
             }
         });
         Progress {
             outcome: Some(outcome),
+            _busy: Some(busy),
         }
     }
 
@@ -204,6 +259,52 @@ pub enum RequestError {
     /// An extra API server certificate name is neither an IP address nor a DNS name.
     #[error("api_server_cert_sans entry {0:?} is neither an IP address nor a DNS name")]
     CertSan(String),
+    /// A control-plane approval is not a TPM name of a SHA-1/256/384/512 key (a 2-byte
+    /// algorithm identifier and a digest of its length).
+    #[error(
+        "control_plane_approvals entry {index} ({hex}) is not an AK's TPM name (000b followed \
+         by a SHA-256 digest, as `hawser-joind` prints it)"
+    )]
+    ControlPlaneApproval {
+        /// 0-based position in the request.
+        index: usize,
+        /// The entry in hex, cut to 80 characters.
+        hex: String,
+    },
+    /// More approvals than [`MAX_CONTROL_PLANE_APPROVALS`].
+    #[error(
+        "control_plane_approvals has {0} entries; at most {MAX_CONTROL_PLANE_APPROVALS} are \
+         accepted (approve more later in the join service's approvals file)"
+    )]
+    TooManyApprovals(usize),
+}
+
+/// Checks each approval is a TPM name; returns them as lowercase hex, the approvals file's form.
+fn validate_approvals(approvals: &[Vec<u8>]) -> Result<Vec<String>, RequestError> {
+    if approvals.len() > MAX_CONTROL_PLANE_APPROVALS {
+        return Err(RequestError::TooManyApprovals(approvals.len()));
+    }
+    approvals
+        .iter()
+        .enumerate()
+        .map(|(index, name)| {
+            let digest_len = match name.get(..2) {
+                Some([0x00, 0x04]) => 20,
+                Some([0x00, 0x0b]) => 32,
+                Some([0x00, 0x0c]) => 48,
+                Some([0x00, 0x0d]) => 64,
+                _ => 0,
+            };
+            if digest_len != 0 && name.len() == 2 + digest_len {
+                Ok(hex::encode(name))
+            } else {
+                Err(RequestError::ControlPlaneApproval {
+                    index,
+                    hex: hex::encode(name).chars().take(80).collect(),
+                })
+            }
+        })
+        .collect()
 }
 
 /// Validates an Init request, taking (and wiping from the request) its secrets.
@@ -240,11 +341,13 @@ pub fn validate_init(
     {
         return Err(RequestError::CertSan(bad.clone()));
     }
+    let control_plane_approvals = validate_approvals(&request.control_plane_approvals)?;
     let spec = ClusterSpec {
         cluster_name: request.cluster_name.clone(),
         kubernetes_version,
         service_cidr,
         api_server_cert_sans: request.api_server_cert_sans.clone(),
+        control_plane_approvals,
     };
     Ok((GrantKind::Init(spec), master, salt))
 }
@@ -283,21 +386,49 @@ fn is_dns_name(s: &str) -> bool {
     s.parse::<DnsSubdomain>().is_ok()
 }
 
-/// The gRPC service: validates, hands the first valid request to the race, refuses the rest.
+/// The gRPC service: checks the init secret, validates, hands one valid request at a time to
+/// the race, refuses the rest.
 pub struct InitServer {
     disk: DiskStatus,
     lock: Arc<NodeLock>,
-    slot: Mutex<Option<oneshot::Sender<Grant>>>,
+    secret_hash: InitSecretHash,
+    grants: mpsc::Sender<Grant>,
+    busy: Arc<AtomicBool>,
+    stop: Arc<Notify>,
 }
 
 impl InitServer {
-    /// A server for a node whose state disk is `disk`; the first valid request goes to `grant`.
-    pub fn new(disk: DiskStatus, lock: Arc<NodeLock>, grant: oneshot::Sender<Grant>) -> Self {
+    /// A server for a node whose state disk is `disk` and whose admin proves knowledge of the
+    /// secret behind `secret_hash`; valid requests go to `grants`, one at a time. `stop` is
+    /// notified when the node is locked and the winning admin's call has ended.
+    pub fn new(
+        disk: DiskStatus,
+        lock: Arc<NodeLock>,
+        secret_hash: InitSecretHash,
+        grants: mpsc::Sender<Grant>,
+        stop: Arc<Notify>,
+    ) -> Self {
         InitServer {
             disk,
             lock,
-            slot: Mutex::new(Some(grant)),
+            secret_hash,
+            grants,
+            busy: Arc::new(AtomicBool::new(false)),
+            stop,
         }
+    }
+
+    /// The first check of every request: the init secret. A refusal is logged without the
+    /// secret, waits [`REFUSAL_DELAY`], and changes nothing on the node.
+    async fn check_secret(&self, rpc: &'static str, secret: &mut Vec<u8>) -> Result<(), Status> {
+        let checked = self.secret_hash.check(secret);
+        secret.zeroize();
+        if let Err(e) = checked {
+            warn!("{rpc} refused: {e}; the node is not locked and keeps waiting");
+            tokio::time::sleep(REFUSAL_DELAY).await;
+            return Err(refusal(&e));
+        }
+        Ok(())
     }
 
     fn admit(
@@ -329,25 +460,27 @@ impl InitServer {
         }
         let (kind, master, measurement_salt) =
             validated.map_err(|e| Status::invalid_argument(crate::platform::error_chain(&e)))?;
-        let sender = self
-            .slot
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .take()
-            .ok_or_else(|| {
-                Status::failed_precondition(
-                    "another init or recover request is already being served by this node",
-                )
-            })?;
+        let busy = Busy::take(&self.busy).ok_or_else(|| {
+            Status::failed_precondition(
+                "another init or recover request is already being served by this node",
+            )
+        })?;
         let (stream, receiver) = mpsc::channel(STREAM_BUFFER);
         info!("{rpc} request accepted from the admin: taking part in the node lock race");
+        let end = EndOfCall {
+            lock: Arc::clone(&self.lock),
+            stop: Arc::clone(&self.stop),
+        };
         let grant = Grant {
             kind,
             master,
             measurement_salt,
-            progress: Progress::start(stream),
+            progress: Progress::start(stream, busy, end),
         };
-        if let Err(grant) = sender.send(grant) {
+        if let Err(
+            mpsc::error::TrySendError::Full(grant) | mpsc::error::TrySendError::Closed(grant),
+        ) = self.grants.try_send(grant)
+        {
             // The race is over (the join client won between the check above and now).
             grant
                 .progress
@@ -370,6 +503,7 @@ impl InitService for InitServer {
         request: Request<InitRequest>,
     ) -> Result<Response<Self::InitStream>, Status> {
         let mut request = request.into_inner();
+        self.check_secret("Init", &mut request.init_secret).await?;
         let validated = validate_init(&mut request);
         let receiver = self.admit("Init", validated)?;
         Ok(Response::new(Box::pin(
@@ -382,6 +516,8 @@ impl InitService for InitServer {
         request: Request<RecoverRequest>,
     ) -> Result<Response<Self::RecoverStream>, Status> {
         let mut request = request.into_inner();
+        self.check_secret("Recover", &mut request.init_secret)
+            .await?;
         let validated = validate_recover(&mut request);
         let receiver = self.admit("Recover", validated)?;
         Ok(Response::new(Box::pin(
@@ -402,12 +538,19 @@ pub enum InitServerError {
     },
 }
 
+/// The gRPC status of a refused init secret.
+fn refusal(error: &InitSecretError) -> Status {
+    Status::permission_denied(error.to_string())
+}
+
 /// Listens on `0.0.0.0:port` and serves `server` over aTLS (the node attests with `issuer`, the
-/// admin need not), in a task on the current runtime.
+/// admin proves the init secret instead), in a task on the current runtime, until `stop` is
+/// notified: then the listening socket is closed at once and open calls may finish.
 pub async fn spawn(
     server: InitServer,
     port: u16,
     issuer: Arc<TpmIssuer>,
+    stop: Arc<Notify>,
 ) -> Result<tokio::task::JoinHandle<()>, InitServerError> {
     let address = SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
     let listener = tokio::net::TcpListener::bind(address)
@@ -426,8 +569,9 @@ pub async fn spawn(
             .add_service(
                 InitServiceServer::new(server).max_decoding_message_size(MAX_REQUEST_BYTES),
             )
-            .serve_with_incoming(incoming)
+            .serve_with_incoming_shutdown(incoming, async move { stop.notified().await })
             .await;
+        info!("the init server on {address} has stopped");
         if let Err(e) = result {
             warn!(
                 "the init server stopped: {}",
@@ -441,8 +585,18 @@ pub async fn spawn(
 mod tests {
     use super::*;
 
+    const SECRET: [u8; 32] = [0x5e; 32];
+    /// A TPM name of a SHA-256 AK.
+    fn ak_name(byte: u8) -> Vec<u8> {
+        let mut name = vec![0x00, 0x0b];
+        name.extend_from_slice(&[byte; 32]);
+        name
+    }
+
     fn good_init() -> InitRequest {
         InitRequest {
+            init_secret: SECRET.to_vec(),
+            control_plane_approvals: vec![ak_name(0xa1)],
             master_secret: vec![7; 32],
             master_secret_salt: vec![8; 32],
             measurement_salt: vec![9; 32],
@@ -466,6 +620,34 @@ mod tests {
         assert_eq!(spec.cluster_name, "demo");
         assert_eq!(spec.kubernetes_version.as_str(), "v1.33.4");
         assert_eq!(spec.api_server_cert_sans.len(), 2);
+        assert_eq!(
+            spec.control_plane_approvals,
+            vec![format!("000b{}", "a1".repeat(32))]
+        );
+    }
+
+    #[test]
+    fn control_plane_approvals_must_be_tpm_names() {
+        for bad in [
+            vec![0x00, 0x0b, 1, 2],
+            vec![0x00, 0x99, 1, 2, 3],
+            Vec::new(),
+        ] {
+            let mut request = good_init();
+            request.control_plane_approvals = vec![ak_name(1), bad];
+            let err = validate_init(&mut request).unwrap_err();
+            assert!(
+                matches!(err, RequestError::ControlPlaneApproval { index: 1, .. }),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("is not an AK's TPM name"), "{err}");
+        }
+        let mut request = good_init();
+        request.control_plane_approvals = vec![ak_name(1); MAX_CONTROL_PLANE_APPROVALS + 1];
+        assert!(matches!(
+            validate_init(&mut request),
+            Err(RequestError::TooManyApprovals(65))
+        ));
     }
 
     #[test]
@@ -530,6 +712,7 @@ mod tests {
     #[test]
     fn recover_needs_the_measurement_salt() {
         let mut request = RecoverRequest {
+            init_secret: SECRET.to_vec(),
             master_secret: vec![7; 32],
             master_secret_salt: vec![8; 32],
             measurement_salt: Vec::new(),
@@ -538,14 +721,136 @@ mod tests {
         assert!(matches!(err, RequestError::MeasurementSalt(0)), "{err:?}");
     }
 
-    fn server(disk: DiskStatus) -> (InitServer, oneshot::Receiver<Grant>, Arc<NodeLock>) {
+    fn server(disk: DiskStatus) -> (InitServer, mpsc::Receiver<Grant>, Arc<NodeLock>) {
         let lock = Arc::new(NodeLock::new());
-        let (sender, receiver) = oneshot::channel();
+        let (sender, receiver) = mpsc::channel(1);
         (
-            InitServer::new(disk, Arc::clone(&lock), sender),
+            InitServer::new(
+                disk,
+                Arc::clone(&lock),
+                InitSecretHash::of(&SECRET),
+                sender,
+                Arc::new(Notify::new()),
+            ),
             receiver,
             lock,
         )
+    }
+
+    fn good_recover() -> RecoverRequest {
+        RecoverRequest {
+            init_secret: SECRET.to_vec(),
+            master_secret: vec![7; 32],
+            master_secret_salt: vec![8; 32],
+            measurement_salt: vec![9; 32],
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_without_the_right_init_secret_is_refused_first_and_changes_nothing() {
+        let wrong = {
+            let mut secret = SECRET.to_vec();
+            secret[0] ^= 0x80;
+            secret
+        };
+        let cases: [(Vec<u8>, &str); 3] = [
+            (
+                wrong,
+                "init secret does not match the node's init secret hash",
+            ),
+            (Vec::new(), "the request carries none"),
+            (SECRET[..31].to_vec(), "it is 31 bytes, expected 32"),
+        ];
+        let (s, mut grants, lock) = server(DiskStatus::New);
+        for (secret, expected) in cases {
+            // Even an otherwise invalid request is refused for its secret first.
+            let mut request = good_init();
+            request.init_secret = secret.clone();
+            request.cluster_name = String::new();
+            let status = s.init(Request::new(request)).await.err().unwrap();
+            assert_eq!(status.code(), tonic::Code::PermissionDenied);
+            assert!(
+                status
+                    .message()
+                    .starts_with("init secret does not match the node's init secret hash"),
+                "{}",
+                status.message()
+            );
+            assert!(status.message().contains(expected), "{}", status.message());
+
+            let mut request = good_recover();
+            request.init_secret = secret;
+            let (recovering, _, _) = server(DiskStatus::Initialized);
+            let status = recovering
+                .recover(Request::new(request))
+                .await
+                .err()
+                .unwrap();
+            assert_eq!(status.code(), tonic::Code::PermissionDenied);
+        }
+        assert!(grants.try_recv().is_err(), "a refused request gave a grant");
+        assert!(matches!(lock.state(), State::Unlocked));
+        // The right secret still wins afterwards.
+        let _stream = s.init(Request::new(good_init())).await.unwrap();
+        assert_eq!(grants.recv().await.unwrap().kind.rpc(), "Init");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_server_is_told_to_stop_once_the_node_is_locked_and_the_admins_call_ended() {
+        let lock = Arc::new(NodeLock::new());
+        let (sender, mut grants) = mpsc::channel(1);
+        let stop = Arc::new(Notify::new());
+        let s = InitServer::new(
+            DiskStatus::Initialized,
+            Arc::clone(&lock),
+            InitSecretHash::of(&SECRET),
+            sender,
+            Arc::clone(&stop),
+        );
+        // A refused grant ends its call without stopping the server.
+        let refused = s.recover(Request::new(good_recover())).await.unwrap();
+        grants.recv().await.unwrap().progress.fail("refused");
+        drop(refused);
+        let stopped = tokio::time::timeout(Duration::from_secs(1), stop.notified()).await;
+        assert!(stopped.is_err(), "a refused grant stopped the server");
+
+        let call = s.recover(Request::new(good_recover())).await.unwrap();
+        let grant = grants.recv().await.unwrap();
+        lock.lock(super::super::lock::Owner::InitServer, [3; 32], |_| {
+            Ok::<(), std::io::Error>(())
+        })
+        .unwrap();
+        grant.progress.succeed([3; 32], Vec::new());
+        // Still open while the admin holds the call (its confirming quote) …
+        let early = tokio::time::timeout(Duration::from_secs(1), stop.notified()).await;
+        assert!(early.is_err(), "stopped while the admin's call was open");
+        // … and told to stop once the admin hangs up.
+        drop(call);
+        tokio::time::timeout(Duration::from_secs(5), stop.notified())
+            .await
+            .expect("the server was not told to stop after the lock");
+    }
+
+    #[tokio::test]
+    async fn after_a_refused_grant_the_server_takes_the_next_request() {
+        let (s, mut grants, lock) = server(DiskStatus::Initialized);
+        let _first = s.recover(Request::new(good_recover())).await.unwrap();
+        let busy = s.recover(Request::new(good_recover())).await.err().unwrap();
+        assert!(
+            busy.message().contains("already being served"),
+            "{}",
+            busy.message()
+        );
+        // The boot refuses the grant (its key did not open the disk).
+        grants
+            .recv()
+            .await
+            .unwrap()
+            .progress
+            .fail("Recover refused: the master secret does not give this node's state disk key");
+        assert!(matches!(lock.state(), State::Unlocked));
+        let _second = s.recover(Request::new(good_recover())).await.unwrap();
+        assert_eq!(grants.recv().await.unwrap().kind.rpc(), "Recover");
     }
 
     #[tokio::test]
@@ -560,12 +865,7 @@ mod tests {
         );
 
         let (s, _rx, _) = server(DiskStatus::New);
-        let recover = RecoverRequest {
-            master_secret: vec![7; 32],
-            master_secret_salt: vec![8; 32],
-            measurement_salt: vec![9; 32],
-        };
-        let status = s.recover(Request::new(recover)).await.err().unwrap();
+        let status = s.recover(Request::new(good_recover())).await.err().unwrap();
         assert_eq!(status.code(), tonic::Code::FailedPrecondition);
         assert!(
             status.message().contains("use `hawser init`"),
@@ -577,7 +877,7 @@ mod tests {
     #[tokio::test]
     async fn the_first_valid_request_wins_and_streams_log_lines_then_the_outcome() {
         use tokio_stream::StreamExt as _;
-        let (s, grants, _) = server(DiskStatus::New);
+        let (s, mut grants, _) = server(DiskStatus::New);
         let mut bad = good_init();
         bad.cluster_name = String::new();
         let status = s.init(Request::new(bad)).await.err().unwrap();
@@ -595,7 +895,7 @@ mod tests {
             second.message()
         );
 
-        let grant = grants.await.unwrap();
+        let grant = grants.recv().await.unwrap();
         assert_eq!(grant.kind.rpc(), "Init");
         crate::platform::console::emit(None, "formatting the state disk");
         // Give the forwarder a chance to pick the line up before the outcome.
@@ -603,10 +903,14 @@ mod tests {
         grant.progress.succeed([5; 32], Vec::new());
         let mut lines = Vec::new();
         let mut outcome = None;
+        // The call stays open after the outcome (for the admin's confirming quote): stop there.
         while let Some(item) = stream.next().await {
             match item.unwrap().kind.unwrap() {
                 init_response::Kind::LogLine(line) => lines.push(line),
-                other => outcome = Some(other),
+                other => {
+                    outcome = Some(other);
+                    break;
+                }
             }
         }
         assert!(
@@ -624,13 +928,13 @@ mod tests {
     #[tokio::test]
     async fn a_locked_node_refuses_and_a_dropped_progress_reports_failure() {
         use tokio_stream::StreamExt as _;
-        let (s, grants, lock) = server(DiskStatus::New);
+        let (s, mut grants, lock) = server(DiskStatus::New);
         let mut stream = s
             .init(Request::new(good_init()))
             .await
             .unwrap()
             .into_inner();
-        drop(grants.await.unwrap());
+        drop(grants.recv().await.unwrap());
         let last = loop {
             match stream.next().await {
                 Some(item) => {

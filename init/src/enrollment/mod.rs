@@ -14,6 +14,7 @@
 //!   takes the lock once the boot has checked its key against the disk.
 
 pub mod client;
+pub mod init_secret;
 pub mod init_server;
 pub mod lock;
 pub mod race;

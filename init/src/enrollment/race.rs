@@ -3,32 +3,34 @@
 //!
 //! [`Enrollment`] is the state disk's key source in the product
 //! (`hawser.state_disk_key_source=join-service`). [`Enrollment::race`] (async) starts the init
-//! server (for `hawser init` on a new disk, `hawser recover` on an initialized one) and, when a
-//! join endpoint is configured, the join client, and returns the first of them to get secrets as
-//! a [`KeyGrant`]:
+//! server (for `hawser init` on a new disk, `hawser recover` on an initialized one; only when the
+//! platform gave an init secret hash) and, when a join endpoint is configured, the join client,
+//! and returns the first of them to get secrets as a [`KeyGrant`]:
 //!
 //! - the join service answered → its key, the cluster ID from its measurement secret and salt;
 //! - the admin's request was valid → the key derived from the master secret for this disk's
 //!   UUID (exactly what a join service of that cluster would derive), the cluster ID from the
 //!   master secret's measurement secret and the admin's salt.
 //!
-//! The loser is cancelled (the join client) or refuses every later request (the init server,
-//! which keeps serving the winning admin's call until boot reports its outcome). The grant
-//! carries the key by value; the boot checks it against the disk's LUKS2 digest first, and
-//! only then does [`KeyGrant::take_lock`] take the [`NodeLock`] (PCR 15 ← cluster ID): a key
-//! that does not open the disk never marks the node as belonging to a cluster.
+//! The loser is cancelled (the join client) or stops listening (the init server, which keeps
+//! serving the winning admin's call until boot reports its outcome). The grant carries the key
+//! by value; the boot checks it against the disk's LUKS2 digest first, and only then does
+//! [`KeyGrant::take_lock`] take the [`NodeLock`] (PCR 15 ← cluster ID): a key that does not
+//! open the disk never marks the node as belonging to a cluster. An admin's grant refused that
+//! way ([`KeyGrant::refuse`]) leaves the init server serving: the boot races again.
 
 use std::sync::Arc;
 
 use hawser_attestation::TpmIssuer;
 use hawser_attestation::report::JoinReport;
 use hawser_attestation::tpm::Tpm;
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, mpsc};
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
 use super::client::{JoinClient, KubeadmTicket, Secrets, describe};
-use super::init_server::{self, GrantKind, InitServer, Progress};
+use super::init_secret::InitSecretHash;
+use super::init_server::{self, Grant, GrantKind, InitServer, Progress};
 use super::lock::{LockError, MarkError, NodeLock, Owner, PCR_CLUSTER_ID, cluster_lock_pcr};
 use crate::disk::key::{DiskStatus, KeyError, VolumeKey};
 use crate::platform::error_chain;
@@ -62,8 +64,13 @@ impl std::fmt::Debug for ClusterSecrets {
 /// Why the race gave no key, or the lock could not be taken.
 #[derive(Debug, thiserror::Error)]
 pub enum EnrollmentError {
-    /// No join endpoint is configured and the init server could not start.
-    #[error("the join service gave no key: neither a join endpoint nor a working init server")]
+    /// No join endpoint is configured, and the init server could not start or has no init
+    /// secret hash to check requests against.
+    #[error(
+        "the join service gave no key: neither a join endpoint nor an init server (an init \
+         server needs an init secret hash: fw_cfg opt/hawser/init_secret_hash or \
+         hawser.init_secret_hash)"
+    )]
     NoContestant,
     /// The init server ended (its task failed) before any admin request was granted.
     #[error("the join service gave no key: the init server stopped")]
@@ -119,6 +126,17 @@ impl KeyGrant {
         }
     }
 
+    /// The RPC that gave the key (`Init`, `Recover`, or the join service's).
+    pub fn rpc(&self) -> &'static str {
+        self.rpc
+    }
+
+    /// Whether the admin's `hawser init`/`recover` gave this grant (rather than the join
+    /// service).
+    pub fn from_admin(&self) -> bool {
+        self.admin.is_some()
+    }
+
     /// The point of no return: takes the node lock (PCR 15 ← cluster ID) for the winner.
     /// Blocking (the TPM). Call only after the key was checked against the disk.
     pub fn take_lock(self, lock: &NodeLock, tpm: &Tpm) -> Result<Outcome, EnrollmentError> {
@@ -166,19 +184,36 @@ impl KeyGrant {
 pub struct Enrollment {
     join: Option<JoinClient>,
     init_port: u16,
+    /// `None`: the platform gave no init secret hash, so no init server runs.
+    init_secret_hash: Option<InitSecretHash>,
     issuer: Arc<TpmIssuer>,
     lock: Arc<NodeLock>,
+    /// The init server, once started (it outlives a refused grant).
+    init_server: Option<RunningInitServer>,
+}
+
+/// A listening init server: where its grants arrive and how to stop it.
+struct RunningInitServer {
+    grants: mpsc::Receiver<Grant>,
+    stop: Arc<Notify>,
 }
 
 impl Enrollment {
     /// `join` is `None` when no join endpoint is configured: then only `hawser init` or
-    /// `hawser recover` can give the node its key.
-    pub fn new(join: Option<JoinClient>, init_port: u16, issuer: Arc<TpmIssuer>) -> Self {
+    /// `hawser recover` can give the node its key, and only with an `init_secret_hash`.
+    pub fn new(
+        join: Option<JoinClient>,
+        init_port: u16,
+        init_secret_hash: Option<InitSecretHash>,
+        issuer: Arc<TpmIssuer>,
+    ) -> Self {
         Enrollment {
             join,
             init_port,
+            init_secret_hash,
             issuer,
             lock: Arc::new(NodeLock::new()),
+            init_server: None,
         }
     }
 
@@ -197,21 +232,27 @@ impl Enrollment {
     /// Races the join client against the init server for the key of the disk with this LUKS2
     /// UUID (`len` bytes); returns the winner's grant, before the node lock.
     pub async fn race(
-        &self,
+        &mut self,
         luks_uuid: &str,
         len: usize,
         status: DiskStatus,
     ) -> Result<KeyGrant, EnrollmentError> {
-        match &self.join {
-            Some(client) => info!(
+        match (&self.join, self.init_secret_hash.is_some()) {
+            (Some(client), true) => info!(
                 "asking the join service at {} for the key of disk {luks_uuid} ({}), and \
-                 accepting `hawser {}` on port {}",
+                 accepting `hawser {}` with the init secret on port {}",
                 client.endpoint,
                 describe(status),
                 admin_verb(status),
                 self.init_port
             ),
-            None => info!(
+            (Some(client), false) => info!(
+                "asking the join service at {} for the key of disk {luks_uuid} ({}); no init \
+                 secret hash configured, so no init server",
+                client.endpoint,
+                describe(status),
+            ),
+            (None, _) => info!(
                 "no join endpoint configured: waiting for `hawser {}` on port {} to get the key \
                  of disk {luks_uuid}",
                 admin_verb(status),
@@ -277,49 +318,78 @@ impl Enrollment {
         }
     }
 
+    /// Starts the init server once, if an init secret hash is configured.
+    async fn start_init_server(&mut self, status: DiskStatus) {
+        let Some(secret_hash) = self.init_secret_hash else {
+            return;
+        };
+        if self.init_server.is_some() {
+            return;
+        }
+        // One grant at a time: the server refuses others while one is being decided.
+        let (grant_sender, grants) = mpsc::channel(1);
+        let stop = Arc::new(Notify::new());
+        let server = InitServer::new(
+            status,
+            Arc::clone(&self.lock),
+            secret_hash,
+            grant_sender,
+            Arc::clone(&stop),
+        );
+        let spawned = init_server::spawn(
+            server,
+            self.init_port,
+            Arc::clone(&self.issuer),
+            Arc::clone(&stop),
+        )
+        .await;
+        match spawned {
+            Ok(_task) => self.init_server = Some(RunningInitServer { grants, stop }),
+            Err(e) => warn!(
+                "no `hawser init`/`hawser recover` for this node: {}",
+                error_chain(&e)
+            ),
+        }
+    }
+
+    /// Stops the init server from listening (open calls may finish): the join service won.
+    fn stop_init_server(&mut self) {
+        if let Some(server) = self.init_server.take() {
+            server.stop.notify_one();
+        }
+    }
+
     /// Runs both contestants; returns the first to get secrets.
     async fn first_with_secrets(
-        &self,
+        &mut self,
         luks_uuid: &str,
         status: DiskStatus,
     ) -> Result<Winner, EnrollmentError> {
-        let (grant_sender, grant) = oneshot::channel();
-        let server = InitServer::new(status, Arc::clone(&self.lock), grant_sender);
-        let server_task =
-            match init_server::spawn(server, self.init_port, Arc::clone(&self.issuer)).await {
-                Ok(task) => Some(task),
-                Err(e) => {
-                    warn!(
-                        "no `hawser init`/`hawser recover` for this node: {}",
-                        error_chain(&e)
-                    );
-                    None
-                }
-            };
-        let winner = match (&self.join, server_task.is_some()) {
-            (None, false) => Err(EnrollmentError::NoContestant),
-            (Some(client), false) => {
+        self.start_init_server(status).await;
+        let grants = self.init_server.as_mut().map(|server| &mut server.grants);
+        let winner = match (&self.join, grants) {
+            (None, None) => Err(EnrollmentError::NoContestant),
+            (Some(client), None) => {
                 let (secrets, attempts) = client.fetch(luks_uuid, status).await;
                 Ok(Winner::Join(secrets, attempts))
             }
-            (None, true) => grant
+            (None, Some(grants)) => grants
+                .recv()
                 .await
                 .map(Winner::Admin)
-                .map_err(|_| EnrollmentError::InitServerStopped),
-            (Some(client), true) => {
+                .ok_or(EnrollmentError::InitServerStopped),
+            (Some(client), Some(grants)) => {
                 tokio::select! {
                     (secrets, attempts) = client.fetch(luks_uuid, status) => {
                         Ok(Winner::Join(secrets, attempts))
                     }
-                    Ok(grant) = grant => Ok(Winner::Admin(grant)),
+                    Some(grant) = grants.recv() => Ok(Winner::Admin(grant)),
                 }
             }
         };
         if matches!(winner, Ok(Winner::Join(..))) {
             // Nobody is waiting on the init server: it only refuses from now on. Stop it.
-            if let Some(task) = server_task {
-                task.abort();
-            }
+            self.stop_init_server();
         }
         winner
     }

@@ -12,6 +12,7 @@ use clap::Parser;
 use hawser_attestation::atls::Identity;
 use hawser_attestation::issuer::TpmIssuer;
 use hawser_attestation::tpm::Tpm;
+use hawser_joinservice::approvals::ApprovalStore;
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
@@ -48,7 +49,13 @@ struct Args {
     /// control-plane joins are refused.
     #[arg(long)]
     pki_dir: Option<PathBuf>,
-    /// Directory for the registry of joined disks (and the measurement salt by default).
+    /// The AK names allowed to join as control planes (one hex TPM name a line, `#` comments;
+    /// checked for changes while running). Default: <state-dir>/control-plane-approvals. A
+    /// missing file approves nobody.
+    #[arg(long)]
+    control_plane_approvals: Option<PathBuf>,
+    /// Directory for the registry of joined disks (and the measurement salt and control-plane
+    /// approvals by default).
     #[arg(long, default_value = "/var/lib/hawser-joind")]
     state_dir: PathBuf,
     /// The Kubernetes version joining nodes install, e.g. v1.33.4.
@@ -156,6 +163,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         },
     )
     .context("cannot start the join core")?;
+    let approvals_file = args
+        .control_plane_approvals
+        .clone()
+        .unwrap_or_else(|| args.state_dir.join("control-plane-approvals"));
+    let approvals = Arc::new(ApprovalStore::load(&approvals_file).with_context(|| {
+        format!(
+            "cannot load the control-plane approvals {}",
+            approvals_file.display()
+        )
+    })?);
+    let approved = approvals.current().len();
+    let core = core.with_control_plane_approvals(approvals);
 
     let mut config = ServiceConfig::new(args.listen, Arc::new(core), provider_ca_pem);
     if let Some(tcti) = &args.attest_with_tpm {
@@ -186,6 +205,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         enforced_pcrs = %enforced.join(","),
         measurements = %args.measurements.display(),
         attested = args.attest_with_tpm.is_some(),
+        control_plane_approvals = %approvals_file.display(),
+        approved_control_plane_aks = approved,
         "hawser-joind listening (client-attested TLS; with `attested`, the service attests too)"
     );
     // Tests and scripts read the bound address from stdout.
