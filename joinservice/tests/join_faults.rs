@@ -1,0 +1,372 @@
+//! Faults during a join, end to end on the host: the node's own join client (PID 1's
+//! `JoinClient`, attesting with a provisioned swtpm) against the real `hawser-joind` binary, with
+//! the join service killed or the network cut while a join is inside the service. Each test
+//! proves a row of docs/security.md's Faults table: the node ends with the key of its disk, the
+//! disk is bound once to the node's AK, and nothing is lost.
+//!
+//! The moment "inside the service" is made exact with the token issuer: the service runs
+//! `kubeadm token create` while it decides a join, and here that `kubeadm` is a wrapper that
+//! says it was called (a file), waits for the test's "go" (another file), then runs the
+//! kubeadm stand-in (`tests/fixtures/kubeadm-standin`, which says what it is).
+//!
+//! Run with `cargo test -p hawser-joinservice --test join_faults`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
+
+use std::net::{SocketAddr, TcpListener};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hawser_attestation::atls::PeerPolicy;
+use hawser_attestation::{Tpm, TpmIssuer};
+use hawser_init::disk::key::DiskStatus;
+use hawser_init::enrollment::JoinEndpoint;
+use hawser_init::enrollment::client::{JoinClient, Secrets};
+use hawser_keys::MasterSecret;
+use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
+use hawser_qemu::provider::ProviderCa;
+use hawser_qemu::{Swtpm, SwtpmOptions};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::watch;
+
+const UUID: &str = "6a0e4c1f-2b3d-4e5f-8a9b-0c1d2e3f4a5b";
+/// How long a step may take before the test fails (a join is a second or two here).
+const STEP: Duration = Duration::from_secs(90);
+
+/// A node that booted this image: a provisioned swtpm with PCR 11 at `enter-initrd`.
+struct Node {
+    issuer: Arc<TpmIssuer>,
+    ak_hex: String,
+    // Last: the TPM connection inside the issuer closes before swtpm is killed.
+    _swtpm: Swtpm,
+}
+
+fn node(ca: &ProviderCa) -> Node {
+    let swtpm = Swtpm::start(&SwtpmOptions::tcp()).unwrap_or_else(|e| panic!("swtpm: {e}"));
+    ca.provision(&swtpm).expect("provider provisions the TPM");
+    let tpm = Tpm::open(&swtpm.tcti().expect("tcti")).expect("open swtpm");
+    tpm.extend_phase(PCR_KERNEL_BOOT, PHASE_ENTER_INITRD)
+        .expect("extend enter-initrd");
+    let issuer = TpmIssuer::new(Arc::new(tpm)).expect("issuer");
+    let ak_hex = hex::encode(issuer.ak_name());
+    Node {
+        issuer: Arc::new(issuer),
+        ak_hex,
+        _swtpm: swtpm,
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < STEP, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The join service's inputs in one directory, and the service as a child process.
+struct Service {
+    dir: tempfile::TempDir,
+    master: MasterSecret,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Service {
+    fn new(ca: &ProviderCa) -> Service {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let pcr11 = extend_sha256(&[0; 32], &phase_digest(PHASE_ENTER_INITRD));
+        std::fs::write(
+            d.join("measurements.json"),
+            format!(
+                r#"{{"11": {{"expected": "{}", "warnOnly": false}}}}"#,
+                hex::encode(pcr11)
+            ),
+        )
+        .expect("write");
+        let master = MasterSecret::generate().expect("master secret");
+        master
+            .write_new_file(&d.join("master-secret.json"))
+            .expect("write the master secret");
+        std::fs::write(d.join("salt"), b"salt").expect("write");
+        std::fs::write(d.join("provider-ca.pem"), ca.certificate_pem()).expect("write");
+        std::fs::write(d.join("admin.conf"), "kind: Config\n").expect("write");
+        let standin = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/kubeadm-standin");
+        let wrapper = d.join("kubeadm");
+        std::fs::write(
+            &wrapper,
+            format!(
+                "#!/bin/sh\n# The test's gate in front of the kubeadm stand-in (see the module docs).\n\
+                 touch '{dir}/token-requested'\n\
+                 while [ ! -e '{dir}/go' ]; do sleep 0.05; done\n\
+                 exec '{standin}' \"$@\"\n",
+                dir = d.display(),
+                standin = standin.display()
+            ),
+        )
+        .expect("write");
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        Service {
+            dir,
+            master,
+            port: free_port(),
+            child: None,
+        }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.path("joind.log")).unwrap_or_default()
+    }
+
+    /// Starts `hawser-joind` (again, on the same port and state) and waits until it listens.
+    fn start(&mut self) {
+        assert!(self.child.is_none(), "the service is already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("joind.log"))
+            .expect("log file");
+        let arg = |name: &str| self.path(name).display().to_string();
+        let child = Command::new(env!("CARGO_BIN_EXE_hawser-joind"))
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--measurements", &arg("measurements.json")])
+            .args(["--master-secret", &arg("master-secret.json")])
+            .args(["--measurement-salt-file", &arg("salt")])
+            .args(["--provider-ca", &arg("provider-ca.pem")])
+            .args(["--kubeadm", &arg("kubeadm")])
+            .args(["--kubeconfig", &arg("admin.conf")])
+            .args(["--state-dir", &arg("state")])
+            .args(["--kubernetes-version", "v1.33.4"])
+            .args(["--worker-threads", "2", "--log", "info"])
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            // Its own process group: the kill below takes the waiting kubeadm wrapper too.
+            .process_group(0)
+            .spawn()
+            .expect("start hawser-joind");
+        self.child = Some(child);
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        wait_for("hawser-joind to listen", || {
+            std::net::TcpStream::connect(addr).is_ok()
+        });
+    }
+
+    /// Kills the service and everything it started, as a crash or an OOM kill would.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pgid = nix::unistd::Pid::from_raw(-(child.id() as i32));
+            let _ = nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGKILL);
+            let _ = child.wait();
+        }
+    }
+
+    /// The lines of the registry of joined disks.
+    fn registry(&self) -> Vec<String> {
+        std::fs::read_to_string(self.path("state/joined-disks"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn granted_joins(&self) -> usize {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("IssueJoinTicket") && l.contains("granted"))
+            .count()
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What the proxy does with the bytes between node and service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    /// Both ways.
+    Up,
+    /// The node's bytes reach the service; the service's answers are lost.
+    AnswersLost,
+    /// Every connection is closed (the node sees its connection end).
+    Cut,
+}
+
+/// A TCP proxy on loopback between the node and the service, whose link the test controls.
+async fn proxy(to: SocketAddr, link: watch::Receiver<Link>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((node_side, _)) = listener.accept().await {
+            let link = link.clone();
+            tokio::spawn(async move {
+                let Ok(service_side) = tokio::net::TcpStream::connect(to).await else {
+                    return;
+                };
+                let (mut node_read, mut node_write) = node_side.into_split();
+                let (mut service_read, mut service_write) = service_side.into_split();
+                let mut cut = link.clone();
+                let up = async move {
+                    let mut buf = vec![0; 16 * 1024];
+                    while let Ok(n @ 1..) = node_read.read(&mut buf).await {
+                        if service_write.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                let down = async move {
+                    let mut buf = vec![0; 16 * 1024];
+                    while let Ok(n @ 1..) = service_read.read(&mut buf).await {
+                        if *link.borrow() == Link::AnswersLost {
+                            continue;
+                        }
+                        if node_write.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                // Dropping both halves closes the node's connection and the service's.
+                tokio::select! {
+                    _ = up => {}
+                    _ = down => {}
+                    _ = cut.wait_for(|l| *l == Link::Cut) => {}
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Starts the node's join for a new disk through `port`, in the background.
+fn join(
+    runtime: &tokio::runtime::Runtime,
+    node: &Node,
+    port: u16,
+) -> tokio::task::JoinHandle<(Secrets, u32)> {
+    let client = JoinClient::new(
+        JoinEndpoint {
+            host: "127.0.0.1".into(),
+            port,
+        },
+        PeerPolicy::Unauthenticated,
+        Arc::clone(&node.issuer),
+    );
+    runtime.spawn(async move { client.fetch(UUID, DiskStatus::New).await })
+}
+
+/// The node got its disk's key, and the disk is bound once, to the node's AK.
+fn assert_recovered(service: &Service, node: &Node, secrets: &Secrets, attempts: u32) {
+    let log = service.log();
+    assert!(
+        attempts >= 2,
+        "the fault cost no attempt ({attempts}):\n{log}"
+    );
+    let key = service.master.state_disk_key(UUID).expect("key");
+    assert_eq!(*secrets.state_disk_key, key.to_vec(), "{log}");
+    assert!(secrets.ticket.is_some(), "a new disk gets a join ticket");
+    assert_eq!(
+        service.registry(),
+        vec![format!("{UUID} {}", node.ak_hex)],
+        "{log}"
+    );
+    // No secret reaches the service's log.
+    assert!(!log.contains(&hex::encode(*key)), "{log}");
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_test_writer()
+        .try_init();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Faults row: the join service restarted mid-join. The service is killed while a node's join
+/// is inside it (its bootstrap token is being created); the node's attempt fails, it keeps
+/// asking, and the restarted service (same state directory) grants the join.
+#[test]
+fn fault_join_service_restarted_mid_join() {
+    let runtime = runtime();
+    let ca = ProviderCa::generate("test provider").expect("CA");
+    let node = node(&ca);
+    let mut service = Service::new(&ca);
+    service.start();
+    let joining = join(&runtime, &node, service.port);
+
+    wait_for("the join inside the service", || {
+        service.path("token-requested").exists()
+    });
+    service.kill();
+    assert_eq!(service.granted_joins(), 0, "{}", service.log());
+    std::fs::write(service.path("go"), "").expect("write");
+    service.start();
+
+    let (secrets, attempts) = runtime
+        .block_on(async { tokio::time::timeout(STEP, joining).await })
+        .expect("the node joins after the restart")
+        .expect("join task");
+    assert_recovered(&service, &node, &secrets, attempts);
+    assert_eq!(service.granted_joins(), 1, "{}", service.log());
+}
+
+/// Faults row: the network cut mid-join. The node's request reaches the service, the service
+/// decides it (the disk is bound, a token issued), and the answer is lost on the way back; then
+/// the connection is cut. The node asks again, and the service grants the same disk to the same
+/// AK again: the node ends with its key and nothing is bound twice.
+#[test]
+fn fault_network_cut_mid_join() {
+    let runtime = runtime();
+    let ca = ProviderCa::generate("test provider").expect("CA");
+    let node = node(&ca);
+    let mut service = Service::new(&ca);
+    service.start();
+    let (link, link_rx) = watch::channel(Link::Up);
+    let to = SocketAddr::from(([127, 0, 0, 1], service.port));
+    let via = runtime.block_on(proxy(to, link_rx));
+    let joining = join(&runtime, &node, via.port());
+
+    wait_for("the join inside the service", || {
+        service.path("token-requested").exists()
+    });
+    link.send_replace(Link::AnswersLost);
+    std::fs::write(service.path("go"), "").expect("write");
+    wait_for("the service to grant the join whose answer is lost", || {
+        service.granted_joins() == 1
+    });
+    assert_eq!(service.registry().len(), 1, "{}", service.log());
+    link.send_replace(Link::Cut);
+    std::thread::sleep(Duration::from_millis(200));
+    link.send_replace(Link::Up);
+
+    let (secrets, attempts) = runtime
+        .block_on(async { tokio::time::timeout(STEP, joining).await })
+        .expect("the node joins after the cut")
+        .expect("join task");
+    assert_recovered(&service, &node, &secrets, attempts);
+    assert_eq!(service.granted_joins(), 2, "{}", service.log());
+}
