@@ -23,7 +23,7 @@ use zeroize::Zeroizing;
 
 use crate::disk::StateDiskConfig;
 use crate::disk::key::{KeySourceKind, VolumeKey};
-use crate::enrollment::{JoinEndpoint, JoinServiceTrust};
+use crate::enrollment::{JoinEndpoints, JoinServiceTrust};
 use crate::platform::block::DiskSelector;
 use crate::platform::net::NetConfig;
 
@@ -100,8 +100,9 @@ pub struct CmdlineConfig {
     pub net: Option<NetConfig>,
     /// `hawser.join_service_trust`: how the node authenticates the join service.
     pub join_service_trust: JoinServiceTrust,
-    /// `hawser.join_endpoint`: the join service (fw_cfg may give one when this is absent).
-    pub join_endpoint: Option<JoinEndpoint>,
+    /// `hawser.join_endpoint`: the join services, tried in turn (fw_cfg may give them when
+    /// this is absent).
+    pub join_endpoint: Option<JoinEndpoints>,
     /// `hawser.root_hash`: the dm-verity root hash of the rootfs to pivot into; `None` keeps
     /// the node in the initramfs (an image without a rootfs).
     pub root_hash: Option<crate::rootfs::RootHash>,
@@ -352,10 +353,11 @@ pub fn parse_kernel_cmdline(cmdline: &str) -> Result<CmdlineConfig, ConfigError>
                 );
             }
             "join_endpoint" => {
-                config.join_endpoint =
-                    Some(value.and_then(JoinEndpoint::parse).ok_or_else(|| {
-                        malformed(key, value, "expected <IPv4 address or host name>:<port>")
-                    })?);
+                config.join_endpoint = Some(
+                    value
+                        .and_then(JoinEndpoints::parse)
+                        .ok_or_else(|| malformed(key, value, JoinEndpoints::SYNTAX))?,
+                );
             }
             _ => warnings.push(format!(
                 "unknown kernel command line key {CMDLINE_PREFIX}{key} is ignored"
@@ -374,8 +376,9 @@ pub struct FwCfgConfig {
     pub quote_nonce: Option<Vec<u8>>,
     /// The development state disk key (see [`KeySourceKind::FwCfgInsecureDev`]).
     pub state_disk_key: Option<VolumeKey>,
-    /// The join service's address (unmeasured: the node trusts it only through aTLS).
-    pub join_endpoint: Option<JoinEndpoint>,
+    /// The join services' addresses, tried in turn (unmeasured: the node trusts them only
+    /// through aTLS).
+    pub join_endpoint: Option<JoinEndpoints>,
     /// `role`: `control-plane` asks the join service for a control-plane join (the cluster's
     /// shared certificates); `worker` (the default) for a worker join. Unmeasured, like a
     /// cloud's instance metadata: the join service decides what an attested node of this
@@ -405,11 +408,11 @@ pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, 
             "state_disk_key" => config.state_disk_key = Some(parse_state_disk_key(raw)?),
             "join_endpoint" => {
                 let text = String::from_utf8_lossy(raw);
-                let endpoint = JoinEndpoint::parse(text.trim_ascii()).ok_or_else(|| {
+                let endpoint = JoinEndpoints::parse(text.trim_ascii()).ok_or_else(|| {
                     ConfigError::MalformedFwCfg {
                         key: key.clone(),
                         value: text.clone().into_owned(),
-                        reason: "expected <IPv4 address or host name>:<port>",
+                        reason: JoinEndpoints::SYNTAX,
                     }
                 })?;
                 config.join_endpoint = Some(endpoint);

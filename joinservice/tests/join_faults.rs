@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use hawser_attestation::atls::PeerPolicy;
 use hawser_attestation::{Tpm, TpmIssuer};
 use hawser_init::disk::key::DiskStatus;
-use hawser_init::enrollment::JoinEndpoint;
+use hawser_init::enrollment::JoinEndpoints;
 use hawser_init::enrollment::client::{JoinClient, Secrets};
 use hawser_keys::MasterSecret;
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
@@ -258,17 +258,16 @@ async fn proxy(to: SocketAddr, link: watch::Receiver<Link>) -> SocketAddr {
     addr
 }
 
-/// Starts the node's join for a new disk through `port`, in the background.
+/// Starts the node's join for a new disk through the join services on `ports` (loopback, in
+/// turn), in the background.
 fn join(
     runtime: &tokio::runtime::Runtime,
     node: &Node,
-    port: u16,
+    ports: &[u16],
 ) -> tokio::task::JoinHandle<(Secrets, u32)> {
+    let list: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let client = JoinClient::new(
-        JoinEndpoint {
-            host: "127.0.0.1".into(),
-            port,
-        },
+        JoinEndpoints::parse(&list.join(",")).expect("endpoints"),
         PeerPolicy::Unauthenticated,
         Arc::clone(&node.issuer),
     );
@@ -316,7 +315,7 @@ fn fault_join_service_restarted_mid_join() {
     let node = node(&ca);
     let mut service = Service::new(&ca);
     service.start();
-    let joining = join(&runtime, &node, service.port);
+    let joining = join(&runtime, &node, &[service.port]);
 
     wait_for("the join inside the service", || {
         service.path("token-requested").exists()
@@ -348,7 +347,7 @@ fn fault_network_cut_mid_join() {
     let (link, link_rx) = watch::channel(Link::Up);
     let to = SocketAddr::from(([127, 0, 0, 1], service.port));
     let via = runtime.block_on(proxy(to, link_rx));
-    let joining = join(&runtime, &node, via.port());
+    let joining = join(&runtime, &node, &[via.port()]);
 
     wait_for("the join inside the service", || {
         service.path("token-requested").exists()
@@ -369,4 +368,28 @@ fn fault_network_cut_mid_join() {
         .expect("join task");
     assert_recovered(&service, &node, &secrets, attempts);
     assert_eq!(service.granted_joins(), 2, "{}", service.log());
+}
+
+/// Faults row: a control plane's join service down, another's up. The node is given both
+/// endpoints; the first refuses connections (its control plane is down), and the node asks the
+/// next one at once, without waiting for a backoff.
+#[test]
+fn fault_a_control_planes_join_service_down_the_next_one_answers() {
+    let runtime = runtime();
+    let ca = ProviderCa::generate("test provider").expect("CA");
+    let node = node(&ca);
+    let mut service = Service::new(&ca);
+    std::fs::write(service.path("go"), "").expect("write");
+    service.start();
+    let down = free_port();
+
+    let (secrets, attempts) = runtime
+        .block_on(async {
+            tokio::time::timeout(STEP, join(&runtime, &node, &[down, service.port])).await
+        })
+        .expect("the node joins through the second endpoint")
+        .expect("join task");
+    assert_eq!(attempts, 2, "{}", service.log());
+    assert_recovered(&service, &node, &secrets, attempts);
+    assert_eq!(service.granted_joins(), 1, "{}", service.log());
 }

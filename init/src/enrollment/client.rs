@@ -30,7 +30,7 @@ use hawser_proto::join::{
 use tracing::warn;
 use zeroize::Zeroizing;
 
-use super::{INSECURE_TRUST_WARNING, JoinEndpoint, RetryBackoff, jitter_unit};
+use super::{INSECURE_TRUST_WARNING, JoinEndpoint, JoinEndpoints, RetryBackoff, jitter_unit};
 use crate::disk::key::DiskStatus;
 use crate::platform::error_chain;
 
@@ -149,7 +149,7 @@ pub fn describe(status: DiskStatus) -> &'static str {
 /// The gRPC join client.
 #[derive(Debug, Clone)]
 pub struct JoinClient {
-    pub(super) endpoint: JoinEndpoint,
+    pub(super) endpoints: JoinEndpoints,
     atls: AtlsClient,
     backoff: RetryBackoff,
     /// Ask for a control-plane join (fw_cfg `role=control-plane`).
@@ -161,14 +161,14 @@ pub struct JoinClient {
 impl JoinClient {
     /// A client that attests with `issuer` (the node's TPM) and requires `policy` of the join
     /// service (see [`super::join_service_policy`]).
-    pub fn new(endpoint: JoinEndpoint, policy: PeerPolicy, issuer: Arc<TpmIssuer>) -> Self {
+    pub fn new(endpoints: JoinEndpoints, policy: PeerPolicy, issuer: Arc<TpmIssuer>) -> Self {
         if matches!(policy, PeerPolicy::Unauthenticated) {
             warn!("{INSECURE_TRUST_WARNING}");
         }
         let atls =
             AtlsClient::new(Identity::attested(issuer), policy).handshake_timeout(ATTEMPT_TIMEOUT);
         JoinClient {
-            endpoint,
+            endpoints,
             atls,
             backoff: RetryBackoff::default(),
             control_plane: false,
@@ -189,20 +189,27 @@ impl JoinClient {
         self
     }
 
-    /// Asks until the join service answers with secrets of the disk's cluster. Returns the
-    /// secrets and the number of attempts.
+    /// Asks the join services in turn until one answers with secrets of the disk's cluster.
+    /// Returns the secrets and the number of attempts.
     pub async fn fetch(&self, disk_uuid: &str, status: DiskStatus) -> (Secrets, u32) {
         let retry = Retry {
-            endpoint: &self.endpoint,
+            endpoints: &self.endpoints,
             backoff: &self.backoff,
             disk_cluster: self.disk_cluster.as_ref(),
             status,
         };
-        retry.run(|| self.attempt(disk_uuid, status)).await
+        retry
+            .run(|endpoint| self.attempt(endpoint, disk_uuid, status))
+            .await
     }
 
-    async fn attempt(&self, disk_uuid: &str, status: DiskStatus) -> Result<Secrets, String> {
-        let channel = tonic::transport::Endpoint::from_shared(self.endpoint.uri())
+    async fn attempt(
+        &self,
+        endpoint: &JoinEndpoint,
+        disk_uuid: &str,
+        status: DiskStatus,
+    ) -> Result<Secrets, String> {
+        let channel = tonic::transport::Endpoint::from_shared(endpoint.uri())
             .map_err(|e| format!("bad endpoint: {}", error_chain(&e)))?
             .connect_timeout(ATTEMPT_TIMEOUT)
             .connect_with_connector(self.atls.connector())
@@ -262,27 +269,32 @@ impl JoinClient {
 /// The retry loop of [`JoinClient::fetch`], apart from the gRPC call so that its decisions are
 /// tested without a join service.
 struct Retry<'a> {
-    endpoint: &'a JoinEndpoint,
+    endpoints: &'a JoinEndpoints,
     backoff: &'a RetryBackoff,
     disk_cluster: Option<&'a [u8; 32]>,
     status: DiskStatus,
 }
 
-impl Retry<'_> {
-    /// Runs `attempt` until it gives secrets of the disk's cluster; every failure and every
-    /// refusal is logged with its reason and retried after the backoff.
+impl<'a> Retry<'a> {
+    /// Runs `attempt` at each endpoint in turn until one gives secrets of the disk's cluster;
+    /// every failure and every refusal is logged with its reason. The next endpoint of a round
+    /// is asked at once; after a whole round the backoff grows (one round per backoff step).
     async fn run<F, A>(&self, mut attempt: F) -> (Secrets, u32)
     where
-        F: FnMut() -> A,
+        F: FnMut(&'a JoinEndpoint) -> A,
         A: Future<Output = Result<Secrets, String>>,
     {
         let mut attempts: u32 = 0;
+        let rounds = u32::try_from(self.endpoints.len())
+            .unwrap_or(u32::MAX)
+            .max(1);
         loop {
             attempts += 1;
-            let result = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt()).await;
+            let endpoint = self.endpoints.for_attempt(attempts);
+            let result = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(endpoint)).await;
             let reason = match result {
                 Ok(Ok(secrets)) => {
-                    match check_cluster(self.endpoint, self.disk_cluster, &secrets) {
+                    match check_cluster(endpoint, self.disk_cluster, &secrets) {
                         Ok(()) => return (secrets, attempts),
                         // The foreign secrets are dropped (zeroized) here, before any lock.
                         Err(foreign) => foreign.to_string(),
@@ -291,13 +303,16 @@ impl Retry<'_> {
                 Ok(Err(reason)) => reason,
                 Err(_) => format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs()),
             };
-            let delay = self
-                .backoff
-                .delay(attempts.saturating_sub(1), jitter_unit());
+            let delay = if attempts.is_multiple_of(rounds) {
+                self.backoff.delay(attempts / rounds - 1, jitter_unit())
+            } else {
+                Duration::ZERO
+            };
             warn!(
-                "join attempt {attempts} ({} to {}) failed: {reason}; retrying in {:.1} s",
+                "join attempt {attempts} ({} to {endpoint}) failed: {reason}; retrying at {} in \
+                 {:.1} s",
                 describe(self.status),
-                self.endpoint,
+                self.endpoints.for_attempt(attempts + 1),
                 delay.as_secs_f64()
             );
             tokio::time::sleep(delay).await;
@@ -502,10 +517,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn tamper_join_service_of_another_cluster() {
         let ours = hawser_keys::cluster_id(b"our secret", b"salt");
-        let endpoint = endpoint();
+        let endpoints = JoinEndpoints::one(endpoint());
         let backoff = RetryBackoff::default();
         let retry = Retry {
-            endpoint: &endpoint,
+            endpoints: &endpoints,
             backoff: &backoff,
             disk_cluster: Some(&ours),
             status: DiskStatus::Initialized,
@@ -516,7 +531,7 @@ mod tests {
             secrets_of(b"their secret", 1),
         ]);
         let (secrets, attempts) = retry
-            .run(|| {
+            .run(|_| {
                 let answer = answers.borrow_mut().pop();
                 async move { answer.ok_or_else(|| "no more answers".to_owned()) }
             })
@@ -527,5 +542,61 @@ mod tests {
             hawser_keys::cluster_id(&secrets.measurement_secret, &secrets.measurement_salt),
             ours
         );
+    }
+
+    /// The endpoints are asked in turn: the next one of a round at once, the backoff only after
+    /// a whole round failed; each attempt goes to its own endpoint.
+    #[tokio::test(start_paused = true)]
+    async fn endpoints_are_asked_in_turn_with_backoff_between_rounds() {
+        let endpoints = JoinEndpoints::parse("10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000").unwrap();
+        let backoff = RetryBackoff::default();
+        let retry = Retry {
+            endpoints: &endpoints,
+            backoff: &backoff,
+            disk_cluster: None,
+            status: DiskStatus::New,
+        };
+
+        // The first two are down, the third answers: three attempts, no waiting.
+        let asked = std::cell::RefCell::new(Vec::new());
+        let start = tokio::time::Instant::now();
+        let (_, attempts) = retry
+            .run(|endpoint| {
+                asked.borrow_mut().push(endpoint.to_string());
+                let up = endpoint.host == "10.0.0.3";
+                async move {
+                    up.then(|| secrets_of(b"s", 1))
+                        .ok_or_else(|| "connection refused".to_owned())
+                }
+            })
+            .await;
+        assert_eq!(attempts, 3);
+        assert_eq!(
+            *asked.borrow(),
+            ["10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"]
+        );
+        assert_eq!(start.elapsed(), Duration::ZERO);
+
+        // All down for two rounds, then the second answers: the waits are the backoff's first
+        // two steps, taken after each whole round.
+        asked.borrow_mut().clear();
+        let start = tokio::time::Instant::now();
+        let (_, attempts) = retry
+            .run(|endpoint| {
+                let round = asked.borrow().len() / 3;
+                asked.borrow_mut().push(endpoint.to_string());
+                let up = round == 2 && endpoint.host == "10.0.0.2";
+                async move {
+                    up.then(|| secrets_of(b"s", 1))
+                        .ok_or_else(|| "connection refused".to_owned())
+                }
+            })
+            .await;
+        assert_eq!(attempts, 8);
+        assert_eq!(asked.borrow()[6..], ["10.0.0.1:7000", "10.0.0.2:7000"]);
+        let waited = start.elapsed();
+        let least = backoff.ceiling(0) / 2 + backoff.ceiling(1) / 2;
+        let most = backoff.ceiling(0) + backoff.ceiling(1);
+        assert!(waited >= least && waited <= most, "{waited:?}");
     }
 }

@@ -1,8 +1,9 @@
 //! Joining a cluster: the node proves what it booted to the join service over aTLS and receives
 //! its state-disk key, then takes the node lock.
 //!
-//! - [`JoinEndpoint`] and [`JoinServiceTrust`]: where the join service is (fw_cfg or the
-//!   command line: unmeasured is fine, trust comes from attestation) and how the node trusts it
+//! - [`JoinEndpoints`] and [`JoinServiceTrust`]: where the join services are (fw_cfg or the
+//!   command line, one or more, tried in turn: unmeasured is fine, trust comes from attestation
+//!   and, for an initialized disk, the cluster ID it records) and how the node trusts them
 //!   (the *measured* `hawser.join_service_trust`: `attested`, the default, or `insecure-dev`).
 //! - [`RetryBackoff`]: exponential backoff with jitter between attempts (pure).
 //! - [`lock::NodeLock`]: the point of no return. Whoever first gets the cluster's secrets takes
@@ -65,6 +66,67 @@ impl JoinEndpoint {
 impl fmt::Display for JoinEndpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}:{}", self.host, self.port)
+    }
+}
+
+/// The most join endpoints a node is given.
+pub const MAX_JOIN_ENDPOINTS: usize = 16;
+
+/// The join services a node may ask, in order: one per control-plane node of the cluster (each
+/// runs one). The join client tries them in turn, so any one of them answers for the cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinEndpoints(Vec<JoinEndpoint>);
+
+impl JoinEndpoints {
+    /// The syntax [`JoinEndpoints::parse`] accepts, for error messages.
+    pub const SYNTAX: &'static str =
+        "expected <IPv4 address or host name>:<port>[,<host>:<port>...] (at most 16, no repeats)";
+
+    /// Parses a comma-separated list of [`JoinEndpoint`]s: at least one, at most
+    /// [`MAX_JOIN_ENDPOINTS`], none twice.
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut endpoints = Vec::new();
+        for item in text.split(',') {
+            let endpoint = JoinEndpoint::parse(item.trim())?;
+            if endpoints.contains(&endpoint) || endpoints.len() == MAX_JOIN_ENDPOINTS {
+                return None;
+            }
+            endpoints.push(endpoint);
+        }
+        Some(JoinEndpoints(endpoints))
+    }
+
+    /// A single endpoint.
+    pub fn one(endpoint: JoinEndpoint) -> Self {
+        JoinEndpoints(vec![endpoint])
+    }
+
+    /// How many endpoints there are (at least one).
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never: a list has at least one endpoint (for clippy's `len_without_is_empty`).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The endpoint of attempt `attempt` (counted from 1): the list in turn, round after round.
+    pub fn for_attempt(&self, attempt: u32) -> &JoinEndpoint {
+        let index = (attempt.max(1) - 1) as usize % self.0.len().max(1);
+        &self.0[index]
+    }
+}
+
+impl fmt::Display for JoinEndpoints {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, endpoint) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{endpoint}")?;
+        }
+        Ok(())
     }
 }
 
@@ -273,6 +335,45 @@ mod tests {
         );
         for bad in ["", "10.0.2.100", ":7000", "h:0", "h:70000", "a b:1", "h:x"] {
             assert_eq!(JoinEndpoint::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn endpoint_lists_are_tried_in_turn_and_bad_lists_refused() {
+        let list =
+            JoinEndpoints::parse("10.0.2.100:7000, 10.0.2.101:7000,cp3.example:7000").unwrap();
+        assert_eq!(list.len(), 3);
+        assert_eq!(
+            list.to_string(),
+            "10.0.2.100:7000,10.0.2.101:7000,cp3.example:7000"
+        );
+        let turns: Vec<String> = (1..=7).map(|a| list.for_attempt(a).to_string()).collect();
+        assert_eq!(
+            turns,
+            [
+                "10.0.2.100:7000",
+                "10.0.2.101:7000",
+                "cp3.example:7000",
+                "10.0.2.100:7000",
+                "10.0.2.101:7000",
+                "cp3.example:7000",
+                "10.0.2.100:7000"
+            ]
+        );
+        assert_eq!(list.for_attempt(0).to_string(), "10.0.2.100:7000");
+        let one = JoinEndpoints::parse("10.0.2.100:7000").unwrap();
+        assert_eq!(one.for_attempt(5).to_string(), "10.0.2.100:7000");
+        let seventeen: Vec<String> = (1..=17).map(|i| format!("10.0.0.{i}:7000")).collect();
+        assert!(JoinEndpoints::parse(&seventeen[..16].join(",")).is_some());
+        for bad in [
+            "",
+            ",",
+            "10.0.2.100:7000,",
+            "10.0.2.100:7000,10.0.2.100:7000",
+            "10.0.2.100:7000;10.0.2.101:7000",
+            &seventeen.join(","),
+        ] {
+            assert_eq!(JoinEndpoints::parse(bad), None, "{bad}");
         }
     }
 

@@ -241,7 +241,7 @@ impl Enrollment {
             (Some(client), true) => info!(
                 "asking the join service at {} for the key of disk {luks_uuid} ({}), and \
                  accepting `hawser {}` with the init secret on port {}",
-                client.endpoint,
+                client.endpoints,
                 describe(status),
                 admin_verb(status),
                 self.init_port
@@ -249,7 +249,7 @@ impl Enrollment {
             (Some(client), false) => info!(
                 "asking the join service at {} for the key of disk {luks_uuid} ({}); no init \
                  secret hash configured, so no init server",
-                client.endpoint,
+                client.endpoints,
                 describe(status),
             ),
             (None, _) => info!(
