@@ -45,6 +45,13 @@ use hawser_kube_types::{
 use serde::Serialize;
 use zeroize::Zeroizing;
 
+/// The admin kubeconfig `kubeadm init` (and a control-plane `kubeadm join`) writes.
+pub const ADMIN_KUBECONFIG: &str = "/etc/kubernetes/admin.conf";
+/// The kubeadm binary in the rootfs.
+pub const KUBEADM: &str = "/usr/bin/kubeadm";
+/// kubeadm's certificate directory (on the state disk, through the `/etc/kubernetes` bind).
+pub const PKI_DIR: &str = "/etc/kubernetes/pki";
+
 /// kubeadm's configuration API version.
 pub const KUBEADM_API_VERSION: &str = "kubeadm.k8s.io/v1beta4";
 /// The kubelet configuration API version.

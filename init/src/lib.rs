@@ -50,6 +50,7 @@ pub mod config;
 pub mod disk;
 pub mod enrollment;
 pub mod fatal;
+pub mod join_service;
 pub mod kubeadm;
 mod layers;
 pub mod modules;

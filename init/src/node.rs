@@ -28,6 +28,7 @@ use crate::enrollment::client::{ControlPlaneFile, KubeadmTicket};
 use crate::enrollment::init_server::{ClusterSpec, Progress};
 use crate::enrollment::race::ClusterSecrets;
 use crate::fatal::error_chain;
+use crate::join_service::{self, JoinServiceInputs};
 use crate::kubeadm::{self, InitRequest, JoinTicket};
 use crate::platform::mounts::SharedMountTable;
 use crate::platform::poll;
@@ -40,13 +41,7 @@ use crate::supervisor::{self, OneShotJob, OneShotOutcome, SharedSupervisor, Supe
 pub const KUBEADM_CONFIG: &str = "/run/hawser/kubeadm.yaml";
 /// The marker of a node whose `kubeadm init|join` succeeded (on the state disk).
 pub const KUBEADM_MARKER: &str = "/var/lib/hawser/kubeadm.done";
-/// The admin kubeconfig `kubeadm init` writes.
-pub const ADMIN_KUBECONFIG: &str = "/etc/kubernetes/admin.conf";
-/// The kubeadm binary in the rootfs.
-pub const KUBEADM: &str = "/usr/bin/kubeadm";
-
-/// kubeadm's certificate directory (on the state disk, through the `/etc/kubernetes` bind).
-pub const PKI_DIR: &str = "/etc/kubernetes/pki";
+pub use crate::kubeadm::{ADMIN_KUBECONFIG, KUBEADM, PKI_DIR};
 
 /// Writes the join service's control-plane files under `pki_dir`: keys 0600, certificates
 /// and public keys 0644, as kubeadm writes them. A name that is absolute or climbs out of
@@ -119,7 +114,6 @@ pub enum Role {
         spec: ClusterSpec,
         cluster_id: [u8; 32],
         progress: Progress,
-        join_service: Option<InClusterJoinService>,
     },
     /// A join ticket from the join service: `kubeadm join`.
     Join(KubeadmTicket),
@@ -127,107 +121,14 @@ pub enum Role {
     Rejoin,
 }
 
-/// What the cluster's first control-plane node needs to run `hawser-joind` for the nodes
-/// that follow: the secrets the admin sent, what a fresh node of this image measures, and the
-/// provider CA that certifies nodes' attestation keys.
-pub struct InClusterJoinService {
-    pub secrets: ClusterSecrets,
-    /// `hawser-joind`'s expected measurements (JSON): a fresh node of this same image.
-    pub joiner_measurements: serde_json::Value,
-    /// The provider CA the image carries (`hawser image build --provider-ca`).
-    pub provider_ca_pem: String,
-}
-
-/// Where PID 1 puts `hawser-joind`'s inputs (tmpfs: the master secret never touches a disk
-/// unencrypted).
-pub const JOIND_DIR: &str = "/run/hawser/joind";
-/// The port of the in-cluster join service.
-pub const JOIND_PORT: u16 = 7000;
-/// The in-cluster join service's state directory (registry of joined disks).
-pub const JOIND_STATE_DIR: &str = "/var/lib/hawser-joind";
-/// The AK names `hawser init --approve-control-plane` approved; the admin adds later ones to
-/// the same file (until the cluster keeps them in its own store).
-pub const JOIND_APPROVALS: &str = "/var/lib/hawser-joind/control-plane-approvals";
-
-/// The approvals file's text: a header and one AK name a line.
-fn approvals_file(ak_names: &[String]) -> String {
-    let mut text = String::from(
-        "# AK TPM names that may join this cluster as control planes (hawser init \
-         --approve-control-plane);\n# one a line, reloaded by hawser-joind when it changes\n",
-    );
-    for name in ak_names {
-        text.push_str(name);
-        text.push('\n');
-    }
-    text
-}
-
-impl InClusterJoinService {
-    /// Writes the inputs under [`JOIND_DIR`] and returns the service to supervise.
-    fn prepare(
-        &self,
-        kubernetes_version: &KubernetesVersion,
-        control_plane_approvals: &[String],
-    ) -> std::io::Result<supervisor::ServiceSpec> {
-        use std::os::unix::fs::DirBuilderExt as _;
-        let dir = Path::new(JOIND_DIR);
-        let _ = std::fs::remove_dir_all(dir);
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-        let secret = dir.join("master-secret.json");
-        self.secrets
-            .master
-            .write_new_file(&secret)
-            .map_err(std::io::Error::other)?;
-        let salt = dir.join("measurement-salt");
-        std::fs::write(&salt, &self.secrets.measurement_salt)?;
-        let measurements = dir.join("measurements.json");
-        std::fs::write(&measurements, self.joiner_measurements.to_string())?;
-        let provider_ca = dir.join("provider-ca.pem");
-        std::fs::write(&provider_ca, &self.provider_ca_pem)?;
-        // On the first control plane the disk is new: the file is the admin's list as sent.
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(JOIND_STATE_DIR)?;
-        std::fs::write(JOIND_APPROVALS, approvals_file(control_plane_approvals))?;
-        let listen = format!("0.0.0.0:{JOIND_PORT}");
-        let path = |p: &Path| p.display().to_string();
-        let args = [
-            "--listen".to_owned(),
-            listen,
-            "--measurements".to_owned(),
-            path(&measurements),
-            "--master-secret".to_owned(),
-            path(&secret),
-            "--measurement-salt-file".to_owned(),
-            path(&salt),
-            "--provider-ca".to_owned(),
-            path(&provider_ca),
-            "--kubeadm".to_owned(),
-            KUBEADM.to_owned(),
-            "--kubeconfig".to_owned(),
-            ADMIN_KUBECONFIG.to_owned(),
-            "--state-dir".to_owned(),
-            JOIND_STATE_DIR.to_owned(),
-            "--control-plane-approvals".to_owned(),
-            JOIND_APPROVALS.to_owned(),
-            "--pki-dir".to_owned(),
-            PKI_DIR.to_owned(),
-            "--kubernetes-version".to_owned(),
-            kubernetes_version.to_string(),
-            "--attest-with-tpm".to_owned(),
-            "device:/dev/tpmrm0".to_owned(),
-        ];
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Ok(supervisor::ServiceSpec::new(
-            "hawser-joind",
-            "/usr/bin/hawser-joind",
-            &args,
-        ))
-    }
+/// What a control plane needs to run the cluster's join service: the image's inputs (read
+/// before the pivot; `None` without a provider CA) and, on the boot that runs kubeadm, the
+/// cluster's secrets (the admin's `hawser init`, or a control-plane join's ticket). A worker
+/// has no secrets; later boots read them from the state disk ([`join_service`]).
+#[derive(Default)]
+pub struct ControlPlane {
+    pub inputs: Option<JoinServiceInputs>,
+    pub secrets: Option<ClusterSecrets>,
 }
 
 /// This node as Kubernetes will know it.
@@ -368,6 +269,7 @@ fn prepare_kubernetes_networking() -> Result<usize, NetworkingError> {
 pub async fn run(
     role: Role,
     identity: NodeIdentity,
+    control_plane: ControlPlane,
     registry: &ChildRegistry,
     services: &SharedSupervisor,
 ) {
@@ -430,6 +332,7 @@ pub async fn run(
         }
         Role::Rejoin => {
             info!("this node joined on an earlier boot: kubeadm does not run again");
+            join_service::restart_on_control_plane(control_plane.inputs.as_ref(), services).await;
             return;
         }
     };
@@ -443,15 +346,47 @@ pub async fn run(
             error_chain(e)
         );
     }
+    if let (Role::Join(ticket), Some(secrets), Ok(())) = (&role, &control_plane.secrets, &outcome) {
+        match ticket.kubernetes_version.parse::<KubernetesVersion>() {
+            Ok(version) => {
+                join_service::start_after_kubeadm(
+                    control_plane.inputs.as_ref(),
+                    secrets,
+                    &version,
+                    None,
+                    services,
+                )
+                .await
+            }
+            Err(e) => warn!(
+                "the cluster's join service is not started: the join ticket's Kubernetes \
+                 version {:?}: {e}",
+                ticket.kubernetes_version
+            ),
+        }
+    }
     if let Role::Init {
         spec,
         cluster_id,
         progress,
-        join_service,
     } = role
     {
-        if outcome.is_ok() {
-            start_join_service(join_service.as_ref(), &spec, services).await;
+        match (&outcome, &control_plane.secrets) {
+            (Ok(()), Some(secrets)) => {
+                join_service::start_after_kubeadm(
+                    control_plane.inputs.as_ref(),
+                    secrets,
+                    &spec.kubernetes_version,
+                    Some(&spec.control_plane_approvals),
+                    services,
+                )
+                .await
+            }
+            (Ok(()), None) => warn!(
+                "the cluster's join service is not started: the admin's secrets did not reach \
+                 this boot"
+            ),
+            (Err(_), _) => {}
         }
         match outcome.and_then(|()| {
             std::fs::read(ADMIN_KUBECONFIG).map_err(KubeadmRunError::AdminKubeconfig)
@@ -511,41 +446,6 @@ async fn run_kubeadm(
         }
         Ok(OneShotOutcome::AlreadyDone) => Ok(()),
         Err(source) => Err(KubeadmRunError::Run { verb, source }),
-    }
-}
-
-/// Starts `hawser-joind` on the cluster's first control-plane node, under the supervisor:
-/// later nodes join through it (and, with `hawser.join_service_trust=attested`, verify that it
-/// runs this same image).
-async fn start_join_service(
-    join_service: Option<&InClusterJoinService>,
-    spec: &ClusterSpec,
-    services: &SharedSupervisor,
-) {
-    let Some(join_service) = join_service else {
-        warn!(
-            "the cluster's join service is not started: this image carries no provider CA to \
-             verify joining nodes with (hawser image build --provider-ca); nodes can join only \
-             through a join service elsewhere"
-        );
-        return;
-    };
-    match join_service.prepare(&spec.kubernetes_version, &spec.control_plane_approvals) {
-        Ok(service) => {
-            if services.start(service).await {
-                info!(
-                    "started the cluster's join service on port {JOIND_PORT} (attested with this \
-                     node's TPM); {} control-plane AK(s) approved in {JOIND_APPROVALS}",
-                    spec.control_plane_approvals.len()
-                );
-            }
-        }
-        // The master secret's write error wraps its own cause: print the whole chain.
-        Err(e) => warn!(
-            "the cluster's join service is not started: cannot write its inputs under \
-             {JOIND_DIR}: {}",
-            error_chain(&e)
-        ),
     }
 }
 

@@ -1,6 +1,8 @@
 //! The join decisions, free of gRPC: check the verified peer's PCRs against the current policy,
-//! check that a control-plane join comes from an approved AK, derive its disk key, issue a
-//! bootstrap token, remember the disk with the AK that joined it, audit the decision.
+//! check that a control-plane join comes from an approved AK (which then receives the cluster's
+//! shared certificates and its master secret, to run this join service too), derive its disk
+//! key, issue a bootstrap token, remember the disk with the AK that joined it, audit the
+//! decision.
 //!
 //! The registry of joined disks (`registry_file`) is a text file, one disk a line:
 //! `<disk uuid> <AK name, hex>`, appended when a disk first joins. A line with a UUID alone
@@ -58,6 +60,9 @@ pub struct JoinTicket {
     pub kubernetes_version: String,
     /// For control-plane joins: (name relative to /etc/kubernetes/pki, content).
     pub control_plane_files: Vec<ControlPlaneFile>,
+    /// For an approved control-plane join: the cluster's master secret, so that the new control
+    /// plane runs the join service too.
+    pub master_secret: Option<MasterSecret>,
 }
 
 impl std::fmt::Debug for JoinTicket {
@@ -334,6 +339,9 @@ impl JoinCore {
             measurement_salt: self.config.measurement_salt.clone(),
             credentials,
             kubernetes_version: self.config.kubernetes_version.clone(),
+            master_secret: req
+                .is_control_plane
+                .then(|| self.config.master_secret.clone()),
             control_plane_files,
         })
     }

@@ -36,8 +36,8 @@ use hawser_attestation::atls::{AtlsConnectInfo, AtlsServer, Identity, PeerPolicy
 use hawser_attestation::validator::{AkTrust, AkTrustError, Validator, ValidatorError};
 use hawser_proto::join::join_service_server::{JoinService, JoinServiceServer};
 use hawser_proto::join::{
-    ControlPlaneFile, IssueJoinTicketRequest, IssueJoinTicketResponse, IssueRejoinTicketRequest,
-    IssueRejoinTicketResponse,
+    ClusterMasterSecret, ControlPlaneFile, IssueJoinTicketRequest, IssueJoinTicketResponse,
+    IssueRejoinTicketRequest, IssueRejoinTicketResponse,
 };
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot};
@@ -424,6 +424,13 @@ impl JoinService for Service {
             cluster_ca_cert: Vec::new(),
             kubernetes_version: ticket.kubernetes_version.clone(),
             vpn: None,
+            master_secret: ticket
+                .master_secret
+                .as_ref()
+                .map(|master| ClusterMasterSecret {
+                    key: master.key_bytes().to_vec(),
+                    salt: master.salt_bytes().to_vec(),
+                }),
         }))
     }
 

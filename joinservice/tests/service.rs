@@ -634,6 +634,10 @@ async fn tamper_control_plane_join_without_approval() {
         .expect("worker join")
         .into_inner();
     assert!(worker.control_plane_files.is_empty());
+    assert!(
+        worker.master_secret.is_none(),
+        "a worker never gets the master secret"
+    );
 
     // Once the admin approves its AK (picked up without a restart), it receives the PKI.
     std::fs::write(
@@ -653,6 +657,12 @@ async fn tamper_control_plane_join_without_approval() {
         .map(|file| file.name.as_str())
         .collect();
     assert_eq!(names, CONTROL_PLANE_FILES);
+    // ... and the cluster's master secret, to run the join service on it too.
+    let master = ticket
+        .master_secret
+        .expect("an approved control plane gets the master secret");
+    assert_eq!(master.key, f.master.key_bytes());
+    assert_eq!(master.salt, f.master.salt_bytes());
     f.stop().await;
 }
 

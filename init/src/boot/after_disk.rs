@@ -13,46 +13,50 @@ use crate::config::CmdlineConfig;
 use crate::enrollment::PROVIDER_CA_PATH;
 use crate::enrollment::init_server::{GrantKind, Progress};
 use crate::enrollment::race::Outcome;
+use crate::join_service::JoinServiceInputs;
 use crate::node;
 use crate::platform::{console, error_chain};
 
 /// Where the kernel exposes the firmware's TCG event log (securityfs, mounted at bring-up).
 const EVENT_LOG: &str = "/sys/kernel/security/tpm0/binary_bios_measurements";
 
-/// What the race decided, turned into the node's Kubernetes role and name; prints the join
-/// summary line.
+/// What the race decided, turned into the node's Kubernetes role and name, and what a control
+/// plane needs for the cluster's join service; prints the join summary line.
 pub(super) fn role(
     config: &CmdlineConfig,
     outcome: Option<Outcome>,
     measurement: &Measurement,
-) -> (node::Role, Option<String>) {
+) -> (node::Role, Option<String>, node::ControlPlane) {
     let Some(outcome) = outcome else {
-        return (node::Role::Rejoin, None);
+        return (node::Role::Rejoin, None, node::ControlPlane::default());
     };
     match outcome.summary.to_console_line() {
         Ok(line) => console::emit_raw_console_line(&line),
         Err(e) => warn!("cannot encode the join summary: {e}"),
     }
     let node_name = crate::enrollment::client::node_name(&outcome.summary.disk_uuid);
+    let control_plane = node::ControlPlane {
+        // The image's provider CA is in the initramfs, which the pivot frees: read now.
+        inputs: config
+            .root_hash
+            .and(std::fs::read_to_string(PROVIDER_CA_PATH).ok())
+            .map(|pem| JoinServiceInputs {
+                // Read at `enter-initrd`, before the lock: what a fresh node of this image
+                // measures.
+                joiner_measurements: crate::enrollment::fresh_node_measurements_json(
+                    &measurement.pcrs,
+                ),
+                provider_ca_pem: pem,
+            }),
+        // The admin's (`hawser init`/`recover`), or a control-plane join's.
+        secrets: outcome.secrets,
+    };
     let role = match (outcome.admin, outcome.kubeadm) {
         (Some((GrantKind::Init(spec), progress)), _) if config.root_hash.is_some() => {
-            // The image's provider CA is in the initramfs, which the pivot frees: read now.
-            let provider_ca = std::fs::read_to_string(PROVIDER_CA_PATH).ok();
             node::Role::Init {
                 spec,
                 cluster_id: outcome.cluster_id,
                 progress,
-                join_service: outcome.secrets.zip(provider_ca).map(|(secrets, pem)| {
-                    node::InClusterJoinService {
-                        secrets,
-                        // Read at `enter-initrd`, before the lock: what a fresh node of this
-                        // image measures.
-                        joiner_measurements: crate::enrollment::fresh_node_measurements_json(
-                            &measurement.pcrs,
-                        ),
-                        provider_ca_pem: pem,
-                    }
-                }),
             }
         }
         (Some((kind, progress)), _) => {
@@ -62,7 +66,7 @@ pub(super) fn role(
         (None, Some(ticket)) => node::Role::Join(ticket),
         (None, None) => node::Role::Rejoin,
     };
-    (role, Some(node_name))
+    (role, Some(node_name), control_plane)
 }
 
 /// Ends the admin's `hawser init` / `hawser recover` call. Kubernetes starts after the pivot
@@ -134,6 +138,7 @@ impl Boot {
         config: &CmdlineConfig,
         role: node::Role,
         node_name: Option<String>,
+        control_plane: node::ControlPlane,
     ) -> Result<(), BootError> {
         let Some(root_hash) = config.root_hash else {
             return Ok(());
@@ -154,7 +159,16 @@ impl Boot {
             _ => None,
         };
         match identity {
-            Some(identity) => node::run(role, identity, self.registry(), self.services()).await,
+            Some(identity) => {
+                node::run(
+                    role,
+                    identity,
+                    control_plane,
+                    self.registry(),
+                    self.services(),
+                )
+                .await
+            }
             None => {
                 let reason = "no node identity for Kubernetes (needs hawser.net and a cluster \
                               key source): containerd, kubelet and kubeadm are not started";

@@ -320,9 +320,9 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     let outcome = boot
         .state_disk(&config.state_disk, fw_cfg.state_disk_key.take(), enrollment)
         .await?;
-    let (role, node_name) = after_disk::role(&config, outcome, &measurement);
+    let (role, node_name, control_plane) = after_disk::role(&config, outcome, &measurement);
     boot.report(nonce, measurement, &config, &kernel_release)
         .await?;
     after_disk::emit_event_log();
-    boot.run_node(&config, role, node_name).await
+    boot.run_node(&config, role, node_name, control_plane).await
 }

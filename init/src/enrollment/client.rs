@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use hawser_attestation::TpmIssuer;
 use hawser_attestation::atls::{AtlsClient, Identity, PeerPolicy};
+use hawser_keys::MasterSecret;
 use hawser_kube_types::{ApiServerEndpoint, BootstrapToken, CaCertHash};
 use hawser_proto::join::join_service_client::JoinServiceClient;
 use hawser_proto::join::{
@@ -105,6 +106,9 @@ pub struct Secrets {
     pub measurement_salt: Vec<u8>,
     /// What `kubeadm join` needs (`IssueJoinTicket` only; a rejoining node joined before).
     pub ticket: Option<KubeadmTicket>,
+    /// A control-plane join: the cluster's master secret, checked against the rest of the
+    /// answer, for the join service this control plane runs too. Zeroized on drop.
+    pub master_secret: Option<MasterSecret>,
 }
 
 /// The Kubernetes half of a join ticket. The token is secret (zeroized, redacted in `Debug`).
@@ -234,15 +238,36 @@ impl JoinClient {
                 let state_disk_key = Zeroizing::new(std::mem::take(&mut response.state_disk_key));
                 let measurement_secret =
                     Zeroizing::new(std::mem::take(&mut response.measurement_secret));
+                let master_secret = response.master_secret.take().map(|mut sent| {
+                    let parts = (
+                        std::mem::take(&mut sent.key),
+                        std::mem::take(&mut sent.salt),
+                    );
+                    (Zeroizing::new(parts.0), Zeroizing::new(parts.1))
+                });
                 // Files a worker was sent, and those of a refused ticket, are wiped too.
                 for file in &mut response.control_plane_files {
                     zeroize::Zeroize::zeroize(&mut file.data);
                 }
+                let ticket = ticket?;
+                let master_secret = match master_secret {
+                    Some((key, salt)) if self.control_plane => Some(checked_master_secret(
+                        &key,
+                        &salt,
+                        disk_uuid,
+                        &state_disk_key,
+                        &measurement_secret,
+                    )?),
+                    // A worker keeps no master secret it was sent (the service should not
+                    // have): it is wiped here.
+                    _ => None,
+                };
                 Ok(Secrets {
                     state_disk_key,
                     measurement_secret,
                     measurement_salt: std::mem::take(&mut response.measurement_salt),
-                    ticket: Some(ticket?),
+                    ticket: Some(ticket),
+                    master_secret,
                 })
             }
             DiskStatus::Initialized => {
@@ -260,6 +285,7 @@ impl JoinClient {
                     )),
                     measurement_salt: std::mem::take(&mut response.measurement_salt),
                     ticket: None,
+                    master_secret: None,
                 })
             }
         }
@@ -370,6 +396,41 @@ fn kubeadm_ticket(
     })
 }
 
+/// The master secret a control-plane join was sent, accepted only if it is the secret the
+/// rest of the answer comes from: the disk key and the measurement secret it derives must be
+/// the ones sent. A control plane runs the join service with it, so a wrong one would hand
+/// out keys of another cluster.
+fn checked_master_secret(
+    key: &[u8],
+    salt: &[u8],
+    disk_uuid: &str,
+    state_disk_key: &[u8],
+    measurement_secret: &[u8],
+) -> Result<MasterSecret, String> {
+    let master = MasterSecret::new(key.to_vec(), salt.to_vec())
+        .map_err(|e| format!("the join service sent an unusable master secret: {e}"))?;
+    let uuid = hawser_keys::canonical_uuid(disk_uuid)
+        .map_err(|e| format!("the disk UUID {disk_uuid:?}: {e}"))?;
+    let derived_key = master
+        .state_disk_key(&uuid)
+        .map_err(|e| format!("cannot derive the disk key from the master secret sent: {e}"))?;
+    let consistent = bool::from(subtle::ConstantTimeEq::ct_eq(
+        &derived_key[..],
+        state_disk_key,
+    )) && bool::from(subtle::ConstantTimeEq::ct_eq(
+        &master.measurement_secret()[..],
+        measurement_secret,
+    ));
+    if !consistent {
+        return Err(
+            "the join service sent a master secret that does not derive the disk key and \
+             measurement secret it sent"
+                .to_owned(),
+        );
+    }
+    Ok(master)
+}
+
 /// The node's name as the join service records it.
 pub fn node_name(disk_uuid: &str) -> String {
     format!("hawser-{}", disk_uuid.get(..8).unwrap_or(disk_uuid))
@@ -478,6 +539,7 @@ mod tests {
             measurement_secret: Zeroizing::new(measurement_secret.to_vec()),
             measurement_salt: b"salt".to_vec(),
             ticket: None,
+            master_secret: None,
         }
     }
 
@@ -598,5 +660,36 @@ mod tests {
         let least = backoff.ceiling(0) / 2 + backoff.ceiling(1) / 2;
         let most = backoff.ceiling(0) + backoff.ceiling(1);
         assert!(waited >= least && waited <= most, "{waited:?}");
+    }
+
+    /// A control plane takes the master secret only if it derives what the rest of the
+    /// answer says: the disk key of this disk and the measurement secret.
+    #[test]
+    fn a_control_planes_master_secret_must_derive_the_rest_of_the_answer() {
+        let master = MasterSecret::new(vec![1; 32], vec![2; 32]).unwrap();
+        let uuid = "6a0e4c1f-2b3d-4e5f-8a9b-0c1d2e3f4a5b";
+        let key = master.state_disk_key(uuid).unwrap();
+        let measurement = master.measurement_secret();
+        let taken =
+            checked_master_secret(&[1; 32], &[2; 32], uuid, &key[..], &measurement[..]).unwrap();
+        assert_eq!(taken.key_bytes(), master.key_bytes());
+
+        let other = MasterSecret::new(vec![3; 32], vec![2; 32]).unwrap();
+        let other_key = other.state_disk_key(uuid).unwrap();
+        for (key, measurement) in [
+            (&other_key[..], &measurement[..]),
+            (&key[..], &other.measurement_secret()[..]),
+        ] {
+            let err =
+                checked_master_secret(&[1; 32], &[2; 32], uuid, key, measurement).unwrap_err();
+            assert!(err.contains("does not derive the disk key"), "{err}");
+        }
+        let err =
+            checked_master_secret(&[1; 4], &[2; 32], uuid, &key[..], &measurement[..]).unwrap_err();
+        assert!(
+            err.starts_with("the join service sent an unusable master secret"),
+            "{err}"
+        );
+        assert!(!err.contains("0101"), "no key material in the error: {err}");
     }
 }

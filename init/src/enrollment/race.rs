@@ -272,8 +272,13 @@ impl Enrollment {
                     rpc: describe(status),
                     attempts,
                     admin: None,
+                    // A control plane's join brings the master secret: it runs the cluster's
+                    // join service too (the measurement salt is the cluster's).
+                    secrets: secrets.master_secret.map(|master| ClusterSecrets {
+                        master,
+                        measurement_salt: secrets.measurement_salt.clone(),
+                    }),
                     kubeadm: secrets.ticket,
-                    secrets: None,
                 })
             }
             Winner::Admin(grant) => {

@@ -1,0 +1,419 @@
+//! The cluster's join service on every control-plane node.
+//!
+//! Every control plane runs `hawser-joind` under PID 1's supervisor, so that nodes can join
+//! and rejoin while any one control plane is down (they are given every control plane's join
+//! endpoint and ask them in turn). What it needs:
+//!
+//! - the cluster's **master secret** and measurement salt: the first control plane gets them
+//!   from the admin's `hawser init`; every later control plane from an attested, approved
+//!   control-plane join (the join service sends them only to AKs the admin approved, and the
+//!   node checks they derive the disk key and measurement secret it was sent). They rest on the
+//!   node's encrypted state disk ([`CLUSTER_DIR`], 0600), so the service restarts on every boot
+//!   (a rejoin, or `hawser recover`) without anyone sending them again;
+//! - the Kubernetes version joining nodes install (kept with the secrets);
+//! - what a fresh node of this image measures, read at `enter-initrd`, and the provider CA the
+//!   image carries ([`JoinServiceInputs`], read before the pivot frees the initramfs).
+//!
+//! A worker keeps no master secret and runs no join service.
+
+use std::path::{Path, PathBuf};
+
+use hawser_kube_types::KubernetesVersion;
+use tracing::{info, warn};
+
+use crate::enrollment::race::ClusterSecrets;
+use crate::kubeadm::{ADMIN_KUBECONFIG, KUBEADM, PKI_DIR};
+use crate::platform::error_chain;
+use crate::supervisor::{self, SharedSupervisor};
+
+/// Where PID 1 puts `hawser-joind`'s inputs for this boot (tmpfs).
+pub const JOIND_DIR: &str = "/run/hawser/joind";
+/// The port of the in-cluster join service.
+pub const JOIND_PORT: u16 = 7000;
+/// The in-cluster join service's state directory (registry of joined disks), on the state disk.
+pub const JOIND_STATE_DIR: &str = "/var/lib/hawser-joind";
+/// The AK names `hawser init --approve-control-plane` approved; the admin adds later ones to
+/// the same file (until the cluster keeps them in its own store).
+pub const JOIND_APPROVALS: &str = "/var/lib/hawser-joind/control-plane-approvals";
+/// Where a control plane keeps the cluster's master secret, measurement salt and Kubernetes
+/// version: on the encrypted state disk, directory 0700, files 0600.
+pub const CLUSTER_DIR: &str = "/var/lib/hawser/cluster";
+
+const MASTER_SECRET_FILE: &str = "master-secret.json";
+const SALT_FILE: &str = "measurement-salt";
+const VERSION_FILE: &str = "kubernetes-version";
+
+/// What the image says about the join service it runs: read before the pivot.
+#[derive(Debug, Clone)]
+pub struct JoinServiceInputs {
+    /// `hawser-joind`'s expected measurements (JSON): a fresh node of this same image.
+    pub joiner_measurements: serde_json::Value,
+    /// The provider CA the image carries (`hawser image build --provider-ca`).
+    pub provider_ca_pem: String,
+}
+
+/// A control plane's join service: the cluster's secrets, and what it hands out.
+pub struct InClusterJoinService<'a> {
+    pub secrets: &'a ClusterSecrets,
+    pub kubernetes_version: &'a KubernetesVersion,
+    /// The admin's approvals from `hawser init` (the first control plane); `None` keeps the
+    /// file the node has.
+    pub control_plane_approvals: Option<&'a [String]>,
+    pub inputs: &'a JoinServiceInputs,
+}
+
+/// Why the cluster's secrets on the state disk cannot be kept or read.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterSecretsError {
+    /// A file under [`CLUSTER_DIR`] cannot be written, synced or renamed into place.
+    #[error("cannot write {path}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The master secret cannot be written or read (its own message names the file).
+    #[error("the cluster's master secret on the state disk")]
+    MasterSecret(#[source] hawser_keys::KeyError),
+    /// A file under [`CLUSTER_DIR`] exists but cannot be read.
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The kept Kubernetes version is not one.
+    #[error("{path} does not hold a Kubernetes version")]
+    Version {
+        path: PathBuf,
+        #[source]
+        source: hawser_kube_types::KubernetesVersionError,
+    },
+}
+
+/// Keeps the cluster's secrets and Kubernetes version under `dir` (on the state disk): each
+/// file written whole to a temporary name, synced, then renamed, so a power cut leaves the old
+/// set or the new one. The master secret never appears in a log.
+pub fn persist(
+    dir: &Path,
+    secrets: &ClusterSecrets,
+    kubernetes_version: &KubernetesVersion,
+) -> Result<(), ClusterSecretsError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let write_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ClusterSecretsError::Write { path, source }
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(write_err(dir))?;
+    let master = dir.join(MASTER_SECRET_FILE);
+    let staged = dir.join(format!(".{MASTER_SECRET_FILE}.new"));
+    let _ = std::fs::remove_file(&staged);
+    secrets
+        .master
+        .write_new_file(&staged)
+        .map_err(ClusterSecretsError::MasterSecret)?;
+    std::fs::rename(&staged, &master).map_err(write_err(&master))?;
+    write_private(&dir.join(SALT_FILE), &secrets.measurement_salt)?;
+    write_private(
+        &dir.join(VERSION_FILE),
+        format!("{kubernetes_version}\n").as_bytes(),
+    )?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(write_err(dir))
+}
+
+/// Writes `data` to `path` (0600) through a synced temporary file and a rename.
+fn write_private(path: &Path, data: &[u8]) -> Result<(), ClusterSecretsError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let err = |source| ClusterSecretsError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let staged = path.with_extension("new");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&staged)
+        .map_err(err)?;
+    file.write_all(data).map_err(err)?;
+    file.sync_all().map_err(err)?;
+    std::fs::rename(&staged, path).map_err(err)
+}
+
+/// The cluster's secrets and Kubernetes version kept under `dir`, or `None` when this node
+/// keeps none (a worker, or a control plane from before hawser kept them).
+pub fn load(
+    dir: &Path,
+) -> Result<Option<(ClusterSecrets, KubernetesVersion)>, ClusterSecretsError> {
+    let master_path = dir.join(MASTER_SECRET_FILE);
+    if !master_path.exists() {
+        return Ok(None);
+    }
+    let master = hawser_keys::MasterSecret::read_file(&master_path)
+        .map_err(ClusterSecretsError::MasterSecret)?;
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read(&path).map_err(|source| ClusterSecretsError::Read { path, source })
+    };
+    let measurement_salt = read(SALT_FILE)?;
+    let version_path = dir.join(VERSION_FILE);
+    let version_text = read(VERSION_FILE)?;
+    let kubernetes_version = String::from_utf8_lossy(&version_text)
+        .trim()
+        .parse::<KubernetesVersion>()
+        .map_err(|source| ClusterSecretsError::Version {
+            path: version_path,
+            source,
+        })?;
+    Ok(Some((
+        ClusterSecrets {
+            master,
+            measurement_salt,
+        },
+        kubernetes_version,
+    )))
+}
+
+/// The approvals file's text: a header and one AK name a line.
+fn approvals_file(ak_names: &[String]) -> String {
+    let mut text = String::from(
+        "# AK TPM names that may join this cluster as control planes (hawser init \
+         --approve-control-plane);\n# one a line, reloaded by hawser-joind when it changes\n",
+    );
+    for name in ak_names {
+        text.push_str(name);
+        text.push('\n');
+    }
+    text
+}
+
+impl InClusterJoinService<'_> {
+    /// Writes the inputs under [`JOIND_DIR`] and returns the service to supervise.
+    fn prepare(&self) -> std::io::Result<supervisor::ServiceSpec> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let dir = Path::new(JOIND_DIR);
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        let secret = dir.join("master-secret.json");
+        self.secrets
+            .master
+            .write_new_file(&secret)
+            .map_err(std::io::Error::other)?;
+        let salt = dir.join("measurement-salt");
+        std::fs::write(&salt, &self.secrets.measurement_salt)?;
+        let measurements = dir.join("measurements.json");
+        std::fs::write(&measurements, self.inputs.joiner_measurements.to_string())?;
+        let provider_ca = dir.join("provider-ca.pem");
+        std::fs::write(&provider_ca, &self.inputs.provider_ca_pem)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(JOIND_STATE_DIR)?;
+        match self.control_plane_approvals {
+            // The first control plane: the admin's list as sent.
+            Some(names) => std::fs::write(JOIND_APPROVALS, approvals_file(names))?,
+            // Later boots and later control planes keep the file they have (the admin edits
+            // it); a missing file approves nobody, and says so.
+            None if !Path::new(JOIND_APPROVALS).exists() => {
+                std::fs::write(JOIND_APPROVALS, approvals_file(&[]))?
+            }
+            None => {}
+        }
+        let listen = format!("0.0.0.0:{JOIND_PORT}");
+        let path = |p: &Path| p.display().to_string();
+        let args = [
+            "--listen".to_owned(),
+            listen,
+            "--measurements".to_owned(),
+            path(&measurements),
+            "--master-secret".to_owned(),
+            path(&secret),
+            "--measurement-salt-file".to_owned(),
+            path(&salt),
+            "--provider-ca".to_owned(),
+            path(&provider_ca),
+            "--kubeadm".to_owned(),
+            KUBEADM.to_owned(),
+            "--kubeconfig".to_owned(),
+            ADMIN_KUBECONFIG.to_owned(),
+            "--state-dir".to_owned(),
+            JOIND_STATE_DIR.to_owned(),
+            "--control-plane-approvals".to_owned(),
+            JOIND_APPROVALS.to_owned(),
+            "--pki-dir".to_owned(),
+            PKI_DIR.to_owned(),
+            "--kubernetes-version".to_owned(),
+            self.kubernetes_version.to_string(),
+            "--attest-with-tpm".to_owned(),
+            "device:/dev/tpmrm0".to_owned(),
+        ];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Ok(supervisor::ServiceSpec::new(
+            "hawser-joind",
+            "/usr/bin/hawser-joind",
+            &args,
+        ))
+    }
+
+    /// Starts `hawser-joind` under the supervisor: nodes join through it (and, with
+    /// `hawser.join_service_trust=attested`, verify that it runs this same image).
+    pub async fn start(&self, services: &SharedSupervisor) {
+        match self.prepare() {
+            Ok(service) => {
+                if services.start(service).await {
+                    info!(
+                        "started the cluster's join service on port {JOIND_PORT} (attested with \
+                         this node's TPM); control-plane approvals in {JOIND_APPROVALS}"
+                    );
+                }
+            }
+            // The master secret's write error wraps its own cause: print the whole chain.
+            Err(e) => warn!(
+                "the cluster's join service is not started: cannot write its inputs under \
+                 {JOIND_DIR}: {}",
+                error_chain(&e)
+            ),
+        }
+    }
+}
+
+/// After `kubeadm init` or a control-plane `kubeadm join` succeeded: keeps the cluster's
+/// secrets on the state disk and starts the join service. Without the image's inputs (no
+/// provider CA) the secrets are kept and no service starts.
+pub async fn start_after_kubeadm(
+    inputs: Option<&JoinServiceInputs>,
+    secrets: &ClusterSecrets,
+    kubernetes_version: &KubernetesVersion,
+    control_plane_approvals: Option<&[String]>,
+    services: &SharedSupervisor,
+) {
+    match persist(Path::new(CLUSTER_DIR), secrets, kubernetes_version) {
+        Ok(()) => info!(
+            "kept the cluster's master secret on the encrypted state disk ({CLUSTER_DIR}): the \
+             join service restarts on every boot"
+        ),
+        Err(e) => warn!(
+            "{}; the join service runs this boot but will not restart on the next",
+            error_chain(&e)
+        ),
+    }
+    let Some(inputs) = inputs else {
+        warn!("{NO_PROVIDER_CA}");
+        return;
+    };
+    InClusterJoinService {
+        secrets,
+        kubernetes_version,
+        control_plane_approvals,
+        inputs,
+    }
+    .start(services)
+    .await;
+}
+
+/// On a boot after kubeadm ran (a rejoin, or `hawser recover`): a control plane restarts the
+/// cluster's join service from the secrets on its state disk; a worker has none.
+pub async fn restart_on_control_plane(
+    inputs: Option<&JoinServiceInputs>,
+    services: &SharedSupervisor,
+) {
+    let (secrets, version) = match load(Path::new(CLUSTER_DIR)) {
+        Ok(Some(kept)) => kept,
+        Ok(None) => return,
+        Err(e) => {
+            warn!(
+                "{}; the cluster's join service is not started on this control plane",
+                error_chain(&e)
+            );
+            return;
+        }
+    };
+    let Some(inputs) = inputs else {
+        warn!("{NO_PROVIDER_CA}");
+        return;
+    };
+    InClusterJoinService {
+        secrets: &secrets,
+        kubernetes_version: &version,
+        control_plane_approvals: None,
+        inputs,
+    }
+    .start(services)
+    .await;
+}
+
+const NO_PROVIDER_CA: &str = "the cluster's join service is not started: this image carries no \
+     provider CA to verify joining nodes with (hawser image build --provider-ca); nodes can join \
+     only through a join service elsewhere";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    fn secrets() -> ClusterSecrets {
+        ClusterSecrets {
+            master: hawser_keys::MasterSecret::new(vec![7; 32], vec![8; 32]).unwrap(),
+            measurement_salt: b"salt".to_vec(),
+        }
+    }
+
+    #[test]
+    fn kept_secrets_come_back_and_are_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = dir.path().join("cluster");
+        assert!(load(&cluster).unwrap().is_none(), "a worker keeps nothing");
+        let version: KubernetesVersion = "v1.33.4".parse().unwrap();
+        persist(&cluster, &secrets(), &version).unwrap();
+        // Again, over the first set (a control plane that joins again after a lost answer).
+        persist(&cluster, &secrets(), &version).unwrap();
+
+        let (kept, kept_version) = load(&cluster).unwrap().unwrap();
+        assert_eq!(kept.master.key_bytes(), &[7; 32]);
+        assert_eq!(kept.master.salt_bytes(), &[8; 32]);
+        assert_eq!(kept.measurement_salt, b"salt");
+        assert_eq!(kept_version, version);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&cluster), 0o700);
+        for name in [MASTER_SECRET_FILE, SALT_FILE, VERSION_FILE] {
+            assert_eq!(mode(&cluster.join(name)), 0o600, "{name}");
+        }
+        let names: Vec<String> = std::fs::read_dir(&cluster)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 3, "no staged files left: {names:?}");
+    }
+
+    #[test]
+    fn a_damaged_kept_set_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cluster = dir.path().join("cluster");
+        persist(&cluster, &secrets(), &"v1.33.4".parse().unwrap()).unwrap();
+        std::fs::write(cluster.join(VERSION_FILE), "latest\n").unwrap();
+        let err = load(&cluster).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("kubernetes-version does not hold a Kubernetes version"),
+            "{err}"
+        );
+        std::fs::remove_file(cluster.join(SALT_FILE)).unwrap();
+        let err = load(&cluster).unwrap_err();
+        assert!(err.to_string().contains("measurement-salt"), "{err}");
+        std::fs::write(cluster.join(MASTER_SECRET_FILE), "{").unwrap();
+        let err = error_chain(&load(&cluster).unwrap_err());
+        assert!(err.contains("master-secret.json"), "{err}");
+        assert!(!err.contains("BwcH"), "no key material in the error: {err}");
+    }
+}
