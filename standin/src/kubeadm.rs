@@ -352,19 +352,7 @@ fn init(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
         written.extend(pki::create_shared_control_plane_files(
             &kube_dir.join("pki"),
         )?);
-        let (admin_cert, admin_key) =
-            ca.client_cert("kubernetes-admin", Some("kubeadm:cluster-admins"))?;
-        let admin = pki::kubeconfig(
-            &cluster_server,
-            Some(&ca.cert_pem),
-            "kubernetes-admin-standin",
-            Credentials::ClientCert {
-                cert_pem: &admin_cert,
-                key_pem: &admin_key,
-            },
-        );
-        pki::write_kubeconfig(&kube_dir.join("admin.conf"), &admin)?;
-        written.push(kube_dir.join("admin.conf"));
+        written.push(write_admin_conf(&kube_dir, &ca, &cluster_server)?);
         let (kubelet_cert, kubelet_key) =
             ca.client_cert(&format!("system:node:{node}"), Some("system:nodes"))?;
         let kubelet = pki::kubeconfig(
@@ -488,6 +476,13 @@ fn join(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
         let path = env.root.join("etc/kubernetes/kubelet.conf");
         pki::write_kubeconfig(&path, &kubelet)?;
         written.push(path);
+        if join.control_plane.is_some() {
+            // As kubeadm's control-plane join: an admin kubeconfig from the cluster CA (its key
+            // is among the shared files checked above).
+            let kube_dir = env.root.join("etc/kubernetes");
+            let (ca, _) = Ca::load_or_create(&kube_dir.join("pki"))?;
+            written.push(write_admin_conf(&kube_dir, &ca, &server)?);
+        }
         write_kubelet_files(env, None, &join.node_registration, &mut written)?;
     }
     say_config(&mut out, &config);
@@ -507,6 +502,26 @@ fn join(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
         }),
     )?;
     Ok(out.wrote(&written, &record_path))
+}
+
+/// Writes `admin.conf` under `kube_dir` (a client certificate of the cluster CA for
+/// `kubernetes-admin` in `kubeadm:cluster-admins`, pointing at `server`), as `kubeadm init`
+/// and a control-plane `kubeadm join` do; returns its path.
+fn write_admin_conf(kube_dir: &Path, ca: &Ca, server: &str) -> Result<PathBuf, KubeadmError> {
+    let (admin_cert, admin_key) =
+        ca.client_cert("kubernetes-admin", Some("kubeadm:cluster-admins"))?;
+    let admin = pki::kubeconfig(
+        server,
+        Some(&ca.cert_pem),
+        "kubernetes-admin-standin",
+        Credentials::ClientCert {
+            cert_pem: &admin_cert,
+            key_pem: &admin_key,
+        },
+    );
+    let path = kube_dir.join("admin.conf");
+    pki::write_kubeconfig(&path, &admin)?;
+    Ok(path)
 }
 
 /// A fresh bootstrap token from the kernel's CSPRNG.
