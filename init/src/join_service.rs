@@ -258,6 +258,11 @@ impl InClusterJoinService<'_> {
             "--attest-with-tpm".to_owned(),
             "device:/dev/tpmrm0".to_owned(),
         ];
+        let mut args = args.to_vec();
+        args.extend(stacked_etcd_args(
+            Path::new(PKI_DIR),
+            Path::new(ETCD_MANIFEST),
+        ));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Ok(supervisor::ServiceSpec::new(
             "hawser-joind",
@@ -286,6 +291,35 @@ impl InClusterJoinService<'_> {
             ),
         }
     }
+}
+
+/// The static pod manifest of the control plane's etcd, as kubeadm writes it (stacked etcd).
+pub const ETCD_MANIFEST: &str = "/etc/kubernetes/manifests/etcd.yaml";
+/// The client URL of the control plane's own etcd member (stacked etcd listens on loopback).
+pub const ETCD_LOCAL_ENDPOINT: &str = "https://127.0.0.1:2379";
+
+/// `hawser-joind`'s etcd flags on a control plane that runs kubeadm's stacked etcd: its own
+/// member over TLS with the API server's etcd client certificate (the cluster state lives
+/// there, shared by every control plane's join service). Nothing when the node runs no etcd
+/// (the service then keeps its state in files under [`JOIND_STATE_DIR`]).
+fn stacked_etcd_args(pki_dir: &Path, manifest: &Path) -> Vec<String> {
+    let ca = pki_dir.join("etcd/ca.crt");
+    let cert = pki_dir.join("apiserver-etcd-client.crt");
+    let key = pki_dir.join("apiserver-etcd-client.key");
+    if !manifest.exists() || ![&ca, &cert, &key].iter().all(|p| p.exists()) {
+        return Vec::new();
+    }
+    let path = |p: &Path| p.display().to_string();
+    vec![
+        "--etcd-endpoints".to_owned(),
+        ETCD_LOCAL_ENDPOINT.to_owned(),
+        "--etcd-ca".to_owned(),
+        path(&ca),
+        "--etcd-cert".to_owned(),
+        path(&cert),
+        "--etcd-key".to_owned(),
+        path(&key),
+    ]
 }
 
 /// After `kubeadm init` or a control-plane `kubeadm join` succeeded: keeps the cluster's
@@ -394,6 +428,42 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names.len(), 3, "no staged files left: {names:?}");
+    }
+
+    #[test]
+    fn the_join_service_uses_stacked_etcd_only_where_kubeadm_runs_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        let manifest = dir.path().join("manifests/etcd.yaml");
+        assert!(stacked_etcd_args(&pki, &manifest).is_empty(), "a worker");
+        std::fs::create_dir_all(pki.join("etcd")).unwrap();
+        for name in [
+            "etcd/ca.crt",
+            "apiserver-etcd-client.crt",
+            "apiserver-etcd-client.key",
+        ] {
+            std::fs::write(pki.join(name), "pem").unwrap();
+        }
+        assert!(
+            stacked_etcd_args(&pki, &manifest).is_empty(),
+            "certificates but no etcd member on this node"
+        );
+        std::fs::create_dir_all(manifest.parent().unwrap()).unwrap();
+        std::fs::write(&manifest, "kind: Pod").unwrap();
+        let args = stacked_etcd_args(&pki, &manifest);
+        assert_eq!(
+            args,
+            [
+                "--etcd-endpoints".to_owned(),
+                ETCD_LOCAL_ENDPOINT.to_owned(),
+                "--etcd-ca".to_owned(),
+                pki.join("etcd/ca.crt").display().to_string(),
+                "--etcd-cert".to_owned(),
+                pki.join("apiserver-etcd-client.crt").display().to_string(),
+                "--etcd-key".to_owned(),
+                pki.join("apiserver-etcd-client.key").display().to_string(),
+            ]
+        );
     }
 
     #[test]
