@@ -13,8 +13,9 @@
 //!   3.4, which the kubelet stand-in runs as a process ([`crate::static_pods`]).
 //! - **joining**: a control-plane join asks an existing member (the API server endpoint's host,
 //!   client port) over TLS with the apiserver-etcd-client certificate for the member list, adds
-//!   this node with MemberAdd unless a member with its peer URL exists already (a retried join),
-//!   and writes `--initial-cluster` = every member plus this one, `--initial-cluster-state
+//!   this node with MemberAdd unless a member with its peer URL exists already (a retried join;
+//!   if that member had run and this node has no etcd data, its disk was formatted again: the
+//!   old member is removed and a new one added), and writes `--initial-cluster` = every member plus this one, `--initial-cluster-state
 //!   existing`.
 //!
 //! What differs from kubeadm: the existing member is found from the join's API server endpoint,
@@ -56,6 +57,8 @@ pub const ETCD_IMAGE: &str = "registry.k8s.io/etcd:3.5.21-0";
 pub const PORTS_ENV: &str = "HAWSER_STANDIN_ETCD_PORTS";
 /// How long a join waits to reach the existing member, and for each etcd call.
 const ETCD_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a join retries MemberAdd / MemberRemove.
+const RECONFIGURE_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Why the stacked etcd could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +103,15 @@ pub enum EtcdError {
     MemberAdd {
         endpoint: String,
         peer_url: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// The member this node had before its etcd data was lost could not be removed (etcd
+    /// needs a quorum of the other members for that).
+    #[error("the etcd member at {endpoint} did not remove this node's old member {id:x}")]
+    MemberRemove {
+        endpoint: String,
+        id: u64,
         #[source]
         source: etcd_client::Error,
     },
@@ -546,10 +558,10 @@ pub fn kubeadm_join(
             "stacked etcd: member {} at {} {} the cluster through {}; --initial-cluster={}",
             member.name,
             member.client_url(),
-            if joined.added {
-                "added to"
-            } else {
-                "already listed in (a retried join)"
+            match joined.membership {
+                Membership::Added => "added to",
+                Membership::Listed => "already listed in (a retried join)",
+                Membership::Replaced => "replaced its old member (its data directory is new) in",
             },
             joined.asked,
             joined.initial_cluster
@@ -558,13 +570,27 @@ pub fn kubeadm_join(
     ))
 }
 
+/// How a control-plane join became a member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Membership {
+    /// MemberAdd added it.
+    Added,
+    /// A member with its peer URL was listed and may be this node's own (never started, or
+    /// this node has its data): a retried join, nothing changed.
+    Listed,
+    /// A member with its peer URL had run, but this node has no etcd data (its disk was
+    /// formatted again): that member was removed and this one added, since a member cannot
+    /// rejoin with its state lost.
+    Replaced,
+}
+
 /// What a control-plane join did in the etcd cluster.
 #[derive(Debug, Clone)]
 pub struct Joined {
     /// The existing member's client URL that was asked.
     pub asked: String,
-    /// Whether MemberAdd ran (false: a member with this peer URL existed, a retried join).
-    pub added: bool,
+    /// What MemberAdd did.
+    pub membership: Membership,
     /// `--initial-cluster` as written.
     pub initial_cluster: String,
     /// The files written.
@@ -592,7 +618,11 @@ pub fn join_member(
         .enable_all()
         .build()
         .map_err(EtcdError::Runtime)?;
-    let (added, members) = runtime.block_on(add_member(&asked, tls, &member.peer_url()))?;
+    // etcd keeps a member's state in <data-dir>/member: without it, this node never ran etcd
+    // (or its state disk was formatted again).
+    let fresh = !member.data_dir.join("member").exists();
+    let (membership, members) =
+        runtime.block_on(add_member(&asked, tls, &member.peer_url(), fresh))?;
     let peer_url = member.peer_url();
     let mut entries = Vec::new();
     for m in &members {
@@ -618,19 +648,44 @@ pub fn join_member(
     written.push(member.write_manifest(env, &initial_cluster, "existing")?);
     Ok(Joined {
         asked,
-        added,
+        membership,
         initial_cluster,
         written,
     })
 }
 
-/// Lists the members at `endpoint`, adds `peer_url` unless it is listed; returns whether it
-/// was added and the member list after.
+/// Runs `call` until it succeeds or [`RECONFIGURE_PATIENCE`] has passed, as kubeadm retries
+/// its member changes: etcd refuses them ("unhealthy cluster") until every member it counts on
+/// has been connected for a few seconds, e.g. right after one restarted.
+async fn retry<T, F, Fut>(mut call: F) -> Result<T, etcd_client::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + RECONFIGURE_PATIENCE;
+    let mut pause = Duration::from_millis(250);
+    loop {
+        match call().await {
+            Ok(value) => return Ok(value),
+            Err(e) if tokio::time::Instant::now() + pause > deadline => return Err(e),
+            Err(_) => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(4));
+            }
+        }
+    }
+}
+
+/// Lists the members at `endpoint` and adds `peer_url` unless a member with it is listed that
+/// this node can continue: one never started, or any when this node has its etcd data (not
+/// `fresh`). A started one and a fresh node: the old member is removed first. Returns what was
+/// done and the member list after.
 async fn add_member(
     endpoint: &str,
     tls: TlsOptions,
     peer_url: &str,
-) -> Result<(bool, Vec<etcd_client::Member>), EtcdError> {
+    fresh: bool,
+) -> Result<(Membership, Vec<etcd_client::Member>), EtcdError> {
     let options = ConnectOptions::new()
         .with_tls(tls)
         .with_connect_timeout(ETCD_TIMEOUT)
@@ -648,22 +703,41 @@ async fn add_member(
             endpoint: endpoint.to_owned(),
             source,
         })?;
-    if listed
+    let old = listed
         .members()
         .iter()
-        .any(|m| m.peer_urls().iter().any(|u| u == peer_url))
-    {
-        return Ok((false, listed.members().to_vec()));
-    }
-    let added = client
-        .member_add([peer_url], None)
-        .await
-        .map_err(|source| EtcdError::MemberAdd {
-            endpoint: endpoint.to_owned(),
-            peer_url: peer_url.to_owned(),
-            source,
-        })?;
-    Ok((true, added.member_list().to_vec()))
+        .find(|m| m.peer_urls().iter().any(|u| u == peer_url));
+    let membership = match old {
+        Some(m) if m.name().is_empty() || !fresh => {
+            return Ok((Membership::Listed, listed.members().to_vec()));
+        }
+        Some(m) => {
+            let id = m.id();
+            retry(|| {
+                let mut client = client.clone();
+                async move { client.member_remove(id).await }
+            })
+            .await
+            .map_err(|source| EtcdError::MemberRemove {
+                endpoint: endpoint.to_owned(),
+                id: m.id(),
+                source,
+            })?;
+            Membership::Replaced
+        }
+        None => Membership::Added,
+    };
+    let added = retry(|| {
+        let mut client = client.clone();
+        async move { client.member_add([peer_url], None).await }
+    })
+    .await
+    .map_err(|source| EtcdError::MemberAdd {
+        endpoint: endpoint.to_owned(),
+        peer_url: peer_url.to_owned(),
+        source,
+    })?;
+    Ok((membership, added.member_list().to_vec()))
 }
 
 #[cfg(test)]

@@ -358,6 +358,37 @@ fn join_config(node: &Node, first: &Node, ca_hash: &str) -> String {
     )
 }
 
+/// The cluster CA and the shared control-plane files, as hawser-joind hands them out.
+fn copy_shared_files(from: &Node, to: &Node) {
+    for name in ["ca.crt", "ca.key"]
+        .iter()
+        .chain(pki::SHARED_CONTROL_PLANE_FILES)
+    {
+        let target = to.path(&format!("etc/kubernetes/pki/{name}"));
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(from.path(&format!("etc/kubernetes/pki/{name}")), target).unwrap();
+    }
+}
+
+/// SIGTERM, then the kubelet stand-in must exit 0 (having stopped its pods).
+fn stop_kubelet(kubelet: &mut Child) {
+    kill(
+        Pid::from_raw(i32::try_from(kubelet.id()).unwrap()),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut status = None;
+    wait_for(
+        "the kubelet stand-in to exit",
+        Duration::from_secs(40),
+        || {
+            status = kubelet.try_wait().unwrap();
+            status.is_some()
+        },
+    );
+    assert_eq!(status.unwrap().code(), Some(0));
+}
+
 fn assert_ok(out: &Output) -> String {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -373,18 +404,22 @@ fn kubeadm_and_kubelet_stand_ins_run_a_two_member_etcd_that_heals() {
     require_etcd();
     let first = Node::new("cp-1", "127.0.0.2");
     let second = Node::new("cp-2", "127.0.0.3");
-    let ips = [first.ip, second.ip];
+    let third = Node::new("cp-3", "127.0.0.4");
+    let ips = [first.ip, second.ip, third.ip];
     let mut taken = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..9 {
         let port = free_port(&ips, &taken);
         taken.push(port);
     }
-    let ports = format!(
-        "{}={}:{}:{},{}={}:{}:{}",
-        first.ip, taken[0], taken[1], taken[2], second.ip, taken[3], taken[4], taken[5]
-    );
+    let ports = [&first, &second, &third]
+        .iter()
+        .zip(taken.chunks(3))
+        .map(|(node, p)| format!("{}={}:{}:{}", node.ip, p[0], p[1], p[2]))
+        .collect::<Vec<_>>()
+        .join(",");
     let first_endpoint = format!("https://{}:{}", first.ip, taken[0]);
     let second_endpoint = format!("https://{}:{}", second.ip, taken[3]);
+    let third_endpoint = format!("https://{}:{}", third.ip, taken[6]);
     let mut processes = Processes::default();
     let rt = runtime();
 
@@ -449,14 +484,7 @@ fn kubeadm_and_kubelet_stand_ins_run_a_two_member_etcd_that_heals() {
     assert_eq!(members(&rt, &first, &first_endpoint).len(), 1);
 
     // A second control plane, given the shared files as hawser-joind hands them out, joins.
-    for name in ["ca.crt", "ca.key"]
-        .iter()
-        .chain(pki::SHARED_CONTROL_PLANE_FILES)
-    {
-        let to = second.path(&format!("etc/kubernetes/pki/{name}"));
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(first.path(&format!("etc/kubernetes/pki/{name}")), to).unwrap();
-    }
+    copy_shared_files(&first, &second);
     let ca_hash = pki::ca_cert_hash(
         &std::fs::read_to_string(first.path("etc/kubernetes/pki/ca.crt")).unwrap(),
     )
@@ -537,6 +565,56 @@ fn kubeadm_and_kubelet_stand_ins_run_a_two_member_etcd_that_heals() {
         second_log.text()
     );
 
+    // A third control plane joins; then its state disk is formatted again (its etcd data is
+    // gone) and it joins once more: its old member, which had run, is replaced, since a member
+    // cannot rejoin without its state. Two of three members keep the quorum throughout.
+    copy_shared_files(&first, &third);
+    std::fs::write(
+        third.path("join.json"),
+        join_config(&third, &first, &ca_hash),
+    )
+    .unwrap();
+    let join = third.path("join.json");
+    let out = assert_ok(&third.kubeadm(&ports, &["join", "--config", join.to_str().unwrap()]));
+    assert!(out.contains("added to the cluster through"), "{out}");
+    let third_log = third.start_kubelet(&mut processes);
+    let three_started = || {
+        let listed = members(&rt, &first, &first_endpoint);
+        listed.len() == 3 && listed.iter().all(|(name, _)| !name.is_empty())
+    };
+    wait_for(
+        "three started members",
+        Duration::from_secs(60),
+        three_started,
+    );
+    wait_for("the third to read the key", Duration::from_secs(30), || {
+        get(&rt, &third, &third_endpoint, "/hawser/shared").as_deref() == Some("written on cp-1")
+    });
+    stop_kubelet(processes.kubelets.last_mut().unwrap());
+    assert!(third.etcd_pids().is_empty(), "etcd outlived its kubelet");
+    assert!(
+        third_log
+            .text()
+            .contains("the kubelet stand-in is stopping")
+    );
+    std::fs::remove_dir_all(third.path("var/lib/etcd")).unwrap();
+    let out = assert_ok(&third.kubeadm(&ports, &["join", "--config", join.to_str().unwrap()]));
+    assert!(out.contains("replaced its old member"), "{out}");
+    third.start_kubelet(&mut processes);
+    wait_for(
+        "three started members again",
+        Duration::from_secs(60),
+        three_started,
+    );
+    wait_for(
+        "the re-formatted third to read the key",
+        Duration::from_secs(30),
+        || {
+            get(&rt, &third, &third_endpoint, "/hawser/shared").as_deref()
+                == Some("written on cp-1")
+        },
+    );
+
     // Removing the manifest stops it.
     std::fs::remove_file(second.path("etc/kubernetes/manifests/etcd.yaml")).unwrap();
     wait_for(
@@ -547,18 +625,7 @@ fn kubeadm_and_kubelet_stand_ins_run_a_two_member_etcd_that_heals() {
     assert!(second_log.text().contains("its manifest was removed"));
 
     // SIGTERM to the kubelet stand-in stops its pods, and it exits 0.
-    let kubelet = &mut processes.kubelets[0];
-    kill(
-        Pid::from_raw(i32::try_from(kubelet.id()).unwrap()),
-        Signal::SIGTERM,
-    )
-    .unwrap();
-    let mut status = None;
-    wait_for("the first kubelet to exit", Duration::from_secs(40), || {
-        status = kubelet.try_wait().unwrap();
-        status.is_some()
-    });
-    assert_eq!(status.unwrap().code(), Some(0));
+    stop_kubelet(&mut processes.kubelets[0]);
     assert!(first.etcd_pids().is_empty(), "etcd outlived its kubelet");
 
     // Every line says what it is.
