@@ -399,42 +399,112 @@ fn assert_ok(out: &Output) -> String {
     stdout
 }
 
-#[test]
-fn kubeadm_and_kubelet_stand_ins_run_a_two_member_etcd_that_heals() {
-    require_etcd();
-    let first = Node::new("cp-1", "127.0.0.2");
-    let second = Node::new("cp-2", "127.0.0.3");
-    let third = Node::new("cp-3", "127.0.0.4");
-    let ips = [first.ip, second.ip, third.ip];
-    let mut taken = Vec::new();
-    for _ in 0..9 {
-        let port = free_port(&ips, &taken);
-        taken.push(port);
-    }
-    let ports = [&first, &second, &third]
-        .iter()
-        .zip(taken.chunks(3))
-        .map(|(node, p)| format!("{}={}:{}:{}", node.ip, p[0], p[1], p[2]))
-        .collect::<Vec<_>>()
-        .join(",");
-    let first_endpoint = format!("https://{}:{}", first.ip, taken[0]);
-    let second_endpoint = format!("https://{}:{}", second.ip, taken[3]);
-    let third_endpoint = format!("https://{}:{}", third.ip, taken[6]);
-    let mut processes = Processes::default();
-    let rt = runtime();
+/// Control-plane nodes cp-1, cp-2, … at 127.0.0.2, 127.0.0.3, … with free etcd ports, and
+/// what the test started on them (stopped first when the test ends, also on panic).
+struct Cluster {
+    processes: Processes,
+    nodes: Vec<Node>,
+    /// [`etcd::PORTS_ENV`] for every node.
+    ports: String,
+    /// Each node's etcd client URL.
+    endpoints: Vec<String>,
+    rt: tokio::runtime::Runtime,
+}
 
-    // kubeadm init: the etcd certificates as kubeadm makes them, and the manifest.
-    std::fs::write(first.path("init.json"), init_config(&first)).unwrap();
-    let init = first.path("init.json");
-    let out = assert_ok(&first.kubeadm(&ports, &["init", "--config", init.to_str().unwrap()]));
+impl Cluster {
+    fn new(count: u8) -> Self {
+        require_etcd();
+        let nodes: Vec<Node> = (0..count)
+            .map(|i| {
+                let name: &'static str = ["cp-1", "cp-2", "cp-3"][usize::from(i)];
+                Node::new(name, &format!("127.0.0.{}", i + 2))
+            })
+            .collect();
+        let ips: Vec<IpAddr> = nodes.iter().map(|n| n.ip).collect();
+        let mut taken = Vec::new();
+        for _ in 0..3 * nodes.len() {
+            let port = free_port(&ips, &taken);
+            taken.push(port);
+        }
+        let ports = nodes
+            .iter()
+            .zip(taken.chunks(3))
+            .map(|(node, p)| format!("{}={}:{}:{}", node.ip, p[0], p[1], p[2]))
+            .collect::<Vec<_>>()
+            .join(",");
+        let endpoints = nodes
+            .iter()
+            .zip(taken.chunks(3))
+            .map(|(node, p)| format!("https://{}:{}", node.ip, p[0]))
+            .collect();
+        Self {
+            processes: Processes::default(),
+            nodes,
+            ports,
+            endpoints,
+            rt: runtime(),
+        }
+    }
+
+    /// `kubeadm init` on cp-1; its output.
+    fn init(&self) -> String {
+        let first = &self.nodes[0];
+        std::fs::write(first.path("init.json"), init_config(first)).unwrap();
+        let init = first.path("init.json");
+        assert_ok(&first.kubeadm(&self.ports, &["init", "--config", init.to_str().unwrap()]))
+    }
+
+    /// `kubeadm join` of node `i` as a control plane, given the shared files; its output.
+    fn join(&self, i: usize) -> String {
+        let (first, node) = (&self.nodes[0], &self.nodes[i]);
+        copy_shared_files(first, node);
+        let ca_hash = pki::ca_cert_hash(
+            &std::fs::read_to_string(first.path("etc/kubernetes/pki/ca.crt")).unwrap(),
+        )
+        .unwrap();
+        std::fs::write(node.path("join.json"), join_config(node, first, &ca_hash)).unwrap();
+        let join = node.path("join.json");
+        assert_ok(&node.kubeadm(&self.ports, &["join", "--config", join.to_str().unwrap()]))
+    }
+
+    fn start_kubelet(&mut self, i: usize) -> Lines {
+        self.nodes[i].start_kubelet(&mut self.processes)
+    }
+
+    fn put(&self, i: usize, key: &str, value: &str) -> bool {
+        put(&self.rt, &self.nodes[i], &self.endpoints[i], key, value)
+    }
+
+    fn get(&self, i: usize, key: &str) -> Option<String> {
+        get(&self.rt, &self.nodes[i], &self.endpoints[i], key)
+    }
+
+    /// Waits until node `i` lists `count` members, all started (named).
+    fn wait_for_started_members(&self, i: usize, count: usize) {
+        wait_for(
+            &format!("{count} started members"),
+            Duration::from_secs(60),
+            || {
+                let listed = members(&self.rt, &self.nodes[i], &self.endpoints[i]);
+                listed.len() == count && listed.iter().all(|(name, _)| !name.is_empty())
+            },
+        );
+    }
+}
+
+#[test]
+fn kubeadm_init_makes_kubeadms_etcd_certificates_and_manifest() {
+    let cluster = Cluster::new(1);
+    let first = &cluster.nodes[0];
+    let out = cluster.init();
     assert!(out.contains("stacked etcd: member cp-1"), "{out}");
-    let (cn, sans, server, client) = describe(&first, "etcd/server.crt");
+    let (cn, sans, server, client) = describe(first, "etcd/server.crt");
     assert_eq!(cn, "cp-1");
     assert!(server && client, "etcd/server is for server and client use");
     for san in ["localhost", "cp-1", "127.0.0.2", "127.0.0.1", "::1"] {
         assert!(sans.contains(&san.to_owned()), "{san} not in {sans:?}");
     }
-    let (cn, sans, server, client) = describe(&first, "etcd/peer.crt");
+    let (cn, sans, server, client) = describe(first, "etcd/peer.crt");
     assert_eq!(cn, "cp-1");
     assert!(server && client && sans.contains(&"127.0.0.2".to_owned()));
     for (rel, expected_cn) in [
@@ -444,26 +514,47 @@ fn kubeadm_and_kubelet_stand_ins_run_a_two_member_etcd_that_heals() {
         ),
         ("apiserver-etcd-client.crt", "kube-apiserver-etcd-client"),
     ] {
-        let (cn, sans, server, client) = describe(&first, rel);
+        let (cn, sans, server, client) = describe(first, rel);
         assert_eq!(cn, expected_cn);
         assert!(
             client && !server && sans.is_empty(),
             "{rel}: a client certificate"
         );
     }
-    let command = manifest_command(&first);
+    for key in [
+        "etcd/server.key",
+        "etcd/peer.key",
+        "apiserver-etcd-client.key",
+    ] {
+        let mode = std::fs::metadata(first.path(&format!("etc/kubernetes/pki/{key}")))
+            .unwrap()
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600,
+            "{key}"
+        );
+    }
+    let command = manifest_command(first);
+    let client_port = cluster.endpoints[0].replace("https://127.0.0.2:", "");
+    assert!(
+        command.contains(&format!(
+            "--listen-client-urls=https://127.0.0.1:{client_port},https://127.0.0.2:{client_port}"
+        )),
+        "{command:?}"
+    );
     for flag in [
-        format!("--initial-cluster=cp-1=https://127.0.0.2:{}", taken[1]),
+        "--initial-cluster=cp-1=https://127.0.0.2:".to_owned(),
         "--initial-cluster-state=new".to_owned(),
-        format!(
-            "--listen-client-urls=https://127.0.0.1:{0},https://127.0.0.2:{0}",
-            taken[0]
-        ),
         format!("--data-dir={}", first.data_dir()),
         "--client-cert-auth=true".to_owned(),
         "--peer-client-cert-auth=true".to_owned(),
+        "--name=cp-1".to_owned(),
     ] {
-        assert!(command.contains(&flag), "{flag} not in {command:?}");
+        assert!(
+            command.iter().any(|c| c.starts_with(&flag)),
+            "{flag} not in {command:?}"
+        );
     }
     let kubelet_config: Value = serde_norway::from_str(
         &std::fs::read_to_string(first.path("var/lib/kubelet/config.yaml")).unwrap(),
@@ -473,172 +564,157 @@ fn kubeadm_and_kubelet_stand_ins_run_a_two_member_etcd_that_heals() {
         kubelet_config["staticPodPath"],
         first.path("etc/kubernetes/manifests").display().to_string()
     );
+}
 
-    // The kubelet stand-in runs it: a one-member etcd over TLS with apiserver-etcd-client.
-    let first_log = first.start_kubelet(&mut processes);
-    wait_for(
-        "the first etcd to take a write",
-        Duration::from_secs(60),
-        || put(&rt, &first, &first_endpoint, "/hawser/first", "one"),
-    );
-    assert_eq!(members(&rt, &first, &first_endpoint).len(), 1);
-
-    // A second control plane, given the shared files as hawser-joind hands them out, joins.
-    copy_shared_files(&first, &second);
-    let ca_hash = pki::ca_cert_hash(
-        &std::fs::read_to_string(first.path("etc/kubernetes/pki/ca.crt")).unwrap(),
-    )
-    .unwrap();
-    std::fs::write(
-        second.path("join.json"),
-        join_config(&second, &first, &ca_hash),
-    )
-    .unwrap();
-    let join = second.path("join.json");
-    let out = assert_ok(&second.kubeadm(&ports, &["join", "--config", join.to_str().unwrap()]));
-    assert!(out.contains("added to the cluster through"), "{out}");
-    let command = manifest_command(&second);
-    let initial_cluster = command
-        .iter()
-        .find(|f| f.starts_with("--initial-cluster="))
-        .unwrap();
-    assert!(
-        initial_cluster.contains(&format!("cp-1=https://127.0.0.2:{}", taken[1]))
-            && initial_cluster.contains(&format!("cp-2=https://127.0.0.3:{}", taken[4])),
-        "{initial_cluster}"
-    );
-    assert!(command.contains(&"--initial-cluster-state=existing".to_owned()));
-    let (cn, sans, _, _) = describe(&second, "etcd/server.crt");
-    assert_eq!(cn, "cp-2");
-    assert!(sans.contains(&"127.0.0.3".to_owned()), "{sans:?}");
-
-    // A retried join (say, a power cut before kubeadm finished) finds itself listed, adds no
-    // second member, and writes the same cluster.
-    let out = assert_ok(&second.kubeadm(&ports, &["join", "--config", join.to_str().unwrap()]));
-    assert!(out.contains("already listed in (a retried join)"), "{out}");
-
-    let second_log = second.start_kubelet(&mut processes);
-    wait_for("two started members", Duration::from_secs(60), || {
-        let listed = members(&rt, &second, &second_endpoint);
-        listed.len() == 2 && listed.iter().all(|(name, _)| !name.is_empty())
+#[test]
+fn the_kubelet_runs_etcd_restarts_it_when_killed_and_stops_it() {
+    let mut cluster = Cluster::new(1);
+    cluster.init();
+    let log = cluster.start_kubelet(0);
+    // A one-member etcd over TLS with the apiserver-etcd-client certificate.
+    wait_for("etcd to take a write", Duration::from_secs(60), || {
+        cluster.put(0, "/hawser/key", "kept")
     });
-    wait_for("a write on the first", Duration::from_secs(30), || {
-        put(
-            &rt,
-            &first,
-            &first_endpoint,
-            "/hawser/shared",
-            "written on cp-1",
-        )
-    });
-    wait_for(
-        "the write read on the second",
-        Duration::from_secs(30),
-        || {
-            get(&rt, &second, &second_endpoint, "/hawser/shared").as_deref()
-                == Some("written on cp-1")
-        },
-    );
 
-    // The kubelet stand-in restarts a killed etcd.
-    let killed = second.etcd_pids();
+    // Killed, it is started again at once (the first crash-loop restart) with its data.
+    let first = &cluster.nodes[0];
+    let killed = first.etcd_pids();
     assert_eq!(killed.len(), 1, "{killed:?}");
     kill(Pid::from_raw(killed[0]), Signal::SIGKILL).unwrap();
     wait_for(
         "the kubelet to start etcd again",
         Duration::from_secs(30),
         || {
-            let now = second.etcd_pids();
+            let now = first.etcd_pids();
             now.len() == 1 && now != killed
         },
     );
     wait_for(
         "the restarted etcd to serve",
         Duration::from_secs(60),
-        || get(&rt, &second, &second_endpoint, "/hawser/first").as_deref() == Some("one"),
+        || cluster.get(0, "/hawser/key").as_deref() == Some("kept"),
     );
     assert!(
-        second_log
-            .text()
-            .contains("killed by signal 9; restarting in 0 s"),
+        log.text().contains("killed by signal 9; restarting in 0 s"),
         "{}",
-        second_log.text()
+        log.text()
     );
 
-    // A third control plane joins; then its state disk is formatted again (its etcd data is
-    // gone) and it joins once more: its old member, which had run, is replaced, since a member
-    // cannot rejoin without its state. Two of three members keep the quorum throughout.
-    copy_shared_files(&first, &third);
-    std::fs::write(
-        third.path("join.json"),
-        join_config(&third, &first, &ca_hash),
-    )
-    .unwrap();
-    let join = third.path("join.json");
-    let out = assert_ok(&third.kubeadm(&ports, &["join", "--config", join.to_str().unwrap()]));
-    assert!(out.contains("added to the cluster through"), "{out}");
-    let third_log = third.start_kubelet(&mut processes);
-    let three_started = || {
-        let listed = members(&rt, &first, &first_endpoint);
-        listed.len() == 3 && listed.iter().all(|(name, _)| !name.is_empty())
-    };
-    wait_for(
-        "three started members",
-        Duration::from_secs(60),
-        three_started,
-    );
-    wait_for("the third to read the key", Duration::from_secs(30), || {
-        get(&rt, &third, &third_endpoint, "/hawser/shared").as_deref() == Some("written on cp-1")
-    });
-    stop_kubelet(processes.kubelets.last_mut().unwrap());
-    assert!(third.etcd_pids().is_empty(), "etcd outlived its kubelet");
-    assert!(
-        third_log
-            .text()
-            .contains("the kubelet stand-in is stopping")
-    );
-    std::fs::remove_dir_all(third.path("var/lib/etcd")).unwrap();
-    let out = assert_ok(&third.kubeadm(&ports, &["join", "--config", join.to_str().unwrap()]));
-    assert!(out.contains("replaced its old member"), "{out}");
-    third.start_kubelet(&mut processes);
-    wait_for(
-        "three started members again",
-        Duration::from_secs(60),
-        three_started,
-    );
-    wait_for(
-        "the re-formatted third to read the key",
-        Duration::from_secs(30),
-        || {
-            get(&rt, &third, &third_endpoint, "/hawser/shared").as_deref()
-                == Some("written on cp-1")
-        },
-    );
-
-    // Removing the manifest stops it.
-    std::fs::remove_file(second.path("etc/kubernetes/manifests/etcd.yaml")).unwrap();
+    // Its manifest removed, it is stopped; put back, started again.
+    let manifest = first.path("etc/kubernetes/manifests/etcd.yaml");
+    let text = std::fs::read(&manifest).unwrap();
+    std::fs::remove_file(&manifest).unwrap();
     wait_for(
         "etcd to stop with its manifest gone",
         Duration::from_secs(30),
-        || second.etcd_pids().is_empty(),
+        || first.etcd_pids().is_empty(),
     );
-    assert!(second_log.text().contains("its manifest was removed"));
+    assert!(log.text().contains("its manifest was removed"));
+    std::fs::write(&manifest, text).unwrap();
+    wait_for("etcd to serve again", Duration::from_secs(60), || {
+        cluster.get(0, "/hawser/key").as_deref() == Some("kept")
+    });
 
     // SIGTERM to the kubelet stand-in stops its pods, and it exits 0.
-    stop_kubelet(&mut processes.kubelets[0]);
-    assert!(first.etcd_pids().is_empty(), "etcd outlived its kubelet");
-
-    // Every line says what it is.
-    for line in first_log.all().iter().chain(&second_log.all()) {
+    stop_kubelet(&mut cluster.processes.kubelets[0]);
+    assert!(
+        cluster.nodes[0].etcd_pids().is_empty(),
+        "etcd outlived its kubelet"
+    );
+    for line in log.all() {
         assert!(line.contains("kubelet STAND-IN (not Kubernetes)"), "{line}");
     }
     assert!(
-        first_log.text().contains(&format!(
+        log.text().contains(&format!(
             "{}: kube-system/etcd-cp-1: started pid",
             static_pods::POD_LABEL
         )),
         "{}",
-        first_log.text()
+        log.text()
+    );
+}
+
+#[test]
+fn a_second_control_plane_joins_etcd_and_a_retried_join_adds_no_member() {
+    let mut cluster = Cluster::new(2);
+    cluster.init();
+    cluster.start_kubelet(0);
+    wait_for(
+        "the first etcd to take a write",
+        Duration::from_secs(60),
+        || cluster.put(0, "/hawser/first", "one"),
+    );
+
+    let out = cluster.join(1);
+    assert!(out.contains("added to the cluster through"), "{out}");
+    let second = &cluster.nodes[1];
+    let command = manifest_command(second);
+    let initial_cluster = command
+        .iter()
+        .find(|f| f.starts_with("--initial-cluster="))
+        .unwrap();
+    assert!(
+        initial_cluster.contains("cp-1=https://127.0.0.2:")
+            && initial_cluster.contains("cp-2=https://127.0.0.3:"),
+        "{initial_cluster}"
+    );
+    assert!(command.contains(&"--initial-cluster-state=existing".to_owned()));
+    let (cn, sans, _, _) = describe(second, "etcd/server.crt");
+    assert_eq!(cn, "cp-2");
+    assert!(sans.contains(&"127.0.0.3".to_owned()), "{sans:?}");
+
+    // A retried join (a power cut before kubeadm finished) finds itself listed, adds no second
+    // member, and writes the same cluster.
+    let out = cluster.join(1);
+    assert!(out.contains("already listed in (a retried join)"), "{out}");
+
+    cluster.start_kubelet(1);
+    cluster.wait_for_started_members(1, 2);
+    wait_for("a write on the first", Duration::from_secs(30), || {
+        cluster.put(0, "/hawser/shared", "written on cp-1")
+    });
+    wait_for(
+        "the write read on the second",
+        Duration::from_secs(30),
+        || cluster.get(1, "/hawser/shared").as_deref() == Some("written on cp-1"),
+    );
+    assert_eq!(cluster.get(1, "/hawser/first").as_deref(), Some("one"));
+}
+
+#[test]
+fn a_control_plane_whose_etcd_data_is_gone_rejoins_as_a_new_member() {
+    let mut cluster = Cluster::new(3);
+    cluster.init();
+    cluster.start_kubelet(0);
+    wait_for(
+        "the first etcd to take a write",
+        Duration::from_secs(60),
+        || cluster.put(0, "/hawser/shared", "written on cp-1"),
+    );
+    for i in 1..3 {
+        cluster.join(i);
+        cluster.start_kubelet(i);
+        cluster.wait_for_started_members(0, i + 1);
+    }
+    wait_for("the third to read the key", Duration::from_secs(30), || {
+        cluster.get(2, "/hawser/shared").as_deref() == Some("written on cp-1")
+    });
+
+    // cp-3's state disk is formatted again: its etcd data is gone. Its old member, which had
+    // run, is replaced (a member cannot rejoin without its state); two of three members keep
+    // the quorum throughout.
+    stop_kubelet(cluster.processes.kubelets.last_mut().unwrap());
+    let third = &cluster.nodes[2];
+    assert!(third.etcd_pids().is_empty(), "etcd outlived its kubelet");
+    std::fs::remove_dir_all(third.path("var/lib/etcd")).unwrap();
+    let out = cluster.join(2);
+    assert!(out.contains("replaced its old member"), "{out}");
+    cluster.start_kubelet(2);
+    cluster.wait_for_started_members(0, 3);
+    wait_for(
+        "the re-formatted third to read the key",
+        Duration::from_secs(60),
+        || cluster.get(2, "/hawser/shared").as_deref() == Some("written on cp-1"),
     );
 }
 
