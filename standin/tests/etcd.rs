@@ -615,8 +615,25 @@ fn the_kubelet_runs_etcd_restarts_it_when_killed_and_stops_it() {
         cluster.get(0, "/hawser/key").as_deref() == Some("kept")
     });
 
+    // A kubelet that dies takes its pods' processes with it (they cannot be adopted as
+    // containers are), and the kubelet started next (by hawser's supervisor) runs them again.
+    let kubelet = &mut cluster.processes.kubelets[0];
+    kubelet.kill().unwrap();
+    kubelet.wait().unwrap();
+    wait_for(
+        "etcd to stop with its kubelet killed",
+        Duration::from_secs(30),
+        || cluster.nodes[0].etcd_pids().is_empty(),
+    );
+    let log = cluster.start_kubelet(0);
+    wait_for(
+        "etcd to serve under a new kubelet",
+        Duration::from_secs(60),
+        || cluster.get(0, "/hawser/key").as_deref() == Some("kept"),
+    );
+
     // SIGTERM to the kubelet stand-in stops its pods, and it exits 0.
-    stop_kubelet(&mut cluster.processes.kubelets[0]);
+    stop_kubelet(cluster.processes.kubelets.last_mut().unwrap());
     assert!(
         cluster.nodes[0].etcd_pids().is_empty(),
         "etcd outlived its kubelet"
