@@ -15,14 +15,15 @@
 //!   client port) over TLS with the apiserver-etcd-client certificate for the member list, adds
 //!   this node with MemberAdd unless a member with its peer URL exists already (a retried join;
 //!   if that member had run and this node has no etcd data, its disk was formatted again: the
-//!   old member is removed and a new one added), and writes `--initial-cluster` = every member plus this one, `--initial-cluster-state
-//!   existing`.
+//!   old member is removed and a new one added), writes `--initial-cluster` = every member plus
+//!   this one, `--initial-cluster-state existing`, and, as kubeadm, waits for the new member to
+//!   serve (the kubelet, already running or restarted until kubeadm has written its
+//!   configuration, starts it from the manifest).
 //!
 //! What differs from kubeadm: the existing member is found from the join's API server endpoint,
 //! not from the etcd pods' `kubeadm.kubernetes.io/etcd.advertise-client-urls` annotation (there
-//! is no API server); the member is added as a voting member, not as a learner promoted later
-//! (kubeadm's `EtcdLearnerMode`); and the join does not wait for the new member to be healthy
-//! (the kubelet stand-in starts it once kubeadm has returned).
+//! is no API server); and the member is added as a voting member, not as a learner promoted
+//! later (kubeadm's `EtcdLearnerMode`).
 //!
 //! Ports are kubeadm's, 2379 (client), 2380 (peer) and 2381 (metrics, loopback). Tests run
 //! several "nodes" on loopback addresses of one host, which all listen on 127.0.0.1 too: for
@@ -57,6 +58,9 @@ pub const ETCD_IMAGE: &str = "registry.k8s.io/etcd:3.5.21-0";
 pub const PORTS_ENV: &str = "HAWSER_STANDIN_ETCD_PORTS";
 /// How long a join waits to reach the existing member, and for each etcd call.
 const ETCD_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a join waits for its new member to serve (kubeadm waits 40 s; the kubelet that
+/// runs the member may be in its restart backoff when the manifest appears).
+const JOIN_PATIENCE: Duration = Duration::from_secs(90);
 /// How long a join retries MemberAdd / MemberRemove.
 const RECONFIGURE_PATIENCE: Duration = Duration::from_secs(30);
 
@@ -112,6 +116,16 @@ pub enum EtcdError {
     MemberRemove {
         endpoint: String,
         id: u64,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// The new member did not serve a quorum read in time (is the kubelet running it?).
+    #[error(
+        "this node's etcd member at {endpoint} did not serve within {seconds} s of its manifest being written: is the kubelet running it?"
+    )]
+    NotServing {
+        endpoint: String,
+        seconds: u64,
         #[source]
         source: etcd_client::Error,
     },
@@ -646,12 +660,44 @@ pub fn join_member(
     }
     let initial_cluster = entries.join(",");
     written.push(member.write_manifest(env, &initial_cluster, "existing")?);
+    // As kubeadm's "Waiting for the new etcd member to join the cluster": the join succeeds
+    // only once the kubelet runs the member and it serves a quorum read.
+    let tls = member.client_tls()?;
+    runtime.block_on(wait_until_serving(&member.client_url(), tls))?;
     Ok(Joined {
         asked,
         membership,
         initial_cluster,
         written,
     })
+}
+
+/// Waits up to [`JOIN_PATIENCE`] for a linearizable read at `endpoint` (this node's member).
+async fn wait_until_serving(endpoint: &str, tls: TlsOptions) -> Result<(), EtcdError> {
+    let deadline = tokio::time::Instant::now() + JOIN_PATIENCE;
+    let options = ConnectOptions::new()
+        .with_tls(tls)
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5));
+    let mut client = Client::connect([endpoint], Some(options))
+        .await
+        .map_err(|source| EtcdError::Connect {
+            endpoint: endpoint.to_owned(),
+            source,
+        })?;
+    loop {
+        match client.get("health", None).await {
+            Ok(_) => return Ok(()),
+            Err(source) if tokio::time::Instant::now() >= deadline => {
+                return Err(EtcdError::NotServing {
+                    endpoint: endpoint.to_owned(),
+                    seconds: JOIN_PATIENCE.as_secs(),
+                    source,
+                });
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
 }
 
 /// Runs `call` until it succeeds or [`RECONFIGURE_PATIENCE`] has passed, as kubeadm retries

@@ -408,6 +408,8 @@ struct Cluster {
     ports: String,
     /// Each node's etcd client URL.
     endpoints: Vec<String>,
+    /// Each node's etcd peer URL.
+    peer_urls: Vec<String>,
     rt: tokio::runtime::Runtime,
 }
 
@@ -437,11 +439,17 @@ impl Cluster {
             .zip(taken.chunks(3))
             .map(|(node, p)| format!("https://{}:{}", node.ip, p[0]))
             .collect();
+        let peer_urls = nodes
+            .iter()
+            .zip(taken.chunks(3))
+            .map(|(node, p)| format!("https://{}:{}", node.ip, p[1]))
+            .collect();
         Self {
             processes: Processes::default(),
             nodes,
             ports,
             endpoints,
+            peer_urls,
             rt: runtime(),
         }
     }
@@ -469,6 +477,26 @@ impl Cluster {
 
     fn start_kubelet(&mut self, i: usize) -> Lines {
         self.nodes[i].start_kubelet(&mut self.processes)
+    }
+
+    /// Starts node `i`'s kubelet before its `kubeadm join`, as hawser's supervisor has it
+    /// running (here with a first configuration instead of restarts until kubeadm writes one).
+    fn start_kubelet_before_join(&mut self, i: usize) -> Lines {
+        let node = &self.nodes[i];
+        let config = node.path("var/lib/kubelet/config.yaml");
+        std::fs::create_dir_all(config.parent().unwrap()).unwrap();
+        std::fs::write(
+            &config,
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nstaticPodPath: {}\n",
+                node.path("etc/kubernetes/manifests").display()
+            ),
+        )
+        .unwrap();
+        let kubeconfig = node.path("etc/kubernetes/kubelet.conf");
+        std::fs::create_dir_all(kubeconfig.parent().unwrap()).unwrap();
+        std::fs::write(&kubeconfig, "apiVersion: v1\nkind: Config\n").unwrap();
+        self.start_kubelet(i)
     }
 
     fn put(&self, i: usize, key: &str, value: &str) -> bool {
@@ -662,8 +690,26 @@ fn a_second_control_plane_joins_etcd_and_a_retried_join_adds_no_member() {
         || cluster.put(0, "/hawser/first", "one"),
     );
 
+    // A join interrupted after MemberAdd (a power cut before the member started): the member
+    // is listed, never started, and the cluster has lost its quorum until it runs.
+    let interrupted = cluster.rt.block_on(async {
+        let mut client = cluster.nodes[0]
+            .client(&cluster.endpoints[0])
+            .await
+            .unwrap();
+        client
+            .member_add([cluster.peer_urls[1].as_str()], None)
+            .await
+            .unwrap();
+        client.member_list().await.unwrap().members().len()
+    });
+    assert_eq!(interrupted, 2);
+
+    // The join on the next boot finds the member listed, adds none, and completes once the
+    // kubelet runs it.
+    cluster.start_kubelet_before_join(1);
     let out = cluster.join(1);
-    assert!(out.contains("added to the cluster through"), "{out}");
+    assert!(out.contains("already listed in (a retried join)"), "{out}");
     let second = &cluster.nodes[1];
     let command = manifest_command(second);
     let initial_cluster = command
@@ -680,13 +726,14 @@ fn a_second_control_plane_joins_etcd_and_a_retried_join_adds_no_member() {
     assert_eq!(cn, "cp-2");
     assert!(sans.contains(&"127.0.0.3".to_owned()), "{sans:?}");
 
-    // A retried join (a power cut before kubeadm finished) finds itself listed, adds no second
-    // member, and writes the same cluster.
+    cluster.wait_for_started_members(1, 2);
+    // Joined again with its data (kubeadm's marker lost): still no second member.
     let out = cluster.join(1);
     assert!(out.contains("already listed in (a retried join)"), "{out}");
-
-    cluster.start_kubelet(1);
-    cluster.wait_for_started_members(1, 2);
+    assert_eq!(
+        members(&cluster.rt, &cluster.nodes[0], &cluster.endpoints[0]).len(),
+        2
+    );
     wait_for("a write on the first", Duration::from_secs(30), || {
         cluster.put(0, "/hawser/shared", "written on cp-1")
     });
@@ -709,24 +756,26 @@ fn a_control_plane_whose_etcd_data_is_gone_rejoins_as_a_new_member() {
         || cluster.put(0, "/hawser/shared", "written on cp-1"),
     );
     for i in 1..3 {
-        cluster.join(i);
-        cluster.start_kubelet(i);
+        cluster.start_kubelet_before_join(i);
+        let out = cluster.join(i);
+        assert!(out.contains("added to the cluster through"), "{out}");
         cluster.wait_for_started_members(0, i + 1);
     }
     wait_for("the third to read the key", Duration::from_secs(30), || {
         cluster.get(2, "/hawser/shared").as_deref() == Some("written on cp-1")
     });
 
-    // cp-3's state disk is formatted again: its etcd data is gone. Its old member, which had
-    // run, is replaced (a member cannot rejoin without its state); two of three members keep
-    // the quorum throughout.
+    // cp-3's state disk is formatted again: its etcd data and /etc/kubernetes are gone. Its old
+    // member, which had run, is replaced (a member cannot rejoin without its state); two of
+    // three members keep the quorum throughout.
     stop_kubelet(cluster.processes.kubelets.last_mut().unwrap());
     let third = &cluster.nodes[2];
     assert!(third.etcd_pids().is_empty(), "etcd outlived its kubelet");
-    std::fs::remove_dir_all(third.path("var/lib/etcd")).unwrap();
+    std::fs::remove_dir_all(third.path("var/lib")).unwrap();
+    std::fs::remove_dir_all(third.path("etc/kubernetes")).unwrap();
+    cluster.start_kubelet_before_join(2);
     let out = cluster.join(2);
     assert!(out.contains("replaced its old member"), "{out}");
-    cluster.start_kubelet(2);
     cluster.wait_for_started_members(0, 3);
     wait_for(
         "the re-formatted third to read the key",
