@@ -2,8 +2,9 @@
 //!
 //! Each validates what real kubeadm validates, records the call, writes the files hawser reads
 //! after the real command (CA, admin.conf, kubelet.conf, the kubelet's config and flags) and
-//! says on every line that it is a stand-in. It starts no control plane and contacts no API
-//! server: a token it "creates" is registered nowhere.
+//! says on every line that it is a stand-in. It starts no API server and contacts none: a token
+//! it "creates" is registered nowhere. Of the control plane it sets up only the stacked etcd
+//! ([`crate::etcd`]), which the kubelet stand-in runs.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -12,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::config::{self, ConfigError, KubeadmConfig, Phase};
+use crate::etcd::{self, EtcdError};
 use crate::pki::{self, Ca, Credentials, PkiError};
 use crate::{KUBEADM_LABEL, StandinEnv, record, validate};
 
@@ -32,6 +34,9 @@ pub enum KubeadmError {
     /// A certificate or kubeconfig could not be made or read.
     #[error(transparent)]
     Pki(#[from] PkiError),
+    /// The stacked etcd member could not be set up.
+    #[error(transparent)]
+    Etcd(#[from] EtcdError),
     /// The configuration is valid but names something the stand-in refuses.
     #[error("{0}")]
     Refused(String),
@@ -274,6 +279,9 @@ fn write_kubelet_files(
     if let Value::Object(map) = &mut document {
         map.insert("apiVersion".into(), json!(config::KUBELET_API_VERSION));
         map.insert("kind".into(), json!("KubeletConfiguration"));
+        // kubeadm's default: the kubelet runs the control plane's static pods from there.
+        map.entry("staticPodPath")
+            .or_insert_with(|| json!(etcd::manifests_dir(env)));
     }
     let yaml = serde_norway::to_string(&document).unwrap_or_default();
     let config_path = env.root.join("var/lib/kubelet/config.yaml");
@@ -336,7 +344,7 @@ fn init(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
     let mut out = Output::default();
     out.say(format!(
         "would run init for node {node}: API server {local_server}, Kubernetes {version}; \
-         no control plane is started"
+         no API server is started"
     ));
     let mut written = Vec::new();
     let mut ca_hash = None;
@@ -372,6 +380,9 @@ fn init(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
             &init.node_registration,
             &mut written,
         )?;
+        let (said, files) = etcd::kubeadm_init(env, &node, &address, &cluster)?;
+        out.say(said);
+        written.extend(files);
         let hash = ca.cert_hash().map_err(KubeadmError::Refused)?;
         out.say(format!(
             "stand-in CA {} ({}), pin {hash}",
@@ -484,6 +495,12 @@ fn join(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
             written.push(write_admin_conf(&kube_dir, &ca, &server)?);
         }
         write_kubelet_files(env, None, &join.node_registration, &mut written)?;
+        if let Some(control_plane) = &join.control_plane {
+            let (said, files) =
+                etcd::kubeadm_join(env, &node, control_plane, &discovery.api_server_endpoint)?;
+            out.say(said);
+            written.extend(files);
+        }
     }
     say_config(&mut out, &config);
     let record_path = write_record(

@@ -1,5 +1,7 @@
 //! The `kubelet` stand-in: checks the flags the kubeadm systemd drop-in passes, records its
-//! start, then idles until SIGTERM. It runs no pods.
+//! start, then runs the static pods of its configuration's `staticPodPath` as processes
+//! ([`crate::static_pods`]: kubeadm's etcd on a control-plane node) until SIGTERM. It runs no
+//! other pods: there is no API server to get them from.
 //!
 //! The checks are the ones that make a real kubelet exit at start-up — a missing config file,
 //! no kubeconfig to reach an API server with, a container runtime socket that is not there — so
@@ -74,14 +76,23 @@ pub struct Start {
     pub kubeconfig: PathBuf,
     pub flags: BTreeMap<String, String>,
     pub record: PathBuf,
+    /// The configuration's `staticPodPath`, if it sets one.
+    pub static_pod_path: Option<PathBuf>,
 }
 
 impl Start {
     /// The line printed once the kubelet stand-in idles.
     pub fn banner(&self) -> String {
+        let pods = match &self.static_pod_path {
+            Some(dir) => format!(
+                "runs the static pods in {} as processes (no containers), no others",
+                dir.display()
+            ),
+            None => "no staticPodPath: runs no pods".to_owned(),
+        };
         format!(
             "{KUBELET_LABEL}: started for node {} with config {} and kubeconfig {}; \
-             runs no pods; waiting for SIGTERM",
+             {pods}; waiting for SIGTERM",
             self.node,
             self.config.display(),
             self.kubeconfig.display()
@@ -175,8 +186,8 @@ fn existing_file(flag: &'static str, path: &str) -> Result<PathBuf, KubeletError
     }
 }
 
-/// Checks the kubelet configuration file as the kubelet loads it.
-fn check_kubelet_config(path: &Path) -> Result<(), KubeletError> {
+/// Checks the kubelet configuration file as the kubelet loads it; returns its `staticPodPath`.
+fn check_kubelet_config(path: &Path) -> Result<Option<PathBuf>, KubeletError> {
     let bad = |problem: String| KubeletError::File {
         flag: "--config",
         path: path.to_owned(),
@@ -193,7 +204,15 @@ fn check_kubelet_config(path: &Path) -> Result<(), KubeletError> {
         source,
     })?;
     match (doc["apiVersion"].as_str(), doc["kind"].as_str()) {
-        (Some(config::KUBELET_API_VERSION), Some("KubeletConfiguration")) => Ok(()),
+        (Some(config::KUBELET_API_VERSION), Some("KubeletConfiguration")) => {
+            match &doc["staticPodPath"] {
+                Value::Null => Ok(None),
+                Value::String(dir) if Path::new(dir).is_absolute() => Ok(Some(PathBuf::from(dir))),
+                other => Err(bad(format!(
+                    "staticPodPath {other} is not an absolute path"
+                ))),
+            }
+        }
         (a, k) => Err(bad(format!(
             "is {}/{}, not {}/KubeletConfiguration",
             a.unwrap_or("<no apiVersion>"),
@@ -222,7 +241,7 @@ pub fn prepare(args: &[String], env: &StandinEnv) -> Result<Start, KubeletError>
         )
     })?;
     let config = existing_file("--config", config)?;
-    check_kubelet_config(&config)?;
+    let static_pod_path = check_kubelet_config(&config)?;
 
     let kubeconfig = flags.get("kubeconfig").cloned();
     let bootstrap = flags.get("bootstrap-kubeconfig").cloned();
@@ -283,6 +302,7 @@ pub fn prepare(args: &[String], env: &StandinEnv) -> Result<Start, KubeletError>
         kubeconfig,
         flags,
         record: record_path,
+        static_pod_path,
     })
 }
 

@@ -21,14 +21,21 @@
 //! kubeadm would refuse. (The only hawser crate they touch is `hawser-joinservice`, as a
 //! dev-dependency of the contract test that runs its token issuer against this kubeadm.)
 //!
+//! On a control-plane node they run a real etcd the way kubeadm does (stacked etcd): the
+//! kubeadm stand-in makes its certificates, adds the member to the cluster and writes its static
+//! pod manifest ([`etcd`]); the kubelet stand-in runs static pods' commands as processes
+//! ([`static_pods`]).
+//!
 //! Every call is recorded as a JSON line under `<root>/var/log/hawser-standin/` ([`record`]).
 //! `<root>` is `/`, or `$HAWSER_STANDIN_ROOT` so tests run without root.
 
 pub mod config;
+pub mod etcd;
 pub mod kubeadm;
 pub mod kubelet;
 pub mod pki;
 pub mod record;
+pub mod static_pods;
 pub mod validate;
 
 use std::path::PathBuf;

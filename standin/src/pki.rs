@@ -98,7 +98,8 @@ impl std::fmt::Debug for Ca {
     }
 }
 
-fn validity(params: &mut CertificateParams, days: i64) {
+/// Sets a validity of `days` from an hour ago (clock skew between nodes).
+pub fn validity(params: &mut CertificateParams, days: i64) {
     let now = time::OffsetDateTime::now_utc();
     params.not_before = now - time::Duration::hours(1);
     params.not_after = now + time::Duration::days(days);
@@ -184,6 +185,20 @@ impl Ca {
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(gen_err("a client certificate"))?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    /// A leaf certificate for `params` (a fresh key, the CA's validity rules applied by the
+    /// caller) signed by this CA: (PEM cert, PEM key). `what` names it in errors.
+    pub fn sign(
+        &self,
+        params: &CertificateParams,
+        what: &'static str,
+    ) -> Result<(String, String), PkiError> {
+        let key = KeyPair::generate().map_err(gen_err(what))?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(gen_err(what))?;
         Ok((cert.pem(), key.serialize_pem()))
     }
 
