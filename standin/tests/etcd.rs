@@ -725,6 +725,27 @@ fn a_second_control_plane_joins_etcd_and_a_retried_join_adds_no_member() {
     let (cn, sans, _, _) = describe(second, "etcd/server.crt");
     assert_eq!(cn, "cp-2");
     assert!(sans.contains(&"127.0.0.3".to_owned()), "{sans:?}");
+    // As kubeadm's control-plane join: an admin kubeconfig signed by the cluster CA, with
+    // which `token create` works on this control plane too (its join service issues tokens).
+    let admin = second.path("etc/kubernetes/admin.conf");
+    let info = hawser_standin::pki::read_cluster_info(&admin).unwrap();
+    let ca = std::fs::read_to_string(second.path("etc/kubernetes/pki/ca.crt")).unwrap();
+    assert_eq!(info.ca_pem.unwrap().trim(), ca.trim());
+    let out = second.kubeadm(
+        "",
+        &[
+            "token",
+            "create",
+            "--kubeconfig",
+            admin.to_str().unwrap(),
+            "--print-join-command",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     cluster.wait_for_started_members(1, 2);
     // Joined again with its data (kubeadm's marker lost): still no second member.

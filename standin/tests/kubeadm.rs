@@ -334,21 +334,6 @@ fn join_writes_the_kubelet_kubeconfig_and_records_the_call() {
         "{}",
         stdout(&out)
     );
-    // As kubeadm's control-plane join: an admin kubeconfig signed by the cluster CA, at the
-    // API server the join went through, with which `token create` works on this node too.
-    let admin = node.path("etc/kubernetes/admin.conf");
-    assert_eq!(mode(&admin), 0o600);
-    let info = pki::read_cluster_info(&admin).unwrap();
-    assert_eq!(info.ca_pem.unwrap().trim(), ca.cert_pem.trim());
-    assert!(info.server.starts_with("https://"), "{}", info.server);
-    let out = node.kubeadm(&[
-        "token",
-        "create",
-        "--kubeconfig",
-        admin.to_str().unwrap(),
-        "--print-join-command",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
 }
 
 #[test]
