@@ -15,6 +15,7 @@ pub mod core;
 pub mod policy;
 pub mod ratelimit;
 pub mod service;
+pub mod store;
 pub mod tokens;
 
 pub use crate::core::{JoinCore, JoinError, JoinTicket, RejoinTicket};
