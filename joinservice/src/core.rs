@@ -240,8 +240,11 @@ impl JoinCore {
         }
     }
 
-    /// With the file backend, control-plane joins are granted to the AKs on `approvals` only.
-    /// With a cluster store the approvals are the store's, and this list is only watched.
+    /// With the file backend, control-plane joins are granted to the AKs on `approvals` only
+    /// (and the service watches the file). With a cluster store the store's approvals decide;
+    /// seed them from a file with [`EtcdStore::import_control_plane_approvals`] instead.
+    ///
+    /// [`EtcdStore::import_control_plane_approvals`]: crate::store::EtcdStore::import_control_plane_approvals
     pub fn with_control_plane_approvals(mut self, approvals: Arc<ApprovalStore>) -> Self {
         if let Some(files) = &self.files {
             files.set_approvals(Arc::clone(&approvals));

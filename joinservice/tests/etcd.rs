@@ -658,3 +658,82 @@ fn join_decision_cost_etcd_vs_files() {
         );
     }
 }
+
+/// `hawser-joind --etcd-endpoints … --etcd-ca … --etcd-cert … --etcd-key …` keeps its state in
+/// etcd: the approvals file it is given is imported there at start (and a second start does not
+/// write it again).
+#[test]
+fn hawser_joind_with_etcd_flags_imports_the_approvals_into_etcd() {
+    let cluster = EtcdCluster::start(1);
+    let runtime = runtime();
+    let store = connect(&runtime, &cluster);
+    let files = ClusterFiles::new();
+    let dir = files.dir.path();
+    let master = dir.join("master-secret.json");
+    files.master.write_new_file(&master).unwrap();
+    let provider_ca = dir.join("provider-ca.pem");
+    std::fs::write(&provider_ca, std::fs::read(&cluster.pki.ca).unwrap()).unwrap();
+    let approvals = dir.join("control-plane-approvals");
+    std::fs::write(&approvals, format!("{}  # cp-2\n", hex::encode(AK))).unwrap();
+    assert!(!store.approves_control_plane(&hex::encode(AK)).unwrap());
+
+    for start in ["first", "second"] {
+        let mut joind = Command::new(env!("CARGO_BIN_EXE_hawser-joind"))
+            .args(["--listen", "127.0.0.1:0", "--kubernetes-version", "v1.33.4"])
+            .arg("--measurements")
+            .arg(dir.join("measurements.json"))
+            .arg("--master-secret")
+            .arg(&master)
+            .arg("--provider-ca")
+            .arg(&provider_ca)
+            .arg("--state-dir")
+            .arg(dir.join("joind"))
+            .arg("--control-plane-approvals")
+            .arg(&approvals)
+            .args(["--etcd-endpoints", &cluster.endpoints().join(",")])
+            .arg("--etcd-ca")
+            .arg(&cluster.pki.ca)
+            .arg("--etcd-cert")
+            .arg(&cluster.pki.client_cert)
+            .arg("--etcd-key")
+            .arg(&cluster.pki.client_key)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = std::io::BufReader::new(joind.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        let _ = joind.kill();
+        let output = joind.wait_with_output().unwrap();
+        let log = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            line.starts_with("listening on"),
+            "{start} start: {line}\n{log}"
+        );
+        assert!(log.contains("cluster state in etcd"), "{log}");
+        let imported = if start == "first" { 1 } else { 0 };
+        assert!(log.contains(&format!("imported={imported}")), "{log}");
+        assert!(store.approves_control_plane(&hex::encode(AK)).unwrap());
+    }
+}
+
+#[test]
+fn hawser_joind_refuses_etcd_endpoints_without_the_client_certificate() {
+    let output = Command::new(env!("CARGO_BIN_EXE_hawser-joind"))
+        .args([
+            "--measurements",
+            "m",
+            "--master-secret",
+            "s",
+            "--provider-ca",
+            "p",
+        ])
+        .args(["--kubernetes-version", "v1.33.4"])
+        .args(["--etcd-endpoints", "https://127.0.0.1:2379"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--etcd-ca"), "{stderr}");
+}

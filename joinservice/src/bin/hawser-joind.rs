@@ -188,9 +188,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         )
     })?);
     let approved = approvals.current().len();
+    // With files, the approvals file decides (and is watched); with etcd, etcd's approvals
+    // decide and the file only seeds them at start.
     let core = match etcd_config(&args)? {
         None => JoinCore::new(Arc::clone(&policy), tokens, core_config)
-            .context("cannot start the join core")?,
+            .context("cannot start the join core")?
+            .with_control_plane_approvals(approvals),
         Some(etcd) => {
             let store = EtcdStore::connect(etcd)
                 .await
@@ -200,7 +203,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
             JoinCore::with_cluster_store(Arc::clone(&policy), tokens, core_config, store)
         }
     };
-    let core = core.with_control_plane_approvals(approvals);
 
     let mut config = ServiceConfig::new(args.listen, Arc::new(core), provider_ca_pem);
     if let Some(tcti) = &args.attest_with_tpm {

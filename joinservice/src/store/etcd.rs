@@ -157,9 +157,13 @@ impl EtcdStore {
         self.config.endpoints.join(",")
     }
 
-    /// Writes an approval for each of `ak_names` that etcd does not hold yet (put-if-absent, so
-    /// a revocation by deletion is not undone by a restart only if the seed file no longer
-    /// lists the AK). Returns the names it wrote. Blocking, like every [`ClusterStore`] call.
+    /// Writes an approval for each of `ak_names` (lowercase hex) that etcd does not hold yet,
+    /// with `note` as its value: put-if-absent, one transaction each, so several join services
+    /// seeding at once write each approval once. Returns the names it wrote. Blocking, like
+    /// every [`ClusterStore`] call.
+    ///
+    /// A revocation is a deletion of the key; a join service started again with a seed file
+    /// that still lists the AK writes it again, so take the AK out of the file as well.
     pub fn import_control_plane_approvals<'a>(
         &self,
         ak_names: impl IntoIterator<Item = &'a str>,
@@ -171,9 +175,10 @@ impl EtcdStore {
             let txn = Txn::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.clone(), note, None)]);
-            let mut client = self.client.clone();
-            let response = self.call(format!("import approval {key}"), async move {
-                client.txn(txn).await
+            let response = self.call(format!("import approval {key}"), || {
+                let mut client = self.client.clone();
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
             })?;
             if response.succeeded() {
                 tracing::info!(ak = ak_name, key = %key, "control-plane approval imported into etcd");
@@ -183,37 +188,67 @@ impl EtcdStore {
         Ok(written)
     }
 
-    /// Runs one etcd call on the store's runtime under the timeout.
-    fn call<T>(
+    /// Runs one etcd call on the store's runtime under the timeout, again and again while
+    /// etcd answers with a transient error ("leader changed", a member gone) and time is left,
+    /// as etcd's own client does. Every hawser call is safe to repeat: a read, or a transaction
+    /// that creates a key only if absent.
+    fn call<T, F, Fut>(&self, operation: String, attempt: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call_with(operation, true, attempt)
+    }
+
+    fn call_with<T, F, Fut>(
         &self,
         operation: String,
-        call: impl Future<Output = Result<T, etcd_client::Error>> + Send + 'static,
+        retry: bool,
+        mut attempt: F,
     ) -> Result<T, StoreError>
     where
-        T: Send + 'static,
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let timeout = self.config.timeout;
-        // The timer is made inside `block_on`, in the runtime's context.
-        self.runtime
-            .block_on(async move { tokio::time::timeout(timeout, call).await })
-            .map_err(|_| StoreError::EtcdTimeout {
-                endpoints: self.endpoints(),
-                operation: operation.clone(),
-                timeout: self.config.timeout,
-            })?
-            .map_err(|source| StoreError::Etcd {
+        // The timers are made inside `block_on`, in the runtime's context.
+        let outcome = self.runtime.block_on(async move {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut pause = Duration::from_millis(50);
+            let mut last = None;
+            loop {
+                match tokio::time::timeout_at(deadline, attempt()).await {
+                    Ok(Ok(value)) => return Ok(value),
+                    Ok(Err(e)) if retry && is_transient(&e) => last = Some(e),
+                    Ok(Err(e)) => return Err(Some(e)),
+                    Err(_) => return Err(last),
+                }
+                if tokio::time::Instant::now() + pause >= deadline {
+                    return Err(last);
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(500));
+            }
+        });
+        outcome.map_err(|last| match last {
+            Some(source) => StoreError::Etcd {
                 endpoints: self.endpoints(),
                 operation,
                 source,
-            })
+            },
+            None => StoreError::EtcdTimeout {
+                endpoints: self.endpoints(),
+                operation,
+                timeout,
+            },
+        })
     }
 
     /// The value of `key`, read linearizably (through the leader, needs quorum).
     fn get_latest(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let mut client = self.client.clone();
-        let owned = key.to_owned();
-        let response = self.call(format!("read {key}"), async move {
-            client.get(owned, None).await
+        let response = self.call(format!("read {key}"), || {
+            let mut client = self.client.clone();
+            async move { client.get(key, None).await }
         })?;
         Ok(response.kvs().first().map(|kv| kv.value().to_vec()))
     }
@@ -223,15 +258,15 @@ impl EtcdStore {
     fn get_local(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         let mut last = None;
         for endpoint in &self.config.endpoints {
-            let options = self.config.connect_options();
-            let owned = key.to_owned();
-            let endpoint_owned = endpoint.clone();
-            let read = self.call(
+            // One attempt per member: the next member is the retry.
+            let read = self.call_with(
                 format!("read {key} serializably from {endpoint}"),
-                async move {
-                    let mut client = Client::connect([endpoint_owned], Some(options)).await?;
+                false,
+                || async {
+                    let options = self.config.connect_options();
+                    let mut client = Client::connect([endpoint], Some(options)).await?;
                     client
-                        .get(owned, Some(GetOptions::new().with_serializable()))
+                        .get(key, Some(GetOptions::new().with_serializable()))
                         .await
                 },
             );
@@ -255,6 +290,19 @@ impl EtcdStore {
                 key: key.to_owned(),
             }),
         }
+    }
+}
+
+/// Whether an etcd error may go away by itself soon: a leader election, a member that went
+/// away, a connection that broke.
+fn is_transient(error: &etcd_client::Error) -> bool {
+    match error {
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Aborted
+        ),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
     }
 }
 
@@ -294,11 +342,11 @@ impl ClusterStore for EtcdStore {
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(key.clone(), ak_name, None)])
             .or_else([TxnOp::get(key.clone(), None)]);
-        let mut client = self.client.clone();
-        let response = self.call(
-            format!("bind disk {uuid}"),
-            async move { client.txn(txn).await },
-        )?;
+        let response = self.call(format!("bind disk {uuid}"), || {
+            let mut client = self.client.clone();
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })?;
         if response.succeeded() {
             return Ok(BindOutcome::New);
         }
