@@ -84,6 +84,11 @@ impl ControlPlaneApprovals {
         self.ak_names.contains(&hex::encode(ak_name))
     }
 
+    /// The approved AK names, lowercase hex.
+    pub fn ak_names(&self) -> impl Iterator<Item = &str> {
+        self.ak_names.iter().map(String::as_str)
+    }
+
     /// How many AK names are approved.
     pub fn len(&self) -> usize {
         self.ak_names.len()

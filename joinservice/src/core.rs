@@ -4,11 +4,11 @@
 //! key, issue a bootstrap token, remember the disk with the AK that joined it, audit the
 //! decision.
 //!
-//! The registry of joined disks (`registry_file`) is a text file, one disk a line:
-//! `<disk uuid> <AK name, hex>`, appended when a disk first joins. A line with a UUID alone
-//! (written before disks were bound to AKs) is bound to the AK of the disk's next join or
-//! rejoin, with a warning, and the file is rewritten. A disk bound to one AK is refused to
-//! any other: a cloned disk on another machine does not boot as a second copy of the node.
+//! Which AK each joined disk is bound to, and which AKs may join as control planes, live in a
+//! [`ClusterStore`]: local files for a single join service ([`JoinCore::new`]), the control
+//! planes' etcd for a join service on every control plane ([`JoinCore::with_cluster_store`]).
+//! A disk bound to one AK is refused to any other: a cloned disk on another machine does not
+//! boot as a second copy of the node.
 //!
 //! The aTLS layer has already verified the evidence itself (quote signature, freshness, binding
 //! to the TLS key, AK certificate chain); this layer applies the expected measurements, which
@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use hawser_attestation::measurements::{ExpectedMeasurements, MeasurementMismatch};
@@ -28,6 +28,9 @@ use zeroize::Zeroizing;
 use crate::approvals::ApprovalStore;
 use crate::audit::{self, Decision, Outcome};
 use crate::policy::PolicyStore;
+use crate::store::{
+    BindOutcome, ClusterStore, DiskBinding, FileStore, ReadConsistency, StoreError,
+};
 use crate::tokens::{BootstrapTokenIssuer, JoinCredentials, TokenError};
 
 /// A join request, as the service received it.
@@ -159,16 +162,10 @@ pub enum JoinError {
         #[source]
         source: std::io::Error,
     },
-    /// The registry of joined disks could not be read or appended to.
-    #[error("cannot record the joined disk in {path}")]
-    Registry {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A line of the registry of joined disks is not `<disk uuid> [<AK name, hex>]`.
-    #[error("line {line} of the registry of joined disks {path} is not `<disk uuid> [<AK name>]`")]
-    RegistryLine { path: String, line: usize },
+    /// The cluster state (registry of joined disks, approvals) could not be read or written:
+    /// a local file, or etcd unreachable or without quorum.
+    #[error("cannot consult the cluster state")]
+    Store(#[from] StoreError),
     /// The state disk key could not be derived from the master secret.
     #[error("internal error: cannot derive the state disk key")]
     DiskKey(#[source] hawser_keys::KeyError),
@@ -194,13 +191,10 @@ pub struct JoinCoreConfig {
     pub token_ttl: Duration,
     /// Where the cluster's PKI lives (for control-plane joins); `None` refuses them.
     pub pki_dir: Option<PathBuf>,
-    /// The registry of joined disks (see the module docs), for rejoins.
+    /// The registry of joined disks of the file backend ([`JoinCore::new`]; see
+    /// [`FileStore`]). Unused with [`JoinCore::with_cluster_store`].
     pub registry_file: PathBuf,
 }
-
-/// The AK a joined disk is bound to (hex), `None` for a registry line written before disks
-/// were bound.
-type Registry = BTreeMap<String, Option<String>>;
 
 /// The join service's decisions.
 pub struct JoinCore {
@@ -208,38 +202,58 @@ pub struct JoinCore {
     approvals: Arc<ApprovalStore>,
     tokens: Arc<dyn BootstrapTokenIssuer>,
     config: JoinCoreConfig,
-    joined: Mutex<Registry>,
+    store: Arc<dyn ClusterStore>,
+    /// The same store when it is the file backend: it takes its approvals from `approvals`.
+    files: Option<Arc<FileStore>>,
 }
 
 impl JoinCore {
-    /// A core over `policy` and `tokens`; reads the registry of joined disks. It approves no
-    /// control-plane join until given a list ([`JoinCore::with_control_plane_approvals`]).
+    /// A core over `policy` and `tokens` with the file backend: reads the registry of joined
+    /// disks. It approves no control-plane join until given a list
+    /// ([`JoinCore::with_control_plane_approvals`]).
     pub fn new(
         policy: Arc<PolicyStore>,
         tokens: Arc<dyn BootstrapTokenIssuer>,
         config: JoinCoreConfig,
     ) -> Result<Self, JoinError> {
-        let joined = match std::fs::read_to_string(&config.registry_file) {
-            Ok(text) => parse_registry(&config.registry_file, &text)?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Registry::new(),
-            Err(source) => {
-                return Err(JoinError::Registry {
-                    path: config.registry_file.display().to_string(),
-                    source,
-                });
-            }
-        };
+        let files = Arc::new(FileStore::open(&config.registry_file)?);
         Ok(Self {
             policy,
             approvals: Arc::new(ApprovalStore::none()),
             tokens,
             config,
-            joined: Mutex::new(joined),
+            store: Arc::clone(&files) as Arc<dyn ClusterStore>,
+            files: Some(files),
         })
     }
 
-    /// Control-plane joins are granted to the AKs on `approvals` only.
+    /// A core over `policy` and `tokens` whose disks and approvals live in `store` (etcd,
+    /// shared by the join services of every control plane).
+    pub fn with_cluster_store(
+        policy: Arc<PolicyStore>,
+        tokens: Arc<dyn BootstrapTokenIssuer>,
+        config: JoinCoreConfig,
+        store: Arc<dyn ClusterStore>,
+    ) -> Self {
+        Self {
+            policy,
+            approvals: Arc::new(ApprovalStore::none()),
+            tokens,
+            config,
+            store,
+            files: None,
+        }
+    }
+
+    /// With the file backend, control-plane joins are granted to the AKs on `approvals` only
+    /// (and the service watches the file). With a cluster store the store's approvals decide;
+    /// seed them from a file with [`EtcdStore::import_control_plane_approvals`] instead.
+    ///
+    /// [`EtcdStore::import_control_plane_approvals`]: crate::store::EtcdStore::import_control_plane_approvals
     pub fn with_control_plane_approvals(mut self, approvals: Arc<ApprovalStore>) -> Self {
+        if let Some(files) = &self.files {
+            files.set_approvals(Arc::clone(&approvals));
+        }
         self.approvals = approvals;
         self
     }
@@ -325,10 +339,12 @@ impl JoinCore {
         } else {
             Vec::new()
         };
-        // Refuse a clone before kubeadm runs; `bind` below decides under the registry lock.
+        // Refuse a clone before kubeadm runs; `bind` below decides atomically in the store.
         let ak_name = hex::encode(&peer.ak_name);
-        if let Some(Some(registered)) = self.lock_joined().get(&uuid) {
-            check_same_ak(&uuid, registered, &ak_name, "join")?;
+        if let Some(DiskBinding::Bound(registered)) =
+            self.store.disk_binding(&uuid, ReadConsistency::Latest)?
+        {
+            check_same_ak(&uuid, &registered, &ak_name, "join")?;
         }
         let credentials = self.tokens.issue(self.config.token_ttl)?;
         let state_disk_key = self.state_disk_key(&uuid)?;
@@ -360,10 +376,18 @@ impl JoinCore {
             |expected| {
                 let uuid = hawser_keys::canonical_uuid(disk_uuid).map_err(JoinError::DiskUuid)?;
                 check_measurements(peer, expected)?;
-                if !self.lock_joined().contains_key(&uuid) {
-                    return Err(JoinError::UnknownDisk(uuid));
+                let ak_name = hex::encode(&peer.ak_name);
+                // A rejoin only reads its disk's binding: it works while etcd has lost quorum.
+                match self
+                    .store
+                    .disk_binding(&uuid, ReadConsistency::LatestOrLocal)?
+                {
+                    None => return Err(JoinError::UnknownDisk(uuid)),
+                    Some(DiskBinding::Bound(registered)) => {
+                        check_same_ak(&uuid, &registered, &ak_name, "rejoin")?;
+                    }
+                    Some(DiskBinding::Unbound) => self.bind(&uuid, &ak_name, "rejoin")?,
                 }
-                self.bind(&uuid, &hex::encode(&peer.ak_name), "rejoin")?;
                 Ok(RejoinTicket {
                     state_disk_key: self.state_disk_key(&uuid)?,
                     measurement_secret: self.config.master_secret.measurement_secret(),
@@ -386,51 +410,21 @@ impl JoinCore {
             .map_err(JoinError::DiskKey)
     }
 
-    fn lock_joined(&self) -> std::sync::MutexGuard<'_, Registry> {
-        match self.joined.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-
-    /// Binds disk `uuid` to `ak_name` (hex): records a new disk (appended to the registry
-    /// file), binds a disk recorded without an AK (the file rewritten), and refuses a disk
-    /// bound to another AK.
+    /// Binds disk `uuid` to `ak_name` (hex) in the store, and refuses a disk bound to another
+    /// AK.
     fn bind(&self, uuid: &str, ak_name: &str, request: &'static str) -> Result<(), JoinError> {
-        use std::io::Write as _;
-        let mut joined = self.lock_joined();
-        let path = &self.config.registry_file;
-        let io = |source| JoinError::Registry {
-            path: path.display().to_string(),
-            source,
-        };
-        match joined.get(uuid) {
-            Some(Some(registered)) => check_same_ak(uuid, registered, ak_name, request),
-            Some(None) => {
-                let mut bound = joined.clone();
-                bound.insert(uuid.to_owned(), Some(ak_name.to_owned()));
-                write_registry(path, &bound).map_err(io)?;
+        match self.store.bind_disk(uuid, ak_name)? {
+            BindOutcome::New | BindOutcome::Same => Ok(()),
+            BindOutcome::BoundLegacy => {
                 tracing::warn!(
                     target: "audit",
                     disk_uuid = uuid,
                     ak = ak_name,
                     "disk joined before disks were bound to AKs; bound it to the AK of this {request}"
                 );
-                *joined = bound;
                 Ok(())
             }
-            None => {
-                let mut file = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(io)?;
-                writeln!(file, "{uuid} {ak_name}")
-                    .and_then(|()| file.sync_data())
-                    .map_err(io)?;
-                joined.insert(uuid.to_owned(), Some(ak_name.to_owned()));
-                Ok(())
-            }
+            BindOutcome::Another(registered) => check_same_ak(uuid, &registered, ak_name, request),
         }
     }
 
@@ -440,16 +434,11 @@ impl JoinCore {
                 "this join service does not hand out control-plane certificates".into(),
             ));
         };
-        if !self.approvals.current().approves(&peer.ak_name) {
+        let ak_name = hex::encode(&peer.ak_name);
+        if !self.store.approves_control_plane(&ak_name)? {
             return Err(JoinError::ControlPlaneNotApproved {
-                ak_name: hex::encode(&peer.ak_name),
-                approvals: match self.approvals.path() {
-                    Some(path) => path.display().to_string(),
-                    None => {
-                        "a control-plane approvals file (this join service has none configured)"
-                            .to_owned()
-                    }
-                },
+                approvals: self.store.approvals_location(&ak_name),
+                ak_name,
             });
         }
         CONTROL_PLANE_FILES
@@ -474,53 +463,6 @@ fn check_same_ak(
         presented: presented.to_owned(),
         request,
     })
-}
-
-/// Parses the registry of joined disks (format in the module docs).
-fn parse_registry(path: &Path, text: &str) -> Result<Registry, JoinError> {
-    let mut registry = Registry::new();
-    for (index, line) in text.lines().enumerate() {
-        let mut fields = line.split_whitespace();
-        let Some(uuid) = fields.next() else {
-            continue;
-        };
-        let ak_name = fields.next();
-        let well_formed = fields.next().is_none()
-            && ak_name.is_none_or(|ak| ak.bytes().all(|b| b.is_ascii_hexdigit()));
-        if !well_formed {
-            return Err(JoinError::RegistryLine {
-                path: path.display().to_string(),
-                line: index + 1,
-            });
-        }
-        registry.insert(uuid.to_owned(), ak_name.map(str::to_ascii_lowercase));
-    }
-    Ok(registry)
-}
-
-/// Replaces the registry file with `registry` (write a temporary file, sync, rename).
-fn write_registry(path: &Path, registry: &Registry) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut text = String::new();
-    for (uuid, ak_name) in registry {
-        text.push_str(uuid);
-        if let Some(ak_name) = ak_name {
-            text.push(' ');
-            text.push_str(ak_name);
-        }
-        text.push('\n');
-    }
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".new");
-    let tmp = PathBuf::from(tmp);
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>, JoinError> {
@@ -927,7 +869,10 @@ mod tests {
         .err()
         .unwrap();
         assert!(
-            matches!(err, JoinError::RegistryLine { line: 1, .. }),
+            matches!(
+                err,
+                JoinError::Store(StoreError::RegistryLine { line: 1, .. })
+            ),
             "{err}"
         );
     }

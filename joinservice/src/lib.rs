@@ -5,6 +5,9 @@
 //! changes), the control-plane approvals (AK names, reloaded likewise), the key service (HKDF from the master secret), bootstrap tokens (through a
 //! pluggable issuer; the real one runs `kubeadm token create`), per-peer rate limits and the
 //! audit trail are plain Rust here; the gRPC service is a thin adapter over [`JoinCore`].
+//! The cluster state (joined disks bound to AKs, control-plane approvals) sits behind
+//! [`store::ClusterStore`]: local files for a single join service, the control planes' etcd for
+//! a join service on every control plane (docs/cluster-state.md).
 //!
 //! Concurrency: validations never take a global lock. The policy is an `Arc` swapped on reload
 //! and cloned per request; the rate limiter's lock is held for a map lookup only.
@@ -15,6 +18,7 @@ pub mod core;
 pub mod policy;
 pub mod ratelimit;
 pub mod service;
+pub mod store;
 pub mod tokens;
 
 pub use crate::core::{JoinCore, JoinError, JoinTicket, RejoinTicket};

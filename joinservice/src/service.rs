@@ -303,11 +303,12 @@ pub fn status_of(err: &JoinError) -> Status {
         | JoinError::ControlPlaneNotApproved { .. }
         | JoinError::AnotherAk { .. } => Code::PermissionDenied,
         JoinError::UnknownDisk(_) => Code::NotFound,
+        // etcd unreachable or without quorum: the node retries later.
         JoinError::Token(_) => Code::Unavailable,
-        JoinError::ControlPlaneFile { .. }
-        | JoinError::Registry { .. }
-        | JoinError::RegistryLine { .. }
-        | JoinError::DiskKey(_) => Code::Internal,
+        JoinError::Store(e) if e.is_unavailable() => Code::Unavailable,
+        JoinError::ControlPlaneFile { .. } | JoinError::Store(_) | JoinError::DiskKey(_) => {
+            Code::Internal
+        }
     };
     Status::new(code, hawser_attestation::error_chain(err))
 }

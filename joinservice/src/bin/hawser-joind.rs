@@ -16,6 +16,7 @@ use hawser_joinservice::approvals::ApprovalStore;
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
+use hawser_joinservice::store::{ClusterStore, EtcdConfig, EtcdStore};
 use hawser_joinservice::tokens::{CachingTokenIssuer, KubeadmTokenIssuer};
 use hawser_keys::MasterSecret;
 
@@ -51,9 +52,27 @@ struct Args {
     pki_dir: Option<PathBuf>,
     /// The AK names allowed to join as control planes (one hex TPM name a line, `#` comments;
     /// checked for changes while running). Default: <state-dir>/control-plane-approvals. A
-    /// missing file approves nobody.
+    /// missing file approves nobody. With etcd, the names in it are imported into etcd at
+    /// start where etcd has no approval for them yet, and etcd's approvals decide.
     #[arg(long)]
     control_plane_approvals: Option<PathBuf>,
+    /// etcd client URLs, comma-separated (kubeadm's stacked etcd: `https://127.0.0.1:2379`).
+    /// With them the joined disks and control-plane approvals live in etcd, shared by the join
+    /// services of every control plane (docs/cluster-state.md); without them, in local files.
+    #[arg(long, value_delimiter = ',', requires_all = ["etcd_ca", "etcd_cert", "etcd_key"])]
+    etcd_endpoints: Vec<String>,
+    /// The etcd CA (kubeadm: /etc/kubernetes/pki/etcd/ca.crt).
+    #[arg(long)]
+    etcd_ca: Option<PathBuf>,
+    /// The etcd client certificate (kubeadm: /etc/kubernetes/pki/apiserver-etcd-client.crt).
+    #[arg(long)]
+    etcd_cert: Option<PathBuf>,
+    /// The etcd client key (kubeadm: /etc/kubernetes/pki/apiserver-etcd-client.key).
+    #[arg(long)]
+    etcd_key: Option<PathBuf>,
+    /// Deadline of every etcd call, in seconds.
+    #[arg(long, default_value_t = 5)]
+    etcd_timeout_secs: u64,
     /// Directory for the registry of joined disks (and the measurement salt and control-plane
     /// approvals by default).
     #[arg(long, default_value = "/var/lib/hawser-joind")]
@@ -150,19 +169,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         kubeadm: args.kubeadm.clone(),
         kubeconfig: args.kubeconfig.clone(),
     }));
-    let core = JoinCore::new(
-        Arc::clone(&policy),
-        tokens,
-        JoinCoreConfig {
-            master_secret,
-            measurement_salt,
-            kubernetes_version: args.kubernetes_version.to_string(),
-            token_ttl: Duration::from_secs(args.token_ttl_secs),
-            pki_dir: args.pki_dir.clone(),
-            registry_file: args.state_dir.join("joined-disks"),
-        },
-    )
-    .context("cannot start the join core")?;
+    let core_config = JoinCoreConfig {
+        master_secret,
+        measurement_salt,
+        kubernetes_version: args.kubernetes_version.to_string(),
+        token_ttl: Duration::from_secs(args.token_ttl_secs),
+        pki_dir: args.pki_dir.clone(),
+        registry_file: args.state_dir.join("joined-disks"),
+    };
     let approvals_file = args
         .control_plane_approvals
         .clone()
@@ -174,7 +188,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
         )
     })?);
     let approved = approvals.current().len();
-    let core = core.with_control_plane_approvals(approvals);
+    // With files, the approvals file decides (and is watched); with etcd, etcd's approvals
+    // decide and the file only seeds them at start.
+    let core = match etcd_config(&args)? {
+        None => JoinCore::new(Arc::clone(&policy), tokens, core_config)
+            .context("cannot start the join core")?
+            .with_control_plane_approvals(approvals),
+        Some(etcd) => {
+            let store = EtcdStore::connect(etcd)
+                .await
+                .context("cannot set up the etcd client")?;
+            tracing::info!(endpoints = %store.endpoints(), "cluster state in etcd");
+            let store = import_approvals(store, &approvals, &approvals_file).await?;
+            JoinCore::with_cluster_store(Arc::clone(&policy), tokens, core_config, store)
+        }
+    };
 
     let mut config = ServiceConfig::new(args.listen, Arc::new(core), provider_ca_pem);
     if let Some(tcti) = &args.attest_with_tpm {
@@ -222,6 +250,53 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     running.shutdown().await;
     Ok(())
+}
+
+/// The etcd client configuration, if `--etcd-endpoints` is given.
+fn etcd_config(args: &Args) -> anyhow::Result<Option<EtcdConfig>> {
+    if args.etcd_endpoints.is_empty() {
+        return Ok(None);
+    }
+    let (Some(ca), Some(cert), Some(key)) = (&args.etcd_ca, &args.etcd_cert, &args.etcd_key) else {
+        bail!("--etcd-endpoints needs --etcd-ca, --etcd-cert and --etcd-key");
+    };
+    let config = EtcdConfig::from_files(
+        args.etcd_endpoints.clone(),
+        ca,
+        cert,
+        key,
+        Duration::from_secs(args.etcd_timeout_secs.max(1)),
+    )?;
+    Ok(Some(config))
+}
+
+/// Imports the approvals file's names into etcd (put-if-absent), on the blocking pool.
+async fn import_approvals(
+    store: EtcdStore,
+    approvals: &ApprovalStore,
+    file: &Path,
+) -> anyhow::Result<Arc<dyn ClusterStore>> {
+    let store = Arc::new(store);
+    let names = approvals.current();
+    let note = format!("imported from {} at hawser-joind start", file.display());
+    let importer = Arc::clone(&store);
+    let imported = tokio::task::spawn_blocking(move || {
+        importer.import_control_plane_approvals(names.ak_names(), &note)
+    })
+    .await
+    .context("the approvals import task failed")?
+    .with_context(|| {
+        format!(
+            "cannot import the control-plane approvals {} into etcd",
+            file.display()
+        )
+    })?;
+    tracing::info!(
+        file = %file.display(),
+        imported = imported.len(),
+        "control-plane approvals imported into etcd where absent"
+    );
+    Ok(store)
 }
 
 /// Reads the measurement salt, or creates it (32 random bytes, mode 0600) if missing.

@@ -1,0 +1,151 @@
+//! The cluster state hawser-joind keeps, behind one interface: which AK each joined disk is
+//! bound to (the clone protection), and which AKs may join as control planes. Room is left for
+//! the VPN peers (`/hawser/v1/vpn-peers/` in etcd).
+//!
+//! Two backends, chosen by `hawser-joind`'s flags:
+//!
+//! - [`FileStore`]: local files, for a single join service (the out-of-cluster one of tests
+//!   and `hawser local up`). The registry of joined disks and the approvals file as before.
+//! - [`EtcdStore`]: the control planes' etcd (v3 API over TLS with client certificates), so
+//!   that every control plane's join service sees, and atomically writes, the same state. Binding
+//!   a disk is one etcd transaction (create if absent, else compare): of two join services that
+//!   race to bind one disk to two AKs, exactly one wins.
+//!
+//! The layout, the consistency rules and what happens while etcd loses quorum are in
+//! `docs/cluster-state.md`.
+
+mod etcd;
+mod file;
+
+pub use etcd::{EtcdConfig, EtcdStore, KEY_PREFIX, approval_key, disk_key};
+pub use file::FileStore;
+
+/// What the store knows of a disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DiskBinding {
+    /// The disk joined with the AK of this name (lowercase hex).
+    Bound(String),
+    /// The disk joined before disks were bound to AKs (file backend only): its next join or
+    /// rejoin binds it.
+    Unbound,
+}
+
+/// The result of [`ClusterStore::bind_disk`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BindOutcome {
+    /// The disk was not known; it is now bound to the AK.
+    New,
+    /// The disk was already bound to this AK.
+    Same,
+    /// The disk was known without an AK (file backend); it is now bound to this one.
+    BoundLegacy,
+    /// The disk is bound to another AK (lowercase hex): a clone, refused.
+    Another(String),
+}
+
+/// How fresh a read must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadConsistency {
+    /// The latest committed value (etcd: a linearizable read, which needs quorum).
+    Latest,
+    /// The latest value, or where that cannot be had (etcd quorum lost), the value a reachable
+    /// member holds. Right for write-once values such as a disk's binding.
+    LatestOrLocal,
+}
+
+/// The cluster state hawser-joind keeps. Blocking: call from a thread outside the async
+/// runtime (the service runs the core on the blocking pool).
+pub trait ClusterStore: Send + Sync {
+    /// What a disk is bound to; `None` if it never joined.
+    fn disk_binding(
+        &self,
+        uuid: &str,
+        consistency: ReadConsistency,
+    ) -> Result<Option<DiskBinding>, StoreError>;
+
+    /// Binds disk `uuid` to the AK named `ak_name` (lowercase hex) unless it is bound already,
+    /// atomically with respect to every join service sharing the store.
+    fn bind_disk(&self, uuid: &str, ak_name: &str) -> Result<BindOutcome, StoreError>;
+
+    /// Whether the AK named `ak_name` (lowercase hex) may join as a control plane, as of now.
+    fn approves_control_plane(&self, ak_name: &str) -> Result<bool, StoreError>;
+
+    /// Where an admin approves an AK, for the refusal message.
+    fn approvals_location(&self, ak_name: &str) -> String;
+}
+
+/// Why the cluster state could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The registry file of joined disks could not be read or written.
+    #[error("cannot read or write the registry of joined disks {path}")]
+    Registry {
+        /// The registry file.
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A line of the registry file is not `<disk uuid> [<AK name, hex>]`.
+    #[error("line {line} of the registry of joined disks {path} is not `<disk uuid> [<AK name>]`")]
+    RegistryLine {
+        /// The registry file.
+        path: String,
+        /// 1-based line number.
+        line: usize,
+    },
+    /// etcd answered an operation with an error (unreachable members, lost quorum, refused
+    /// certificate).
+    #[error("etcd ({endpoints}) failed to {operation}")]
+    Etcd {
+        /// The configured endpoints, comma-separated.
+        endpoints: String,
+        /// What the join service asked, e.g. `bind disk <uuid>`.
+        operation: String,
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// etcd did not answer within the timeout (typically: quorum lost, or no member reachable).
+    #[error("etcd ({endpoints}) did not answer within {timeout:?} to {operation}")]
+    EtcdTimeout {
+        /// The configured endpoints, comma-separated.
+        endpoints: String,
+        /// What the join service asked.
+        operation: String,
+        /// The timeout of every etcd call.
+        timeout: std::time::Duration,
+    },
+    /// A value in etcd is not what hawser writes there.
+    #[error("etcd key {key} holds a value that is not an AK name (hex)")]
+    EtcdValue {
+        /// The key.
+        key: String,
+    },
+    /// A TLS file for the etcd client could not be read.
+    #[error("cannot read the etcd TLS file {path}")]
+    TlsFile {
+        /// The file.
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// No etcd endpoint was given.
+    #[error("no etcd endpoint given")]
+    NoEndpoints,
+}
+
+impl StoreError {
+    /// Whether the error is etcd being unreachable or without quorum (the node should retry
+    /// later), as opposed to a local fault.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Etcd { .. } | Self::EtcdTimeout { .. })
+    }
+}
+
+/// Whether `name` looks like an AK name as hawser writes it: lowercase hex, even length.
+fn is_ak_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len().is_multiple_of(2)
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
