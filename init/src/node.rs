@@ -442,10 +442,11 @@ fn new_intent(role: &Role, identity: &NodeIdentity) -> Result<KubeadmIntent, Kub
 
 /// What kubeadm does on this boot: a new intent (init, join), or what an earlier boot left
 /// (rejoin, recover). Never fails: a broken intent is logged, and the node runs its services.
-fn kubeadm_work(role: &Role, identity: &NodeIdentity) -> KubeadmWork {
-    let marker = Path::new(KUBEADM_MARKER);
+fn kubeadm_work(role: &Role, identity: &NodeIdentity, root: &Path) -> KubeadmWork {
+    let on_disk = |path: &str| root.join(path.trim_start_matches('/'));
+    let marker = on_disk(KUBEADM_MARKER);
     if let Role::Rejoin = role {
-        match std::fs::symlink_metadata(marker) {
+        match std::fs::symlink_metadata(&marker) {
             Ok(_) => {
                 info!("this node joined on an earlier boot: kubeadm does not run again");
                 return KubeadmWork::Nothing;
@@ -456,9 +457,9 @@ fn kubeadm_work(role: &Role, identity: &NodeIdentity) -> KubeadmWork {
                 return KubeadmWork::Nothing;
             }
         }
-        return match KubeadmIntent::load(Path::new(KUBEADM_INTENT)) {
+        return match KubeadmIntent::load(&on_disk(KUBEADM_INTENT)) {
             Ok(Some(intent)) => {
-                let status = match KubeadmStatus::load(Path::new(KUBEADM_STATUS)) {
+                let status = match KubeadmStatus::load(&on_disk(KUBEADM_STATUS)) {
                     Ok(Some(status)) => status,
                     Ok(None) => KubeadmStatus::new(intent.verb),
                     Err(e) => {
@@ -493,7 +494,7 @@ fn kubeadm_work(role: &Role, identity: &NodeIdentity) -> KubeadmWork {
     match new_intent(role, identity) {
         Ok(intent) => {
             // Before kubeadm first runs: from here a power cut leaves the intent or the marker.
-            if let Err(e) = intent.save(Path::new(KUBEADM_INTENT)) {
+            if let Err(e) = intent.save(&on_disk(KUBEADM_INTENT)) {
                 warn!(
                     "{}; kubeadm runs, but a power cut before it finishes loses the intent",
                     error_chain(&e)
@@ -525,7 +526,7 @@ pub async fn run(
         Err(e) => warn!("cannot set the hostname to {}: {e}", identity.name),
     }
     // Before the services (seconds of them): the intent reaches the disk as early as it can.
-    let work = kubeadm_work(&role, &identity);
+    let work = kubeadm_work(&role, &identity, Path::new("/"));
     let mut started = Supervisor::new(registry.clone());
     started.start(supervisor::containerd());
     // As systemd's `After=containerd.service` (with containerd's sd_notify) does: the kubelet
@@ -826,6 +827,97 @@ mod tests {
             error_chain(&KubeadmRunError::AdminKubeconfig(unreadable)),
             "kubeadm init succeeded but /etc/kubernetes/admin.conf is unreadable: entity not found"
         );
+    }
+
+    fn identity() -> NodeIdentity {
+        NodeIdentity {
+            name: "hawser-0123abcd".into(),
+            ip: "10.0.2.15".parse().unwrap(),
+        }
+    }
+
+    fn on_disk(root: &Path, path: &str) -> std::path::PathBuf {
+        root.join(path.trim_start_matches('/'))
+    }
+
+    fn join_intent() -> KubeadmIntent {
+        KubeadmIntent {
+            verb: Verb::Join,
+            config: kubeadm::KubeadmConfig::from_stored(Zeroizing::new(
+                "{\"kind\":\"JoinConfiguration\"}".into(),
+            )),
+            control_plane_files: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_join_keeps_its_intent_on_the_state_disk_before_kubeadm_runs() {
+        let root = tempfile::tempdir().unwrap();
+        let ticket = KubeadmTicket {
+            api_server_endpoint: "10.0.2.100:6443".parse().unwrap(),
+            token: "abcdef.0123456789abcdef".parse().unwrap(),
+            ca_cert_hashes: vec![format!("sha256:{}", "00".repeat(32)).parse().unwrap()],
+            kubernetes_version: "v1.31.2".into(),
+            control_plane_files: Some(vec![file("ca.key", b"key")]),
+        };
+        let KubeadmWork::Run { intent, status } =
+            kubeadm_work(&Role::Join(ticket), &identity(), root.path())
+        else {
+            panic!("a join runs kubeadm");
+        };
+        assert_eq!(status, KubeadmStatus::new(Verb::Join));
+        let path = on_disk(root.path(), KUBEADM_INTENT);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let kept = KubeadmIntent::load(&path).unwrap().unwrap();
+        assert_eq!(kept, intent);
+        assert_eq!(kept.verb, Verb::Join);
+        assert!(kept.config.as_str().contains("10.0.2.100:6443"));
+        assert!(kept.config.as_str().contains("hawser-0123abcd"));
+        assert_eq!(kept.control_plane_files, vec![file("ca.key", b"key")]);
+    }
+
+    #[test]
+    fn a_rejoin_with_the_marker_runs_no_kubeadm_even_with_an_intent() {
+        let root = tempfile::tempdir().unwrap();
+        join_intent()
+            .save(&on_disk(root.path(), KUBEADM_INTENT))
+            .unwrap();
+        std::fs::write(on_disk(root.path(), KUBEADM_MARKER), "done").unwrap();
+        let work = kubeadm_work(&Role::Rejoin, &identity(), root.path());
+        assert!(matches!(work, KubeadmWork::Nothing));
+    }
+
+    #[test]
+    fn a_rejoin_without_the_marker_runs_the_kept_intent_counting_earlier_attempts() {
+        let root = tempfile::tempdir().unwrap();
+        join_intent()
+            .save(&on_disk(root.path(), KUBEADM_INTENT))
+            .unwrap();
+        let mut status = KubeadmStatus::new(Verb::Join);
+        status.attempts = 2;
+        status.last_error = Some("kubeadm join failed (attempt 2)".into());
+        status.save(&on_disk(root.path(), KUBEADM_STATUS)).unwrap();
+        let KubeadmWork::Run {
+            intent,
+            status: kept,
+        } = kubeadm_work(&Role::Rejoin, &identity(), root.path())
+        else {
+            panic!("kubeadm does not run again");
+        };
+        assert_eq!(intent, join_intent());
+        assert_eq!(kept, status);
+    }
+
+    #[test]
+    fn a_rejoin_with_no_intent_or_a_corrupt_one_runs_services_only() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(on_disk(root.path(), "/var/lib/hawser")).unwrap();
+        let work = kubeadm_work(&Role::Rejoin, &identity(), root.path());
+        assert!(matches!(work, KubeadmWork::Nothing));
+        std::fs::write(on_disk(root.path(), KUBEADM_INTENT), "{\"version\":").unwrap();
+        let work = kubeadm_work(&Role::Rejoin, &identity(), root.path());
+        assert!(matches!(work, KubeadmWork::Nothing));
     }
 
     #[test]

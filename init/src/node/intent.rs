@@ -203,7 +203,14 @@ impl KubeadmIntent {
             ));
         }
         let kind = stored.verb.document_kind();
-        if !stored.config.contains(&format!("\"kind\":\"{kind}\"")) {
+        // The documents are JSON, compact or pretty-printed (`kubeadm::write_config`'s).
+        let has_kind = [
+            format!("\"kind\":\"{kind}\""),
+            format!("\"kind\": \"{kind}\""),
+        ]
+        .iter()
+        .any(|needle| stored.config.contains(needle.as_str()));
+        if !has_kind {
             return Err(invalid(
                 path,
                 format!(
