@@ -29,6 +29,9 @@ fn main() {
         }
     };
     println!("{}", start.banner());
+    if let Some(port) = kubelet::api_server_port(&env) {
+        stand_in_for_the_api_server(port);
+    }
     match signals.wait() {
         Ok(signal) => {
             kubelet::record_stop(&env, signal.as_str());
@@ -38,5 +41,26 @@ fn main() {
             eprintln!("{KUBELET_LABEL}: error: waiting for SIGTERM failed: {e}");
             std::process::exit(1);
         }
+    }
+}
+
+/// Opens `0.0.0.0:port` for the API server static pod a real kubelet would run: accepts and
+/// closes connections (no Kubernetes API), in a thread that ends with the process.
+fn stand_in_for_the_api_server(port: u16) {
+    match std::net::TcpListener::bind(("0.0.0.0", port)) {
+        Ok(listener) => {
+            println!(
+                "{KUBELET_LABEL}: kube-apiserver static pod not run; listening on 0.0.0.0:{port} \
+                 in its place (accepts TCP connections, serves no Kubernetes API)"
+            );
+            std::thread::spawn(move || {
+                for connection in listener.incoming() {
+                    drop(connection);
+                }
+            });
+        }
+        Err(e) => eprintln!(
+            "{KUBELET_LABEL}: error: cannot listen on 0.0.0.0:{port} for the API server: {e}"
+        ),
     }
 }
