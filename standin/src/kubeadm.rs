@@ -461,7 +461,7 @@ fn join(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
     let mut out = Output::default();
     out.say(format!(
         "would run join for node {node} as a {role} via API server {server}; \
-         discovery is not performed and no kubelet TLS bootstrap happens"
+         discovery reaches the endpoint over TCP only, and no kubelet TLS bootstrap happens"
     ));
     let mut written = Vec::new();
     if let Some(control_plane) = &join.control_plane {
