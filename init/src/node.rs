@@ -143,7 +143,8 @@ pub enum Role {
     },
     /// A join ticket from the join service: `kubeadm join`.
     Join(KubeadmTicket),
-    /// A rejoining or recovered node: kubeadm ran on an earlier boot; services only.
+    /// A rejoining or recovered node: services, and kubeadm again only if an earlier boot left
+    /// its intent and no marker.
     Rejoin,
 }
 
@@ -395,103 +396,119 @@ enum KubeadmWork {
     },
 }
 
-/// Renders the configuration for a new cluster or a join ticket and keeps it on the state disk
-/// before kubeadm first runs. An error is logged; kubeadm then runs without a kept intent
-/// (once), or not at all if there is no configuration.
-fn new_intent(role: &Role, identity: &NodeIdentity) -> Result<KubeadmIntent, KubeadmRunError> {
-    let intent = match role {
-        Role::Init { spec, .. } => KubeadmIntent {
-            verb: Verb::Init,
-            config: kubeadm::init_config(&InitRequest {
-                cluster_name: spec.cluster_name.clone(),
-                kubernetes_version: spec.kubernetes_version.clone(),
-                service_cidr: spec.service_cidr,
-                pod_cidr: None,
-                control_plane_endpoint: None,
-                cert_sans: spec.api_server_cert_sans.clone(),
-                node_name: identity.name.clone(),
-                node_ip: identity.ip,
-                bootstrap_token: None,
-                ignore_preflight_errors: Vec::new(),
-            })
-            .map_err(KubeadmRunError::Config)?,
-            control_plane_files: Vec::new(),
-        },
-        Role::Join(ticket) => KubeadmIntent {
-            verb: Verb::Join,
-            config: kubeadm::join_config(&JoinTicket {
-                api_server_endpoint: ticket.api_server_endpoint.clone(),
-                token: ticket.token.clone(),
-                ca_cert_hashes: ticket.ca_cert_hashes.clone(),
-                node_name: identity.name.clone(),
-                node_ip: identity.ip,
-                control_plane: ticket.control_plane_files.as_ref().map(|_| {
-                    kubeadm::ControlPlaneJoin {
-                        certificate_key: None,
-                    }
-                }),
-                ignore_preflight_errors: Vec::new(),
-            })
-            .map_err(KubeadmRunError::Config)?,
-            control_plane_files: ticket.control_plane_files.clone().unwrap_or_default(),
-        },
-        Role::Rejoin => return Err(KubeadmRunError::NoIntent),
+/// The intent of a new cluster or a join ticket: its configuration rendered for this node;
+/// `None` for a rejoining node, which has none of its own.
+fn new_intent(
+    role: &Role,
+    identity: &NodeIdentity,
+) -> Option<Result<KubeadmIntent, KubeadmRunError>> {
+    let rendered = |verb, config, control_plane_files| {
+        Ok(KubeadmIntent {
+            verb,
+            config,
+            control_plane_files,
+        })
     };
-    Ok(intent)
+    Some(match role {
+        Role::Init { spec, .. } => match kubeadm::init_config(&InitRequest {
+            cluster_name: spec.cluster_name.clone(),
+            kubernetes_version: spec.kubernetes_version.clone(),
+            service_cidr: spec.service_cidr,
+            pod_cidr: None,
+            control_plane_endpoint: None,
+            cert_sans: spec.api_server_cert_sans.clone(),
+            node_name: identity.name.clone(),
+            node_ip: identity.ip,
+            bootstrap_token: None,
+            ignore_preflight_errors: Vec::new(),
+        }) {
+            Ok(config) => rendered(Verb::Init, config, Vec::new()),
+            Err(e) => Err(KubeadmRunError::Config(e)),
+        },
+        Role::Join(ticket) => match kubeadm::join_config(&JoinTicket {
+            api_server_endpoint: ticket.api_server_endpoint.clone(),
+            token: ticket.token.clone(),
+            ca_cert_hashes: ticket.ca_cert_hashes.clone(),
+            node_name: identity.name.clone(),
+            node_ip: identity.ip,
+            control_plane: ticket
+                .control_plane_files
+                .as_ref()
+                .map(|_| kubeadm::ControlPlaneJoin {
+                    certificate_key: None,
+                }),
+            ignore_preflight_errors: Vec::new(),
+        }) {
+            Ok(config) => rendered(
+                Verb::Join,
+                config,
+                ticket.control_plane_files.clone().unwrap_or_default(),
+            ),
+            Err(e) => Err(KubeadmRunError::Config(e)),
+        },
+        Role::Rejoin => return None,
+    })
+}
+
+/// What an earlier boot left for kubeadm (a rejoining or recovered node): nothing if the
+/// marker is there, else the kept intent with its attempts so far. `on_disk` maps an absolute
+/// path to the state disk's file.
+fn earlier_boot_work(on_disk: &dyn Fn(&str) -> std::path::PathBuf) -> KubeadmWork {
+    let marker = on_disk(KUBEADM_MARKER);
+    match std::fs::symlink_metadata(&marker) {
+        Ok(_) => {
+            info!("this node joined on an earlier boot: kubeadm does not run again");
+            return KubeadmWork::Nothing;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            warn!("cannot check kubeadm's marker {KUBEADM_MARKER} ({e}); kubeadm does not run");
+            return KubeadmWork::Nothing;
+        }
+    }
+    match KubeadmIntent::load(&on_disk(KUBEADM_INTENT)) {
+        Ok(Some(intent)) => {
+            let status = match KubeadmStatus::load(&on_disk(KUBEADM_STATUS)) {
+                Ok(Some(status)) => status,
+                Ok(None) => KubeadmStatus::new(intent.verb),
+                Err(e) => {
+                    warn!("{}; counting attempts from 0", error_chain(&e));
+                    KubeadmStatus::new(intent.verb)
+                }
+            };
+            info!(
+                "kubeadm {} did not finish on an earlier boot ({} attempt(s), no marker \
+                 {KUBEADM_MARKER}): running it again from {KUBEADM_INTENT}",
+                intent.verb.as_str(),
+                status.attempts
+            );
+            KubeadmWork::Run { intent, status }
+        }
+        Ok(None) => {
+            warn!(
+                "neither kubeadm's marker {KUBEADM_MARKER} nor its intent {KUBEADM_INTENT} \
+                 is on the state disk: kubeadm has nothing to run; services only"
+            );
+            KubeadmWork::Nothing
+        }
+        Err(e) => {
+            warn!(
+                "{}: kubeadm cannot run again; services only",
+                error_chain(&e)
+            );
+            KubeadmWork::Nothing
+        }
+    }
 }
 
 /// What kubeadm does on this boot: a new intent (init, join), or what an earlier boot left
 /// (rejoin, recover). Never fails: a broken intent is logged, and the node runs its services.
 fn kubeadm_work(role: &Role, identity: &NodeIdentity, root: &Path) -> KubeadmWork {
     let on_disk = |path: &str| root.join(path.trim_start_matches('/'));
-    let marker = on_disk(KUBEADM_MARKER);
-    if let Role::Rejoin = role {
-        match std::fs::symlink_metadata(&marker) {
-            Ok(_) => {
-                info!("this node joined on an earlier boot: kubeadm does not run again");
-                return KubeadmWork::Nothing;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                warn!("cannot check kubeadm's marker {KUBEADM_MARKER} ({e}); kubeadm does not run");
-                return KubeadmWork::Nothing;
-            }
-        }
-        return match KubeadmIntent::load(&on_disk(KUBEADM_INTENT)) {
-            Ok(Some(intent)) => {
-                let status = match KubeadmStatus::load(&on_disk(KUBEADM_STATUS)) {
-                    Ok(Some(status)) => status,
-                    Ok(None) => KubeadmStatus::new(intent.verb),
-                    Err(e) => {
-                        warn!("{}; counting attempts from 0", error_chain(&e));
-                        KubeadmStatus::new(intent.verb)
-                    }
-                };
-                info!(
-                    "kubeadm {} did not finish on an earlier boot ({} attempt(s), no marker \
-                     {KUBEADM_MARKER}): running it again from {KUBEADM_INTENT}",
-                    intent.verb.as_str(),
-                    status.attempts
-                );
-                KubeadmWork::Run { intent, status }
-            }
-            Ok(None) => {
-                warn!(
-                    "neither kubeadm's marker {KUBEADM_MARKER} nor its intent {KUBEADM_INTENT} \
-                     is on the state disk: kubeadm has nothing to run; services only"
-                );
-                KubeadmWork::Nothing
-            }
-            Err(e) => {
-                warn!(
-                    "{}: kubeadm cannot run again; services only",
-                    error_chain(&e)
-                );
-                KubeadmWork::Nothing
-            }
-        };
-    }
-    match new_intent(role, identity) {
+    let Some(rendered) = new_intent(role, identity) else {
+        return earlier_boot_work(&on_disk);
+    };
+    match rendered {
         Ok(intent) => {
             // Before kubeadm first runs: from here a power cut leaves the intent or the marker.
             if let Err(e) = intent.save(&on_disk(KUBEADM_INTENT)) {
@@ -663,9 +680,6 @@ pub enum KubeadmRunError {
     /// would refuse).
     #[error("cannot write the kubeadm configuration")]
     Config(#[source] kubeadm::KubeadmConfigError),
-    /// A rejoining node has no kubeadm intent of its own to render (a bug if it shows).
-    #[error("a rejoining node renders no kubeadm configuration")]
-    NoIntent,
     /// The control-plane join's shared certificates and keys cannot be written to
     /// [`PKI_DIR`].
     #[error("cannot write the control-plane files to {PKI_DIR}")]
