@@ -366,8 +366,10 @@ fn print_kubernetes(vm: &Vm, outcome: &str) {
     for line in console.iter().filter(|l| {
         l.contains("rootfs mapped at")
             || l.contains("switched into the rootfs")
-            || l.contains("running kubeadm once")
+            || l.contains("running kubeadm ")
             || l.contains("[kubeadm]")
+            // PID 1's status after each attempt (`HAWSER_KUBEADM_STATUS {json}`).
+            || l.contains("HAWSER_KUBEADM_STATUS ")
             || l.contains("STAND-IN (not Kubernetes): started")
     }) {
         let text = line

@@ -58,16 +58,34 @@ pub fn node_cmdline(base: &str, join_service: bool) -> String {
 /// `JOIND_PORT`).
 pub const NODE_JOIND_PORT: u16 = 7000;
 
+/// The API server endpoint a local cluster's host-side join service hands out (there is no
+/// control plane on the host: see [`NoControlPlaneTokens`]).
+pub const GUEST_API_SERVER_ENDPOINT: &str = "10.0.2.100:6443";
+
 /// QEMU arguments for the node's NIC: restricted user networking, the join service (if any)
 /// forwarded from [`GUEST_JOIN_ENDPOINT`] to `join_port` on the host's loopback, and each
 /// `(host port, guest port)` of `published` forwarded from `127.0.0.1:<host port>` to the node
 /// (its init port [`NODE_INIT_PORT`], its join service [`NODE_JOIND_PORT`]).
 pub fn user_net_args(join_port: Option<u16>, published: &[(u16, u16)]) -> Vec<String> {
+    user_net_args_with_api_server(join_port, None, published)
+}
+
+/// [`user_net_args`], and [`GUEST_API_SERVER_ENDPOINT`] forwarded to `api_server_port` on the
+/// host's loopback (a test's stand-in for the control plane, which the stand-in kubeadm's join
+/// discovery must reach). Without it, nothing answers there: restricted networking drops the
+/// connection.
+pub fn user_net_args_with_api_server(
+    join_port: Option<u16>,
+    api_server_port: Option<u16>,
+    published: &[(u16, u16)],
+) -> Vec<String> {
     let mut netdev = "user,id=n0,restrict=on".to_owned();
-    if let Some(port) = join_port {
-        let (host, guest_port) = GUEST_JOIN_ENDPOINT
-            .split_once(':')
-            .unwrap_or((GUEST_JOIN_ENDPOINT, "7000"));
+    for (endpoint, port) in [
+        (GUEST_JOIN_ENDPOINT, join_port),
+        (GUEST_API_SERVER_ENDPOINT, api_server_port),
+    ] {
+        let Some(port) = port else { continue };
+        let (host, guest_port) = endpoint.split_once(':').unwrap_or((endpoint, "7000"));
         // A `tcp:` chardev connects once, at QEMU start (and fails if the service is down);
         // `cmd:` runs a relay per guest connection (bash's /dev/tcp: these hosts have no
         // netcat), so the service may come up after the node booted.
@@ -109,7 +127,7 @@ pub struct NoControlPlaneTokens(JoinCredentials);
 impl NoControlPlaneTokens {
     pub fn new() -> anyhow::Result<Self> {
         Ok(NoControlPlaneTokens(JoinCredentials {
-            api_server_endpoint: "10.0.2.100:6443".parse()?,
+            api_server_endpoint: GUEST_API_SERVER_ENDPOINT.parse()?,
             bootstrap_token: "nocpln.0000000000000000".parse()?,
             discovery_ca_cert_hashes: vec![CaCertHash::from_sha256([0; 32])],
         }))

@@ -189,6 +189,12 @@ impl KubeadmConfig {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// A configuration rendered on an earlier boot and kept on the state disk (the kubeadm
+    /// intent): kubeadm validates it again when it reads it.
+    pub fn from_stored(text: Zeroizing<String>) -> Self {
+        KubeadmConfig(text)
+    }
 }
 
 impl fmt::Debug for KubeadmConfig {

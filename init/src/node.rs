@@ -6,13 +6,27 @@
 //!    the node's writable state bound in from the state disk ([`crate::rootfs`]);
 //! 2. PCR 11 ← `leave-initrd`, then `switch_root` (PID 1 stays, the initramfs is freed);
 //! 3. the supervisor starts containerd and the kubelet (restart with backoff);
-//! 4. `kubeadm init` (the admin's `hawser init`) or `kubeadm join` (the join ticket) runs once
-//!    per node lifetime (a marker on the state disk); a rejoining or recovered node only
-//!    starts its services;
+//! 4. `kubeadm init` (the admin's `hawser init`) or `kubeadm join` (the join ticket) runs until
+//!    it succeeded once in the node's life (the marker [`KUBEADM_MARKER`] on the state disk);
 //! 5. after `kubeadm init`, the admin kubeconfig goes back to the admin's open `hawser init`.
 //!
-//! A failing kubeadm is reported (console, and the admin's call) and the node stays up: PID 1
-//! never exits; the next boot tries again (the marker is written only after success).
+//! **kubeadm until it succeeded.** Before kubeadm first runs, what it needs to run again (the
+//! rendered configuration, a control-plane join's shared certificates) is kept on the
+//! encrypted state disk as the *intent* ([`intent`], [`KUBEADM_INTENT`]): a power cut at any
+//! later point leaves the marker (done) or the intent (to do). A failed attempt is logged and
+//! reported (console status line, the admin's call), the node stays up, and the next attempt
+//! follows in the background with capped exponential backoff (10 s → 5 min, forever; aborted
+//! at shutdown), each after `kubeadm reset -f`. A boot that finds no marker but an intent —
+//! a rejoining node, or a `hawser recover`ed first control plane — runs kubeadm again the same
+//! way; one that finds the marker runs no kubeadm. The status (done or pending, attempts, the
+//! last failure's reason chain) is on the state disk ([`KUBEADM_STATUS`]), printed after each
+//! attempt, and a pending one is in the next boot's boot report.
+//!
+//! The window left: a power cut after the disk's lock and before the intent is written (the
+//! pivot and `sethostname`, well under a second of work) leaves neither; such a node runs its
+//! services without kubeadm and says so. The configuration is rendered for the node's name and
+//! address of the boot that wrote it: a node whose address changed across boots retries with
+//! the old one.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -35,7 +49,13 @@ use crate::platform::poll;
 use crate::platform::reaper::ChildRegistry;
 use crate::platform::syscalls::LinuxSyscalls;
 use crate::rootfs::{self, RootHash, RootfsPlan, StateBacking};
+use crate::supervisor::retry::{self, KUBEADM_RETRY};
 use crate::supervisor::{self, OneShotJob, OneShotOutcome, SharedSupervisor, Supervisor};
+
+pub mod intent;
+
+pub use self::intent::{KUBEADM_INTENT, KUBEADM_STATUS};
+use self::intent::{KubeadmIntent, KubeadmState, KubeadmStatus, Verb};
 
 /// Where the kubeadm configuration is written (tmpfs: it holds the bootstrap token).
 pub const KUBEADM_CONFIG: &str = "/run/hawser/kubeadm.yaml";
@@ -117,14 +137,15 @@ pub enum Role {
     },
     /// A join ticket from the join service: `kubeadm join`.
     Join(KubeadmTicket),
-    /// A rejoining or recovered node: kubeadm ran on an earlier boot; services only.
+    /// A rejoining or recovered node: services, and kubeadm again only if an earlier boot left
+    /// its intent and no marker.
     Rejoin,
 }
 
 /// What a control plane needs to run the cluster's join service: the image's inputs (read
-/// before the pivot; `None` without a provider CA) and, on the boot that runs kubeadm, the
-/// cluster's secrets (the admin's `hawser init`, or a control-plane join's ticket). A worker
-/// has no secrets; later boots read them from the state disk ([`join_service`]).
+/// before the pivot; `None` without a provider CA) and, on the boot that gets them, the
+/// cluster's secrets (the admin's `hawser init`/`recover`, or a control-plane join's ticket),
+/// kept on the state disk before kubeadm runs ([`join_service`]). A worker has no secrets.
 #[derive(Default)]
 pub struct ControlPlane {
     pub inputs: Option<JoinServiceInputs>,
@@ -263,9 +284,154 @@ fn prepare_kubernetes_networking() -> Result<usize, NetworkingError> {
     Ok(loaded)
 }
 
+/// What kubeadm has to do on this boot.
+enum KubeadmWork {
+    /// Nothing: kubeadm succeeded on an earlier boot, or there is nothing it could run.
+    Nothing,
+    /// No configuration can be rendered (the reason, for the admin's `hawser init`).
+    Unrunnable(String),
+    /// Run `intent`; `status` counts the attempts of earlier boots.
+    Run {
+        intent: KubeadmIntent,
+        status: KubeadmStatus,
+    },
+}
+
+/// The intent of a new cluster or a join ticket: its configuration rendered for this node;
+/// `None` for a rejoining node, which has none of its own.
+fn new_intent(
+    role: &Role,
+    identity: &NodeIdentity,
+) -> Option<Result<KubeadmIntent, KubeadmRunError>> {
+    let rendered = |verb, config, control_plane_files| {
+        Ok(KubeadmIntent {
+            verb,
+            config,
+            control_plane_files,
+        })
+    };
+    Some(match role {
+        Role::Init { spec, .. } => match kubeadm::init_config(&InitRequest {
+            cluster_name: spec.cluster_name.clone(),
+            kubernetes_version: spec.kubernetes_version.clone(),
+            service_cidr: spec.service_cidr,
+            pod_cidr: None,
+            control_plane_endpoint: None,
+            cert_sans: spec.api_server_cert_sans.clone(),
+            node_name: identity.name.clone(),
+            node_ip: identity.ip,
+            bootstrap_token: None,
+            ignore_preflight_errors: Vec::new(),
+        }) {
+            Ok(config) => rendered(Verb::Init, config, Vec::new()),
+            Err(e) => Err(KubeadmRunError::Config(e)),
+        },
+        Role::Join(ticket) => match kubeadm::join_config(&JoinTicket {
+            api_server_endpoint: ticket.api_server_endpoint.clone(),
+            token: ticket.token.clone(),
+            ca_cert_hashes: ticket.ca_cert_hashes.clone(),
+            node_name: identity.name.clone(),
+            node_ip: identity.ip,
+            control_plane: ticket
+                .control_plane_files
+                .as_ref()
+                .map(|_| kubeadm::ControlPlaneJoin {
+                    certificate_key: None,
+                }),
+            ignore_preflight_errors: Vec::new(),
+        }) {
+            Ok(config) => rendered(
+                Verb::Join,
+                config,
+                ticket.control_plane_files.clone().unwrap_or_default(),
+            ),
+            Err(e) => Err(KubeadmRunError::Config(e)),
+        },
+        Role::Rejoin => return None,
+    })
+}
+
+/// What an earlier boot left for kubeadm (a rejoining or recovered node): nothing if the
+/// marker is there, else the kept intent with its attempts so far. `on_disk` maps an absolute
+/// path to the state disk's file.
+fn earlier_boot_work(on_disk: &dyn Fn(&str) -> std::path::PathBuf) -> KubeadmWork {
+    let marker = on_disk(KUBEADM_MARKER);
+    match std::fs::symlink_metadata(&marker) {
+        Ok(_) => {
+            info!("this node joined on an earlier boot: kubeadm does not run again");
+            return KubeadmWork::Nothing;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            warn!("cannot check kubeadm's marker {KUBEADM_MARKER} ({e}); kubeadm does not run");
+            return KubeadmWork::Nothing;
+        }
+    }
+    match KubeadmIntent::load(&on_disk(KUBEADM_INTENT)) {
+        Ok(Some(intent)) => {
+            let status = match KubeadmStatus::load(&on_disk(KUBEADM_STATUS)) {
+                Ok(Some(status)) => status,
+                Ok(None) => KubeadmStatus::new(intent.verb),
+                Err(e) => {
+                    warn!("{}; counting attempts from 0", error_chain(&e));
+                    KubeadmStatus::new(intent.verb)
+                }
+            };
+            info!(
+                "kubeadm {} did not finish on an earlier boot ({} attempt(s), no marker \
+                 {KUBEADM_MARKER}): running it again from {KUBEADM_INTENT}",
+                intent.verb.as_str(),
+                status.attempts
+            );
+            KubeadmWork::Run { intent, status }
+        }
+        Ok(None) => {
+            warn!(
+                "neither kubeadm's marker {KUBEADM_MARKER} nor its intent {KUBEADM_INTENT} \
+                 is on the state disk: kubeadm has nothing to run; services only"
+            );
+            KubeadmWork::Nothing
+        }
+        Err(e) => {
+            warn!(
+                "{}: kubeadm cannot run again; services only",
+                error_chain(&e)
+            );
+            KubeadmWork::Nothing
+        }
+    }
+}
+
+/// What kubeadm does on this boot: a new intent (init, join), or what an earlier boot left
+/// (rejoin, recover). Never fails: a broken intent is logged, and the node runs its services.
+fn kubeadm_work(role: &Role, identity: &NodeIdentity, root: &Path) -> KubeadmWork {
+    let on_disk = |path: &str| root.join(path.trim_start_matches('/'));
+    let Some(rendered) = new_intent(role, identity) else {
+        return earlier_boot_work(&on_disk);
+    };
+    match rendered {
+        Ok(intent) => {
+            // Before kubeadm first runs: from here a power cut leaves the intent or the marker.
+            if let Err(e) = intent.save(&on_disk(KUBEADM_INTENT)) {
+                warn!(
+                    "{}; kubeadm runs, but a power cut before it finishes loses the intent",
+                    error_chain(&e)
+                );
+            }
+            let status = KubeadmStatus::new(intent.verb);
+            KubeadmWork::Run { intent, status }
+        }
+        Err(e) => {
+            warn!("{}; the node stays up without Kubernetes", error_chain(&e));
+            KubeadmWork::Unrunnable(error_chain(&e))
+        }
+    }
+}
+
 /// Starts the node's services and runs kubeadm for `role` (steps 3–5); hands the services to
 /// `services`, where the shutdown stops them. Never fails: what goes wrong is logged (and
-/// reported to the admin), and the node stays up.
+/// reported to the admin), and the node stays up; a failed kubeadm runs again in the
+/// background with backoff until it succeeds.
 pub async fn run(
     role: Role,
     identity: NodeIdentity,
@@ -278,6 +444,12 @@ pub async fn run(
         Ok(()) => info!("hostname set to {}", identity.name),
         Err(e) => warn!("cannot set the hostname to {}: {e}", identity.name),
     }
+    // Before the services (seconds of them): the intent reaches the disk as early as it can.
+    let work = kubeadm_work(&role, &identity, Path::new("/"));
+    // A control plane's secrets, kept before kubeadm runs as the intent is: whichever boot
+    // kubeadm succeeds on starts the join service from them.
+    keep_cluster_secrets(&role, control_plane.secrets.as_ref());
+    let inputs = control_plane.inputs;
     let mut started = Supervisor::new(registry.clone());
     started.start(supervisor::containerd());
     // As systemd's `After=containerd.service` (with containerd's sd_notify) does: the kubelet
@@ -288,119 +460,157 @@ pub async fn run(
         warn!("the node's services were already started once; not starting them again");
         return;
     }
-    let config = match &role {
-        Role::Init { spec, .. } => kubeadm::init_config(&InitRequest {
-            cluster_name: spec.cluster_name.clone(),
-            kubernetes_version: spec.kubernetes_version.clone(),
-            service_cidr: spec.service_cidr,
-            pod_cidr: None,
-            control_plane_endpoint: None,
-            cert_sans: spec.api_server_cert_sans.clone(),
-            node_name: identity.name.clone(),
-            node_ip: identity.ip,
-            bootstrap_token: None,
-            ignore_preflight_errors: Vec::new(),
-        })
-        .map(|c| (c, "init")),
-        Role::Join(ticket) => {
-            // A control-plane join without `--upload-certs`: the cluster's shared certificates
-            // must be in place before kubeadm runs (it refuses otherwise).
-            if let Some(files) = &ticket.control_plane_files {
-                match write_control_plane_files(Path::new(PKI_DIR), files) {
-                    Ok(()) => info!(
-                        "control-plane join: wrote the cluster's {} shared certificate and key \
-                         files to {PKI_DIR}",
-                        files.len()
-                    ),
-                    Err(e) => warn!("cannot write the control-plane files to {PKI_DIR}: {e}"),
-                }
-            }
-            kubeadm::join_config(&JoinTicket {
-                api_server_endpoint: ticket.api_server_endpoint.clone(),
-                token: ticket.token.clone(),
-                ca_cert_hashes: ticket.ca_cert_hashes.clone(),
-                node_name: identity.name.clone(),
-                node_ip: identity.ip,
-                control_plane: ticket.control_plane_files.as_ref().map(|_| {
-                    kubeadm::ControlPlaneJoin {
-                        certificate_key: None,
-                    }
-                }),
-                ignore_preflight_errors: Vec::new(),
-            })
-            .map(|c| (c, "join"))
+    let (intent, status) = match work {
+        KubeadmWork::Run { intent, status } => (intent, status),
+        KubeadmWork::Nothing => {
+            join_service::start_on_control_plane(inputs.as_ref(), services).await;
+            return;
         }
-        Role::Rejoin => {
-            info!("this node joined on an earlier boot: kubeadm does not run again");
-            join_service::restart_on_control_plane(control_plane.inputs.as_ref(), services).await;
+        KubeadmWork::Unrunnable(reason) => {
+            if let Role::Init { progress, .. } = role {
+                progress.fail(&reason);
+            }
             return;
         }
     };
-    let outcome = match config {
-        Ok((config, verb)) => run_kubeadm(registry, &config, verb).await,
-        Err(source) => Err(KubeadmRunError::Config(source)),
+    let first = status.attempts.saturating_add(1);
+    let status = std::sync::Arc::new(tokio::sync::Mutex::new(status));
+    let outcome = attempt_kubeadm(registry, &intent, first, &status).await;
+    let spec = match role {
+        Role::Init {
+            spec,
+            cluster_id,
+            progress,
+        } => {
+            match &outcome {
+                Ok(()) => match std::fs::read(ADMIN_KUBECONFIG) {
+                    Ok(kubeconfig) => {
+                        info!(
+                            "cluster {:?} is initialized; the admin kubeconfig goes back to \
+                             `hawser init`",
+                            spec.cluster_name
+                        );
+                        progress.succeed(cluster_id, kubeconfig);
+                    }
+                    Err(e) => {
+                        progress.fail(&error_chain(&KubeadmRunError::AdminKubeconfig(e)));
+                    }
+                },
+                Err(e) => progress.fail(&format!(
+                    "{}; the node tries again with backoff, and {ADMIN_KUBECONFIG} is written \
+                     once kubeadm init succeeded",
+                    error_chain(e)
+                )),
+            }
+            Some(spec)
+        }
+        _ => None,
     };
-    if let Err(e) = &outcome {
+    if outcome.is_ok() {
+        join_service::start_on_control_plane(inputs.as_ref(), services).await;
+        return;
+    }
+    let registry = registry.clone();
+    let shared = services.clone();
+    let retries = tokio::spawn(async move {
+        let ((), attempts) = retry::until_success(
+            KUBEADM_RETRY,
+            first.saturating_add(1),
+            |n| attempt_kubeadm(&registry, &intent, n, &status),
+            tokio::time::sleep,
+            |_, _, _| {},
+        )
+        .await;
+        info!(
+            "kubeadm {} succeeded at attempt {attempts}",
+            intent.verb.as_str()
+        );
+        join_service::start_on_control_plane(inputs.as_ref(), &shared).await;
+        if let Some(spec) = spec {
+            info!(
+                "cluster {:?} is initialized; the admin kubeconfig is {ADMIN_KUBECONFIG} on \
+                 this node",
+                spec.cluster_name
+            );
+        }
+    });
+    services.adopt(retries).await;
+}
+
+/// Keeps the cluster's secrets of a control plane on the state disk, with the Kubernetes
+/// version its join service hands out: the admin's (`hawser init`, with the control planes it
+/// approved) or a control-plane join's. Nothing for a worker, nor on a recovered node's boot
+/// (`hawser recover` sends the secrets again, but a control plane kept them on its first boot).
+fn keep_cluster_secrets(role: &Role, secrets: Option<&ClusterSecrets>) {
+    let Some(secrets) = secrets else {
+        return;
+    };
+    let kept = match role {
+        Role::Init { spec, .. } => join_service::keep(
+            secrets,
+            &spec.kubernetes_version,
+            Some(&spec.control_plane_approvals),
+        ),
+        Role::Join(ticket) => match ticket.kubernetes_version.parse::<KubernetesVersion>() {
+            Ok(version) => join_service::keep(secrets, &version, None),
+            Err(e) => {
+                warn!(
+                    "the cluster's join service will not run here: the join ticket's \
+                     Kubernetes version {:?}: {e}",
+                    ticket.kubernetes_version
+                );
+                return;
+            }
+        },
+        // `hawser recover`: a control plane kept them on its first boot; a worker keeps none.
+        Role::Rejoin => return,
+    };
+    if let Err(e) = kept {
         warn!(
-            "{}; the node stays up without Kubernetes, the next boot tries again",
-            error_chain(e)
+            "{}; the cluster's join service will not restart on later boots",
+            error_chain(&e)
         );
     }
-    if let (Role::Join(ticket), Some(secrets), Ok(())) = (&role, &control_plane.secrets, &outcome) {
-        match ticket.kubernetes_version.parse::<KubernetesVersion>() {
-            Ok(version) => {
-                join_service::start_after_kubeadm(
-                    control_plane.inputs.as_ref(),
-                    secrets,
-                    &version,
-                    None,
-                    services,
-                )
-                .await
-            }
-            Err(e) => warn!(
-                "the cluster's join service is not started: the join ticket's Kubernetes \
-                 version {:?}: {e}",
-                ticket.kubernetes_version
-            ),
+}
+
+/// One attempt, number `attempt` of this node's life: `kubeadm reset -f` first unless it is
+/// the first, the control-plane files put (back) in place, the configuration written, kubeadm
+/// run once. The status is saved before (a power cut counts the attempt) and after, and
+/// printed on the console after.
+async fn attempt_kubeadm(
+    registry: &ChildRegistry,
+    intent: &KubeadmIntent,
+    attempt: u32,
+    status: &tokio::sync::Mutex<KubeadmStatus>,
+) -> Result<(), KubeadmRunError> {
+    let mut status = status.lock().await;
+    status.attempts = attempt;
+    status.state = KubeadmState::Pending;
+    if let Err(e) = status.save(Path::new(KUBEADM_STATUS)) {
+        warn!("{}", error_chain(&e));
+    }
+    let outcome = run_kubeadm(registry, intent, attempt).await;
+    match &outcome {
+        Ok(()) => {
+            status.state = KubeadmState::Done;
+            status.last_error = None;
+        }
+        Err(e) => {
+            let delay = KUBEADM_RETRY.delay_after(attempt);
+            warn!(
+                "{}; the node stays up without Kubernetes; attempt {} in {} s",
+                error_chain(e),
+                attempt.saturating_add(1),
+                delay.as_secs()
+            );
+            status.last_error = Some(error_chain(e));
         }
     }
-    if let Role::Init {
-        spec,
-        cluster_id,
-        progress,
-    } = role
-    {
-        match (&outcome, &control_plane.secrets) {
-            (Ok(()), Some(secrets)) => {
-                join_service::start_after_kubeadm(
-                    control_plane.inputs.as_ref(),
-                    secrets,
-                    &spec.kubernetes_version,
-                    Some(&spec.control_plane_approvals),
-                    services,
-                )
-                .await
-            }
-            (Ok(()), None) => warn!(
-                "the cluster's join service is not started: the admin's secrets did not reach \
-                 this boot"
-            ),
-            (Err(_), _) => {}
-        }
-        match outcome.and_then(|()| {
-            std::fs::read(ADMIN_KUBECONFIG).map_err(KubeadmRunError::AdminKubeconfig)
-        }) {
-            Ok(kubeconfig) => {
-                info!(
-                    "cluster {:?} is initialized; the admin kubeconfig goes back to `hawser init`",
-                    spec.cluster_name
-                );
-                progress.succeed(cluster_id, kubeconfig);
-            }
-            Err(e) => progress.fail(&error_chain(&e)),
-        }
+    if let Err(e) = status.save(Path::new(KUBEADM_STATUS)) {
+        warn!("{}", error_chain(&e));
     }
+    crate::platform::console::emit_raw_console_line(&status.console_line());
+    outcome
 }
 
 /// Why kubeadm did not make this node a Kubernetes node. The node stays up either way.
@@ -410,14 +620,20 @@ pub enum KubeadmRunError {
     /// would refuse).
     #[error("cannot write the kubeadm configuration")]
     Config(#[source] kubeadm::KubeadmConfigError),
+    /// The control-plane join's shared certificates and keys cannot be written to
+    /// [`PKI_DIR`].
+    #[error("cannot write the control-plane files to {PKI_DIR}")]
+    ControlPlaneFiles(#[source] std::io::Error),
     /// The configuration file [`KUBEADM_CONFIG`] cannot be written.
     #[error("cannot write {KUBEADM_CONFIG}")]
     WriteConfig(#[source] std::io::Error),
     /// `kubeadm init` or `kubeadm join` did not succeed.
-    #[error("kubeadm {verb} failed")]
+    #[error("kubeadm {verb} failed (attempt {attempt})")]
     Run {
         /// `init` or `join`.
         verb: &'static str,
+        /// The attempt's number in this node's life.
+        attempt: u32,
         #[source]
         source: supervisor::OneShotError,
     },
@@ -429,10 +645,34 @@ pub enum KubeadmRunError {
 
 async fn run_kubeadm(
     registry: &ChildRegistry,
-    config: &kubeadm::KubeadmConfig,
-    verb: &'static str,
+    intent: &KubeadmIntent,
+    attempt: u32,
 ) -> Result<(), KubeadmRunError> {
-    kubeadm::write_config(Path::new(KUBEADM_CONFIG), config)
+    let verb = intent.verb.as_str();
+    if attempt > 1 {
+        // What a half-run kubeadm left (certificates, kubeconfigs, manifests) stops the next
+        // run at its preflight checks: clean up as an operator would.
+        let reset = OneShotJob::new("kubeadm", &[KUBEADM, "reset", "-f"], KUBEADM_MARKER);
+        match supervisor::run_job(registry, &reset, "to clean up before the retry").await {
+            Ok(took) => info!("kubeadm reset -f done in {:.1} s", took.as_secs_f64()),
+            Err(e) => warn!(
+                "{}; trying kubeadm {verb} anyway (its preflight checks say what is left)",
+                error_chain(&e)
+            ),
+        }
+    }
+    // A control-plane join without `--upload-certs`: the cluster's shared certificates must be
+    // in place before kubeadm runs (it refuses otherwise), and `kubeadm reset` removed them.
+    if !intent.control_plane_files.is_empty() {
+        write_control_plane_files(Path::new(PKI_DIR), &intent.control_plane_files)
+            .map_err(KubeadmRunError::ControlPlaneFiles)?;
+        info!(
+            "control-plane join: wrote the cluster's {} shared certificate and key files to \
+             {PKI_DIR}",
+            intent.control_plane_files.len()
+        );
+    }
+    kubeadm::write_config(Path::new(KUBEADM_CONFIG), &intent.config)
         .map_err(KubeadmRunError::WriteConfig)?;
     let job = OneShotJob::new(
         "kubeadm",
@@ -445,7 +685,11 @@ async fn run_kubeadm(
             Ok(())
         }
         Ok(OneShotOutcome::AlreadyDone) => Ok(()),
-        Err(source) => Err(KubeadmRunError::Run { verb, source }),
+        Err(source) => Err(KubeadmRunError::Run {
+            verb,
+            attempt,
+            source,
+        }),
     }
 }
 
@@ -502,6 +746,97 @@ mod tests {
             error_chain(&KubeadmRunError::AdminKubeconfig(unreadable)),
             "kubeadm init succeeded but /etc/kubernetes/admin.conf is unreadable: entity not found"
         );
+    }
+
+    fn identity() -> NodeIdentity {
+        NodeIdentity {
+            name: "hawser-0123abcd".into(),
+            ip: "10.0.2.15".parse().unwrap(),
+        }
+    }
+
+    fn on_disk(root: &Path, path: &str) -> std::path::PathBuf {
+        root.join(path.trim_start_matches('/'))
+    }
+
+    fn join_intent() -> KubeadmIntent {
+        KubeadmIntent {
+            verb: Verb::Join,
+            config: kubeadm::KubeadmConfig::from_stored(Zeroizing::new(
+                "{\"kind\":\"JoinConfiguration\"}".into(),
+            )),
+            control_plane_files: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_join_keeps_its_intent_on_the_state_disk_before_kubeadm_runs() {
+        let root = tempfile::tempdir().unwrap();
+        let ticket = KubeadmTicket {
+            api_server_endpoint: "10.0.2.100:6443".parse().unwrap(),
+            token: "abcdef.0123456789abcdef".parse().unwrap(),
+            ca_cert_hashes: vec![format!("sha256:{}", "00".repeat(32)).parse().unwrap()],
+            kubernetes_version: "v1.31.2".into(),
+            control_plane_files: Some(vec![file("ca.key", b"key")]),
+        };
+        let KubeadmWork::Run { intent, status } =
+            kubeadm_work(&Role::Join(ticket), &identity(), root.path())
+        else {
+            panic!("a join runs kubeadm");
+        };
+        assert_eq!(status, KubeadmStatus::new(Verb::Join));
+        let path = on_disk(root.path(), KUBEADM_INTENT);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let kept = KubeadmIntent::load(&path).unwrap().unwrap();
+        assert_eq!(kept, intent);
+        assert_eq!(kept.verb, Verb::Join);
+        assert!(kept.config.as_str().contains("10.0.2.100:6443"));
+        assert!(kept.config.as_str().contains("hawser-0123abcd"));
+        assert_eq!(kept.control_plane_files, vec![file("ca.key", b"key")]);
+    }
+
+    #[test]
+    fn a_rejoin_with_the_marker_runs_no_kubeadm_even_with_an_intent() {
+        let root = tempfile::tempdir().unwrap();
+        join_intent()
+            .save(&on_disk(root.path(), KUBEADM_INTENT))
+            .unwrap();
+        std::fs::write(on_disk(root.path(), KUBEADM_MARKER), "done").unwrap();
+        let work = kubeadm_work(&Role::Rejoin, &identity(), root.path());
+        assert!(matches!(work, KubeadmWork::Nothing));
+    }
+
+    #[test]
+    fn a_rejoin_without_the_marker_runs_the_kept_intent_counting_earlier_attempts() {
+        let root = tempfile::tempdir().unwrap();
+        join_intent()
+            .save(&on_disk(root.path(), KUBEADM_INTENT))
+            .unwrap();
+        let mut status = KubeadmStatus::new(Verb::Join);
+        status.attempts = 2;
+        status.last_error = Some("kubeadm join failed (attempt 2)".into());
+        status.save(&on_disk(root.path(), KUBEADM_STATUS)).unwrap();
+        let KubeadmWork::Run {
+            intent,
+            status: kept,
+        } = kubeadm_work(&Role::Rejoin, &identity(), root.path())
+        else {
+            panic!("kubeadm does not run again");
+        };
+        assert_eq!(intent, join_intent());
+        assert_eq!(kept, status);
+    }
+
+    #[test]
+    fn a_rejoin_with_no_intent_or_a_corrupt_one_runs_services_only() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(on_disk(root.path(), "/var/lib/hawser")).unwrap();
+        let work = kubeadm_work(&Role::Rejoin, &identity(), root.path());
+        assert!(matches!(work, KubeadmWork::Nothing));
+        std::fs::write(on_disk(root.path(), KUBEADM_INTENT), "{\"version\":").unwrap();
+        let work = kubeadm_work(&Role::Rejoin, &identity(), root.path());
+        assert!(matches!(work, KubeadmWork::Nothing));
     }
 
     #[test]

@@ -9,12 +9,16 @@
 //! test checks.
 //!
 //! Boots (OVMF under TCG, ~1 min each to the kubeadm call), sharing one image and one cluster:
-//! 1. fresh node: join → pivot → `kubeadm join` with the ticket's endpoint, token and CA
-//!    hash, node name and IP; then ACPI power-off: services stop in order, the state disk is
+//! 1. fresh node: join → pivot → `kubeadm join` with the ticket's endpoint, which nothing
+//!    answers yet: the stand-in waits in discovery, and the power is cut
+//!    ([`fault_power_cut_before_kubeadm_finished`]);
+//! 2. reboot with the endpoint reachable: rejoin → the boot report names the pending attempt →
+//!    `kubeadm reset -f` → `kubeadm join` with the ticket's endpoint, token and CA hash, node
+//!    name and IP, once; then ACPI power-off: services stop in order, the state disk is
 //!    unmounted and closed, the VM powers off;
-//! 2. reboot: rejoin (IssueRejoinTicket) → the same disk reopens, the state file system was
+//! 3. reboot: rejoin (IssueRejoinTicket) → the same disk reopens, the state file system was
 //!    cleanly unmounted, the kubelet starts, kubeadm does not run again;
-//! 3. the disk image with one byte of the rootfs partition flipped: dm-verity refuses the
+//! 4. the disk image with one byte of the rootfs partition flipped: dm-verity refuses the
 //!    block, the node stops with a clear message and never runs kubeadm.
 //!
 //! `#[ignore]`d in plain `cargo test`; run with
@@ -27,7 +31,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use hawser_attestation::report::{JOIN_REPORT_MARKER, JoinReport};
+use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MARKER, JoinReport};
 use hawser_cli::localhost::{self, free_port};
 use hawser_image::pipeline::{DEFAULT_CMDLINE, NodeImage};
 use hawser_qemu::{Vm, VmConfig, format_timeline};
@@ -44,6 +48,8 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(360);
 const KUBELET_RUNNING: &str = "[kubelet] kubelet STAND-IN (not Kubernetes): started for node";
 /// PID 1's teardown with every file system unmounted and the state disk closed.
 const CLEAN_TEARDOWN: &str = "device-mapper devices (0 failed)";
+/// PID 1's console line with kubeadm's status (`hawser_init::node::intent`).
+const KUBEADM_STATUS: &str = "HAWSER_KUBEADM_STATUS ";
 /// PID 1's line on a state disk that was cleanly unmounted.
 const CLEAN_STATE: &str = "state file system: clean (nothing in its journal to replay)";
 
@@ -72,33 +78,19 @@ fn wait(vm: &Vm, label: &str, what: &str) -> String {
 }
 
 #[test]
-#[ignore = "boots QEMU three times (~4 min under TCG); run by scripts/test"]
+#[ignore = "boots QEMU four times (~5 min under TCG); run by scripts/test"]
 fn a_node_joins_runs_kubeadm_once_and_rejoins_after_a_clean_power_off() {
     let image = image();
     let host = Host::new(&scratch("cluster"), &image.image.uki.path);
     let port = free_port().unwrap();
     let service = host.start_service(SocketAddr::from(([127, 0, 0, 1], port)));
+    // The host's stand-in for the control plane the join service names (10.0.2.100:6443):
+    // a listener on loopback that counts the connections kubeadm's discovery makes.
+    let api_server = ApiServer::start();
 
-    // Boot 1: join, pivot, kubeadm join.
-    let vm =
-        Vm::start(host.node(VmConfig::uefi_disk(&image.disk.path), "node-1", port, true)).unwrap();
-    let join_line = wait(&vm, "join report", JOIN_REPORT_MARKER);
-    let join = JoinReport::find_in_console(&join_line).unwrap().unwrap();
-    wait(&vm, "pivot", "switched into the rootfs");
-    let config_line = wait(&vm, "kubeadm call", CONFIG_RECEIVED);
-    wait(&vm, "kubeadm done", "kubeadm join succeeded");
-    let kubelet_line = wait(&vm, "kubelet running", KUBELET_RUNNING);
-    vm.powerdown().unwrap();
-    let status = vm
-        .wait_for_exit(Duration::from_secs(120))
-        .unwrap_or_else(|e| panic!("no power-off after ACPI: {e}\n{}", console(&vm)));
-    let first = console(&vm);
-    eprintln!("boot 1: {}", format_timeline(&vm.timeline()));
-    // PID 1's memory after the pivot and kubeadm, for docs/rootfs.md.
-    let memory = first.lines().find(|l| l.contains("PID 1 resident memory"));
-    eprintln!("boot 1: {}", memory.unwrap_or("(no memory line)"));
-    assert!(memory.is_some(), "{first}");
-    assert!(status.success(), "{status:?}\n{first}");
+    // Boots 1 and 2: a power cut while kubeadm join waits in discovery, then the retry.
+    let (join, config_line, kubelet_line, first) =
+        fault_power_cut_before_kubeadm_finished(&host, port, &api_server);
 
     // The configuration kubeadm received is the join ticket's, for this node.
     let docs = kubeadm_documents(&config_line);
@@ -140,24 +132,169 @@ fn a_node_joins_runs_kubeadm_once_and_rejoins_after_a_clean_power_off() {
     );
     assert!(!first.contains("FATAL"), "{first}");
 
-    // Boot 2: rejoin, no second kubeadm.
-    let vm =
-        Vm::start(host.node(VmConfig::uefi_disk(&image.disk.path), "node-2", port, false)).unwrap();
+    // Boot 3: rejoin, no second kubeadm.
+    let vm = Vm::start(with_api_server(
+        host.node(VmConfig::uefi_disk(&image.disk.path), "node-3", port, false),
+        port,
+        &api_server,
+    ))
+    .unwrap();
     let rejoin_line = wait(&vm, "join report", JOIN_REPORT_MARKER);
     let rejoin = JoinReport::find_in_console(&rejoin_line).unwrap().unwrap();
     wait(&vm, "no second kubeadm", NO_SECOND_KUBEADM);
     wait(&vm, "kubelet running", KUBELET_RUNNING);
     vm.kill();
     let second = console(&vm);
-    eprintln!("boot 2: {}", format_timeline(&vm.timeline()));
+    eprintln!("boot 3: {}", format_timeline(&vm.timeline()));
     host.runtime.block_on(service.shutdown());
     assert_eq!(rejoin.rpc, "IssueRejoinTicket", "{second}");
     assert_eq!(rejoin.disk_uuid, join.disk_uuid);
     assert_eq!(rejoin.key_fingerprint, join.key_fingerprint);
     assert!(!second.contains(CONFIG_RECEIVED), "{second}");
-    // The power-off of boot 1 left the state file system clean: no journal replay.
+    assert!(!second.contains("running kubeadm"), "{second}");
+    // The power-off of boot 2 left the state file system clean: no journal replay.
     assert!(second.contains(CLEAN_STATE), "{second}");
     assert!(!second.contains("FATAL"), "{second}");
+}
+
+/// Fault "power cut after the lock and before kubeadm finished", steps of
+/// [`a_node_joins_runs_kubeadm_once_and_rejoins_after_a_clean_power_off`]. Boot 1: a fresh
+/// node joins (the disk is formatted and locked to the cluster), but nothing answers at the
+/// API server endpoint the ticket names, so the stand-in's `kubeadm join` waits in discovery;
+/// the power is cut (QMP `quit`) while it waits. Boot 2, with the endpoint reachable: the
+/// rejoining node finds kubeadm's intent and no marker, reports the pending attempt, cleans up
+/// (`kubeadm reset -f`) and runs `kubeadm join` again, which succeeds exactly once; then an
+/// ACPI power-off. Returns boot 2's join report (of boot 1), configuration line, kubelet line
+/// and console.
+fn fault_power_cut_before_kubeadm_finished(
+    host: &Host,
+    port: u16,
+    api_server: &ApiServer,
+) -> (JoinReport, String, String, String) {
+    let image = image();
+    // Boot 1: join, pivot, kubeadm join waiting for an endpoint nothing forwards.
+    let vm =
+        Vm::start(host.node(VmConfig::uefi_disk(&image.disk.path), "node-1", port, true)).unwrap();
+    let join_line = wait(&vm, "join report", JOIN_REPORT_MARKER);
+    let join = JoinReport::find_in_console(&join_line).unwrap().unwrap();
+    wait(&vm, "pivot", "switched into the rootfs");
+    wait(
+        &vm,
+        "kubeadm in discovery",
+        "discovery: waiting for the API server endpoint 10.0.2.100:6443",
+    );
+    vm.quit().unwrap();
+    let _ = vm.wait_for_exit(Duration::from_secs(30));
+    let cut = console(&vm);
+    eprintln!("boot 1: {}", format_timeline(&vm.timeline()));
+    assert_eq!(join.rpc, "IssueJoinTicket", "{cut}");
+    assert!(!cut.contains("kubeadm join succeeded"), "{cut}");
+    assert!(
+        !cut.contains(KUBEADM_STATUS),
+        "no attempt ended before the cut: {cut}"
+    );
+    assert_eq!(api_server.connections(), 0);
+
+    // Boot 2: rejoin; kubeadm join again, reaching the endpoint.
+    let vm = Vm::start(with_api_server(
+        host.node(VmConfig::uefi_disk(&image.disk.path), "node-2", port, false),
+        port,
+        api_server,
+    ))
+    .unwrap();
+    let rejoin_line = wait(&vm, "join report", JOIN_REPORT_MARKER);
+    let rejoin = JoinReport::find_in_console(&rejoin_line).unwrap().unwrap();
+    let report_line = wait(&vm, "boot report", BOOT_REPORT_MARKER);
+    wait(&vm, "pivot", "switched into the rootfs");
+    let config_line = wait(&vm, "kubeadm call", CONFIG_RECEIVED);
+    wait(&vm, "kubeadm done", "kubeadm join succeeded");
+    let status_line = wait(&vm, "kubeadm status", KUBEADM_STATUS);
+    let kubelet_line = wait(&vm, "kubelet running", KUBELET_RUNNING);
+    vm.powerdown().unwrap();
+    let status = vm
+        .wait_for_exit(Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("no power-off after ACPI: {e}\n{}", console(&vm)));
+    let text = console(&vm);
+    eprintln!("boot 2: {}", format_timeline(&vm.timeline()));
+    // PID 1's memory after the pivot and kubeadm, for docs/rootfs.md.
+    let memory = text.lines().find(|l| l.contains("PID 1 resident memory"));
+    eprintln!("boot 2: {}", memory.unwrap_or("(no memory line)"));
+    assert!(memory.is_some(), "{text}");
+    assert!(status.success(), "{status:?}\n{text}");
+    // The same disk: the lock of boot 1 holds, nothing was formatted again.
+    assert_eq!(rejoin.rpc, "IssueRejoinTicket", "{text}");
+    assert_eq!(rejoin.disk_uuid, join.disk_uuid);
+    assert_eq!(rejoin.key_fingerprint, join.key_fingerprint);
+    // The boot report names the attempt boot 1 left pending.
+    let report = BootReport::find_in_console(&report_line).unwrap().unwrap();
+    assert!(
+        report
+            .warnings
+            .iter()
+            .any(|w| w
+                .starts_with("kubeadm join is pending from an earlier boot after 1 attempt(s)")),
+        "{:?}",
+        report.warnings
+    );
+    // Cleaned up, then one join that reached the endpoint and succeeded.
+    assert!(text.contains("kubeadm reset -f done"), "{text}");
+    assert_eq!(
+        text.matches("kubeadm join succeeded in").count(),
+        1,
+        "{text}"
+    );
+    assert!(api_server.connections() >= 1);
+    let status_json =
+        &status_line[status_line.find(KUBEADM_STATUS).unwrap() + KUBEADM_STATUS.len()..];
+    let status: serde_json::Value = serde_json::from_str(status_json.trim()).unwrap();
+    assert_eq!(status["state"], "done", "{status_line}");
+    assert_eq!(status["attempts"], 2, "{status_line}");
+    assert!(!text.contains("FATAL"), "{text}");
+    (join, config_line, kubelet_line, text)
+}
+
+/// A TCP listener on the host's loopback standing in for the API server endpoint: it accepts
+/// connections and closes them, counting them.
+struct ApiServer {
+    port: u16,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl ApiServer {
+    fn start() -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = connections.clone();
+        std::thread::spawn(move || {
+            for connection in listener.incoming() {
+                if connection.is_ok() {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        });
+        ApiServer { port, connections }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// `config` with the API server endpoint forwarded to `api_server` (the NIC arguments of
+/// `Host::node`, replaced).
+fn with_api_server(mut config: VmConfig, join_port: u16, api_server: &ApiServer) -> VmConfig {
+    let nic = localhost::user_net_args(Some(join_port), &[]);
+    let at = config
+        .extra_args
+        .windows(nic.len())
+        .position(|w| w == nic.as_slice())
+        .expect("the node's NIC arguments");
+    config.extra_args.splice(
+        at..at + nic.len(),
+        localhost::user_net_args_with_api_server(Some(join_port), Some(api_server.port), &[]),
+    );
+    config
 }
 
 /// The node name PID 1 derives from the disk UUID (`init::join::client::node_name`).

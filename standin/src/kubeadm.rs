@@ -1,10 +1,17 @@
-//! The `kubeadm` stand-in's commands: `init`, `join`, `token create`, `version`.
+//! The `kubeadm` stand-in's commands: `init`, `join`, `reset`, `token create`, `version`.
 //!
 //! Each validates what real kubeadm validates, records the call, writes the files hawser reads
-//! after the real command (CA, admin.conf, kubelet.conf, the kubelet's config and flags) and
-//! says on every line that it is a stand-in. It starts no API server and contacts none: a token
-//! it "creates" is registered nowhere. Of the control plane it sets up only the stacked etcd
-//! ([`crate::etcd`]), which the kubelet stand-in runs.
+//! after the real command (CA, admin.conf, kubelet.conf, the kubelet's config and flags, the
+//! API server's static pod manifest) and says on every line that it is a stand-in. It starts
+//! no API server (the kubelet stand-in listens on its port in its place) and speaks no
+//! Kubernetes API: a token it "creates" is registered nowhere. Of the control plane it sets up
+//! the stacked etcd ([`crate::etcd`]), which the kubelet stand-in runs.
+//!
+//! What it does that can fail as real kubeadm fails: `join`'s discovery reaches the API server
+//! endpoint (`discovery.bootstrapToken.apiServerEndpoint`) — a TCP connect, retried until
+//! kubeadm's discovery timeout (`timeouts.discovery`, default 5 min), printed when it starts
+//! waiting — and fails naming the endpoint when nothing answers. `reset -f` removes what
+//! `init` and `join` wrote, as real kubeadm's reset removes its files before a new attempt.
 
 use std::collections::BTreeMap;
 use std::io::Read as _;
@@ -25,7 +32,7 @@ pub const DEFAULT_CRI_SOCKET: &str = "unix:///var/run/containerd/containerd.sock
 pub enum KubeadmError {
     /// The command line is wrong (exit 64).
     #[error(
-        "{0}\nusage: kubeadm init --config FILE | kubeadm join --config FILE | kubeadm token create [TOKEN] [--kubeconfig FILE] [--ttl DURATION] [--print-join-command] | kubeadm version"
+        "{0}\nusage: kubeadm init --config FILE | kubeadm join --config FILE | kubeadm reset -f | kubeadm token create [TOKEN] [--kubeconfig FILE] [--ttl DURATION] [--print-join-command] | kubeadm version"
     )]
     Usage(String),
     /// The configuration file cannot be read or is invalid.
@@ -40,6 +47,19 @@ pub enum KubeadmError {
     /// The configuration is valid but names something the stand-in refuses.
     #[error("{0}")]
     Refused(String),
+    /// `join`'s discovery reached nothing at the API server endpoint within its timeout.
+    #[error(
+        "discovery: could not reach the API server endpoint {endpoint} within {} s",
+        timeout.as_secs()
+    )]
+    Discovery {
+        /// `discovery.bootstrapToken.apiServerEndpoint`.
+        endpoint: String,
+        /// How long discovery tried.
+        timeout: std::time::Duration,
+        #[source]
+        source: std::io::Error,
+    },
     /// A file the command reads or writes failed.
     #[error("cannot {action} {path}")]
     Io {
@@ -89,6 +109,7 @@ pub fn run(args: &[String], env: &StandinEnv) -> Result<Output, KubeadmError> {
     match args.first().map(String::as_str) {
         Some("init") => init(&args[1..], args, env),
         Some("join") => join(&args[1..], args, env),
+        Some("reset") => reset(&args[1..], args, env),
         Some("token") if args.get(1).map(String::as_str) == Some("create") => {
             token_create(&args[2..], args, env)
         }
@@ -114,7 +135,7 @@ pub fn run(args: &[String], env: &StandinEnv) -> Result<Output, KubeadmError> {
             "kubeadm STAND-IN: a subcommand is required".into(),
         )),
         Some(other) => Err(KubeadmError::Usage(format!(
-            "unknown command {other:?} (the stand-in implements init, join, token create, version)"
+            "unknown command {other:?} (the stand-in implements init, join, reset, token create, version)"
         ))),
     }
 }
@@ -383,6 +404,7 @@ fn init(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
         let (said, files) = etcd::kubeadm_init(env, &node, &address, &cluster)?;
         out.say(said);
         written.extend(files);
+        written.push(write_api_server_manifest(env, &address, port)?);
         let hash = ca.cert_hash().map_err(KubeadmError::Refused)?;
         out.say(format!(
             "stand-in CA {} ({}), pin {hash}",
@@ -439,7 +461,7 @@ fn join(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
     let mut out = Output::default();
     out.say(format!(
         "would run join for node {node} as a {role} via API server {server}; \
-         discovery is not performed and no kubelet TLS bootstrap happens"
+         discovery reaches the endpoint over TCP only, and no kubelet TLS bootstrap happens"
     ));
     let mut written = Vec::new();
     if let Some(control_plane) = &join.control_plane {
@@ -471,8 +493,20 @@ fn join(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, Ku
         }
     }
     if dry_run {
-        out.say("dry run: no files written");
+        out.say("dry run: no discovery, no files written");
     } else {
+        let timeout = match join.timeouts.as_ref().and_then(|t| t.discovery.as_deref()) {
+            Some(text) => validate::parse_go_duration(text).ok_or_else(|| {
+                KubeadmError::Refused(format!("timeouts.discovery {text:?} is not a duration"))
+            })?,
+            None => DEFAULT_DISCOVERY_TIMEOUT,
+        };
+        discover(&discovery.api_server_endpoint, timeout)?;
+        out.say(format!(
+            "discovery: reached the API server endpoint {} (TCP only: no cluster-info is \
+             fetched, the CA pin is not checked against a server)",
+            discovery.api_server_endpoint
+        ));
         let token = if join.discovery.tls_bootstrap_token.is_empty() {
             &discovery.token
         } else {
@@ -539,6 +573,160 @@ fn write_admin_conf(kube_dir: &Path, ca: &Ca, server: &str) -> Result<PathBuf, K
     let path = kube_dir.join("admin.conf");
     pki::write_kubeconfig(&path, &admin)?;
     Ok(path)
+}
+
+/// kubeadm's default discovery timeout (`timeouts.discovery` in v1beta4).
+pub const DEFAULT_DISCOVERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+/// How long one connect to the API server endpoint may take.
+const DISCOVERY_CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+/// The pause between two connects.
+const DISCOVERY_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Reaches `endpoint` (`host:port`) over TCP, retried until `timeout`. Prints (at once, not at
+/// the end as the command's other lines) when it starts waiting and every 30 s.
+fn discover(endpoint: &str, timeout: std::time::Duration) -> Result<(), KubeadmError> {
+    use std::net::{TcpStream, ToSocketAddrs as _};
+    use std::time::Instant;
+    let started = Instant::now();
+    let mut said = None::<Instant>;
+    loop {
+        let attempt = endpoint.to_socket_addrs().and_then(|mut addrs| {
+            let addr = addrs.next().ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no address for the endpoint")
+            })?;
+            let left = timeout.saturating_sub(started.elapsed());
+            TcpStream::connect_timeout(
+                &addr,
+                left.clamp(
+                    std::time::Duration::from_millis(100),
+                    DISCOVERY_CONNECT_TIMEOUT,
+                ),
+            )
+        });
+        let error = match attempt {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        if started.elapsed() >= timeout {
+            return Err(KubeadmError::Discovery {
+                endpoint: endpoint.to_owned(),
+                timeout,
+                source: error,
+            });
+        }
+        if said.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(30)) {
+            eprintln!(
+                "{KUBEADM_LABEL}: discovery: waiting for the API server endpoint {endpoint} \
+                 ({error}); retrying for up to {} s",
+                timeout.as_secs()
+            );
+            said = Some(Instant::now());
+        }
+        std::thread::sleep(DISCOVERY_RETRY.min(timeout.saturating_sub(started.elapsed())));
+    }
+}
+
+/// The API server's static pod manifest, as kubeadm writes it for the kubelet. The stand-in
+/// kubelet runs no pod: it opens the port the manifest names (see `kubelet`), so that other
+/// nodes' discovery reaches this control plane.
+pub const API_SERVER_MANIFEST: &str = "etc/kubernetes/manifests/kube-apiserver.yaml";
+
+fn write_api_server_manifest(
+    env: &StandinEnv,
+    address: &str,
+    port: u16,
+) -> Result<PathBuf, KubeadmError> {
+    let manifest = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "kube-apiserver", "namespace": "kube-system"},
+        "spec": {"hostNetwork": true, "containers": [{
+            "name": "kube-apiserver",
+            "image": "registry.k8s.io/kube-apiserver (not pulled: stand-in)",
+            "command": [
+                "kube-apiserver",
+                format!("--advertise-address={address}"),
+                format!("--secure-port={port}"),
+            ],
+        }]},
+    });
+    let yaml = serde_norway::to_string(&manifest).unwrap_or_default();
+    let path = env.root.join(API_SERVER_MANIFEST);
+    pki::write_file(
+        &path,
+        format!("# Written by the kubeadm STAND-IN (hawser-standin).\n{yaml}").as_bytes(),
+        0o600,
+    )?;
+    Ok(path)
+}
+
+/// What `reset` removes under the root: what `init` and `join` write (and real kubeadm's
+/// reset removes).
+const RESET_PATHS: &[&str] = &[
+    "etc/kubernetes/admin.conf",
+    "etc/kubernetes/super-admin.conf",
+    "etc/kubernetes/kubelet.conf",
+    "etc/kubernetes/bootstrap-kubelet.conf",
+    "etc/kubernetes/controller-manager.conf",
+    "etc/kubernetes/scheduler.conf",
+    "etc/kubernetes/pki",
+    "etc/kubernetes/manifests",
+    "var/lib/kubelet/config.yaml",
+    "var/lib/kubelet/kubeadm-flags.env",
+    "var/lib/etcd",
+];
+
+fn reset(args: &[String], argv: &[String], env: &StandinEnv) -> Result<Output, KubeadmError> {
+    // `-f` is the short form of `--force`; the flag parser knows long flags only.
+    let long: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if a == "-f" {
+                "--force".to_owned()
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    let flags = parse_flags(&long, &["cri-socket", "kubeconfig", "v"], &["force"])?;
+    if let Some(p) = flags.positional.first() {
+        return Err(KubeadmError::Usage(format!(
+            "`kubeadm reset` takes no arguments, got {p:?}"
+        )));
+    }
+    if !flags.has("force") {
+        return Err(KubeadmError::Refused(
+            "reset asks for confirmation without --force (-f); the stand-in does not prompt".into(),
+        ));
+    }
+    let mut out = Output::default();
+    let mut removed = Vec::new();
+    for relative in RESET_PATHS {
+        let path = env.root.join(relative);
+        let result = match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&path),
+            Ok(_) => std::fs::remove_file(&path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => Err(e),
+        };
+        result.map_err(io_err("remove", &path))?;
+        out.say(format!("removed {}", path.display()));
+        removed.push(path);
+    }
+    if removed.is_empty() {
+        out.say("nothing to remove: no files of init or join");
+    }
+    let record_path = write_record(
+        env,
+        &json!({
+            "time": record::unix_time(),
+            "subcommand": "reset",
+            "argv": record::redact_argv(argv),
+            "removed": removed,
+        }),
+    )?;
+    out.say(format!("recorded the call in {}", record_path.display()));
+    Ok(out)
 }
 
 /// A fresh bootstrap token from the kernel's CSPRNG.

@@ -3,6 +3,12 @@
 //! ([`crate::static_pods`]: kubeadm's etcd on a control-plane node) until SIGTERM. It runs no
 //! other pods: there is no API server to get them from.
 //!
+//! On a control plane (the kubeadm stand-in's `init` wrote the API server's static pod
+//! manifest), where a real kubelet would run the kube-apiserver pod, it opens the API server's
+//! port instead ([`api_server_port`]): a TCP listener that accepts and closes connections and
+//! speaks no Kubernetes API, so that other nodes' `kubeadm join` discovery reaches this control
+//! plane (and fails, as for real, while it is down).
+//!
 //! The checks are the ones that make a real kubelet exit at start-up — a missing config file,
 //! no kubeconfig to reach an API server with, a container runtime socket that is not there — so
 //! hawser's supervisor (restart with backoff) sees the same failures it would see for real.
@@ -318,4 +324,18 @@ pub fn record_stop(env: &StandinEnv, signal: &str) {
             "signal": signal,
         }),
     );
+}
+
+/// The port of the API server whose static pod manifest the kubeadm stand-in wrote
+/// (`--secure-port=` in its command); `None` on a node without one (a worker, before `init`).
+pub fn api_server_port(env: &StandinEnv) -> Option<u16> {
+    let path = env.root.join(crate::kubeadm::API_SERVER_MANIFEST);
+    let text = std::fs::read_to_string(path).ok()?;
+    let manifest: Value = serde_norway::from_str(&text).ok()?;
+    manifest["spec"]["containers"][0]["command"]
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|arg| arg.strip_prefix("--secure-port="))
+        .and_then(|port| port.parse().ok())
 }

@@ -254,7 +254,7 @@ fn usage_errors_exit_64() {
         &["init", "--config"],
         &["init", "--config", "x", "--pod-network-cidr", "10.0.0.0/8"],
         &["join", "10.0.0.1:6443", "--config", "x"],
-        &["reset"],
+        &["reset", "-f", "now"],
         &["token", "list"],
         &[],
     ] {
@@ -268,14 +268,25 @@ fn usage_errors_exit_64() {
 #[test]
 fn join_writes_the_kubelet_kubeconfig_and_records_the_call() {
     let node = Node::new();
-    let config = node.write("join.json", JOIN);
+    // Discovery reaches the API server endpoint: a listener on loopback stands in for it.
+    let api_server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = api_server.local_addr().unwrap().to_string();
+    let join = JOIN.replace("10.42.0.1:6443", &endpoint);
+    let config = node.write("join.json", &join);
     let out = node.kubeadm(&["join", "--config", config.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_labelled(&out);
     assert!(
-        stdout(&out).contains(
-            "would run join for node node-2 as a worker via API server https://10.42.0.1:6443"
-        ),
+        stdout(&out).contains(&format!(
+            "would run join for node node-2 as a worker via API server https://{endpoint}"
+        )),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains(&format!(
+            "discovery: reached the API server endpoint {endpoint}"
+        )),
         "{}",
         stdout(&out)
     );
@@ -284,7 +295,7 @@ fn join_writes_the_kubelet_kubeconfig_and_records_the_call() {
     assert_eq!(kubelet["clusters"][0]["name"], "hawser-standin");
     assert_eq!(
         kubelet["clusters"][0]["cluster"]["server"],
-        "https://10.42.0.1:6443"
+        format!("https://{endpoint}").as_str()
     );
     assert!(node.path("var/lib/kubelet/config.yaml").is_file());
     let r = &node.records()[0];
@@ -297,7 +308,7 @@ fn join_writes_the_kubelet_kubeconfig_and_records_the_call() {
 
     let cp = node.write(
         "cp.json",
-        &JOIN.replace(
+        &join.replace(
             "\"discovery\"",
             "\"controlPlane\": {\"localAPIEndpoint\": {\"advertiseAddress\": \"10.42.0.2\"}}, \"discovery\"",
         ),
@@ -482,4 +493,104 @@ fn version_says_what_it_is() {
     assert!(out.status.success());
     assert_labelled(&out);
     assert!(stdout(&out).contains("runs no Kubernetes component"));
+}
+
+#[test]
+fn join_discovery_fails_naming_an_endpoint_nothing_listens_at() {
+    let node = Node::new();
+    // A port that was just free on loopback: nothing listens there.
+    let endpoint = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().to_string()
+    };
+    let join = JOIN.replace("10.42.0.1:6443", &endpoint).replace(
+        "\"discovery\"",
+        "\"timeouts\": {\"discovery\": \"2s\"}, \"discovery\"",
+    );
+    let config = node.write("join.json", &join);
+    let started = std::time::Instant::now();
+    let out = node.kubeadm(&["join", "--config", config.to_str().unwrap()]);
+    let took = started.elapsed();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_labelled(&out);
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "discovery: waiting for the API server endpoint {endpoint}"
+        )),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "error: discovery: could not reach the API server endpoint {endpoint} within 2 s: "
+        )),
+        "{err}"
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10),
+        "{took:?}"
+    );
+    // Nothing written, nothing recorded: the join did not happen.
+    assert!(!node.path("etc/kubernetes/kubelet.conf").exists());
+    assert!(!node.path("var/log/hawser-standin/kubeadm.jsonl").exists());
+}
+
+#[test]
+fn reset_removes_what_init_wrote_and_is_recorded() {
+    let node = Node::new();
+    let config = node.write("init.json", INIT);
+    let out = node.kubeadm(&["init", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        node.path("etc/kubernetes/manifests/kube-apiserver.yaml")
+            .is_file()
+    );
+    let env = hawser_standin::StandinEnv {
+        root: node.root.path().to_owned(),
+        hostname: "node-1".into(),
+    };
+    // The kubelet stand-in opens the API server's port on a control plane.
+    assert_eq!(hawser_standin::kubelet::api_server_port(&env), Some(6443));
+    let out = node.kubeadm(&["reset"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("without --force (-f)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(node.path("etc/kubernetes/admin.conf").exists());
+
+    let out = node.kubeadm(&["reset", "-f"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_labelled(&out);
+    for gone in [
+        "etc/kubernetes/admin.conf",
+        "etc/kubernetes/kubelet.conf",
+        "etc/kubernetes/pki",
+        "etc/kubernetes/manifests",
+        "var/lib/kubelet/config.yaml",
+        "var/lib/kubelet/kubeadm-flags.env",
+    ] {
+        assert!(!node.path(gone).exists(), "{gone} is left");
+        assert!(
+            stdout(&out).contains(&format!("removed {}", node.path(gone).display())),
+            "{}",
+            stdout(&out)
+        );
+    }
+    assert_eq!(hawser_standin::kubelet::api_server_port(&env), None);
+    let records = node.records();
+    assert_eq!(records.last().unwrap()["subcommand"], "reset");
+    // Init runs again on the cleaned node, with a new CA.
+    let out = node.kubeadm(&["init", "--config", config.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("(new)"), "{}", stdout(&out));
+    let out = node.kubeadm(&["reset", "--force"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = node.kubeadm(&["reset", "-f"]);
+    assert!(
+        stdout(&out).contains("nothing to remove"),
+        "{}",
+        stdout(&out)
+    );
 }

@@ -115,6 +115,12 @@ impl Boot {
             measurement,
             quote,
         };
+        // What an earlier boot's kubeadm left pending, for whoever reads the report.
+        if let Some(warning) =
+            node::intent::boot_report_warning(std::path::Path::new(crate::disk::STATE_MOUNT_POINT))
+        {
+            self.warn(warning);
+        }
         let warnings = self.take_warnings();
         let report = attestation.into_report(ReportContext {
             kernel_release,

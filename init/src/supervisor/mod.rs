@@ -24,6 +24,7 @@
 pub mod envfile;
 pub mod oneshot;
 pub mod output;
+pub mod retry;
 
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
@@ -38,7 +39,7 @@ use tracing::{info, warn};
 use self::output::Redaction;
 use crate::platform::reaper::{ChildRegistry, SupervisedChild};
 
-pub use self::oneshot::{OneShotError, OneShotJob, OneShotOutcome, run_once};
+pub use self::oneshot::{OneShotError, OneShotJob, OneShotOutcome, run_job, run_once};
 
 /// `PATH` of every supervised program (the unit files' default).
 pub const SERVICE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -267,6 +268,8 @@ struct Service {
 pub struct Supervisor {
     registry: ChildRegistry,
     services: Vec<Service>,
+    /// Background tasks that run jobs (kubeadm's retries): aborted before the services stop.
+    jobs: Vec<JoinHandle<()>>,
 }
 
 impl Supervisor {
@@ -274,6 +277,7 @@ impl Supervisor {
         Supervisor {
             registry,
             services: Vec::new(),
+            jobs: Vec::new(),
         }
     }
 
@@ -303,8 +307,21 @@ impl Supervisor {
         }
     }
 
-    /// Stops every service in reverse start order and waits for each.
+    /// Keeps `task` (a job running in the background) until [`Supervisor::stop_all`], which
+    /// aborts it first: a job waiting for its next attempt ends there, and a job's process
+    /// still running is stopped by the shutdown's sweep of all processes.
+    pub fn adopt(&mut self, task: JoinHandle<()>) {
+        self.jobs.retain(|job| !job.is_finished());
+        self.jobs.push(task);
+    }
+
+    /// Aborts the adopted jobs, then stops every service in reverse start order and waits for
+    /// each.
     pub async fn stop_all(&mut self) -> Vec<StopReport> {
+        for job in self.jobs.drain(..) {
+            job.abort();
+            let _ = job.await;
+        }
         let mut reports = Vec::new();
         while let Some(service) = self.services.pop() {
             let (tell, told) = reply::channel();
@@ -347,6 +364,20 @@ impl SharedSupervisor {
                 true
             }
             None => false,
+        }
+    }
+
+    /// [`Supervisor::adopt`]; false (and the task is aborted) if no services were handed over.
+    pub async fn adopt(&self, task: JoinHandle<()>) -> bool {
+        match self.0.lock().await.as_mut() {
+            Some(services) => {
+                services.adopt(task);
+                true
+            }
+            None => {
+                task.abort();
+                false
+            }
         }
     }
 

@@ -5,13 +5,12 @@
 //! renamed) before [`run_once`] returns: a power cut either leaves no marker (the job runs
 //! again at the next boot) or a complete one.
 //!
-//! **A failed job is not retried.** `kubeadm init` and `kubeadm join` are not idempotent: a
-//! failed run leaves certificates, static pod manifests, kubeconfigs and possibly an etcd
-//! member behind, a second run stops at its preflight checks, and making it pass needs
-//! `kubeadm reset`, which deletes what the first run created — a decision for an operator
-//! (with `hawser recover`), not for PID 1 in a loop. So a failure is reported with the exit
-//! status and the job's last lines of output, the node stays up with containerd and kubelet
-//! running for diagnosis, and no marker is written: the next boot tries again.
+//! [`run_once`] itself does not retry: a failure is reported with the exit status and the
+//! job's last lines of output, and no marker is written. `kubeadm init` and `kubeadm join` are
+//! not idempotent (a failed run leaves certificates, static pod manifests, kubeconfigs and
+//! possibly an etcd member behind, and a second run stops at its preflight checks), so the
+//! node's kubeadm retry ([`crate::node`], with [`super::retry`]) runs `kubeadm reset -f`
+//! through [`run_job`] before each further attempt.
 
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
@@ -168,7 +167,35 @@ pub async fn run_once(
             });
         }
     }
+    let took = run_job(registry, job, "once").await?;
+    let marker_text = format!(
+        "{} succeeded in {:.1} s (hawser {})\n",
+        job.name,
+        took.as_secs_f64(),
+        env!("CARGO_PKG_VERSION")
+    );
+    write_marker(&job.marker, &marker_text).map_err(|source| OneShotError::MarkerWrite {
+        name: job.name.clone(),
+        marker: job.marker.clone(),
+        source,
+    })?;
+    info!(
+        "{} succeeded in {:.1} s; marker {} written",
+        job.name,
+        took.as_secs_f64(),
+        job.marker.display()
+    );
+    Ok(OneShotOutcome::Succeeded { took })
+}
 
+/// Runs `job` to its end without looking at or writing its marker (a clean-up such as
+/// `kubeadm reset`, which runs whenever it is needed); returns how long it took. `how` is
+/// logged with the command line (`once`, `to clean up`).
+pub async fn run_job(
+    registry: &ChildRegistry,
+    job: &OneShotJob,
+    how: &str,
+) -> Result<Duration, OneShotError> {
     let mut command = tokio::process::Command::new(&job.program);
     command
         .args(&job.args)
@@ -188,7 +215,7 @@ pub async fn run_once(
             source,
         })?;
     info!(
-        "running {} once: {}",
+        "running {} {how}: {}",
         job.name,
         output::redact(
             &format!("{} {}", job.program.display(), job.args.join(" ")),
@@ -234,25 +261,7 @@ pub async fn run_once(
             tail: tail.lines(),
         });
     }
-    let took = started.elapsed();
-    let marker_text = format!(
-        "{} succeeded in {:.1} s (hawser {})\n",
-        job.name,
-        took.as_secs_f64(),
-        env!("CARGO_PKG_VERSION")
-    );
-    write_marker(&job.marker, &marker_text).map_err(|source| OneShotError::MarkerWrite {
-        name: job.name.clone(),
-        marker: job.marker.clone(),
-        source,
-    })?;
-    info!(
-        "{} succeeded in {:.1} s; marker {} written",
-        job.name,
-        took.as_secs_f64(),
-        job.marker.display()
-    );
-    Ok(OneShotOutcome::Succeeded { took })
+    Ok(started.elapsed())
 }
 
 async fn drain(forwarders: Vec<tokio::task::JoinHandle<()>>) {

@@ -37,6 +37,9 @@ fn main() {
         }
     };
     println!("{}", start.banner());
+    if let Some(port) = kubelet::api_server_port(&env) {
+        stand_in_for_the_api_server(port);
+    }
     let (stop_tx, stop_rx) = std::sync::mpsc::channel();
     let waiter = std::thread::spawn(move || {
         let received = signals.wait();
@@ -68,5 +71,26 @@ fn main() {
             eprintln!("{KUBELET_LABEL}: error: the signal thread panicked");
             std::process::exit(1);
         }
+    }
+}
+
+/// Opens `0.0.0.0:port` for the API server static pod a real kubelet would run: accepts and
+/// closes connections (no Kubernetes API), in a thread that ends with the process.
+fn stand_in_for_the_api_server(port: u16) {
+    match std::net::TcpListener::bind(("0.0.0.0", port)) {
+        Ok(listener) => {
+            println!(
+                "{KUBELET_LABEL}: kube-apiserver static pod not run; listening on 0.0.0.0:{port} \
+                 in its place (accepts TCP connections, serves no Kubernetes API)"
+            );
+            std::thread::spawn(move || {
+                for connection in listener.incoming() {
+                    drop(connection);
+                }
+            });
+        }
+        Err(e) => eprintln!(
+            "{KUBELET_LABEL}: error: cannot listen on 0.0.0.0:{port} for the API server: {e}"
+        ),
     }
 }
