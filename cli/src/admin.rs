@@ -53,6 +53,11 @@ pub struct InitArgs {
     /// Extra subject alternative names of the API server certificate (repeatable).
     #[arg(long = "api-server-san")]
     api_server_sans: Vec<String>,
+    /// `host[:port]` every node reaches the API server at (kubeadm's controlPlaneEndpoint: a
+    /// load balancer or DNS name in front of the control planes). Needed to add control planes
+    /// later; default: the first node's address.
+    #[arg(long)]
+    control_plane_endpoint: Option<hawser_kube_types::Endpoint>,
     /// The TPM name (hex, `000b…`, as `hawser-joind` prints it in a refusal) of an AK that may
     /// join the cluster as a control plane (repeatable).
     #[arg(long = "approve-control-plane", value_parser = parse_ak_name)]
@@ -108,6 +113,7 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
         kubernetes_version: args.kubernetes_version,
         service_cidr: args.service_cidr,
         api_server_cert_sans: args.api_server_sans,
+        control_plane_endpoint: args.control_plane_endpoint,
         init_secret: args.target.init_secret,
         control_plane_approvals: args.approve_control_plane,
     };

@@ -282,6 +282,8 @@ pub struct InitOptions {
     pub kubernetes_version: hawser_kube_types::KubernetesVersion,
     pub service_cidr: String,
     pub api_server_cert_sans: Vec<String>,
+    /// kubeadm's `controlPlaneEndpoint` (`host[:port]`); `None`: the first node's address.
+    pub control_plane_endpoint: Option<hawser_kube_types::Endpoint>,
     /// The init secret file (see the module docs).
     pub init_secret: PathBuf,
     /// TPM names of the AKs the cluster's join service approves as control planes.
@@ -370,6 +372,11 @@ pub async fn init(
         api_server_cert_sans: opts.api_server_cert_sans.clone(),
         init_secret: init_secret.to_vec(),
         control_plane_approvals: opts.control_plane_approvals.clone(),
+        control_plane_endpoint: opts
+            .control_plane_endpoint
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
     };
     drop(init_secret);
     say("sending Init; the node's log follows");

@@ -170,6 +170,20 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
         std::mem::forget(service);
         Some(port)
     };
+    // There is no control plane on the host: the joining node's kubeadm discovery reaches a
+    // listener that stands in for one (it serves no API), and says so.
+    let api_server_port = match join_port {
+        Some(_) => {
+            let port = localhost::api_server_stand_in()?;
+            eprintln!(
+                "API server STAND-IN on 127.0.0.1:{port} (the guest's {}): accepts TCP \
+                 connections for kubeadm's discovery and serves no Kubernetes API",
+                localhost::GUEST_API_SERVER_ENDPOINT
+            );
+            Some(port)
+        }
+        None => None,
+    };
     if opts.init && std::net::TcpListener::bind(("127.0.0.1", opts.init_port)).is_err() {
         bail!(
             "127.0.0.1:{} is in use: choose another host port with --init-port",
@@ -200,10 +214,13 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
         let hash = hawser_cli::cluster::write_new_init_secret(&init_secret)?;
         config = config.fw_cfg_string("init_secret_hash", hex::encode(hash));
     }
-    config.extra_args.extend(localhost::user_net_args(
-        join_port,
-        &[(opts.init_port, localhost::NODE_INIT_PORT)],
-    ));
+    config
+        .extra_args
+        .extend(localhost::user_net_args_with_api_server(
+            join_port,
+            api_server_port,
+            &[(opts.init_port, localhost::NODE_INIT_PORT)],
+        ));
     if let Some(accel) = opts.accel {
         config = config.accel(accel);
     }

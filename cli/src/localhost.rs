@@ -62,6 +62,23 @@ pub const NODE_JOIND_PORT: u16 = 7000;
 /// control plane on the host: see [`NoControlPlaneTokens`]).
 pub const GUEST_API_SERVER_ENDPOINT: &str = "10.0.2.100:6443";
 
+/// A stand-in for a local cluster's API server on the host's loopback, for `hawser local up`'s
+/// joining node: it accepts TCP connections and closes them (no Kubernetes API), so the
+/// stand-in kubeadm's join discovery, which reaches [`GUEST_API_SERVER_ENDPOINT`] as real
+/// kubeadm's does, finds a control plane there. Returns the port; the listener lives as long
+/// as the process.
+pub fn api_server_stand_in() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .context("opening the API server stand-in on the host's loopback")?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        for connection in listener.incoming() {
+            drop(connection);
+        }
+    });
+    Ok(port)
+}
+
 /// QEMU arguments for the node's NIC: restricted user networking, the join service (if any)
 /// forwarded from [`GUEST_JOIN_ENDPOINT`] to `join_port` on the host's loopback, and each
 /// `(host port, guest port)` of `published` forwarded from `127.0.0.1:<host port>` to the node

@@ -25,7 +25,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Verify a node waiting on port 9000 and initialize a new cluster on it.
-    Init(admin::InitArgs),
+    Init(Box<admin::InitArgs>),
     /// Verify a node of an existing cluster and let it reopen its state disk (no join service).
     Recover(admin::RecoverArgs),
     /// Build, fetch inputs for, and inspect the measured image.
@@ -48,7 +48,7 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let result = match cli.command {
-        Command::Init(args) => admin::init(args),
+        Command::Init(args) => admin::init(*args),
         Command::Recover(args) => admin::recover(args),
         Command::Image(cmd) => image::run(cmd),
         Command::Local(cmd) => local::run(cmd),

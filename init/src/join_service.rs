@@ -56,9 +56,6 @@ pub struct JoinServiceInputs {
 pub struct InClusterJoinService<'a> {
     pub secrets: &'a ClusterSecrets,
     pub kubernetes_version: &'a KubernetesVersion,
-    /// The admin's approvals from `hawser init` (the first control plane); `None` keeps the
-    /// file the node has.
-    pub control_plane_approvals: Option<&'a [String]>,
     pub inputs: &'a JoinServiceInputs,
 }
 
@@ -220,15 +217,10 @@ impl InClusterJoinService<'_> {
             .recursive(true)
             .mode(0o700)
             .create(JOIND_STATE_DIR)?;
-        match self.control_plane_approvals {
-            // The first control plane: the admin's list as sent.
-            Some(names) => std::fs::write(JOIND_APPROVALS, approvals_file(names))?,
-            // Later boots and later control planes keep the file they have (the admin edits
-            // it); a missing file approves nobody, and says so.
-            None if !Path::new(JOIND_APPROVALS).exists() => {
-                std::fs::write(JOIND_APPROVALS, approvals_file(&[]))?
-            }
-            None => {}
+        // The admin's list from `hawser init` is written when the secrets are kept ([`keep`]);
+        // later control planes start with none, and a missing file approves nobody.
+        if !Path::new(JOIND_APPROVALS).exists() {
+            std::fs::write(JOIND_APPROVALS, approvals_file(&[]))?;
         }
         let listen = format!("0.0.0.0:{JOIND_PORT}");
         let path = |p: &Path| p.display().to_string();
@@ -322,43 +314,39 @@ fn stacked_etcd_args(pki_dir: &Path, manifest: &Path) -> Vec<String> {
     ]
 }
 
-/// After `kubeadm init` or a control-plane `kubeadm join` succeeded: keeps the cluster's
-/// secrets on the state disk and starts the join service. Without the image's inputs (no
-/// provider CA) the secrets are kept and no service starts.
-pub async fn start_after_kubeadm(
-    inputs: Option<&JoinServiceInputs>,
+/// Keeps a control plane's cluster secrets and Kubernetes version on the state disk
+/// ([`persist`] under [`CLUSTER_DIR`]), before kubeadm runs; with the admin's approvals from
+/// `hawser init` (the first control plane), writes them to [`JOIND_APPROVALS`] too.
+pub fn keep(
     secrets: &ClusterSecrets,
     kubernetes_version: &KubernetesVersion,
     control_plane_approvals: Option<&[String]>,
-    services: &SharedSupervisor,
-) {
-    match persist(Path::new(CLUSTER_DIR), secrets, kubernetes_version) {
-        Ok(()) => info!(
-            "kept the cluster's master secret on the encrypted state disk ({CLUSTER_DIR}): the \
-             join service restarts on every boot"
-        ),
-        Err(e) => warn!(
-            "{}; the join service runs this boot but will not restart on the next",
-            error_chain(&e)
-        ),
+) -> Result<(), ClusterSecretsError> {
+    persist(Path::new(CLUSTER_DIR), secrets, kubernetes_version)?;
+    if let Some(names) = control_plane_approvals {
+        let path = Path::new(JOIND_APPROVALS);
+        let write_err = |source| ClusterSecretsError::Write {
+            path: path.to_path_buf(),
+            source,
+        };
+        use std::os::unix::fs::DirBuilderExt as _;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(JOIND_STATE_DIR)
+            .map_err(write_err)?;
+        std::fs::write(path, approvals_file(names)).map_err(write_err)?;
     }
-    let Some(inputs) = inputs else {
-        warn!("{NO_PROVIDER_CA}");
-        return;
-    };
-    InClusterJoinService {
-        secrets,
-        kubernetes_version,
-        control_plane_approvals,
-        inputs,
-    }
-    .start(services)
-    .await;
+    info!(
+        "kept the cluster's master secret on the encrypted state disk ({CLUSTER_DIR}): this \
+         control plane runs the cluster's join service once kubeadm succeeded, and on every boot"
+    );
+    Ok(())
 }
 
-/// On a boot after kubeadm ran (a rejoin, or `hawser recover`): a control plane restarts the
-/// cluster's join service from the secrets on its state disk; a worker has none.
-pub async fn restart_on_control_plane(
+/// Once kubeadm succeeded (on this boot or an earlier one): a control plane starts the
+/// cluster's join service from the secrets kept on its state disk; a worker has none.
+pub async fn start_on_control_plane(
     inputs: Option<&JoinServiceInputs>,
     services: &SharedSupervisor,
 ) {
@@ -380,7 +368,6 @@ pub async fn restart_on_control_plane(
     InClusterJoinService {
         secrets: &secrets,
         kubernetes_version: &version,
-        control_plane_approvals: None,
         inputs,
     }
     .start(services)

@@ -316,7 +316,7 @@ fn new_intent(
             kubernetes_version: spec.kubernetes_version.clone(),
             service_cidr: spec.service_cidr,
             pod_cidr: None,
-            control_plane_endpoint: None,
+            control_plane_endpoint: spec.control_plane_endpoint.clone(),
             cert_sans: spec.api_server_cert_sans.clone(),
             node_name: identity.name.clone(),
             node_ip: identity.ip,

@@ -12,8 +12,10 @@
 //! init` with the configuration built from the admin's request (checked as the stand-in received
 //! it), and the admin kubeconfig comes back to the CLI; the signed quote shows PCR 15 = the node
 //! lock for the cluster ID the CLI computed. (1b) A second node joins through the first node's
-//! `hawser-joind` as a control-plane node, both sides attesting: it gets the key derived from
-//! the admin's master secret and the cluster's shared certificates, and runs `kubeadm join`.
+//! `hawser-joind` as a worker, both sides attesting: it gets the key derived from the admin's
+//! master secret, and runs `kubeadm join`, whose discovery reaches the first node's (stand-in)
+//! API server through the cluster's control-plane endpoint (`hawser init
+//! --control-plane-endpoint`).
 //! Then a second init of the first node is refused: its init server stopped listening after the
 //! lock. (2) The first node (same TPM, same disk) boots again, waits for `hawser recover` (an
 //! initialized disk refuses `init`); a Recover with a wrong init secret and one with another
@@ -51,7 +53,7 @@ fn boot(
     image: &Path,
     cluster: &LocalCluster,
     disk: &Path,
-    (init_port, joind_port): (u16, u16),
+    (init_port, joind_port, api_port): (u16, u16, u16),
     init_secret_hash: &[u8; 32],
     name: &str,
 ) -> Vm {
@@ -69,6 +71,9 @@ fn boot(
         &[
             (init_port, localhost::NODE_INIT_PORT),
             (joind_port, localhost::NODE_JOIND_PORT),
+            // The kubelet stand-in's listener in place of the API server (the control-plane
+            // endpoint other nodes' kubeadm discovery reaches).
+            (api_port, API_SERVER_PORT),
         ],
     ));
     Vm::start(config).unwrap()
@@ -96,6 +101,9 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// The API server port the kubelet stand-in listens on for the first control plane.
+const API_SERVER_PORT: u16 = 6443;
+
 #[test]
 #[ignore = "boots QEMU twice (~2 min under TCG)"]
 fn hawser_init_then_hawser_recover_on_a_real_node() {
@@ -121,7 +129,8 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
     std::fs::create_dir_all(&admin).unwrap();
     let port = free_port().unwrap();
     let joind_port = free_port().unwrap();
-    let ports = (port, joind_port);
+    let api_port = free_port().unwrap();
+    let ports = (port, joind_port, api_port);
     let node = format!("127.0.0.1:{port}");
     let rt = runtime();
     // Who creates the node holds the init secret; the node's platform gets its hash.
@@ -153,7 +162,9 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         cluster_name: "demo".into(),
         kubernetes_version: "v1.33.4".parse().unwrap(),
         service_cidr: "10.96.0.0/12".into(),
-        api_server_cert_sans: vec!["10.0.2.15".into()],
+        api_server_cert_sans: vec!["10.0.2.15".into(), "10.0.2.100".into()],
+        // What other nodes reach the API server at: forwarded to this node's port 6443.
+        control_plane_endpoint: Some(localhost::GUEST_API_SERVER_ENDPOINT.parse().unwrap()),
         init_secret: init_secret.clone(),
         control_plane_approvals: vec![second_ak.clone()],
     };
@@ -252,15 +263,15 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
     );
     assert_eq!(pcr15, done.pcr15);
 
-    // (1b) A second node joins through the first one's join service as a control-plane node:
-    // both attest (mutual aTLS), the service derives the new node's disk key from the admin's
-    // master secret and hands out the cluster's shared certificates, and the new node runs
-    // `kubeadm join --control-plane` against the first one's (stand-in) control plane.
+    // (1b) A second node joins through the first one's join service as a worker: both attest
+    // (mutual aTLS), the service derives the new node's disk key from the admin's master
+    // secret, and the new node runs `kubeadm join` against the first one's (stand-in) control
+    // plane at the cluster's control-plane endpoint.
     second_node_joins(
         &vm,
         &node_image.disk.path,
         &dir,
-        joind_port,
+        (joind_port, api_port),
         &master,
         &done.cluster_id,
     );
@@ -470,7 +481,7 @@ fn second_node_joins(
     first: &Vm,
     image: &Path,
     dir: &Path,
-    joind_port: u16,
+    (joind_port, api_port): (u16, u16),
     master: &MasterSecret,
     cluster_id: &[u8; 32],
 ) {
@@ -500,11 +511,14 @@ fn second_node_joins(
         })
         .disk(&disk, localhost::STATE_DISK_SERIAL)
         .fw_cfg_string("join_endpoint", localhost::GUEST_JOIN_ENDPOINT)
-        .fw_cfg_string("role", "control-plane")
         .keep_logs_in(node_dir.join("logs"));
     config
         .extra_args
-        .extend(localhost::user_net_args(Some(joind_port), &[]));
+        .extend(localhost::user_net_args_with_api_server(
+            Some(joind_port),
+            Some(api_port),
+            &[],
+        ));
     let vm = Vm::start(config).unwrap();
     let (join, pcr15) = reports(&vm);
     let config_line = vm
@@ -552,23 +566,20 @@ fn second_node_joins(
             .is_some_and(|e| e.ends_with(":6443")),
         "{docs:#?}"
     );
-    // A control-plane join: the service handed out the cluster's shared certificates (from
-    // the first node's /etc/kubernetes/pki), written before kubeadm ran; no key was shown.
+    // A worker: no shared certificates, no master secret, no join service of its own. (A
+    // control-plane join needs the two VMs on one network with distinct addresses for their
+    // etcd members — each VM has its own user-mode network and the same address until the
+    // multi-node network; it is tested on the host: standin/tests/etcd.rs,
+    // joinservice/tests/service.rs.)
+    assert!(join_config.get("controlPlane").is_none(), "{docs:#?}");
+    assert!(!text.contains("shared certificate and key files"), "{text}");
+    assert!(!text.contains("kept the cluster's master secret"), "{text}");
+    // kubeadm's discovery reached the first node's API server (its kubelet stand-in's
+    // listener) through the cluster's control-plane endpoint.
     assert!(
-        join_config["controlPlane"]["localAPIEndpoint"]["advertiseAddress"] == "10.0.2.15",
+        discovery["apiServerEndpoint"] == localhost::GUEST_API_SERVER_ENDPOINT,
         "{docs:#?}"
     );
-    assert!(
-        text.contains("wrote the cluster's 8 shared certificate and key files"),
-        "{text}"
-    );
-    assert!(
-        text.contains(&format!(
-            "the shared certificates are in /etc/kubernetes/pki (cluster CA {pin})"
-        )),
-        "{text}"
-    );
-    assert!(text.contains("as a control-plane node"), "{text}");
     assert!(
         !text.contains("PRIVATE KEY"),
         "key material on the console:\n{text}"

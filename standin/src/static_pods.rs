@@ -301,6 +301,20 @@ impl StaticPods {
             if let Some(old) = self.pods.remove(&path) {
                 stop_pods(vec![old], "its manifest changed");
             }
+            // The API server has no binary here: the kubelet stand-in listens on its port in
+            // its place (see `kubelet::api_server_port`).
+            if path.file_name() == Path::new(crate::kubeadm::API_SERVER_MANIFEST).file_name() {
+                say(
+                    "kube-system/kube-apiserver",
+                    format_args!(
+                        "from {}: not run (no kube-apiserver here); the kubelet stand-in listens \
+                         on its port instead and serves no Kubernetes API",
+                        path.display()
+                    ),
+                );
+                self.refused.insert(path, digest);
+                continue;
+            }
             let text = String::from_utf8_lossy(&bytes);
             match parse_manifest(&text, &self.node) {
                 Ok(pod) => {

@@ -35,7 +35,8 @@ use hawser_attestation::TpmIssuer;
 use hawser_attestation::atls::{AtlsServer, Identity, PeerPolicy};
 use hawser_keys::MasterSecret;
 use hawser_kube_types::{
-    DnsSubdomain, KubernetesVersion, KubernetesVersionError, ServiceCidr, ServiceCidrError,
+    DnsSubdomain, Endpoint, KubernetesVersion, KubernetesVersionError, ServiceCidr,
+    ServiceCidrError,
 };
 use hawser_proto::init::init_service_server::{InitService, InitServiceServer};
 use hawser_proto::init::{
@@ -91,6 +92,8 @@ pub struct ClusterSpec {
     pub kubernetes_version: KubernetesVersion,
     pub service_cidr: ServiceCidr,
     pub api_server_cert_sans: Vec<String>,
+    /// kubeadm's `controlPlaneEndpoint`; `None`: the first node's address.
+    pub control_plane_endpoint: Option<Endpoint>,
     /// AK TPM names (lowercase hex) the cluster's join service approves as control planes.
     pub control_plane_approvals: Vec<String>,
 }
@@ -256,6 +259,14 @@ pub enum RequestError {
         #[source]
         source: ServiceCidrError,
     },
+    /// The control-plane endpoint is not `host[:port]`.
+    #[error("control_plane_endpoint {value:?} is not host[:port]")]
+    ControlPlaneEndpoint {
+        /// The endpoint as the request spelled it.
+        value: String,
+        #[source]
+        source: hawser_kube_types::EndpointError,
+    },
     /// An extra API server certificate name is neither an IP address nor a DNS name.
     #[error("api_server_cert_sans entry {0:?} is neither an IP address nor a DNS name")]
     CertSan(String),
@@ -341,12 +352,23 @@ pub fn validate_init(
     {
         return Err(RequestError::CertSan(bad.clone()));
     }
+    let control_plane_endpoint =
+        match request.control_plane_endpoint.as_str() {
+            "" => None,
+            text => Some(text.parse::<Endpoint>().map_err(|source| {
+                RequestError::ControlPlaneEndpoint {
+                    value: text.to_owned(),
+                    source,
+                }
+            })?),
+        };
     let control_plane_approvals = validate_approvals(&request.control_plane_approvals)?;
     let spec = ClusterSpec {
         cluster_name: request.cluster_name.clone(),
         kubernetes_version,
         service_cidr,
         api_server_cert_sans: request.api_server_cert_sans.clone(),
+        control_plane_endpoint,
         control_plane_approvals,
     };
     Ok((GrantKind::Init(spec), master, salt))
@@ -604,6 +626,7 @@ mod tests {
             kubernetes_version: "v1.33.4".into(),
             service_cidr: "10.96.0.0/12".into(),
             api_server_cert_sans: vec!["10.0.2.15".into(), "api.example.com".into()],
+            control_plane_endpoint: String::new(),
         }
     }
 
@@ -620,6 +643,21 @@ mod tests {
         assert_eq!(spec.cluster_name, "demo");
         assert_eq!(spec.kubernetes_version.as_str(), "v1.33.4");
         assert_eq!(spec.api_server_cert_sans.len(), 2);
+        assert_eq!(
+            spec.control_plane_endpoint, None,
+            "empty: the first node's address"
+        );
+        let mut with_endpoint = good_init();
+        with_endpoint.control_plane_endpoint = "api.example:6443".into();
+        let (GrantKind::Init(spec), _, _) = validate_init(&mut with_endpoint).unwrap() else {
+            panic!("an Init request gives an Init grant");
+        };
+        assert_eq!(
+            spec.control_plane_endpoint
+                .map(|e| e.to_string())
+                .as_deref(),
+            Some("api.example:6443")
+        );
         assert_eq!(
             spec.control_plane_approvals,
             vec![format!("000b{}", "a1".repeat(32))]
@@ -653,7 +691,7 @@ mod tests {
     #[test]
     fn each_bad_field_is_named() {
         type Mutation = fn(&mut InitRequest);
-        let cases: [(Mutation, &str); 12] = [
+        let cases: [(Mutation, &str); 13] = [
             (
                 |r| r.master_secret = vec![1; 8],
                 "invalid master secret: the master secret is 8 bytes",
@@ -699,6 +737,10 @@ mod tests {
             (
                 |r| r.api_server_cert_sans.push("a b".into()),
                 "entry \"a b\"",
+            ),
+            (
+                |r| r.control_plane_endpoint = "api.example:99999".into(),
+                "control_plane_endpoint \"api.example:99999\" is not host[:port]",
             ),
         ];
         for (mutate, expected) in cases {
