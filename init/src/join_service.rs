@@ -124,25 +124,14 @@ pub fn persist(
         .map_err(write_err(dir))
 }
 
-/// Writes `data` to `path` (0600) through a synced temporary file and a rename.
+/// Writes `data` to `path` (0600) durably ([`crate::platform::fs::write_atomically`]).
 fn write_private(path: &Path, data: &[u8]) -> Result<(), ClusterSecretsError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let err = |source| ClusterSecretsError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    let staged = path.with_extension("new");
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&staged)
-        .map_err(err)?;
-    file.write_all(data).map_err(err)?;
-    file.sync_all().map_err(err)?;
-    std::fs::rename(&staged, path).map_err(err)
+    crate::platform::fs::write_atomically(path, data, 0o600).map_err(|source| {
+        ClusterSecretsError::Write {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
 }
 
 /// The cluster's secrets and Kubernetes version kept under `dir`, or `None` when this node

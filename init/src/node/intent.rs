@@ -14,8 +14,7 @@
 //! Both are written atomically: a temporary file, fsynced, renamed over the old one, and the
 //! directory fsynced.
 
-use std::io::{self, Write as _};
-use std::os::unix::fs::OpenOptionsExt as _;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
@@ -176,9 +175,11 @@ impl KubeadmIntent {
                 path: path.to_owned(),
                 source: io::Error::other(e),
             })?);
-        write_atomically(path, &bytes, 0o600).map_err(|source| IntentError::Write {
-            path: path.to_owned(),
-            source,
+        crate::platform::fs::write_atomically(path, &bytes, 0o600).map_err(|source| {
+            IntentError::Write {
+                path: path.to_owned(),
+                source,
+            }
         })
     }
 
@@ -282,9 +283,11 @@ impl KubeadmStatus {
             path: path.to_owned(),
             source: io::Error::other(e),
         })?;
-        write_atomically(path, &bytes, 0o600).map_err(|source| IntentError::Write {
-            path: path.to_owned(),
-            source,
+        crate::platform::fs::write_atomically(path, &bytes, 0o600).map_err(|source| {
+            IntentError::Write {
+                path: path.to_owned(),
+                source,
+            }
         })
     }
 
@@ -353,34 +356,6 @@ fn read_if_exists(path: &Path) -> Result<Option<Vec<u8>>, IntentError> {
             source,
         }),
     }
-}
-
-/// Writes `bytes` to `path` durably: a temporary file with `mode`, fsynced, renamed over
-/// `path`, the directory fsynced. A power cut leaves the old file or the new one.
-fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt as _;
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".tmp");
-    let temporary = PathBuf::from(temporary);
-    let _ = std::fs::remove_file(&temporary);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&temporary)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&temporary, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 #[cfg(test)]

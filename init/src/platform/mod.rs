@@ -13,7 +13,8 @@
 //! - [`reaper`]: reaping orphans, and the registry of children PID 1 waits for itself.
 //! - [`power_button`]: the ACPI power button's input device. [`net`]: link-up and an address.
 //! - [`poll`]: the one wait-until-it-is-there helper. [`timings`]: the phase timer.
-//! - [`error`]: [`error_chain`], an error and its causes on one line.
+//! - [`error`]: [`error_chain`], an error and its causes on one line. [`fs`]: the durable
+//!   replace of a file (temporary, fsync, rename, directory fsync).
 //!
 //! ## Which crate for which call
 //!
@@ -37,6 +38,7 @@ pub mod console;
 pub mod dm;
 pub mod entropy;
 pub mod error;
+pub mod fs;
 pub mod fw_cfg;
 pub mod mounts;
 pub mod net;

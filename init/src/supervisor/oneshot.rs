@@ -12,7 +12,7 @@
 //! node's kubeadm retry ([`crate::node`], with [`super::retry`]) runs `kubeadm reset -f`
 //! through [`run_job`] before each further attempt.
 
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
@@ -270,22 +270,9 @@ async fn drain(forwarders: Vec<tokio::task::JoinHandle<()>>) {
     }
 }
 
-/// Writes `text` to `marker` durably: a temporary file, fsynced, renamed, directory fsynced.
+/// Writes `text` to `marker` durably (see [`crate::platform::fs::write_atomically`]).
 fn write_marker(marker: &Path, text: &str) -> io::Result<()> {
-    let dir = marker
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let mut temporary = marker.as_os_str().to_owned();
-    temporary.push(".tmp");
-    let temporary = PathBuf::from(temporary);
-    let mut file = std::fs::File::create(&temporary)?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&temporary, marker)?;
-    std::fs::File::open(dir)?.sync_all()
+    crate::platform::fs::write_atomically(marker, text.as_bytes(), 0o644)
 }
 
 #[cfg(test)]

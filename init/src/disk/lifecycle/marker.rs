@@ -2,7 +2,7 @@
 //! it, how many boots opened it. Written durably (temporary file, fsync, rename, fsync of the
 //! directory), so a power cut leaves the old marker or the new one.
 
-use std::io::{self, Write as _};
+use std::io;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -31,22 +31,13 @@ pub fn read_marker(path: &Path) -> io::Result<Option<Marker>> {
     }
 }
 
-/// Replaces the marker file durably: temporary file, fsync, rename, fsync of the directory.
+/// Replaces the marker file durably ([`crate::platform::fs::write_atomically`]).
 pub fn write_marker(path: &Path, marker: &Marker) -> Result<(), LifecycleError> {
     let error = |source| LifecycleError::Marker {
         path: path.to_owned(),
         source,
     };
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(dir).map_err(error)?;
-    let tmp = path.with_extension("json.tmp");
     let mut text = serde_json::to_vec(marker).map_err(|e| error(io::Error::other(e)))?;
     text.push(b'\n');
-    let mut file = std::fs::File::create(&tmp).map_err(error)?;
-    file.write_all(&text).map_err(error)?;
-    file.sync_all().map_err(error)?;
-    std::fs::rename(&tmp, path).map_err(error)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(error)
+    crate::platform::fs::write_atomically(path, &text, 0o644).map_err(error)
 }
