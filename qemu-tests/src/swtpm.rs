@@ -132,10 +132,13 @@ impl Swtpm {
                     let port = free_port_pair()?;
                     let args = tcp_args(&state_dir, port, &log)?;
                     let process = spawn_swtpm(&binary, &args)?;
-                    let ctrl = SocketAddr::from((Ipv4Addr::LOCALHOST, port + 1));
-                    match wait_ready(&process, &log, || {
-                        TcpStream::connect_timeout(&ctrl, Duration::from_millis(100)).is_ok()
-                    }) {
+                    // Ready when both the TPM port and the control port accept: swtpm opens
+                    // them one after the other, and the TCTI connects to the TPM port first.
+                    let accepts = |port: u16| {
+                        let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+                        TcpStream::connect_timeout(&address, Duration::from_millis(100)).is_ok()
+                    };
+                    match wait_ready(&process, &log, || accepts(port + 1) && accepts(port)) {
                         Ok(()) => {
                             tracing::debug!(pid = process.pid(), port, "swtpm ready on TCP");
                             return Ok(Swtpm {
@@ -286,7 +289,9 @@ fn wait_ready(
 ) -> Result<(), QemuError> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
-        if ready() {
+        // Ready only while swtpm still runs: if another process took a port, swtpm exits and
+        // the listener that answered was not swtpm's.
+        if ready() && process.try_wait().is_none() {
             return Ok(());
         }
         if let Some(status) = process.try_wait() {
