@@ -1,0 +1,1 @@
+//! The boringtun tunnel (to be written).
