@@ -13,16 +13,18 @@
 //!
 //! The design and the protocol are in `docs/mesh.md`.
 
+#[cfg(feature = "device")]
+pub mod device;
 pub mod key;
 pub mod registry;
 pub mod update;
-#[cfg(feature = "device")]
-pub mod device;
 
 use std::net::{Ipv4Addr, SocketAddr};
 
 pub use ipnet::Ipv4Net;
 pub use key::{PrivateKey, PublicKey};
+pub use registry::{Admitted, PeerUpdate, Registry};
+pub use update::{Changes, MeshView};
 
 /// WireGuard's overhead on an IPv4 underlay is 60 bytes, 80 on IPv6: the tunnel's MTU is the
 /// underlay's minus 80, which fits either.
