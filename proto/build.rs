@@ -7,13 +7,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/evidence.proto",
         "proto/join.proto",
         "proto/init.proto",
+        "proto/vpn.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }
     let evidence = protox::compile(["proto/evidence.proto"], ["proto"])?;
     prost_build::Config::new().compile_fds(evidence)?;
-    let services = protox::compile(["proto/join.proto", "proto/init.proto"], ["proto"])?;
+    let services = protox::compile(
+        ["proto/join.proto", "proto/init.proto", "proto/vpn.proto"],
+        ["proto"],
+    )?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

@@ -451,6 +451,7 @@ impl JoinService for Service {
             state_disk_key: ticket.state_disk_key.to_vec(),
             measurement_secret: ticket.measurement_secret.to_vec(),
             measurement_salt: ticket.measurement_salt.clone(),
+            vpn: None,
         }))
     }
 }

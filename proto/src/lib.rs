@@ -5,17 +5,44 @@
 //! prove which image it booted; `join.proto` and `init.proto` (feature `grpc`) are the services
 //! a node joins and an admin initializes a cluster through.
 
+/// The generated services, in their package paths (`join.proto` refers to `vpn.proto`'s
+/// messages relative to its package).
+#[cfg(feature = "grpc")]
+mod generated {
+    pub mod hawser {
+        pub mod join {
+            pub mod v1 {
+                include!(concat!(env!("OUT_DIR"), "/hawser.join.v1.rs"));
+            }
+        }
+        pub mod init {
+            pub mod v1 {
+                include!(concat!(env!("OUT_DIR"), "/hawser.init.v1.rs"));
+            }
+        }
+        pub mod vpn {
+            pub mod v1 {
+                include!(concat!(env!("OUT_DIR"), "/hawser.vpn.v1.rs"));
+            }
+        }
+    }
+}
+
 /// `hawser.join.v1`: a node obtains its state-disk key and join ticket (served by `hawser-joind`).
 #[cfg(feature = "grpc")]
-pub mod join {
-    include!(concat!(env!("OUT_DIR"), "/hawser.join.v1.rs"));
-}
+pub use generated::hawser::join::v1 as join;
 
 /// `hawser.init.v1`: the admin initializes the first node of a cluster (served by PID 1).
 #[cfg(feature = "grpc")]
-pub mod init {
-    include!(concat!(env!("OUT_DIR"), "/hawser.init.v1.rs"));
-}
+pub use generated::hawser::init::v1 as init;
+
+/// `hawser.vpn.v1`: the mesh's peer API, served by join services inside the mesh.
+#[cfg(feature = "grpc")]
+pub use generated::hawser::vpn::v1 as vpn;
+
+/// Conversions between `hawser.vpn.v1` and the mesh's own types.
+#[cfg(feature = "grpc")]
+pub mod mesh;
 
 /// `hawser.evidence.v1`: attestation evidence carried in the attested-TLS certificate.
 pub mod evidence {
