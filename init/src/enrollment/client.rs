@@ -228,6 +228,7 @@ impl JoinClient {
                     node_name: node_name(disk_uuid),
                     is_control_plane: self.control_plane,
                     kubelet_csr: Vec::new(),
+                    ..Default::default()
                 };
                 let mut response = client
                     .issue_join_ticket(request)
@@ -274,6 +275,7 @@ impl JoinClient {
                 let mut response = client
                     .issue_rejoin_ticket(IssueRejoinTicketRequest {
                         disk_uuid: disk_uuid.to_owned(),
+                        ..Default::default()
                     })
                     .await
                     .map_err(status_text)?
