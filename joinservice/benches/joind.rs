@@ -374,6 +374,7 @@ async fn join(
             node_name: format!("node-{i}"),
             is_control_plane: false,
             kubelet_csr: Vec::new(),
+            ..Default::default()
         })
         .await
         .map_err(|s| format!("{:?}: {}", s.code(), s.message()))?;

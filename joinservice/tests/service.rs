@@ -190,6 +190,7 @@ fn join_request(uuid: &str) -> IssueJoinTicketRequest {
         node_name: "worker-1".into(),
         is_control_plane: false,
         kubelet_csr: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -230,6 +231,7 @@ async fn a_genuine_node_joins_and_bad_requests_get_clear_statuses() {
     let rejoin = client
         .issue_rejoin_ticket(IssueRejoinTicketRequest {
             disk_uuid: UUID.into(),
+            ..Default::default()
         })
         .await
         .expect("rejoin granted")
@@ -241,6 +243,7 @@ async fn a_genuine_node_joins_and_bad_requests_get_clear_statuses() {
     let status = client
         .issue_rejoin_ticket(IssueRejoinTicketRequest {
             disk_uuid: other.into(),
+            ..Default::default()
         })
         .await
         .expect_err("unknown disk refused");
@@ -289,6 +292,7 @@ async fn a_genuine_node_joins_and_bad_requests_get_clear_statuses() {
     client
         .issue_rejoin_ticket(IssueRejoinTicketRequest {
             disk_uuid: UUID.into(),
+            ..Default::default()
         })
         .await
         .expect("the service keeps serving after bad requests");
@@ -353,6 +357,7 @@ async fn a_policy_changed_at_runtime_judges_the_next_join() {
     let status = client
         .issue_rejoin_ticket(IssueRejoinTicketRequest {
             disk_uuid: UUID.into(),
+            ..Default::default()
         })
         .await
         .expect_err("rejoin refused under the new policy");
@@ -685,6 +690,7 @@ async fn tamper_cloned_disk_on_another_tpm() {
     let status = clone_client
         .issue_rejoin_ticket(IssueRejoinTicketRequest {
             disk_uuid: UUID.into(),
+            ..Default::default()
         })
         .await
         .expect_err("the clone's rejoin is refused");
@@ -712,6 +718,7 @@ async fn tamper_cloned_disk_on_another_tpm() {
     let rejoin = client
         .issue_rejoin_ticket(IssueRejoinTicketRequest {
             disk_uuid: UUID.into(),
+            ..Default::default()
         })
         .await
         .expect("the original rejoins")
