@@ -13,6 +13,7 @@
 //!
 //! The design and the protocol are in `docs/mesh.md`.
 
+pub mod agent;
 #[cfg(feature = "device")]
 pub mod device;
 pub mod key;
