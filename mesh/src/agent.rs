@@ -27,7 +27,7 @@ pub const POLL_JITTER: Duration = Duration::from_secs(2);
 /// Where peer updates come from: a join service's peer API.
 pub trait PeerSource {
     /// Why a poll failed (unreachable, refused).
-    type Error: std::error::Error + 'static;
+    type Error: std::error::Error + Send + Sync + 'static;
 
     /// Asks the join service at `coordinator` what changed since `known`, reporting `stats`.
     fn get_peers(
@@ -41,7 +41,7 @@ pub trait PeerSource {
 /// The tunnel the mesh's peers are configured on.
 pub trait TunnelControl {
     /// Why the tunnel refused.
-    type Error: std::error::Error + 'static;
+    type Error: std::error::Error + Send + Sync + 'static;
 
     /// Adds or updates `upserts` and removes `removed`, in one step.
     fn apply(&self, upserts: &[Peer], removed: &[PublicKey]) -> Result<(), Self::Error>;
@@ -75,7 +75,7 @@ pub enum AgentError {
         /// How many were asked.
         tried: usize,
         #[source]
-        source: Box<dyn std::error::Error + 'static>,
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
     /// The update was refused; the mesh is as it was.
     #[error("the peer update from {coordinator} was refused; the mesh is left as it was")]
@@ -89,7 +89,7 @@ pub enum AgentError {
     #[error("the tunnel refused the mesh change")]
     Tunnel {
         #[source]
-        source: Box<dyn std::error::Error + 'static>,
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
 }
 
@@ -161,7 +161,7 @@ impl<T: TunnelControl> Agent<T> {
         let stats = self.tunnel.stats().map_err(|source| AgentError::Tunnel {
             source: Box::new(source),
         })?;
-        let mut last_error: Option<Box<dyn std::error::Error>> = None;
+        let mut last_error: Option<Box<dyn std::error::Error + Send + Sync>> = None;
         for coordinator in &coordinators {
             match source
                 .get_peers(*coordinator, self.view.version(), &stats)
