@@ -1,9 +1,13 @@
 //! Conversions between `hawser.vpn.v1` messages and the mesh's own types
 //! ([`hawser_mesh`]), for the join service and PID 1. Everything from the wire is checked here:
 //! key lengths, addresses and endpoints; the mesh's rules (prefix, clashes, versions) are
-//! checked by [`hawser_mesh::MeshView::apply`] after.
+//! checked by [`hawser_mesh::MeshView::apply`] after. [`GrpcPeers`] is the node's client of
+//! the peer API (PID 1 and tests poll through it).
 
 use std::net::{Ipv4Addr, SocketAddr};
+
+use crate::vpn::GetPeersRequest;
+use crate::vpn::vpn_api_client::VpnApiClient;
 
 use hawser_mesh::{Peer, PeerStats, PeerUpdate, PublicKey};
 
@@ -157,6 +161,83 @@ fn endpoint(peer: &str, text: &str) -> Result<Option<SocketAddr>, WireError> {
         peer: peer.to_owned(),
         text: text.to_owned(),
     })
+}
+
+/// The join services' peer API, inside the mesh (plain gRPC: WireGuard authenticates both
+/// ends).
+pub struct GrpcPeers {
+    port: u16,
+}
+
+impl GrpcPeers {
+    /// A source asking the join services' peer API on `port` (the VpnConfig's
+    /// `vpn_api_port`).
+    pub fn new(port: u16) -> Self {
+        Self { port }
+    }
+}
+
+/// How long one poll may take, connection included.
+pub const POLL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Why a poll failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PollError {
+    /// No connection to the join service's peer API.
+    #[error("cannot reach the peer API at {at}")]
+    Connect {
+        at: SocketAddr,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The join service refused the poll.
+    #[error("the peer API at {at} refused ({code:?}): {message}")]
+    Status {
+        at: SocketAddr,
+        code: tonic::Code,
+        message: String,
+    },
+    /// The answer does not convert.
+    #[error("the peer API at {at} sent a malformed answer")]
+    Answer {
+        at: SocketAddr,
+        #[source]
+        source: WireError,
+    },
+}
+
+impl hawser_mesh::agent::PeerSource for GrpcPeers {
+    type Error = PollError;
+
+    async fn get_peers(
+        &mut self,
+        coordinator: Ipv4Addr,
+        known: Option<u64>,
+        stats: &[PeerStats],
+    ) -> Result<PeerUpdate, PollError> {
+        let at = SocketAddr::from((coordinator, self.port));
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{at}"))
+            .map_err(|source| PollError::Connect { at, source })?
+            .connect_timeout(POLL_TIMEOUT)
+            .timeout(POLL_TIMEOUT)
+            .tcp_nodelay(true)
+            .connect()
+            .await
+            .map_err(|source| PollError::Connect { at, source })?;
+        let response = VpnApiClient::new(channel)
+            .get_peers(GetPeersRequest {
+                known_version: known,
+                stats: stats.iter().map(stats_to_wire).collect(),
+            })
+            .await
+            .map_err(|status| PollError::Status {
+                at,
+                code: status.code(),
+                message: status.message().to_owned(),
+            })?
+            .into_inner();
+        update_from_wire(&response).map_err(|source| PollError::Answer { at, source })
+    }
 }
 
 #[cfg(test)]
