@@ -158,6 +158,9 @@ pub enum AnswerError {
         /// The key.
         key: String,
     },
+    /// The answer is not UTF-8 text.
+    #[error("the tunnel's answer is not UTF-8 text")]
+    NotText,
     /// The answer does not end with `errno=N` and an empty line.
     #[error("the tunnel's answer does not end with errno=N and an empty line")]
     Unterminated,
@@ -167,6 +170,12 @@ pub enum AnswerError {
         /// The line's number (1-based).
         line: usize,
     },
+}
+
+/// Parses a whole answer given as bytes off the socket: see [`parse_answer`].
+pub fn parse_answer_bytes(bytes: &[u8]) -> Result<DeviceState, AnswerError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| AnswerError::NotText)?;
+    parse_answer(text)
 }
 
 /// Parses a whole answer (to `get` or `set`): `key=value` lines, then `errno=N` and an empty
@@ -491,6 +500,20 @@ mod tests {
         for (answer, expected) in cases {
             assert_eq!(parse_answer(&answer), Err(expected), "answer {answer:?}");
         }
+    }
+
+    #[test]
+    fn answers_that_are_not_text_are_refused() {
+        assert_eq!(
+            parse_answer_bytes(b"listen_port=\xff\nerrno=0\n\n"),
+            Err(AnswerError::NotText)
+        );
+        assert_eq!(
+            parse_answer_bytes(b"listen_port=7\nerrno=0\n\n")
+                .unwrap()
+                .listen_port,
+            Some(7)
+        );
     }
 
     #[test]
