@@ -430,3 +430,40 @@ fn bad_peer_changes_are_refused_and_leave_the_mesh_as_it_was() {
     );
     assert!(underlay.ping(0, vpn_ip(1)));
 }
+
+#[test]
+fn a_peer_without_an_endpoint_is_reached_once_it_has_sent() {
+    require_host();
+    let underlay = Underlay::new(3);
+    let (tunnels, peers) = mesh(&underlay, 3);
+    // Member 0 knows member 2 by key and address only; in one transaction with member 1, which
+    // has an endpoint (boringtun 0.7 would hand it to the next peer section if written first).
+    let anonymous = Peer {
+        endpoint: None,
+        ..peers[2].clone()
+    };
+    tunnels[0]
+        .replace_peers(&[peers[1].clone(), anonymous])
+        .unwrap();
+    let endpoint_of = |key| {
+        tunnels[0]
+            .stats()
+            .unwrap()
+            .into_iter()
+            .find(|s| s.public_key == key)
+            .unwrap()
+            .endpoint
+    };
+    assert_eq!(endpoint_of(peers[1].public_key), peers[1].endpoint);
+    assert_eq!(endpoint_of(peers[2].public_key), None);
+    assert!(
+        !underlay.ping(0, vpn_ip(2)),
+        "member 0 reached member 2 without knowing where it is"
+    );
+
+    // Member 2 sends first: member 0 learns where it is and answers, then reaches it itself.
+    assert!(underlay.pings(2, vpn_ip(0)));
+    assert_eq!(endpoint_of(peers[2].public_key), peers[2].endpoint);
+    assert!(underlay.pings(0, vpn_ip(2)));
+    assert!(underlay.pings(0, vpn_ip(1)));
+}
