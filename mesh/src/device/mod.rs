@@ -1,1 +1,652 @@
-//! The boringtun tunnel (to be written).
+//! The mesh tunnel: boringtun on a tun interface, configured over its UAPI channel and netlink.
+//!
+//! [`Tunnel::start`] makes a tun interface and starts boringtun on it (its worker threads move
+//! the packets),
+//! gives it the node's private key and listen port over a socket pair (never the socket under
+//! /var/run boringtun binds otherwise, which also blocks SIGINT and SIGTERM in the calling
+//! thread: a PID 1 cannot afford that), then sets its address (with the mesh prefix's length, so
+//! the kernel routes the whole mesh into it), MTU and state over rtnetlink. No `ip` or `wg`
+//! command is run: the node image has none.
+//!
+//! Peers change through one UAPI `set` transaction per call ([`Tunnel::apply`],
+//! [`Tunnel::replace_peers`]), checked first: a duplicate key, the tunnel's own key or address,
+//! or an address clash is refused and nothing is sent. [`Tunnel::stats`] reads what the nodes
+//! report in their polls.
+//!
+//! Everything here works in the network namespace of the thread that called
+//! [`Tunnel::start`]: the tun device, the UDP sockets and boringtun's threads belong to it.
+
+mod error;
+mod link;
+pub mod uapi;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{Read as _, Write as _};
+use std::net::Ipv4Addr;
+use std::os::fd::IntoRawFd as _;
+use std::os::unix::net::UnixStream;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use boringtun::device::{DeviceConfig, DeviceHandle};
+use ipnet::Ipv4Net;
+
+pub use error::DeviceError;
+use link::{LinkProbe, LinkSettings};
+use uapi::{DeviceState, PeerSection};
+
+use crate::{Peer, PeerStats, PrivateKey, PublicKey};
+
+/// How long one UAPI exchange may take before the tunnel is considered stuck.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest answer accepted from boringtun (a `get` is ~300 bytes per peer).
+const MAX_ANSWER_BYTES: usize = 4 << 20;
+/// How long [`Tunnel::stop`] waits for the interface to go.
+const STOP_TIMEOUT: Duration = Duration::from_secs(3);
+/// The largest MTU boringtun 0.7 handles when configured over a UAPI descriptor: it then reads
+/// the tun device with the MTU the interface had at creation, 1500.
+pub const MAX_MTU: u32 = 1500;
+const MIN_MTU: u32 = 68;
+
+/// What a tunnel is started with.
+#[derive(Debug)]
+pub struct TunnelConfig {
+    /// The interface's name, e.g. `hawser0`: 1 to 15 bytes, no `/`, whitespace or NUL.
+    pub interface: String,
+    /// This member's private key: given to boringtun over its UAPI channel, never logged.
+    pub private_key: PrivateKey,
+    /// The UDP port to listen on; 0 lets the kernel choose ([`Tunnel::listen_port`] tells which).
+    pub listen_port: u16,
+    /// This member's VPN address.
+    pub address: Ipv4Addr,
+    /// The mesh prefix: the address is added with its length, so the kernel routes the whole
+    /// mesh into the tunnel.
+    pub prefix: Ipv4Net,
+    /// The interface's MTU, e.g. [`crate::tunnel_mtu`]`(1500)`; at most [`MAX_MTU`].
+    pub mtu: u32,
+    /// boringtun's worker threads (1 in PID 1).
+    pub threads: usize,
+}
+
+impl TunnelConfig {
+    /// Checks what can be checked before anything is created.
+    pub fn check(&self) -> Result<(), DeviceError> {
+        check_interface_name(&self.interface)?;
+        let host = self.prefix.contains(&self.address)
+            && (self.prefix.prefix_len() >= 31
+                || (self.address != self.prefix.network()
+                    && self.address != self.prefix.broadcast()));
+        if !host {
+            return Err(DeviceError::AddressOutsidePrefix {
+                address: self.address,
+                prefix: self.prefix,
+            });
+        }
+        if !(MIN_MTU..=MAX_MTU).contains(&self.mtu) {
+            return Err(DeviceError::Mtu { mtu: self.mtu });
+        }
+        if self.threads == 0 {
+            return Err(DeviceError::NoThreads);
+        }
+        Ok(())
+    }
+}
+
+fn check_interface_name(name: &str) -> Result<(), DeviceError> {
+    let fits = (1..=15).contains(&name.len())
+        && !name
+            .chars()
+            .any(|c| c == '/' || c == '\0' || c.is_whitespace())
+        && !name.bytes().all(|b| b.is_ascii_digit())
+        && name != "."
+        && name != "..";
+    if fits {
+        Ok(())
+    } else {
+        Err(DeviceError::InterfaceName {
+            name: name.to_owned(),
+        })
+    }
+}
+
+/// A running tunnel. Stopped by [`Tunnel::stop`] or when dropped: boringtun's threads exit and
+/// the interface goes away.
+pub struct Tunnel {
+    interface: String,
+    address: Ipv4Addr,
+    public_key: PublicKey,
+    device: Option<DeviceHandle>,
+    state: Mutex<ControlState>,
+    probe: LinkProbe,
+}
+
+/// The UAPI channel and the peers it was told of, under one lock: one exchange at a time.
+struct ControlState {
+    /// `None` once an exchange failed half-way.
+    socket: Option<UnixStream>,
+    /// The peers as last configured, to leave unchanged ones alone (re-adding a peer in
+    /// boringtun 0.7 drops its session).
+    peers: BTreeMap<PublicKey, PeerSection>,
+}
+
+impl std::fmt::Debug for Tunnel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tunnel")
+            .field("interface", &self.interface)
+            .field("address", &self.address)
+            .field("public_key", &self.public_key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tunnel {
+    /// Creates the interface, starts boringtun on it with the private key and listen port, and
+    /// gives it its address, MTU and state. No peers yet.
+    pub async fn start(config: TunnelConfig) -> Result<Tunnel, DeviceError> {
+        config.check()?;
+        let public_key = config.private_key.public_key();
+        let (ours, theirs) = UnixStream::pair().map_err(DeviceError::ControlSocket)?;
+        ours.set_read_timeout(Some(CONTROL_TIMEOUT))
+            .and_then(|()| ours.set_write_timeout(Some(CONTROL_TIMEOUT)))
+            .map_err(DeviceError::ControlSocket)?;
+        let probe = LinkProbe::new().map_err(DeviceError::ProbeSocket)?;
+        // A tun name that exists would be joined as one more queue of that device, not refused.
+        if probe.exists(&config.interface) {
+            return Err(DeviceError::InterfaceExists {
+                interface: config.interface,
+            });
+        }
+        let tun = link::create_tun(&config.interface).map_err(|source| {
+            if source.raw_os_error() == Some(libc::EBUSY) {
+                DeviceError::InterfaceExists {
+                    interface: config.interface.clone(),
+                }
+            } else {
+                DeviceError::Tun {
+                    interface: config.interface.clone(),
+                    source,
+                }
+            }
+        })?;
+        let device_config = DeviceConfig {
+            n_threads: config.threads,
+            // boringtun 0.7 never closes a removed peer's connected socket: it goes on
+            // receiving that endpoint's packets (and drops them), so a peer removed and added
+            // again could never complete a handshake. One unconnected socket serves all peers.
+            use_connected_socket: false,
+            // All threads share the one queue of the tun device made above.
+            use_multi_queue: false,
+            // boringtun owns this end from here on (and, should it fail before taking it, the
+            // descriptor stays open: closing it here could close one boringtun already owns).
+            uapi_fd: theirs.into_raw_fd(),
+        };
+        // A name that is a number is a tun descriptor to boringtun: it takes ownership of it
+        // (the same caveat as the UAPI descriptor), and the interface lives as long as it.
+        let tun_name = tun.into_raw_fd().to_string();
+        let device =
+            DeviceHandle::new(&tun_name, device_config).map_err(|source| DeviceError::Start {
+                interface: config.interface.clone(),
+                source,
+            })?;
+        let tunnel = Tunnel {
+            interface: config.interface,
+            address: config.address,
+            public_key,
+            device: Some(device),
+            state: Mutex::new(ControlState {
+                socket: Some(ours),
+                peers: BTreeMap::new(),
+            }),
+            probe,
+        };
+        {
+            let mut state = tunnel.lock();
+            let request = uapi::set_interface(&config.private_key, config.listen_port);
+            exchange(
+                &mut state,
+                "setting the private key and listen port",
+                &request,
+            )?;
+        }
+        let settings = LinkSettings {
+            address: config.address,
+            prefix_len: config.prefix.prefix_len(),
+            mtu: config.mtu,
+        };
+        link::configure(&tunnel.interface, settings).await?;
+        let listen_port = tunnel.listen_port()?;
+        tracing::info!(
+            interface = %tunnel.interface,
+            address = %config.address,
+            prefix = %config.prefix,
+            mtu = config.mtu,
+            listen_port,
+            public_key = %tunnel.public_key,
+            threads = config.threads,
+            "mesh tunnel up"
+        );
+        Ok(tunnel)
+    }
+
+    /// Adds or updates `upserts` (endpoint, `vpn_ip/32` as the only allowed address, a
+    /// keepalive every 25 s) and removes `removed`, in one UAPI `set` transaction. Peers whose
+    /// configuration is unchanged are left alone (their sessions go on). Refused, with nothing
+    /// sent, when a key appears twice or in both lists, a peer has this tunnel's key or address,
+    /// or two peers would share an address.
+    ///
+    /// Like every method here but [`Tunnel::start`], this blocks for one UAPI exchange (about
+    /// a millisecond in the namespace test; given up after 5 s).
+    pub fn apply(&self, upserts: &[Peer], removed: &[PublicKey]) -> Result<(), DeviceError> {
+        let mut state = self.lock();
+        let removed: BTreeSet<PublicKey> = removed.iter().copied().collect();
+        let sections = self.check_peers(upserts)?;
+        if let Some(key) = sections.keys().find(|key| removed.contains(*key)) {
+            return Err(DeviceError::AddedAndRemoved { key: *key });
+        }
+        let mut after = state.peers.clone();
+        after.retain(|key, _| !removed.contains(key));
+        after.extend(
+            sections
+                .iter()
+                .map(|(key, section)| (*key, section.clone())),
+        );
+        check_addresses(&after)?;
+
+        let changed: Vec<PeerSection> = sections
+            .values()
+            .filter(|section| state.peers.get(&section.public_key) != Some(*section))
+            .cloned()
+            .collect();
+        let removed: Vec<PublicKey> = removed.into_iter().collect();
+        if changed.is_empty() && removed.is_empty() {
+            return Ok(());
+        }
+        let request = uapi::set_peers(&changed, &removed, false);
+        match exchange(&mut state, "changing peers", &request) {
+            Ok(_) => {
+                tracing::info!(
+                    interface = %self.interface,
+                    changed = changed.len(),
+                    removed = removed.len(),
+                    peers = after.len(),
+                    "mesh peers changed"
+                );
+                state.peers = after;
+                Ok(())
+            }
+            Err(error) => {
+                // What boringtun holds of these peers is unknown now: forget them, so the next
+                // change sends them whole again (remove + add is always safe).
+                for key in changed.iter().map(|s| &s.public_key).chain(&removed) {
+                    state.peers.remove(key);
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Makes `peers` the tunnel's whole peer set (UAPI `replace_peers=true`): every session
+    /// starts over, so this is for a full resynchronisation; [`Tunnel::apply`] for changes.
+    /// Refused, with nothing sent, on the same grounds as [`Tunnel::apply`].
+    pub fn replace_peers(&self, peers: &[Peer]) -> Result<(), DeviceError> {
+        let mut state = self.lock();
+        let sections = self.check_peers(peers)?;
+        check_addresses(&sections)?;
+        let list: Vec<PeerSection> = sections.values().cloned().collect();
+        let request = uapi::set_peers(&list, &[], true);
+        match exchange(&mut state, "replacing the peers", &request) {
+            Ok(_) => {
+                tracing::info!(interface = %self.interface, peers = list.len(), "mesh peers replaced");
+                state.peers = sections;
+                Ok(())
+            }
+            Err(error) => {
+                state.peers.clear();
+                Err(error)
+            }
+        }
+    }
+
+    /// What boringtun knows of each peer: endpoint, last handshake, bytes received and sent.
+    pub fn stats(&self) -> Result<Vec<PeerStats>, DeviceError> {
+        let device = self.get("reading the peer statistics")?;
+        let now = SystemTime::now();
+        Ok(device
+            .peers
+            .into_iter()
+            .map(|peer| peer_stats(peer, now))
+            .collect())
+    }
+
+    /// The UDP port the tunnel listens on (the kernel's choice when configured with 0).
+    pub fn listen_port(&self) -> Result<u16, DeviceError> {
+        self.get("reading the listen port")?
+            .listen_port
+            .ok_or(DeviceError::NoListenPort)
+    }
+
+    /// This member's public key.
+    pub fn public_key(&self) -> PublicKey {
+        self.public_key
+    }
+
+    /// The interface's name.
+    pub fn interface(&self) -> &str {
+        &self.interface
+    }
+
+    /// This member's VPN address.
+    pub fn address(&self) -> Ipv4Addr {
+        self.address
+    }
+
+    /// Stops boringtun and waits (a few seconds at most) for the interface to go.
+    pub fn stop(self) {
+        // Drop does it.
+    }
+
+    fn get(&self, operation: &'static str) -> Result<DeviceState, DeviceError> {
+        exchange(&mut self.lock(), operation, uapi::GET)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ControlState> {
+        // A panic while holding the lock leaves nothing half-done in ControlState that the
+        // `socket: None` marker does not already cover.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The peers as sections keyed by public key, refusing duplicates and this tunnel's own
+    /// key or address.
+    fn check_peers(&self, peers: &[Peer]) -> Result<BTreeMap<PublicKey, PeerSection>, DeviceError> {
+        let mut sections = BTreeMap::new();
+        for peer in peers {
+            if peer.public_key == self.public_key {
+                return Err(DeviceError::OwnKey {
+                    name: peer.name.clone(),
+                    key: peer.public_key,
+                });
+            }
+            if peer.vpn_ip == self.address {
+                return Err(DeviceError::OwnAddress {
+                    name: peer.name.clone(),
+                    ip: peer.vpn_ip,
+                });
+            }
+            let section = PeerSection {
+                public_key: peer.public_key,
+                vpn_ip: peer.vpn_ip,
+                endpoint: peer.endpoint,
+            };
+            if sections.insert(peer.public_key, section).is_some() {
+                return Err(DeviceError::DuplicatePeer {
+                    key: peer.public_key,
+                });
+            }
+        }
+        Ok(sections)
+    }
+}
+
+/// A peer's stats at `now`. boringtun 0.7 tells how long ago the last handshake was (the kernel's
+/// WireGuard tells when): the Unix time is `now` minus that.
+fn peer_stats(peer: uapi::PeerState, now: SystemTime) -> PeerStats {
+    PeerStats {
+        public_key: peer.public_key,
+        endpoint: peer.endpoint,
+        last_handshake_unix: peer
+            .since_last_handshake
+            .and_then(|since| now.checked_sub(since))
+            .and_then(|at| at.duration_since(UNIX_EPOCH).ok())
+            .map(|at| at.as_secs()),
+        rx_bytes: peer.rx_bytes,
+        tx_bytes: peer.tx_bytes,
+    }
+}
+
+/// Refuses two peers with one address.
+fn check_addresses(peers: &BTreeMap<PublicKey, PeerSection>) -> Result<(), DeviceError> {
+    let mut owners: HashMap<Ipv4Addr, PublicKey> = HashMap::new();
+    for section in peers.values() {
+        if let Some(first) = owners.insert(section.vpn_ip, section.public_key) {
+            return Err(DeviceError::AddressClash {
+                ip: section.vpn_ip,
+                first,
+                second: section.public_key,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Sends one request and reads its whole answer. An I/O failure leaves the channel out of step:
+/// it is closed and later exchanges fail with [`DeviceError::ControlBroken`].
+fn exchange(
+    state: &mut ControlState,
+    operation: &'static str,
+    request: &str,
+) -> Result<DeviceState, DeviceError> {
+    let socket = state.socket.as_mut().ok_or(DeviceError::ControlBroken)?;
+    let answer = match send_and_receive(socket, request) {
+        Ok(answer) => answer,
+        Err(source) => {
+            state.socket = None;
+            return Err(DeviceError::ControlIo { operation, source });
+        }
+    };
+    uapi::parse_answer_bytes(&answer).map_err(|source| DeviceError::Answer { operation, source })
+}
+
+fn send_and_receive(socket: &mut UnixStream, request: &str) -> std::io::Result<Vec<u8>> {
+    socket.write_all(request.as_bytes())?;
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    // Every answer ends with "errno=N\n\n" and holds no other empty line.
+    while !answer.ends_with(b"\n\n") {
+        let read = socket.read(&mut chunk)?;
+        if read == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        answer.extend_from_slice(&chunk[..read]);
+        if answer.len() > MAX_ANSWER_BYTES {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "answer longer than 4 MiB",
+            ));
+        }
+    }
+    Ok(answer)
+}
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        // Dropping the handle tells boringtun's threads to exit; closing our end of the channel
+        // afterwards (not before: its handler would spin on the closed socket) lets go of the
+        // last reference to the interface, which the kernel then removes. The handle is dropped
+        // on a thread of its own: if a boringtun thread died holding its lock, that drop never
+        // returns, and only that thread waits forever, not the caller.
+        if let Some(device) = self.device.take() {
+            let (dropped_tx, dropped_rx) = std::sync::mpsc::channel();
+            let dropper = std::thread::Builder::new()
+                .name("mesh-tunnel-stop".into())
+                .spawn(move || {
+                    drop(device);
+                    let _ = dropped_tx.send(());
+                });
+            if dropper.is_ok() && dropped_rx.recv_timeout(STOP_TIMEOUT).is_err() {
+                tracing::error!(
+                    interface = %self.interface,
+                    "boringtun did not stop (one of its threads is stuck or gone)"
+                );
+            }
+        }
+        self.lock().socket = None;
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while self.probe.exists(&self.interface) {
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    interface = %self.interface,
+                    "mesh tunnel stopped, but its interface is still there"
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        tracing::info!(interface = %self.interface, "mesh tunnel stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> TunnelConfig {
+        TunnelConfig {
+            interface: "hawser0".into(),
+            private_key: PrivateKey::from_random([9; 32]),
+            listen_port: 0,
+            address: Ipv4Addr::new(10, 99, 0, 2),
+            prefix: "10.99.0.0/24".parse().unwrap(),
+            mtu: crate::tunnel_mtu(1500),
+            threads: 1,
+        }
+    }
+
+    #[test]
+    fn a_good_config_passes() {
+        config().check().unwrap();
+    }
+
+    #[test]
+    fn interface_names_are_checked() {
+        for bad in [
+            "",
+            "sixteen-bytes-xx",
+            "a/b",
+            "a b",
+            "a\0",
+            "7",
+            "42",
+            ".",
+            "..",
+        ] {
+            let config = TunnelConfig {
+                interface: bad.into(),
+                ..config()
+            };
+            assert!(
+                matches!(config.check(), Err(DeviceError::InterfaceName { name }) if name == bad),
+                "{bad:?}"
+            );
+        }
+        for good in ["hawser0", "wg0", "fifteen-bytes-x"] {
+            TunnelConfig {
+                interface: good.into(),
+                ..config()
+            }
+            .check()
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn the_address_is_a_host_of_the_prefix() {
+        for bad in [[10, 98, 0, 2], [10, 99, 0, 0], [10, 99, 0, 255]] {
+            let config = TunnelConfig {
+                address: Ipv4Addr::from(bad),
+                ..config()
+            };
+            let error = config.check().unwrap_err();
+            assert!(
+                matches!(error, DeviceError::AddressOutsidePrefix { address, .. } if address == Ipv4Addr::from(bad)),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn mtu_and_threads_are_checked() {
+        for mtu in [0, 67, 1501, 8921] {
+            let error = TunnelConfig { mtu, ..config() }.check().unwrap_err();
+            assert!(
+                matches!(error, DeviceError::Mtu { mtu: m } if m == mtu),
+                "{error}"
+            );
+        }
+        let error = TunnelConfig {
+            threads: 0,
+            ..config()
+        }
+        .check()
+        .unwrap_err();
+        assert!(matches!(error, DeviceError::NoThreads));
+    }
+
+    #[test]
+    fn the_config_never_shows_the_private_key() {
+        let config = config();
+        let shown = format!("{config:?}");
+        let hex = config.private_key.to_hex();
+        let base64 = config.private_key.to_base64();
+        assert!(!shown.contains(hex.as_str()), "{shown}");
+        assert!(!shown.contains(base64.as_str()), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+    }
+
+    #[test]
+    fn stats_turn_the_time_since_the_handshake_into_a_unix_time() {
+        let key = PublicKey::from_slice(&[3; 32]).unwrap();
+        let answer = format!(
+            "public_key={}\nendpoint=192.0.2.7:51820\nlast_handshake_time_sec=5\n\
+             last_handshake_time_nsec=250000000\nrx_bytes=10\ntx_bytes=20\n\
+             public_key={}\nrx_bytes=0\ntx_bytes=0\nerrno=0\n\n",
+            key.to_hex(),
+            "04".repeat(32)
+        );
+        let state = uapi::parse_answer(&answer).unwrap();
+        let now = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let stats: Vec<PeerStats> = state
+            .peers
+            .into_iter()
+            .map(|p| peer_stats(p, now))
+            .collect();
+        assert_eq!(
+            stats[0],
+            PeerStats {
+                public_key: key,
+                endpoint: Some("192.0.2.7:51820".parse().unwrap()),
+                // 5.25 s before now: the second it began in.
+                last_handshake_unix: Some(1_799_999_994),
+                rx_bytes: 10,
+                tx_bytes: 20,
+            }
+        );
+        assert_eq!(stats[1].last_handshake_unix, None);
+        assert_eq!(stats[1].endpoint, None);
+    }
+
+    #[test]
+    fn address_clashes_are_found() {
+        let key = |b: u8| PublicKey::from_slice(&[b; 32]).unwrap();
+        let section = |b: u8, ip: [u8; 4]| {
+            (
+                key(b),
+                PeerSection {
+                    public_key: key(b),
+                    vpn_ip: Ipv4Addr::from(ip),
+                    endpoint: None,
+                },
+            )
+        };
+        let fine: BTreeMap<_, _> = [section(1, [10, 0, 0, 1]), section(2, [10, 0, 0, 2])].into();
+        check_addresses(&fine).unwrap();
+        let clash: BTreeMap<_, _> = [section(1, [10, 0, 0, 1]), section(2, [10, 0, 0, 1])].into();
+        let error = check_addresses(&clash).unwrap_err();
+        assert!(
+            matches!(error, DeviceError::AddressClash { ip, first, second }
+                if ip == Ipv4Addr::new(10, 0, 0, 1) && first == key(1) && second == key(2)),
+            "{error}"
+        );
+    }
+}

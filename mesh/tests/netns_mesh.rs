@@ -1,0 +1,469 @@
+//! Mesh members in network namespaces this test creates: each member's tunnel is started by a
+//! thread that entered its namespace first (the tun device, UDP sockets and boringtun's threads
+//! belong to that namespace), on a current-thread tokio runtime as in PID 1. The members reach
+//! each other over veth pairs into a fourth namespace holding a bridge (the "underlay").
+//!
+//! Needs root, iproute2 (`ip`), iputils-ping (`ping`) and /dev/net/tun; without them the test
+//! fails naming what is missing. The namespaces are deleted at the end, also when a test fails.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fs::File;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hawser_mesh::device::{DeviceError, Tunnel, TunnelConfig};
+use hawser_mesh::{Ipv4Net, Peer, PrivateKey, PublicKey};
+use nix::sched::{CloneFlags, setns};
+
+const INTERFACE: &str = "hawser0";
+
+fn vpn_prefix() -> Ipv4Net {
+    "10.77.0.0/24".parse().unwrap()
+}
+
+/// Fails (never skips) when the host lacks what the test needs.
+fn require_host() {
+    // The tunnels' logs (boringtun's too) in the test output: RUST_LOG=debug for more.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_test_writer()
+        .try_init();
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "the mesh namespace test needs root (network namespaces, tun devices)"
+    );
+    let has = |tool: &str, arg: &str| {
+        Command::new(tool)
+            .arg(arg)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    assert!(
+        has("ip", "-V"),
+        "the mesh namespace test needs `ip`: install iproute2"
+    );
+    assert!(
+        has("ping", "-V"),
+        "the mesh namespace test needs `ping`: install iputils-ping"
+    );
+    assert!(
+        Path::new("/dev/net/tun").exists(),
+        "the mesh namespace test needs /dev/net/tun: load the tun module (modprobe tun)"
+    );
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {args:?}: {e}"))
+}
+
+fn must(args: &[&str]) {
+    let output = run(args);
+    assert!(
+        output.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The namespaces of one test run, deleted when dropped (also while a failed test unwinds).
+struct Underlay {
+    switch: String,
+    members: Vec<String>,
+}
+
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+impl Underlay {
+    /// `count` member namespaces, member `i` at 192.168.77.(10+i)/24 on its `eth0`, all plugged
+    /// into a bridge in the switch namespace.
+    fn new(count: usize) -> Self {
+        let run_id = format!(
+            "hwmesh-{}-{}",
+            std::process::id(),
+            RUNS.fetch_add(1, Ordering::SeqCst)
+        );
+        let mut underlay = Underlay {
+            switch: format!("{run_id}-sw"),
+            members: Vec::new(),
+        };
+        must(&["ip", "netns", "add", &underlay.switch]);
+        let sw = underlay.switch.clone();
+        must(&["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"]);
+        must(&["ip", "-n", &sw, "link", "set", "br0", "up"]);
+        for i in 0..count {
+            let member = format!("{run_id}-m{i}");
+            must(&["ip", "netns", "add", &member]);
+            underlay.members.push(member.clone());
+            let port = format!("m{i}");
+            must(&[
+                "ip", "-n", &member, "link", "add", "eth0", "type", "veth", "peer", "name", &port,
+                "netns", &sw,
+            ]);
+            must(&["ip", "-n", &sw, "link", "set", &port, "master", "br0", "up"]);
+            let address = format!("{}/24", underlay_ip(i));
+            must(&["ip", "-n", &member, "addr", "add", &address, "dev", "eth0"]);
+            must(&["ip", "-n", &member, "link", "set", "eth0", "up"]);
+            must(&["ip", "-n", &member, "link", "set", "lo", "up"]);
+        }
+        underlay
+    }
+
+    /// Whether one ping from member `from` to `to` is answered within 2 s.
+    fn ping(&self, from: usize, to: Ipv4Addr) -> bool {
+        run(&[
+            "ip",
+            "netns",
+            "exec",
+            &self.members[from],
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            &to.to_string(),
+        ])
+        .status
+        .success()
+    }
+
+    /// Whether a ping is answered within three tries (the first may wait for a handshake).
+    fn pings(&self, from: usize, to: Ipv4Addr) -> bool {
+        (0..3).any(|_| self.ping(from, to))
+    }
+
+    /// `ip -o` output for the tunnel interface in member `i`, or `None` if it does not exist.
+    fn tunnel_link(&self, i: usize, what: &str) -> Option<String> {
+        let output = run(&[
+            "ip",
+            "-n",
+            &self.members[i],
+            "-o",
+            what,
+            "show",
+            "dev",
+            INTERFACE,
+        ]);
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
+impl Drop for Underlay {
+    fn drop(&mut self) {
+        for ns in self.members.iter().chain([&self.switch]) {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+fn underlay_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(192, 168, 77, 10 + u8::try_from(i).unwrap())
+}
+
+fn vpn_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 77, 0, 1 + u8::try_from(i).unwrap())
+}
+
+/// Starts a tunnel from a thread inside namespace `ns`, on a current-thread runtime.
+fn start_in(ns: &str, config: TunnelConfig) -> Result<Tunnel, DeviceError> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let namespace = File::open(&path).unwrap();
+        setns(namespace, CloneFlags::CLONE_NEWNET).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(Tunnel::start(config))
+    })
+    .join()
+    .unwrap()
+}
+
+fn member_config(i: usize, listen_port: u16) -> TunnelConfig {
+    let mut seed = [0u8; 32];
+    fill_random(&mut seed);
+    TunnelConfig {
+        interface: INTERFACE.into(),
+        private_key: PrivateKey::from_random(seed),
+        listen_port,
+        address: vpn_ip(i),
+        prefix: vpn_prefix(),
+        mtu: hawser_mesh::tunnel_mtu(1500),
+        threads: 1,
+    }
+}
+
+fn fill_random(bytes: &mut [u8]) {
+    use std::io::Read as _;
+    File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(bytes)
+        .unwrap();
+}
+
+/// A member as its peers see it.
+fn peer(i: usize, tunnel: &Tunnel) -> Peer {
+    Peer {
+        name: format!("member-{i}"),
+        public_key: tunnel.public_key(),
+        vpn_ip: vpn_ip(i),
+        endpoint: Some(SocketAddr::from((
+            underlay_ip(i),
+            tunnel.listen_port().unwrap(),
+        ))),
+        coordinator: false,
+    }
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// Starts `count` members (the first lets the kernel choose its port) and gives each the
+/// others as peers.
+fn mesh(underlay: &Underlay, count: usize) -> (Vec<Tunnel>, Vec<Peer>) {
+    let tunnels: Vec<Tunnel> = (0..count)
+        .map(|i| {
+            let port = if i == 0 {
+                0
+            } else {
+                hawser_mesh::DEFAULT_LISTEN_PORT
+            };
+            start_in(&underlay.members[i], member_config(i, port)).unwrap()
+        })
+        .collect();
+    let peers: Vec<Peer> = tunnels
+        .iter()
+        .enumerate()
+        .map(|(i, t)| peer(i, t))
+        .collect();
+    for (i, tunnel) in tunnels.iter().enumerate() {
+        let others: Vec<Peer> = peers
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, p)| p.clone())
+            .collect();
+        tunnel.replace_peers(&others).unwrap();
+    }
+    (tunnels, peers)
+}
+
+#[test]
+fn three_members_ping_through_the_mesh_and_converge_after_a_peer_is_removed_and_re_added() {
+    require_host();
+    let underlay = Underlay::new(3);
+    let (tunnels, peers) = mesh(&underlay, 3);
+
+    // The interface as netlink set it up.
+    for i in 0..3 {
+        let link = underlay.tunnel_link(i, "link").unwrap();
+        assert!(link.contains("mtu 1420"), "{link}");
+        assert!(link.contains(",UP"), "{link}");
+        let address = underlay.tunnel_link(i, "addr").unwrap();
+        assert!(
+            address.contains(&format!("inet {}/24", vpn_ip(i))),
+            "{address}"
+        );
+    }
+    // Member 0 let the kernel choose its port.
+    let port = tunnels[0].listen_port().unwrap();
+    assert_ne!(port, 0);
+    assert_eq!(
+        tunnels[1].listen_port().unwrap(),
+        hawser_mesh::DEFAULT_LISTEN_PORT
+    );
+
+    // Every pair, both ways, by VPN address.
+    for from in 0..3 {
+        for to in (0..3).filter(|to| *to != from) {
+            assert!(
+                underlay.pings(from, vpn_ip(to)),
+                "member {from} cannot ping member {to} at {} through the mesh",
+                vpn_ip(to)
+            );
+        }
+    }
+
+    // Each member's stats: both peers, a recent handshake, traffic both ways, the endpoint.
+    for (i, tunnel) in tunnels.iter().enumerate() {
+        let mut stats = tunnel.stats().unwrap();
+        stats.sort_by_key(|s| s.public_key);
+        let mut expected: Vec<&Peer> = peers.iter().filter(|p| p.vpn_ip != vpn_ip(i)).collect();
+        expected.sort_by_key(|p| p.public_key);
+        assert_eq!(stats.len(), 2, "member {i}: {stats:?}");
+        for (stat, peer) in stats.iter().zip(expected) {
+            assert_eq!(stat.public_key, peer.public_key);
+            assert_eq!(stat.endpoint, peer.endpoint, "member {i}: {stat:?}");
+            let handshake = stat.last_handshake_unix.expect("a handshake");
+            assert!(
+                handshake + 60 >= now_unix() && handshake <= now_unix(),
+                "member {i}: handshake at {handshake}, now {}",
+                now_unix()
+            );
+            assert!(
+                stat.rx_bytes > 0 && stat.tx_bytes > 0,
+                "member {i}: {stat:?}"
+            );
+        }
+    }
+
+    // Member 0 drops member 1: no traffic between them either way; member 2 unaffected.
+    tunnels[0].apply(&[], &[peers[1].public_key]).unwrap();
+    let keys: Vec<PublicKey> = tunnels[0]
+        .stats()
+        .unwrap()
+        .iter()
+        .map(|s| s.public_key)
+        .collect();
+    assert_eq!(keys, vec![peers[2].public_key]);
+    assert!(
+        !underlay.ping(0, vpn_ip(1)),
+        "member 0 still reaches member 1"
+    );
+    assert!(
+        !underlay.ping(1, vpn_ip(0)),
+        "member 1 still reaches member 0"
+    );
+    assert!(underlay.pings(0, vpn_ip(2)));
+
+    // Re-added: traffic flows again, and member 2's session was left alone.
+    let before = tunnels[0].stats().unwrap();
+    tunnels[0]
+        .apply(&[peers[1].clone(), peers[2].clone()], &[])
+        .unwrap();
+    let after = tunnels[0].stats().unwrap();
+    let of =
+        |stats: &[hawser_mesh::PeerStats], key| stats.iter().find(|s| s.public_key == key).cloned();
+    let kept = of(&after, peers[2].public_key).unwrap();
+    assert!(
+        kept.tx_bytes >= of(&before, peers[2].public_key).unwrap().tx_bytes,
+        "an unchanged peer was re-added (its counters restarted)"
+    );
+    assert!(
+        underlay.pings(0, vpn_ip(1)),
+        "member 0 cannot reach member 1 again"
+    );
+    assert!(
+        underlay.pings(1, vpn_ip(0)),
+        "member 1 cannot reach member 0 again"
+    );
+
+    // Stopped: the interfaces are gone.
+    drop(tunnels);
+    for i in 0..3 {
+        assert_eq!(underlay.tunnel_link(i, "link"), None, "member {i}");
+    }
+}
+
+#[test]
+fn bad_peer_changes_are_refused_and_leave_the_mesh_as_it_was() {
+    require_host();
+    let underlay = Underlay::new(2);
+    let (tunnels, peers) = mesh(&underlay, 2);
+    assert!(underlay.pings(0, vpn_ip(1)));
+    let before = tunnels[0].stats().unwrap();
+
+    let stranger = PrivateKey::from_random([5; 32]).public_key();
+    let clash = Peer {
+        name: "clash".into(),
+        public_key: stranger,
+        ..peers[1].clone()
+    };
+    let error = tunnels[0].apply(&[clash], &[]).unwrap_err();
+    assert!(
+        matches!(error, DeviceError::AddressClash { ip, .. } if ip == vpn_ip(1)),
+        "{error}"
+    );
+    let error = tunnels[0]
+        .apply(&[peers[1].clone(), peers[1].clone()], &[])
+        .unwrap_err();
+    assert!(
+        matches!(error, DeviceError::DuplicatePeer { .. }),
+        "{error}"
+    );
+    let error = tunnels[0]
+        .apply(&[peers[1].clone()], &[peers[1].public_key])
+        .unwrap_err();
+    assert!(
+        matches!(error, DeviceError::AddedAndRemoved { .. }),
+        "{error}"
+    );
+    let error = tunnels[0].apply(&[peers[0].clone()], &[]).unwrap_err();
+    assert!(matches!(error, DeviceError::OwnKey { .. }), "{error}");
+    let own_address = Peer {
+        public_key: stranger,
+        vpn_ip: vpn_ip(0),
+        ..peers[1].clone()
+    };
+    let error = tunnels[0].replace_peers(&[own_address]).unwrap_err();
+    assert!(matches!(error, DeviceError::OwnAddress { .. }), "{error}");
+
+    // The peer and its session are as they were, and traffic still flows.
+    let after = tunnels[0].stats().unwrap();
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].public_key, before[0].public_key);
+    assert!(after[0].tx_bytes >= before[0].tx_bytes);
+    assert!(underlay.ping(0, vpn_ip(1)));
+
+    // A second tunnel of the same name in the same namespace is refused, not joined.
+    let error = start_in(&underlay.members[0], member_config(0, 0)).unwrap_err();
+    assert!(
+        matches!(error, DeviceError::InterfaceExists { .. }),
+        "{error}"
+    );
+    assert!(underlay.ping(0, vpn_ip(1)));
+}
+
+#[test]
+fn a_peer_without_an_endpoint_is_reached_once_it_has_sent() {
+    require_host();
+    let underlay = Underlay::new(3);
+    let (tunnels, peers) = mesh(&underlay, 3);
+    // Member 0 knows member 2 by key and address only; in one transaction with member 1, which
+    // has an endpoint (boringtun 0.7 would hand it to the next peer section if written first).
+    let anonymous = Peer {
+        endpoint: None,
+        ..peers[2].clone()
+    };
+    tunnels[0]
+        .replace_peers(&[peers[1].clone(), anonymous])
+        .unwrap();
+    let endpoint_of = |key| {
+        tunnels[0]
+            .stats()
+            .unwrap()
+            .into_iter()
+            .find(|s| s.public_key == key)
+            .unwrap()
+            .endpoint
+    };
+    assert_eq!(endpoint_of(peers[1].public_key), peers[1].endpoint);
+    assert_eq!(endpoint_of(peers[2].public_key), None);
+    assert!(
+        !underlay.ping(0, vpn_ip(2)),
+        "member 0 reached member 2 without knowing where it is"
+    );
+
+    // Member 2 sends first: member 0 learns where it is and answers, then reaches it itself.
+    assert!(underlay.pings(2, vpn_ip(0)));
+    assert_eq!(endpoint_of(peers[2].public_key), peers[2].endpoint);
+    assert!(underlay.pings(0, vpn_ip(2)));
+    assert!(underlay.pings(0, vpn_ip(1)));
+}
