@@ -40,6 +40,7 @@ pub const FW_CFG_ALLOWED_KEYS: &[&str] = &[
     "join_endpoint",
     "role",
     "init_secret_hash",
+    "vpn_endpoint",
 ];
 /// Longest accepted quote nonce: a TPM2B_DATA holds at most 64 bytes of qualifying data.
 pub const MAX_NONCE_LEN: usize = 64;
@@ -389,6 +390,11 @@ pub struct FwCfgConfig {
     /// init server. Unmeasured: a host that sets its own hash can only initialize a node it
     /// boots anyway, and the admin's CLI verifies the node before it sends the secret.
     pub init_secret_hash: Option<[u8; 32]>,
+    /// `vpn_endpoint`: where the node's WireGuard tunnel is reached on the underlay network
+    /// (`ip:port`), when that is not the node's own address (behind NAT, as QEMU's user network
+    /// is). Unmeasured: a wrong endpoint only makes the tunnel unreachable, since WireGuard
+    /// authenticates every peer by its key.
+    pub vpn_endpoint: Option<std::net::SocketAddr>,
     /// Keys present but not allowed, each worth a warning.
     pub warnings: Vec<String>,
 }
@@ -425,6 +431,18 @@ pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, 
                         reason: INIT_SECRET_HASH_FORMAT,
                     }
                 })?);
+            }
+            "vpn_endpoint" => {
+                let text = String::from_utf8_lossy(raw);
+                let endpoint =
+                    text.trim_ascii()
+                        .parse()
+                        .map_err(|_| ConfigError::MalformedFwCfg {
+                            key: key.clone(),
+                            value: text.clone().into_owned(),
+                            reason: "expected ip:port",
+                        })?;
+                config.vpn_endpoint = Some(endpoint);
             }
             "role" => {
                 let text = String::from_utf8_lossy(raw);
@@ -791,6 +809,14 @@ mod tests {
         let config = parse_fw_cfg(&fw(&[("join_endpoint", b"10.0.2.100:7000\n")])).unwrap();
         assert_eq!(config.join_endpoint.unwrap().to_string(), "10.0.2.100:7000");
         assert!(parse_fw_cfg(&fw(&[("join_endpoint", b"nope")])).is_err());
+    }
+
+    #[test]
+    fn fw_cfg_vpn_endpoint_is_ip_and_port() {
+        let config = parse_fw_cfg(&fw(&[("vpn_endpoint", b"10.0.2.2:51900\n")])).unwrap();
+        assert_eq!(config.vpn_endpoint.unwrap().to_string(), "10.0.2.2:51900");
+        let error = parse_fw_cfg(&fw(&[("vpn_endpoint", b"10.0.2.2")])).unwrap_err();
+        assert!(error.to_string().contains("ip:port"), "{error}");
     }
 
     fn fw(entries: &[(&str, &[u8])]) -> BTreeMap<String, Vec<u8>> {

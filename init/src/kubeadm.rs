@@ -11,8 +11,10 @@
 //! What hawser sets, and why:
 //!
 //! - `nodeRegistration.name` and the kubelet's `node-ip`: the node's own name and address,
-//!   never kubeadm's guesses from the hostname and the default route (the VPN address once
-//!   the mesh exists).
+//!   never kubeadm's guesses from the hostname and the default route. In a WireGuard mesh the
+//!   address is the node's VPN address (`crate::mesh`), so the kubelet's serving certificate,
+//!   the API server's advertised address (and so its certificate's SANs) and etcd's peer URLs
+//!   are all mesh addresses.
 //! - `criSocket`: containerd's socket, so kubeadm does not probe for runtimes.
 //! - `localAPIEndpoint.advertiseAddress`: the node IP, port 6443.
 //! - `controlPlaneEndpoint` (init): set, defaulting to the first node's `<ip>:6443`; kubeadm

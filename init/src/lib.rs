@@ -53,6 +53,7 @@ pub mod fatal;
 pub mod join_service;
 pub mod kubeadm;
 mod layers;
+pub mod mesh;
 pub mod modules;
 pub mod node;
 pub mod platform;

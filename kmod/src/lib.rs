@@ -142,12 +142,9 @@ pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
         "authenc",
         "the state disk's integrity mode (dm-crypt's authenc(hmac(sha256),xts(aes)))",
     ),
-    // Nothing in PID 1 opens /dev/net/tun yet: the in-process WireGuard mesh (boringtun) is
-    // still to come. Required once it is.
-    KernelModule::optional(
+    KernelModule::required(
         "tun",
-        "/dev/net/tun for the WireGuard mesh (boringtun)",
-        "no /dev/net/tun; PID 1 does not run the mesh yet, so nothing is lost today",
+        "/dev/net/tun for the WireGuard mesh (boringtun runs in PID 1 on a tun interface)",
     ),
     KernelModule::required("erofs", "the immutable rootfs (erofs)"),
     KernelModule::required("overlay", "the rootfs's writable /etc overlay"),
@@ -648,6 +645,7 @@ kernel/drivers/block/virtio_blk.ko.xz:
             "overlay",
             "virtio_blk",
             "virtio_net",
+            "tun",
         ] {
             assert_eq!(need(required).need, Need::Required, "{required}");
         }

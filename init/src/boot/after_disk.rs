@@ -88,6 +88,31 @@ fn report_to_admin(kind: &GrantKind, progress: Progress, cluster_id: [u8; 32]) {
 }
 
 impl Boot {
+    /// The node's place in the WireGuard mesh, when the join ticket gave one: its key (kept
+    /// on the state disk), the tunnel with the ticket's peers, and the task that keeps them
+    /// current.
+    pub(super) async fn mesh(
+        &mut self,
+        grant: Option<crate::mesh::MeshGrant>,
+        generated: hawser_mesh::PrivateKey,
+    ) -> Result<Option<crate::mesh::Mesh>, BootError> {
+        let Some(grant) = grant else {
+            return Ok(None);
+        };
+        let key = crate::mesh::node_key(
+            std::path::Path::new(crate::disk::STATE_MOUNT_POINT),
+            Some(generated),
+            &grant,
+        )?;
+        let mesh = self
+            .time_async(
+                "mesh",
+                crate::mesh::start(grant, key, hawser_mesh::DEFAULT_LISTEN_PORT),
+            )
+            .await?;
+        Ok(Some(mesh))
+    }
+
     /// The quote and the boot report line. The quote comes after the state disk: the node
     /// lock may have extended PCR 15, and the report's PCR values must be the quoted ones.
     pub(super) async fn report(
@@ -145,6 +170,7 @@ impl Boot {
         role: node::Role,
         node_name: Option<String>,
         control_plane: node::ControlPlane,
+        mesh: Option<crate::mesh::Mesh>,
     ) -> Result<(), BootError> {
         let Some(root_hash) = config.root_hash else {
             return Ok(());
@@ -157,10 +183,15 @@ impl Boot {
             }
             return Err(BootError::Pivot(e));
         }
-        let identity = match (&config.net, node_name) {
-            (Some(net), Some(name)) => Some(node::NodeIdentity {
+        // In a mesh, the node's VPN address is its Kubernetes node IP (the kubelet's
+        // certificate, the API server's advertised address); otherwise its `hawser.net` one.
+        let node_ip = mesh
+            .map(|mesh| mesh.node_ip)
+            .or(config.net.map(|net| net.address));
+        let identity = match (node_ip, node_name) {
+            (Some(ip), Some(name)) => Some(node::NodeIdentity {
                 name,
-                ip: std::net::IpAddr::V4(net.address),
+                ip: std::net::IpAddr::V4(ip),
             }),
             _ => None,
         };

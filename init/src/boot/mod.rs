@@ -14,6 +14,7 @@
 //!       ─ PCR 11 before; extend "enter-initrd"; read PCRs 0-23   [measure]
 //!       ─ state disk: find, format or open, map, mount           [state-disk-*]
 //!         (join-service key: join client races init server, node lock → PCR 15)
+//!       ─ the WireGuard mesh, when the ticket has one: key, tunnel [mesh]
 //!       ─ AK; quote PCRs 0-23 with the nonce                     [attest]
 //!       ─ boot report line; firmware event log line
 //!       ─ hawser.root_hash: pivot into the rootfs (PCR 11 ← "leave-initrd"), then
@@ -116,6 +117,9 @@ pub enum BootError {
     /// The TPM-backed attestation issuer cannot start.
     #[error("cannot attest to the join service or the admin: the TPM issuer cannot start")]
     Issuer(#[source] hawser_attestation::IssuerError),
+    /// The node cannot take its place in the WireGuard mesh the join service gave it.
+    #[error(transparent)]
+    Mesh(#[from] crate::mesh::MeshSetupError),
     /// The pivot into the verified rootfs failed.
     #[error("cannot pivot into the rootfs")]
     Pivot(#[source] node::PivotError),
@@ -316,13 +320,20 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     boot.seed_entropy().await?;
     let nonce = boot.nonce(fw_cfg.quote_nonce.take()).await?;
     let measurement = boot.measure().await?;
-    let enrollment = boot.enrollment(&config, &mut fw_cfg).await?;
-    let outcome = boot
+    // The node's WireGuard key for a first join: its public half goes in the join request.
+    let mesh_key = crate::mesh::generate_key()?;
+    let enrollment = boot
+        .enrollment(&config, &mut fw_cfg, mesh_key.public_key())
+        .await?;
+    let mut outcome = boot
         .state_disk(&config.state_disk, fw_cfg.state_disk_key.take(), enrollment)
         .await?;
+    let grant = outcome.as_mut().and_then(|o| o.mesh.take());
+    let mesh = boot.mesh(grant, mesh_key).await?;
     let (role, node_name, control_plane) = after_disk::role(&config, outcome, &measurement);
     boot.report(nonce, measurement, &config, &kernel_release)
         .await?;
     after_disk::emit_event_log();
-    boot.run_node(&config, role, node_name, control_plane).await
+    boot.run_node(&config, role, node_name, control_plane, mesh)
+        .await
 }

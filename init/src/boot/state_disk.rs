@@ -37,6 +37,7 @@ impl Boot {
         &mut self,
         config: &CmdlineConfig,
         fw_cfg: &mut FwCfgConfig,
+        mesh_key: hawser_mesh::PublicKey,
     ) -> Result<Option<Enrollment>, BootError> {
         if config.state_disk.key_source != crate::disk::key::KeySourceKind::JoinService {
             return Ok(None);
@@ -61,9 +62,17 @@ impl Boot {
                     join_service_policy(trust, &tpm, Path::new(PROVIDER_CA_PATH))
                 })
                 .await??;
+                // Where peers reach this node's tunnel: fw_cfg's endpoint (behind NAT), else
+                // the node's own address.
+                let mesh_endpoint = fw_cfg.vpn_endpoint.or_else(|| {
+                    config.net.map(|net| {
+                        std::net::SocketAddr::from((net.address, hawser_mesh::DEFAULT_LISTEN_PORT))
+                    })
+                });
                 Some(
                     JoinClient::new(endpoint, policy, Arc::clone(&issuer))
-                        .control_plane(fw_cfg.control_plane),
+                        .control_plane(fw_cfg.control_plane)
+                        .mesh(mesh_key, mesh_endpoint),
                 )
             }
             None => None,

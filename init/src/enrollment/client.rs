@@ -109,6 +109,8 @@ pub struct Secrets {
     /// A control-plane join: the cluster's master secret, checked against the rest of the
     /// answer, for the join service this control plane runs too. Zeroized on drop.
     pub master_secret: Option<MasterSecret>,
+    /// The node's place in the WireGuard mesh, when the join service runs one.
+    pub mesh: Option<crate::mesh::MeshGrant>,
 }
 
 /// The Kubernetes half of a join ticket. The token is secret (zeroized, redacted in `Debug`).
@@ -160,6 +162,9 @@ pub struct JoinClient {
     control_plane: bool,
     /// The cluster the state disk records: answers of another cluster are refused.
     disk_cluster: Option<[u8; 32]>,
+    /// The node's WireGuard public key (sent at the first join) and underlay endpoint (sent at
+    /// every join and rejoin); `None`: the node asks for no place in the mesh.
+    mesh: Option<(hawser_mesh::PublicKey, Option<std::net::SocketAddr>)>,
 }
 
 impl JoinClient {
@@ -177,6 +182,7 @@ impl JoinClient {
             backoff: RetryBackoff::default(),
             control_plane: false,
             disk_cluster: None,
+            mesh: None,
         }
     }
 
@@ -190,6 +196,17 @@ impl JoinClient {
     /// Asks for a control-plane join instead of a worker join.
     pub fn control_plane(mut self, control_plane: bool) -> Self {
         self.control_plane = control_plane;
+        self
+    }
+
+    /// Asks for a place in the mesh with this WireGuard public key (a first join; a rejoin's
+    /// key is the one the registry holds) and underlay endpoint.
+    pub fn mesh(
+        mut self,
+        public_key: hawser_mesh::PublicKey,
+        endpoint: Option<std::net::SocketAddr>,
+    ) -> Self {
+        self.mesh = Some((public_key, endpoint));
         self
     }
 
@@ -228,7 +245,11 @@ impl JoinClient {
                     node_name: node_name(disk_uuid),
                     is_control_plane: self.control_plane,
                     kubelet_csr: Vec::new(),
-                    ..Default::default()
+                    vpn_public_key: self
+                        .mesh
+                        .map(|(key, _)| key.as_bytes().to_vec())
+                        .unwrap_or_default(),
+                    vpn_endpoint: self.mesh_endpoint(),
                 };
                 let mut response = client
                     .issue_join_ticket(request)
@@ -236,6 +257,7 @@ impl JoinClient {
                     .map_err(status_text)?
                     .into_inner();
                 let ticket = kubeadm_ticket(&mut response, self.control_plane);
+                let mesh = mesh_grant(response.vpn.as_ref());
                 let state_disk_key = Zeroizing::new(std::mem::take(&mut response.state_disk_key));
                 let measurement_secret =
                     Zeroizing::new(std::mem::take(&mut response.measurement_secret));
@@ -251,6 +273,7 @@ impl JoinClient {
                     zeroize::Zeroize::zeroize(&mut file.data);
                 }
                 let ticket = ticket?;
+                let mesh = mesh?;
                 let master_secret = match master_secret {
                     Some((key, salt)) if self.control_plane => Some(checked_master_secret(
                         &key,
@@ -269,13 +292,14 @@ impl JoinClient {
                     measurement_salt: std::mem::take(&mut response.measurement_salt),
                     ticket: Some(ticket),
                     master_secret,
+                    mesh,
                 })
             }
             DiskStatus::Initialized => {
                 let mut response = client
                     .issue_rejoin_ticket(IssueRejoinTicketRequest {
                         disk_uuid: disk_uuid.to_owned(),
-                        ..Default::default()
+                        vpn_endpoint: self.mesh_endpoint(),
                     })
                     .await
                     .map_err(status_text)?
@@ -288,9 +312,29 @@ impl JoinClient {
                     measurement_salt: std::mem::take(&mut response.measurement_salt),
                     ticket: None,
                     master_secret: None,
+                    mesh: mesh_grant(response.vpn.as_ref())?,
                 })
             }
         }
+    }
+}
+
+impl JoinClient {
+    fn mesh_endpoint(&self) -> String {
+        self.mesh
+            .and_then(|(_, endpoint)| endpoint)
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// The ticket's mesh, checked: a malformed one fails the attempt (which is retried).
+fn mesh_grant(
+    vpn: Option<&hawser_proto::join::VpnConfig>,
+) -> Result<Option<crate::mesh::MeshGrant>, String> {
+    match vpn {
+        Some(vpn) => crate::mesh::MeshGrant::from_wire(vpn).map_err(|e| error_chain(&e)),
+        None => Ok(None),
     }
 }
 
@@ -542,6 +586,7 @@ mod tests {
             measurement_salt: b"salt".to_vec(),
             ticket: None,
             master_secret: None,
+            mesh: None,
         }
     }
 

@@ -47,6 +47,8 @@ pub struct Outcome {
     /// The cluster's secrets, when the admin sent them (`hawser init`/`recover`): the first
     /// control-plane node runs the cluster's join service with them.
     pub secrets: Option<ClusterSecrets>,
+    /// The node's place in the WireGuard mesh, when the join service gave one.
+    pub mesh: Option<crate::mesh::MeshGrant>,
 }
 
 /// The master secret and measurement salt the admin sent (redacted in Debug).
@@ -111,6 +113,7 @@ pub struct KeyGrant {
     admin: Option<(GrantKind, Progress)>,
     kubeadm: Option<KubeadmTicket>,
     secrets: Option<ClusterSecrets>,
+    mesh: Option<crate::mesh::MeshGrant>,
 }
 
 impl KeyGrant {
@@ -175,6 +178,7 @@ impl KeyGrant {
             admin: self.admin,
             kubeadm: self.kubeadm,
             secrets: self.secrets,
+            mesh: self.mesh,
         })
     }
 }
@@ -279,6 +283,7 @@ impl Enrollment {
                         measurement_salt: secrets.measurement_salt.clone(),
                     }),
                     kubeadm: secrets.ticket,
+                    mesh: secrets.mesh,
                 })
             }
             Winner::Admin(grant) => {
@@ -314,6 +319,7 @@ impl Enrollment {
                     attempts: 1,
                     admin: Some((grant.kind, grant.progress)),
                     kubeadm: None,
+                    mesh: None,
                     secrets: Some(ClusterSecrets {
                         master: grant.master,
                         measurement_salt: grant.measurement_salt,
