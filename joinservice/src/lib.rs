@@ -20,5 +20,7 @@ pub mod ratelimit;
 pub mod service;
 pub mod store;
 pub mod tokens;
+pub mod vpn;
+pub mod vpnapi;
 
 pub use crate::core::{JoinCore, JoinError, JoinTicket, RejoinTicket};

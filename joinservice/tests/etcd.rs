@@ -345,6 +345,7 @@ fn join_request(uuid: &str, control_plane: bool) -> JoinRequest {
         disk_uuid: uuid.to_owned(),
         node_name: "node-1".into(),
         is_control_plane: control_plane,
+        ..JoinRequest::default()
     }
 }
 
@@ -736,4 +737,106 @@ fn hawser_joind_refuses_etcd_endpoints_without_the_client_certificate() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--etcd-ca"), "{stderr}");
+}
+
+#[test]
+fn two_join_services_racing_to_admit_vpn_members_lose_no_admission() {
+    use hawser_joinservice::store::{PollStatus, VPN_REGISTRY_KEY};
+    use hawser_mesh::{Ipv4Net, PeerStats, PublicKey};
+    let cluster = EtcdCluster::start(1);
+    let runtime = runtime();
+    let stores = [connect(&runtime, &cluster), connect(&runtime, &cluster)];
+    let prefix: Ipv4Net = "10.99.0.0/24".parse().unwrap();
+    let barrier = Arc::new(Barrier::new(2));
+    let racers: Vec<_> = (0..2u8)
+        .map(|i| {
+            let store = Arc::clone(&stores[usize::from(i)]);
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                for n in 0..10u8 {
+                    let id = uuid(u32::from(i) * 100 + u32::from(n));
+                    let key = PublicKey::from_slice(&[i * 100 + n + 1; 32]).unwrap();
+                    store
+                        .update_vpn_registry(prefix, &mut |registry| {
+                            registry.admit(&id, &id, key, None, false, None)?;
+                            Ok(())
+                        })
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for racer in racers {
+        racer.join().unwrap();
+    }
+    let registry = stores[0]
+        .vpn_registry(ReadConsistency::Latest)
+        .unwrap()
+        .unwrap();
+    assert_eq!(registry.members().count(), 20);
+    assert_eq!(registry.version(), 20);
+    let addresses: std::collections::BTreeSet<_> =
+        registry.members().map(|(_, peer)| peer.vpn_ip).collect();
+    assert_eq!(addresses.len(), 20, "two members share an address");
+
+    // A refused change writes nothing; another prefix is refused naming both.
+    let taken = PublicKey::from_slice(&[1; 32]).unwrap();
+    let error = stores[1]
+        .update_vpn_registry(prefix, &mut |registry| {
+            registry.admit("intruder", "intruder", taken, None, false, None)?;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(error, StoreError::Mesh(_)), "{error}");
+    let other: Ipv4Net = "10.98.0.0/24".parse().unwrap();
+    let error = stores[1]
+        .update_vpn_registry(other, &mut |_| Ok(()))
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("10.99.0.0/24") && message.contains("10.98.0.0/24"),
+        "{message}"
+    );
+    assert_eq!(
+        stores[1].vpn_registry(ReadConsistency::Latest).unwrap(),
+        Some(registry)
+    );
+    assert!(VPN_REGISTRY_KEY.starts_with("/hawser/v1/vpn/"));
+
+    // Polls: one key per node, the last one wins.
+    let stats = PeerStats {
+        public_key: taken,
+        endpoint: Some("192.0.2.1:51820".parse().unwrap()),
+        last_handshake_unix: Some(1_700_000_000),
+        rx_bytes: 10,
+        tx_bytes: 20,
+    };
+    for unix_time in [1, 2] {
+        stores[unix_time % 2]
+            .record_vpn_poll(
+                &uuid(1),
+                &PollStatus {
+                    unix_time: unix_time as u64,
+                    known_version: Some(20),
+                    stats: vec![stats.clone()],
+                },
+            )
+            .unwrap();
+    }
+    stores[0]
+        .record_vpn_poll(
+            "join-service/cp-1",
+            &PollStatus {
+                unix_time: 3,
+                known_version: None,
+                stats: vec![],
+            },
+        )
+        .unwrap();
+    let polls = stores[1].vpn_polls().unwrap();
+    assert_eq!(polls.len(), 2);
+    assert_eq!(polls[&uuid(1)].unix_time, 2);
+    assert_eq!(polls[&uuid(1)].stats, vec![stats]);
+    assert_eq!(polls["join-service/cp-1"].known_version, None);
 }
