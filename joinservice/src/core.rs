@@ -586,18 +586,19 @@ impl JoinCore {
         if self.mesh.is_none() {
             return Err(PeerApiError::MeshOff);
         }
-        let registry = self.store.vpn_registry(ReadConsistency::Latest)?;
-        let (id, member) = crate::vpn::poller(registry.as_ref(), source)?;
+        let Some(registry) = self.store.vpn_registry(ReadConsistency::Latest)? else {
+            return Err(PeerApiError::UnknownSource {
+                address: source.into(),
+            });
+        };
+        let (id, member) = crate::vpn::poller(&registry, source)?;
         let status = PollStatus {
             unix_time: unix_now(),
             known_version,
             stats,
         };
         self.store.record_vpn_poll(&id, &status)?;
-        let update = registry
-            .as_ref()
-            .map(|r| r.update_since(known_version))
-            .unwrap_or(PeerUpdate::Current { version: 0 });
+        let update = registry.update_since(known_version);
         tracing::debug!(node = %member.name, vpn_ip = %source, known_version = ?known_version, version = update.version(), "poll answered");
         Ok(update)
     }

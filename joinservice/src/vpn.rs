@@ -209,12 +209,9 @@ pub enum PeerApiError {
 }
 
 /// The member's ID and entry polling from `source`, in `registry`.
-pub fn poller(
-    registry: Option<&Registry>,
-    source: Ipv4Addr,
-) -> Result<(String, Peer), PeerApiError> {
+pub fn poller(registry: &Registry, source: Ipv4Addr) -> Result<(String, Peer), PeerApiError> {
     registry
-        .and_then(|r| r.member_by_ip(source))
+        .member_by_ip(source)
         .map(|(id, peer)| (id.to_owned(), peer.clone()))
         .ok_or(PeerApiError::UnknownSource {
             address: source.into(),

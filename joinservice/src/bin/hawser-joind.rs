@@ -2,6 +2,7 @@
 //! expected-measurements file (reloaded when it changes), derives their state-disk keys from the
 //! cluster's master secret and issues kubeadm bootstrap tokens. See docs/joinservice.md.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use hawser_joinservice::approvals::ApprovalStore;
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
-use hawser_joinservice::store::{ClusterStore, EtcdConfig, EtcdStore};
+use hawser_joinservice::store::{ClusterStore, EtcdConfig, EtcdStore, ReadConsistency, StoreError};
 use hawser_joinservice::tokens::{CachingTokenIssuer, KubeadmTokenIssuer};
 use hawser_joinservice::vpn::{self, JoinServiceAddress, MeshSettings};
 use hawser_keys::MasterSecret;
@@ -252,6 +253,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let core = Arc::new(core);
     if let (Some(settings), Some(key)) = (core.mesh().cloned(), mesh_key) {
         start_mesh(&settings, key, Arc::clone(&core));
+        tokio::spawn(watch_polls(
+            Arc::clone(&core),
+            Duration::from_secs(args.vpn_stale_after_secs.max(1)),
+        ));
     }
 
     let mut config = ServiceConfig::new(args.listen, core, provider_ca_pem);
@@ -447,6 +452,66 @@ fn start_mesh(settings: &MeshSettings, private_key: PrivateKey, core: Arc<JoinCo
         vpn_api_port = settings.vpn_api_port,
         "this build of hawser-joind does not start the WireGuard tunnel: nodes receive their VPN configuration, but the peer API is not served"
     );
+}
+
+/// Logs each node that stops polling the peer API (and comes back), checking every half
+/// `stale_after`: the heartbeat the registry keeps, turned into one log line per change.
+async fn watch_polls(core: Arc<JoinCore>, stale_after: Duration) {
+    let mut known: BTreeMap<String, vpn::Polling> = BTreeMap::new();
+    let mut tick = tokio::time::interval((stale_after / 2).max(Duration::from_secs(1)));
+    loop {
+        tick.tick().await;
+        let store = Arc::clone(core.store());
+        let read = tokio::task::spawn_blocking(move || {
+            let registry = store.vpn_registry(ReadConsistency::Latest)?;
+            let polls = store.vpn_polls()?;
+            Ok::<_, StoreError>((registry, polls))
+        })
+        .await;
+        let (registry, polls) = match read {
+            Ok(Ok((Some(registry), polls))) => (registry, polls),
+            Ok(Ok((None, _))) => continue,
+            Ok(Err(e)) => {
+                tracing::debug!(
+                    "cannot read the mesh's polls: {}",
+                    hawser_attestation::error_chain(&e)
+                );
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!("the poll watcher's read failed: {e}");
+                continue;
+            }
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let statuses = vpn::member_statuses(&registry, &polls, now, stale_after);
+        let mut current = BTreeMap::new();
+        for status in statuses {
+            let before = known.get(&status.id).copied();
+            match (before, status.polling) {
+                (Some(vpn::Polling::Polling), vpn::Polling::Stopped) => tracing::warn!(
+                    node = %status.peer.name,
+                    disk_uuid = %status.id,
+                    vpn_ip = %status.peer.vpn_ip,
+                    last_poll_unix = status.last_poll.as_ref().map(|p| p.unix_time),
+                    "node stopped polling the mesh's peer API"
+                ),
+                (Some(vpn::Polling::Stopped | vpn::Polling::Never), vpn::Polling::Polling) => {
+                    tracing::info!(
+                        node = %status.peer.name,
+                        vpn_ip = %status.peer.vpn_ip,
+                        "node polls the mesh's peer API"
+                    );
+                }
+                _ => {}
+            }
+            current.insert(status.id, status.polling);
+        }
+        known = current;
+    }
 }
 
 /// The etcd client configuration, if `--etcd-endpoints` is given.

@@ -345,7 +345,11 @@ fn is_transient(error: &etcd_client::Error) -> bool {
     match error {
         etcd_client::Error::GRpcStatus(status) => matches!(
             status.code(),
-            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Aborted
+            // Cancelled: the connection to a member that went away closed under the call.
+            tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::Aborted
+                | tonic::Code::Cancelled
         ),
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         _ => false,
