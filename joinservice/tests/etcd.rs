@@ -840,3 +840,93 @@ fn two_join_services_racing_to_admit_vpn_members_lose_no_admission() {
     assert_eq!(polls[&uuid(1)].stats, vec![stats]);
     assert_eq!(polls["join-service/cp-1"].known_version, None);
 }
+
+#[test]
+fn fault_etcd_quorum_lost_a_rejoin_keeps_its_vpn_address_and_polls_fail_unavailable() {
+    use hawser_joinservice::vpn::{self, JoinServiceAddress, MeshSettings, PeerApiError};
+    use hawser_mesh::{Ipv4Net, PublicKey};
+    let mut cluster = EtcdCluster::start(3);
+    let runtime = runtime();
+    let files = ClusterFiles::new();
+    let store = connect(&runtime, &cluster);
+    let prefix: Ipv4Net = "10.99.0.0/24".parse().unwrap();
+    let coordinator = vpn::admit_join_service(
+        store.as_ref(),
+        prefix,
+        "cp-1",
+        PublicKey::from_slice(&[200; 32]).unwrap(),
+        Some("192.0.2.1:51820".parse().unwrap()),
+        JoinServiceAddress::Allocated,
+    )
+    .unwrap();
+    assert_eq!(
+        coordinator.vpn_ip.to_string(),
+        "10.99.0.2",
+        "not the reserved .1"
+    );
+    let node = Node {
+        core: files.node_on(store).core.with_mesh(MeshSettings {
+            prefix,
+            mtu: 1420,
+            coordinator,
+            vpn_api_port: 9091,
+        }),
+    };
+    let request = JoinRequest {
+        vpn_public_key: vec![1; 32],
+        vpn_endpoint: "192.0.2.10:51820".into(),
+        ..join_request(&uuid(1), false)
+    };
+    let joined = node
+        .core
+        .issue_join_ticket(&peer(&AK), &request)
+        .unwrap()
+        .vpn
+        .unwrap();
+    assert_eq!(joined.node.vpn_ip.to_string(), "10.99.0.3");
+    node.core
+        .get_peers(joined.node.vpn_ip, None, vec![])
+        .unwrap();
+
+    cluster.members[0].stop();
+    cluster.members[1].stop();
+
+    // The rejoin gets its mesh from the member left; its new endpoint cannot be recorded now.
+    let rejoin = node
+        .core
+        .issue_rejoin_ticket_at(&peer(&AK), &uuid(1), "192.0.2.99:51820")
+        .unwrap()
+        .vpn
+        .unwrap();
+    assert_eq!(rejoin.node.vpn_ip, joined.node.vpn_ip);
+    assert_eq!(rejoin.registry_version, joined.registry_version);
+    assert_eq!(rejoin.node.endpoint, joined.node.endpoint);
+    // A poll fails as unavailable: the node keeps the mesh it has and polls again.
+    let error = node
+        .core
+        .get_peers(joined.node.vpn_ip, Some(joined.registry_version), vec![])
+        .unwrap_err();
+    assert!(
+        matches!(&error, PeerApiError::Store(e) if e.is_unavailable()),
+        "{error}"
+    );
+    assert_eq!(
+        hawser_joinservice::vpnapi::status_of(&error).code(),
+        Code::Unavailable
+    );
+    // A new node is not admitted, and takes no address.
+    let error = node
+        .core
+        .issue_join_ticket(
+            &peer(&OTHER_AK),
+            &JoinRequest {
+                vpn_public_key: vec![2; 32],
+                ..join_request(&uuid(2), false)
+            },
+        )
+        .unwrap_err();
+    assert_eq!(
+        hawser_joinservice::service::status_of(&error).code(),
+        Code::Unavailable
+    );
+}
