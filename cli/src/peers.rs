@@ -4,6 +4,9 @@
 //! at which registry version, and its tunnel's handshakes and traffic. Nodes whose last poll is
 //! older than `--stale-after` are marked "stopped polling".
 //!
+//! `--remove MEMBER` takes a member out of the registry (a node re-installed with a new key, or
+//! gone for good).
+//!
 //! The data is the nodes' own reports (each poll carries the node's boringtun statistics), never
 //! a guess. `--json` prints the shape documented in `docs/mesh.md`.
 
@@ -46,6 +49,11 @@ pub struct PeersArgs {
     /// Print JSON (the shape in docs/mesh.md) instead of a table.
     #[arg(long)]
     json: bool,
+    /// Remove this member (its name, disk UUID or `join-service/<name>`) from the mesh: its
+    /// address becomes free, the other members drop it at their next poll, and its disk may
+    /// join again with a new key (a re-installed node).
+    #[arg(long, value_name = "MEMBER")]
+    remove: Option<String>,
 }
 
 /// The mesh as `--json` prints it.
@@ -115,7 +123,10 @@ pub struct PeerReport {
 
 /// Runs `hawser peers`.
 pub fn run(args: PeersArgs) -> anyhow::Result<()> {
-    let (registry, polls, location) = read(&args)?;
+    if let Some(member) = &args.remove {
+        return with_store(&args, |store, location| remove(store, &location, member));
+    }
+    let (registry, polls, location) = with_store(&args, read_store)?;
     let Some(registry) = registry else {
         bail!(
             "no WireGuard mesh in {location}: is the join service's mesh on (--vpn-prefix), and \
@@ -139,8 +150,11 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
 
 type Read = (Option<Registry>, BTreeMap<String, PollStatus>, String);
 
-/// The registry and the polls from the store the flags name.
-fn read(args: &PeersArgs) -> anyhow::Result<Read> {
+/// Runs `action` on the store the flags name, with a description of where it is.
+fn with_store<T>(
+    args: &PeersArgs,
+    action: impl FnOnce(&dyn ClusterStore, String) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
     if args.etcd_endpoints.is_empty() {
         let registry_file = args.state_dir.join("joined-disks");
         let store = FileStore::open(&registry_file).with_context(|| {
@@ -149,7 +163,7 @@ fn read(args: &PeersArgs) -> anyhow::Result<Read> {
                 args.state_dir.display()
             )
         })?;
-        return read_store(&store, args.state_dir.display().to_string());
+        return action(&store, args.state_dir.display().to_string());
     }
     let (Some(ca), Some(cert), Some(key)) = (&args.etcd_ca, &args.etcd_cert, &args.etcd_key) else {
         bail!("--etcd-endpoints needs --etcd-ca, --etcd-cert and --etcd-key");
@@ -171,7 +185,39 @@ fn read(args: &PeersArgs) -> anyhow::Result<Read> {
         .context("cannot set up the etcd client")?;
     // The store's calls block on its runtime: made from this thread, outside it.
     let location = format!("etcd ({})", store.endpoints());
-    read_store(&store, location)
+    action(&store, location)
+}
+
+/// Removes `member` (a name or an ID) from the mesh's registry.
+fn remove(store: &dyn ClusterStore, location: &str, member: &str) -> anyhow::Result<()> {
+    let Some(registry) = store
+        .vpn_registry(ReadConsistency::Latest)
+        .with_context(|| format!("cannot read the VPN registry from {location}"))?
+    else {
+        bail!("no WireGuard mesh in {location}: nothing to remove");
+    };
+    let mut removed = None;
+    let written = store
+        .update_vpn_registry(registry.prefix(), &mut |registry| {
+            let id = registry
+                .members()
+                .find(|(id, peer)| *id == member || peer.name == member)
+                .map(|(id, _)| id.to_owned());
+            removed = id.and_then(|id| registry.remove(&id).map(|peer| (id, peer)));
+            Ok(())
+        })
+        .with_context(|| format!("cannot update the VPN registry in {location}"))?;
+    let Some((id, peer)) = removed else {
+        bail!("{member:?} is no member of the mesh in {location} (neither a name nor an ID)");
+    };
+    println!(
+        "removed {} ({id}, {}, key {}) from the mesh; registry version {}",
+        peer.name,
+        peer.vpn_ip,
+        peer.public_key,
+        written.version()
+    );
+    Ok(())
 }
 
 fn read_store(store: &dyn ClusterStore, location: String) -> anyhow::Result<Read> {

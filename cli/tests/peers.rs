@@ -231,3 +231,43 @@ fn hawser_peers_without_a_mesh_says_where_it_looked() {
         "{stderr}"
     );
 }
+
+#[test]
+fn hawser_peers_remove_frees_the_address_and_unknown_members_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    state_dir(dir.path());
+    let output = hawser_peers(dir.path(), &["--remove", "worker-2"]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains(&format!("removed worker-2 ({WORKER_2}, 10.99.0.3"))
+            && stdout.contains("registry version 4"),
+        "{stdout}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&hawser_peers(dir.path(), &["--json"]).stdout).unwrap();
+    assert_eq!(json["registry_version"], 4);
+    assert_eq!(json["members"].as_array().unwrap().len(), 2);
+
+    // The disk may come back with a new key, and gets the lowest free address again.
+    let store = FileStore::open(&dir.path().join("joined-disks")).unwrap();
+    let again = store
+        .update_vpn_registry("10.99.0.0/24".parse().unwrap(), &mut |registry| {
+            registry.admit(WORKER_2, "worker-2", key(22), None, false, None)?;
+            Ok(())
+        })
+        .unwrap();
+    assert_eq!(
+        again.member(WORKER_2).unwrap().vpn_ip.to_string(),
+        "10.99.0.3"
+    );
+
+    let output = hawser_peers(dir.path(), &["--remove", "worker-9"]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("\"worker-9\" is no member"), "{stderr}");
+}
