@@ -10,6 +10,12 @@
 //! A disk bound to one AK is refused to any other: a cloned disk on another machine does not
 //! boot as a second copy of the node.
 //!
+//! With the WireGuard mesh on ([`JoinCore::with_mesh`]), a join that carries the node's VPN
+//! public key is admitted into the mesh's registry (in the same store) under its disk UUID —
+//! last, after every other check passed and the disk is bound, so a refused join takes no
+//! address — and its ticket carries the node's VPN address and the mesh; a rejoin of a member
+//! gets the same. [`JoinCore::get_peers`] answers the nodes' polls of the peer API.
+//!
 //! The aTLS layer has already verified the evidence itself (quote signature, freshness, binding
 //! to the TLS key, AK certificate chain); this layer applies the expected measurements, which
 //! may have been reloaded since the handshake began.
