@@ -5,6 +5,7 @@ mod admin;
 mod image;
 mod local;
 mod measurements;
+mod peers;
 
 use clap::{Parser, Subcommand};
 
@@ -38,6 +39,9 @@ enum Command {
     /// event log.
     #[command(subcommand)]
     Measurements(measurements::MeasurementsCommand),
+    /// Show the WireGuard mesh as the join service sees it: every member, its last poll and
+    /// its tunnel's handshakes and traffic.
+    Peers(peers::PeersArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -53,6 +57,7 @@ fn main() -> std::process::ExitCode {
         Command::Image(cmd) => image::run(cmd),
         Command::Local(cmd) => local::run(cmd),
         Command::Measurements(cmd) => measurements::run(cmd),
+        Command::Peers(args) => peers::run(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

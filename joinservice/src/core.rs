@@ -10,12 +10,18 @@
 //! A disk bound to one AK is refused to any other: a cloned disk on another machine does not
 //! boot as a second copy of the node.
 //!
+//! With the WireGuard mesh on ([`JoinCore::with_mesh`]), a join that carries the node's VPN
+//! public key is admitted into the mesh's registry (in the same store) under its disk UUID —
+//! last, after every other check passed and the disk is bound, so a refused join takes no
+//! address — and its ticket carries the node's VPN address and the mesh; a rejoin of a member
+//! gets the same. [`JoinCore::get_peers`] answers the nodes' polls of the peer API.
+//!
 //! The aTLS layer has already verified the evidence itself (quote signature, freshness, binding
 //! to the TLS key, AK certificate chain); this layer applies the expected measurements, which
 //! may have been reloaded since the handshake began.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,22 +29,28 @@ use std::time::Duration;
 use hawser_attestation::measurements::{ExpectedMeasurements, MeasurementMismatch};
 use hawser_keys::{MasterSecret, STATE_DISK_KEY_LEN};
 use hawser_kube_types::{DnsSubdomain, DnsSubdomainError};
+use hawser_mesh::{MeshError, PeerStats, PeerUpdate, PublicKey, Registry};
 use zeroize::Zeroizing;
 
 use crate::approvals::ApprovalStore;
 use crate::audit::{self, Decision, Outcome};
 use crate::policy::PolicyStore;
 use crate::store::{
-    BindOutcome, ClusterStore, DiskBinding, FileStore, ReadConsistency, StoreError,
+    BindOutcome, ClusterStore, DiskBinding, FileStore, PollStatus, ReadConsistency, StoreError,
 };
 use crate::tokens::{BootstrapTokenIssuer, JoinCredentials, TokenError};
+use crate::vpn::{MeshSettings, PeerApiError, VpnTicket};
 
 /// A join request, as the service received it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct JoinRequest {
     pub disk_uuid: String,
     pub node_name: String,
     pub is_control_plane: bool,
+    /// The node's WireGuard public key (32 bytes); empty: the node takes no part in the mesh.
+    pub vpn_public_key: Vec<u8>,
+    /// `ip:port` where the node's tunnel listens on the underlay network; empty if unknown.
+    pub vpn_endpoint: String,
 }
 
 /// The verified facts about the peer the aTLS handshake established.
@@ -66,6 +78,8 @@ pub struct JoinTicket {
     /// For an approved control-plane join: the cluster's master secret, so that the new control
     /// plane runs the join service too.
     pub master_secret: Option<MasterSecret>,
+    /// The node's place in the WireGuard mesh, when the mesh is on and the node sent its key.
+    pub vpn: Option<VpnTicket>,
 }
 
 impl std::fmt::Debug for JoinTicket {
@@ -94,6 +108,8 @@ pub struct RejoinTicket {
     pub state_disk_key: Zeroizing<[u8; STATE_DISK_KEY_LEN]>,
     pub measurement_secret: Zeroizing<[u8; 32]>,
     pub measurement_salt: Vec<u8>,
+    /// The disk's place in the WireGuard mesh, if it has one.
+    pub vpn: Option<VpnTicket>,
 }
 
 impl std::fmt::Debug for RejoinTicket {
@@ -169,6 +185,24 @@ pub enum JoinError {
     /// The state disk key could not be derived from the master secret.
     #[error("internal error: cannot derive the state disk key")]
     DiskKey(#[source] hawser_keys::KeyError),
+    /// The request's `vpn_public_key` is not a WireGuard public key.
+    #[error("malformed request: vpn_public_key is not a WireGuard public key")]
+    VpnPublicKey(#[source] MeshError),
+    /// The request's `vpn_endpoint` is not `ip:port`.
+    #[error("malformed request: vpn_endpoint {text:?} is not ip:port")]
+    VpnEndpoint {
+        /// The text, cut to 80 characters.
+        text: String,
+    },
+    /// The mesh refused the node: a key change, a key that is another member's, no free
+    /// address left.
+    #[error("the WireGuard mesh refused node {node}")]
+    Mesh {
+        /// The node's name.
+        node: String,
+        #[source]
+        source: MeshError,
+    },
 }
 
 /// The files kubeadm needs for a control-plane join, relative to /etc/kubernetes/pki.
@@ -205,6 +239,8 @@ pub struct JoinCore {
     store: Arc<dyn ClusterStore>,
     /// The same store when it is the file backend: it takes its approvals from `approvals`.
     files: Option<Arc<FileStore>>,
+    /// The WireGuard mesh; `None`: off.
+    mesh: Option<MeshSettings>,
 }
 
 impl JoinCore {
@@ -224,6 +260,7 @@ impl JoinCore {
             config,
             store: Arc::clone(&files) as Arc<dyn ClusterStore>,
             files: Some(files),
+            mesh: None,
         })
     }
 
@@ -242,7 +279,26 @@ impl JoinCore {
             config,
             store,
             files: None,
+            mesh: None,
         }
+    }
+
+    /// Turns the WireGuard mesh on: joins with a VPN key are admitted into the registry and
+    /// their tickets carry the mesh. The join service's own entry (`settings.coordinator`) is
+    /// admitted beforehand ([`crate::vpn::admit_join_service`]).
+    pub fn with_mesh(mut self, settings: MeshSettings) -> Self {
+        self.mesh = Some(settings);
+        self
+    }
+
+    /// The mesh settings; `None`: the mesh is off.
+    pub fn mesh(&self) -> Option<&MeshSettings> {
+        self.mesh.as_ref()
+    }
+
+    /// The cluster store.
+    pub fn store(&self) -> &Arc<dyn ClusterStore> {
+        &self.store
     }
 
     /// With the file backend, control-plane joins are granted to the AKs on `approvals` only
@@ -333,6 +389,7 @@ impl JoinCore {
     ) -> Result<JoinTicket, JoinError> {
         let uuid = hawser_keys::canonical_uuid(&req.disk_uuid).map_err(JoinError::DiskUuid)?;
         validate_node_name(&req.node_name)?;
+        let vpn_request = self.vpn_request(req)?;
         check_measurements(peer, expected)?;
         let control_plane_files = if req.is_control_plane {
             self.control_plane_files(peer)?
@@ -349,7 +406,15 @@ impl JoinCore {
         let credentials = self.tokens.issue(self.config.token_ttl)?;
         let state_disk_key = self.state_disk_key(&uuid)?;
         self.bind(&uuid, &ak_name, "join")?;
+        // Last: a refused join takes no address.
+        let vpn = match (&self.mesh, vpn_request) {
+            (Some(mesh), Some((key, endpoint))) => {
+                Some(self.admit_node(mesh, &uuid, &req.node_name, key, endpoint)?)
+            }
+            _ => None,
+        };
         Ok(JoinTicket {
+            vpn,
             state_disk_key,
             measurement_secret: self.config.master_secret.measurement_secret(),
             measurement_salt: self.config.measurement_salt.clone(),
@@ -368,6 +433,17 @@ impl JoinCore {
         peer: &VerifiedPeer,
         disk_uuid: &str,
     ) -> Result<RejoinTicket, JoinError> {
+        self.issue_rejoin_ticket_at(peer, disk_uuid, "")
+    }
+
+    /// [`JoinCore::issue_rejoin_ticket`] for a node whose tunnel listens at `vpn_endpoint`
+    /// (`ip:port`; empty if unknown), recorded in the mesh if the disk is a member.
+    pub fn issue_rejoin_ticket_at(
+        &self,
+        peer: &VerifiedPeer,
+        disk_uuid: &str,
+        vpn_endpoint: &str,
+    ) -> Result<RejoinTicket, JoinError> {
         self.audited(
             "IssueRejoinTicket",
             peer,
@@ -375,6 +451,7 @@ impl JoinCore {
             disk_uuid,
             |expected| {
                 let uuid = hawser_keys::canonical_uuid(disk_uuid).map_err(JoinError::DiskUuid)?;
+                let endpoint = parse_endpoint(vpn_endpoint)?;
                 check_measurements(peer, expected)?;
                 let ak_name = hex::encode(&peer.ak_name);
                 // A rejoin only reads its disk's binding: it works while etcd has lost quorum.
@@ -388,10 +465,15 @@ impl JoinCore {
                     }
                     Some(DiskBinding::Unbound) => self.bind(&uuid, &ak_name, "rejoin")?,
                 }
+                let vpn = match &self.mesh {
+                    Some(mesh) => self.rejoin_mesh(mesh, &uuid, endpoint)?,
+                    None => None,
+                };
                 Ok(RejoinTicket {
                     state_disk_key: self.state_disk_key(&uuid)?,
                     measurement_secret: self.config.master_secret.measurement_secret(),
                     measurement_salt: self.config.measurement_salt.clone(),
+                    vpn,
                 })
             },
             |ticket| {
@@ -401,6 +483,130 @@ impl JoinCore {
                 )
             },
         )
+    }
+
+    /// The request's VPN key and endpoint, checked; `None` when it has no key or the mesh is
+    /// off.
+    fn vpn_request(
+        &self,
+        req: &JoinRequest,
+    ) -> Result<Option<(PublicKey, Option<SocketAddr>)>, JoinError> {
+        if self.mesh.is_none() || req.vpn_public_key.is_empty() {
+            return Ok(None);
+        }
+        let key = PublicKey::from_slice(&req.vpn_public_key).map_err(JoinError::VpnPublicKey)?;
+        Ok(Some((key, parse_endpoint(&req.vpn_endpoint)?)))
+    }
+
+    /// Admits disk `uuid` into the mesh (the same address again if it is a member) and makes
+    /// its ticket.
+    fn admit_node(
+        &self,
+        mesh: &MeshSettings,
+        uuid: &str,
+        name: &str,
+        key: PublicKey,
+        endpoint: Option<SocketAddr>,
+    ) -> Result<VpnTicket, JoinError> {
+        let registry = self
+            .store
+            .update_vpn_registry(mesh.prefix, &mut |registry| {
+                registry.admit(uuid, name, key, endpoint, false, None)?;
+                Ok(())
+            })
+            .map_err(|e| mesh_error(name, e))?;
+        let ticket = ticket_for(mesh, &registry, uuid)?;
+        tracing::info!(
+            target: "audit",
+            disk_uuid = uuid,
+            node = name,
+            node_vpn_ip = %ticket.node.vpn_ip,
+            node_vpn_pub_key = %key,
+            registry_version = ticket.registry_version,
+            "node admitted into the WireGuard mesh"
+        );
+        Ok(ticket)
+    }
+
+    /// The mesh part of a rejoin: the disk's entry if it has one, with its new endpoint
+    /// recorded. Reading follows the rejoin rule (works without etcd quorum); recording the
+    /// endpoint is best effort, the node also roams to it by its first packet.
+    fn rejoin_mesh(
+        &self,
+        mesh: &MeshSettings,
+        uuid: &str,
+        endpoint: Option<SocketAddr>,
+    ) -> Result<Option<VpnTicket>, JoinError> {
+        let Some(registry) = self.store.vpn_registry(ReadConsistency::LatestOrLocal)? else {
+            return Ok(None);
+        };
+        let Some(member) = registry.member(uuid).cloned() else {
+            return Ok(None);
+        };
+        let registry = match endpoint {
+            Some(endpoint) if member.endpoint != Some(endpoint) => {
+                let update = self
+                    .store
+                    .update_vpn_registry(mesh.prefix, &mut |registry| {
+                        // Only a member still there is updated; a removal in between stands.
+                        if let Some(now) = registry.member(uuid).cloned() {
+                            registry.admit(
+                                uuid,
+                                &now.name,
+                                now.public_key,
+                                Some(endpoint),
+                                now.coordinator,
+                                None,
+                            )?;
+                        }
+                        Ok(())
+                    });
+                match update {
+                    Ok(updated) => updated,
+                    Err(e) if e.is_unavailable() => {
+                        tracing::warn!(
+                            disk_uuid = uuid,
+                            endpoint = %endpoint,
+                            "cannot record the node's new VPN endpoint now (the node's first packet updates its peers anyway): {}",
+                            hawser_attestation::error_chain(&e)
+                        );
+                        registry
+                    }
+                    Err(e) => return Err(mesh_error(&member.name, e)),
+                }
+            }
+            _ => registry,
+        };
+        Ok(VpnTicket::for_member(mesh, &registry, uuid))
+    }
+
+    /// Answers a poll of the peer API from `source` (a VPN address): records it as the
+    /// member's heartbeat with its tunnel statistics, and returns what changed since
+    /// `known_version`. Blocking: call from the blocking pool.
+    pub fn get_peers(
+        &self,
+        source: Ipv4Addr,
+        known_version: Option<u64>,
+        stats: Vec<PeerStats>,
+    ) -> Result<PeerUpdate, PeerApiError> {
+        if self.mesh.is_none() {
+            return Err(PeerApiError::MeshOff);
+        }
+        let Some(registry) = self.store.vpn_registry(ReadConsistency::Latest)? else {
+            return Err(PeerApiError::UnknownSource {
+                address: source.into(),
+            });
+        };
+        let (id, member) = crate::vpn::poller(&registry, source)?;
+        let status = PollStatus {
+            unix_time: unix_now(),
+            known_version,
+            stats,
+        };
+        self.store.record_vpn_poll(&id, &status)?;
+        let update = registry.update_since(known_version);
+        tracing::debug!(node = %member.name, vpn_ip = %source, known_version = ?known_version, version = update.version(), "poll answered");
+        Ok(update)
     }
 
     fn state_disk_key(&self, uuid: &str) -> Result<Zeroizing<[u8; STATE_DISK_KEY_LEN]>, JoinError> {
@@ -463,6 +669,47 @@ fn check_same_ak(
         presented: presented.to_owned(),
         request,
     })
+}
+
+/// The ticket of member `uuid`, which `registry` must hold (it was just admitted).
+fn ticket_for(
+    mesh: &MeshSettings,
+    registry: &Registry,
+    uuid: &str,
+) -> Result<VpnTicket, JoinError> {
+    VpnTicket::for_member(mesh, registry, uuid).ok_or_else(|| {
+        JoinError::Store(StoreError::VpnMemberMissing {
+            id: uuid.to_owned(),
+        })
+    })
+}
+
+/// A mesh refusal as [`JoinError::Mesh`], anything else as [`JoinError::Store`].
+fn mesh_error(node: &str, error: StoreError) -> JoinError {
+    match error {
+        StoreError::Mesh(source) => JoinError::Mesh {
+            node: node.to_owned(),
+            source,
+        },
+        other => JoinError::Store(other),
+    }
+}
+
+/// `ip:port`, or `None` for an empty text.
+fn parse_endpoint(text: &str) -> Result<Option<SocketAddr>, JoinError> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| JoinError::VpnEndpoint {
+        text: text.chars().take(80).collect(),
+    })
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>, JoinError> {
@@ -615,6 +862,7 @@ mod tests {
             disk_uuid: UUID.to_uppercase(),
             node_name: "worker-1".into(),
             is_control_plane: control_plane,
+            ..JoinRequest::default()
         }
     }
 
@@ -875,5 +1123,297 @@ mod tests {
             ),
             "{err}"
         );
+    }
+
+    mod mesh {
+        use super::*;
+        use crate::vpn::{JoinServiceAddress, admit_join_service};
+        use hawser_mesh::{Peer, PeerStats};
+
+        const OTHER_UUID: &str = "00000000-1111-4222-8333-444444444444";
+
+        fn vpn_key(n: u8) -> PublicKey {
+            PublicKey::from_slice(&[n; 32]).unwrap()
+        }
+
+        /// The fixture's core with the mesh on `prefix`, the join service admitted at the
+        /// reserved address.
+        fn meshed(prefix: &str) -> Fixture {
+            let f = fixture(false);
+            let prefix = prefix.parse().unwrap();
+            let coordinator = admit_join_service(
+                f.core.store().as_ref(),
+                prefix,
+                "joind",
+                vpn_key(200),
+                Some("192.0.2.1:51820".parse().unwrap()),
+                JoinServiceAddress::Reserved,
+            )
+            .unwrap();
+            let settings = MeshSettings {
+                prefix,
+                mtu: 1420,
+                coordinator,
+                vpn_api_port: 9091,
+            };
+            Fixture {
+                core: f.core.with_mesh(settings),
+                ..f
+            }
+        }
+
+        fn join_request(uuid: &str, name: &str, key: u8, endpoint: &str) -> JoinRequest {
+            JoinRequest {
+                disk_uuid: uuid.into(),
+                node_name: name.into(),
+                is_control_plane: false,
+                vpn_public_key: vpn_key(key).as_bytes().to_vec(),
+                vpn_endpoint: endpoint.into(),
+            }
+        }
+
+        fn join(f: &Fixture, req: &JoinRequest) -> Result<VpnTicket, JoinError> {
+            Ok(f.core.issue_join_ticket(&peer(0x99), req)?.vpn.unwrap())
+        }
+
+        fn names(peers: &[Peer]) -> Vec<&str> {
+            peers.iter().map(|p| p.name.as_str()).collect()
+        }
+
+        fn registry(f: &Fixture) -> Option<Registry> {
+            f.core
+                .store()
+                .vpn_registry(ReadConsistency::Latest)
+                .unwrap()
+        }
+
+        #[test]
+        fn joining_nodes_get_addresses_and_each_other_and_keep_them_on_rejoin() {
+            let f = meshed("10.99.0.0/24");
+            let a = join(&f, &join_request(UUID, "worker-1", 1, "192.0.2.10:51820")).unwrap();
+            assert_eq!(a.node.vpn_ip, Ipv4Addr::new(10, 99, 0, 2));
+            assert_eq!(a.node.public_key, vpn_key(1));
+            assert_eq!(a.node.endpoint, Some("192.0.2.10:51820".parse().unwrap()));
+            assert_eq!(a.registry_version, 2);
+            assert_eq!(names(&a.peers), ["worker-1", "joind"]);
+            assert_eq!(a.coordinator.vpn_ip, Ipv4Addr::new(10, 99, 0, 1));
+            assert!(a.coordinator.coordinator);
+            assert_eq!((a.mtu, a.vpn_api_port), (1420, 9091));
+            assert_eq!(a.prefix.to_string(), "10.99.0.0/24");
+
+            let b = join(&f, &join_request(OTHER_UUID, "worker-2", 2, "")).unwrap();
+            assert_eq!(b.node.vpn_ip, Ipv4Addr::new(10, 99, 0, 3));
+            assert_eq!(b.node.endpoint, None);
+            assert_eq!(b.registry_version, 3);
+            assert_eq!(names(&b.peers), ["worker-2", "worker-1", "joind"]);
+
+            // A rejoin from elsewhere: the same address, the new endpoint recorded, the
+            // mesh as it is now.
+            let rejoin = f
+                .core
+                .issue_rejoin_ticket_at(&peer(0x99), UUID, "198.51.100.7:51820")
+                .unwrap()
+                .vpn
+                .unwrap();
+            assert_eq!(rejoin.node.vpn_ip, a.node.vpn_ip);
+            assert_eq!(
+                rejoin.node.endpoint,
+                Some("198.51.100.7:51820".parse().unwrap())
+            );
+            assert_eq!(rejoin.registry_version, 4);
+            assert_eq!(rejoin.peers.len(), 3);
+            // Without an endpoint, nothing changes.
+            let quiet = f.core.issue_rejoin_ticket(&peer(0x99), UUID).unwrap();
+            assert_eq!(quiet.vpn.unwrap().registry_version, 4);
+            // A second join of the same disk and key: the same address again.
+            let again = join(&f, &join_request(UUID, "worker-1", 1, "")).unwrap();
+            assert_eq!(again.node.vpn_ip, a.node.vpn_ip);
+        }
+
+        #[test]
+        fn malformed_vpn_fields_are_refused_naming_the_field_and_take_nothing() {
+            let f = meshed("10.99.0.0/24");
+            let before = registry(&f);
+            let mut short_key = join_request(UUID, "worker-1", 1, "");
+            short_key.vpn_public_key.pop();
+            let error = f
+                .core
+                .issue_join_ticket(&peer(0x99), &short_key)
+                .unwrap_err();
+            assert!(error.to_string().contains("vpn_public_key"), "{error}");
+            assert_eq!(
+                crate::service::status_of(&error).code(),
+                tonic::Code::InvalidArgument
+            );
+            let bad_endpoint = join_request(UUID, "worker-1", 1, "node.example:51820");
+            let error = f
+                .core
+                .issue_join_ticket(&peer(0x99), &bad_endpoint)
+                .unwrap_err();
+            assert!(
+                error.to_string().contains("vpn_endpoint")
+                    && error.to_string().contains("node.example:51820"),
+                "{error}"
+            );
+            assert_eq!(
+                crate::service::status_of(&error).code(),
+                tonic::Code::InvalidArgument
+            );
+            // Neither bound the disk nor took an address.
+            assert!(matches!(
+                f.core.issue_rejoin_ticket(&peer(0x99), UUID),
+                Err(JoinError::UnknownDisk(_))
+            ));
+            assert_eq!(registry(&f), before);
+            // A join refused for its measurements takes no address either.
+            assert!(
+                f.core
+                    .issue_join_ticket(&peer(0x98), &join_request(UUID, "worker-1", 1, ""))
+                    .is_err()
+            );
+            assert_eq!(registry(&f), before);
+            // A rejoin with a malformed endpoint is refused too.
+            join(&f, &join_request(UUID, "worker-1", 1, "")).unwrap();
+            let error = f
+                .core
+                .issue_rejoin_ticket_at(&peer(0x99), UUID, "nowhere")
+                .unwrap_err();
+            assert!(matches!(error, JoinError::VpnEndpoint { .. }), "{error}");
+        }
+
+        #[test]
+        fn a_key_change_is_refused_and_the_mesh_stays_as_it_was() {
+            let f = meshed("10.99.0.0/24");
+            join(&f, &join_request(UUID, "worker-1", 1, "")).unwrap();
+            let before = registry(&f);
+            let error = f
+                .core
+                .issue_join_ticket(&peer(0x99), &join_request(UUID, "worker-1", 9, ""))
+                .unwrap_err();
+            let chain = hawser_attestation::error_chain(&error);
+            assert!(chain.contains("key change is refused"), "{chain}");
+            assert_eq!(
+                crate::service::status_of(&error).code(),
+                tonic::Code::FailedPrecondition
+            );
+            // Another disk presenting the same key.
+            let error = f
+                .core
+                .issue_join_ticket(&peer(0x99), &join_request(OTHER_UUID, "worker-2", 1, ""))
+                .unwrap_err();
+            assert!(matches!(error, JoinError::Mesh { .. }), "{error}");
+            assert_eq!(registry(&f), before);
+        }
+
+        #[test]
+        fn a_full_prefix_is_resource_exhausted() {
+            // A /30: .1 is the join service's, .2 the only node address.
+            let f = meshed("10.99.0.0/30");
+            join(&f, &join_request(UUID, "worker-1", 1, "")).unwrap();
+            let error = f
+                .core
+                .issue_join_ticket(&peer(0x99), &join_request(OTHER_UUID, "worker-2", 2, ""))
+                .unwrap_err();
+            assert_eq!(
+                crate::service::status_of(&error).code(),
+                tonic::Code::ResourceExhausted
+            );
+            assert!(
+                hawser_attestation::error_chain(&error).contains("no free address"),
+                "{error}"
+            );
+        }
+
+        #[test]
+        fn without_the_mesh_or_a_key_tickets_carry_no_vpn() {
+            let f = fixture(false);
+            let ticket = f
+                .core
+                .issue_join_ticket(&peer(0x99), &join_request(UUID, "worker-1", 1, ""))
+                .unwrap();
+            assert!(ticket.vpn.is_none());
+            assert!(
+                f.core
+                    .store()
+                    .vpn_registry(ReadConsistency::Latest)
+                    .unwrap()
+                    .is_none()
+            );
+            assert!(matches!(
+                f.core.get_peers(Ipv4Addr::new(10, 99, 0, 2), None, vec![]),
+                Err(PeerApiError::MeshOff)
+            ));
+
+            let f = meshed("10.99.0.0/24");
+            let ticket = f
+                .core
+                .issue_join_ticket(&peer(0x99), &request(false))
+                .unwrap();
+            assert!(ticket.vpn.is_none());
+            let rejoin = f
+                .core
+                .issue_rejoin_ticket_at(&peer(0x99), UUID, "192.0.2.9:51820")
+                .unwrap();
+            assert!(rejoin.vpn.is_none());
+            assert_eq!(registry(&f).unwrap().members().count(), 1);
+        }
+
+        #[test]
+        fn polls_are_answered_by_source_address_and_recorded() {
+            let f = meshed("10.99.0.0/24");
+            let a = join(&f, &join_request(UUID, "worker-1", 1, "")).unwrap();
+            let error = f
+                .core
+                .get_peers(Ipv4Addr::new(10, 99, 0, 77), None, vec![])
+                .unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                "10.99.0.77 is no member's VPN address: polls are only answered inside the mesh"
+            );
+            assert_eq!(
+                crate::vpnapi::status_of(&error).code(),
+                tonic::Code::PermissionDenied
+            );
+            assert!(f.core.store().vpn_polls().unwrap().is_empty());
+
+            let stats = PeerStats {
+                public_key: vpn_key(200),
+                endpoint: Some("192.0.2.1:51820".parse().unwrap()),
+                last_handshake_unix: Some(1_700_000_000),
+                rx_bytes: 100,
+                tx_bytes: 200,
+            };
+            let full = f
+                .core
+                .get_peers(a.node.vpn_ip, None, vec![stats.clone()])
+                .unwrap();
+            assert!(
+                matches!(&full, PeerUpdate::Full { version: 2, peers } if peers.len() == 2),
+                "{full:?}"
+            );
+            let polls = f.core.store().vpn_polls().unwrap();
+            assert_eq!(polls[UUID].known_version, None);
+            assert_eq!(polls[UUID].stats, vec![stats]);
+            assert!(polls[UUID].unix_time > 1_700_000_000);
+
+            assert_eq!(
+                f.core.get_peers(a.node.vpn_ip, Some(2), vec![]).unwrap(),
+                PeerUpdate::Current { version: 2 }
+            );
+            let b = join(&f, &join_request(OTHER_UUID, "worker-2", 2, "")).unwrap();
+            assert_eq!(
+                f.core.get_peers(a.node.vpn_ip, Some(2), vec![]).unwrap(),
+                PeerUpdate::Delta {
+                    base: 2,
+                    version: 3,
+                    upserts: vec![b.node],
+                    removed: vec![]
+                }
+            );
+            assert_eq!(
+                f.core.store().vpn_polls().unwrap()[UUID].known_version,
+                Some(2)
+            );
+        }
     }
 }

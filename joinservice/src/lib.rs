@@ -8,6 +8,9 @@
 //! The cluster state (joined disks bound to AKs, control-plane approvals) sits behind
 //! [`store::ClusterStore`]: local files for a single join service, the control planes' etcd for
 //! a join service on every control plane (docs/cluster-state.md).
+//! The WireGuard mesh's registry lives there too: [`vpn`] holds the join service's side of the
+//! mesh (settings, its own key, what tickets carry), [`vpnapi`] the peer API nodes poll
+//! (docs/mesh.md).
 //!
 //! Concurrency: validations never take a global lock. The policy is an `Arc` swapped on reload
 //! and cloned per request; the rate limiter's lock is held for a map lookup only.
@@ -20,5 +23,7 @@ pub mod ratelimit;
 pub mod service;
 pub mod store;
 pub mod tokens;
+pub mod vpn;
+pub mod vpnapi;
 
 pub use crate::core::{JoinCore, JoinError, JoinTicket, RejoinTicket};

@@ -34,10 +34,11 @@ use std::time::{Duration, Instant};
 
 use hawser_attestation::atls::{AtlsConnectInfo, AtlsServer, Identity, PeerPolicy, incoming_from};
 use hawser_attestation::validator::{AkTrust, AkTrustError, Validator, ValidatorError};
+use hawser_mesh::MeshError;
 use hawser_proto::join::join_service_server::{JoinService, JoinServiceServer};
 use hawser_proto::join::{
     ClusterMasterSecret, ControlPlaneFile, IssueJoinTicketRequest, IssueJoinTicketResponse,
-    IssueRejoinTicketRequest, IssueRejoinTicketResponse,
+    IssueRejoinTicketRequest, IssueRejoinTicketResponse, VpnConfig,
 };
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot};
@@ -46,6 +47,7 @@ use tracing::Instrument as _;
 
 use crate::core::{JoinCore, JoinError, JoinRequest, VerifiedPeer};
 use crate::ratelimit::RateLimiter;
+use crate::vpn::VpnTicket;
 
 /// The largest request message accepted (a join request is a UUID, a node name and at most a
 /// CSR of a few KiB).
@@ -293,12 +295,42 @@ struct Service {
     call_timeout: Duration,
 }
 
+/// The mesh part of a ticket, for the wire.
+pub fn vpn_config(ticket: &VpnTicket) -> VpnConfig {
+    VpnConfig {
+        node_vpn_ip: ticket.node.vpn_ip.to_string(),
+        coordinator_vpn_pub_key: ticket.coordinator.public_key.as_bytes().to_vec(),
+        coordinator_public_endpoint: ticket
+            .coordinator
+            .endpoint
+            .map(|e| e.to_string())
+            .unwrap_or_default(),
+        prefix: ticket.prefix.to_string(),
+        mtu: ticket.mtu,
+        registry_version: ticket.registry_version,
+        peers: ticket
+            .peers
+            .iter()
+            .map(hawser_proto::mesh::peer_to_wire)
+            .collect(),
+        coordinator_vpn_ip: ticket.coordinator.vpn_ip.to_string(),
+        vpn_api_port: u32::from(ticket.vpn_api_port),
+    }
+}
+
 /// The gRPC status for a core refusal; the message is the error's text.
 pub fn status_of(err: &JoinError) -> Status {
     let code = match err {
-        JoinError::BadRequest(_) | JoinError::DiskUuid(_) | JoinError::NodeName { .. } => {
-            Code::InvalidArgument
-        }
+        JoinError::BadRequest(_)
+        | JoinError::DiskUuid(_)
+        | JoinError::NodeName { .. }
+        | JoinError::VpnPublicKey(_)
+        | JoinError::VpnEndpoint { .. } => Code::InvalidArgument,
+        JoinError::Mesh {
+            source: MeshError::PrefixFull { .. },
+            ..
+        } => Code::ResourceExhausted,
+        JoinError::Mesh { .. } => Code::FailedPrecondition,
         JoinError::Measurements(_)
         | JoinError::ControlPlaneNotApproved { .. }
         | JoinError::AnotherAk { .. } => Code::PermissionDenied,
@@ -390,6 +422,8 @@ impl JoinService for Service {
             disk_uuid: msg.disk_uuid,
             node_name: msg.node_name,
             is_control_plane: msg.is_control_plane,
+            vpn_public_key: msg.vpn_public_key,
+            vpn_endpoint: msg.vpn_endpoint,
         };
         let decided_peer = peer.clone();
         let ticket = self
@@ -424,7 +458,7 @@ impl JoinService for Service {
             kubelet_cert: Vec::new(),
             cluster_ca_cert: Vec::new(),
             kubernetes_version: ticket.kubernetes_version.clone(),
-            vpn: None,
+            vpn: ticket.vpn.as_ref().map(vpn_config),
             master_secret: ticket
                 .master_secret
                 .as_ref()
@@ -440,18 +474,18 @@ impl JoinService for Service {
         request: Request<IssueRejoinTicketRequest>,
     ) -> Result<Response<IssueRejoinTicketResponse>, Status> {
         let peer = Self::peer(&request)?;
-        let disk_uuid = request.into_inner().disk_uuid;
+        let msg = request.into_inner();
         let decided_peer = peer.clone();
         let ticket = self
             .run("IssueRejoinTicket", &peer, move |core| {
-                core.issue_rejoin_ticket(&decided_peer, &disk_uuid)
+                core.issue_rejoin_ticket_at(&decided_peer, &msg.disk_uuid, &msg.vpn_endpoint)
             })
             .await?;
         Ok(Response::new(IssueRejoinTicketResponse {
             state_disk_key: ticket.state_disk_key.to_vec(),
             measurement_secret: ticket.measurement_secret.to_vec(),
             measurement_salt: ticket.measurement_salt.clone(),
-            vpn: None,
+            vpn: ticket.vpn.as_ref().map(vpn_config),
         }))
     }
 }

@@ -345,6 +345,7 @@ fn join_request(uuid: &str, control_plane: bool) -> JoinRequest {
         disk_uuid: uuid.to_owned(),
         node_name: "node-1".into(),
         is_control_plane: control_plane,
+        ..JoinRequest::default()
     }
 }
 
@@ -736,4 +737,196 @@ fn hawser_joind_refuses_etcd_endpoints_without_the_client_certificate() {
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("--etcd-ca"), "{stderr}");
+}
+
+#[test]
+fn two_join_services_racing_to_admit_vpn_members_lose_no_admission() {
+    use hawser_joinservice::store::{PollStatus, VPN_REGISTRY_KEY};
+    use hawser_mesh::{Ipv4Net, PeerStats, PublicKey};
+    let cluster = EtcdCluster::start(1);
+    let runtime = runtime();
+    let stores = [connect(&runtime, &cluster), connect(&runtime, &cluster)];
+    let prefix: Ipv4Net = "10.99.0.0/24".parse().unwrap();
+    let barrier = Arc::new(Barrier::new(2));
+    let racers: Vec<_> = (0..2u8)
+        .map(|i| {
+            let store = Arc::clone(&stores[usize::from(i)]);
+            let barrier = Arc::clone(&barrier);
+            std::thread::spawn(move || {
+                barrier.wait();
+                for n in 0..10u8 {
+                    let id = uuid(u32::from(i) * 100 + u32::from(n));
+                    let key = PublicKey::from_slice(&[i * 100 + n + 1; 32]).unwrap();
+                    store
+                        .update_vpn_registry(prefix, &mut |registry| {
+                            registry.admit(&id, &id, key, None, false, None)?;
+                            Ok(())
+                        })
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for racer in racers {
+        racer.join().unwrap();
+    }
+    let registry = stores[0]
+        .vpn_registry(ReadConsistency::Latest)
+        .unwrap()
+        .unwrap();
+    assert_eq!(registry.members().count(), 20);
+    assert_eq!(registry.version(), 20);
+    let addresses: std::collections::BTreeSet<_> =
+        registry.members().map(|(_, peer)| peer.vpn_ip).collect();
+    assert_eq!(addresses.len(), 20, "two members share an address");
+
+    // A refused change writes nothing; another prefix is refused naming both.
+    let taken = PublicKey::from_slice(&[1; 32]).unwrap();
+    let error = stores[1]
+        .update_vpn_registry(prefix, &mut |registry| {
+            registry.admit("intruder", "intruder", taken, None, false, None)?;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(matches!(error, StoreError::Mesh(_)), "{error}");
+    let other: Ipv4Net = "10.98.0.0/24".parse().unwrap();
+    let error = stores[1]
+        .update_vpn_registry(other, &mut |_| Ok(()))
+        .unwrap_err();
+    let message = error.to_string();
+    assert!(
+        message.contains("10.99.0.0/24") && message.contains("10.98.0.0/24"),
+        "{message}"
+    );
+    assert_eq!(
+        stores[1].vpn_registry(ReadConsistency::Latest).unwrap(),
+        Some(registry)
+    );
+    assert!(VPN_REGISTRY_KEY.starts_with("/hawser/v1/vpn/"));
+
+    // Polls: one key per node, the last one wins.
+    let stats = PeerStats {
+        public_key: taken,
+        endpoint: Some("192.0.2.1:51820".parse().unwrap()),
+        last_handshake_unix: Some(1_700_000_000),
+        rx_bytes: 10,
+        tx_bytes: 20,
+    };
+    for unix_time in [1, 2] {
+        stores[unix_time % 2]
+            .record_vpn_poll(
+                &uuid(1),
+                &PollStatus {
+                    unix_time: unix_time as u64,
+                    known_version: Some(20),
+                    stats: vec![stats.clone()],
+                },
+            )
+            .unwrap();
+    }
+    stores[0]
+        .record_vpn_poll(
+            "join-service/cp-1",
+            &PollStatus {
+                unix_time: 3,
+                known_version: None,
+                stats: vec![],
+            },
+        )
+        .unwrap();
+    let polls = stores[1].vpn_polls().unwrap();
+    assert_eq!(polls.len(), 2);
+    assert_eq!(polls[&uuid(1)].unix_time, 2);
+    assert_eq!(polls[&uuid(1)].stats, vec![stats]);
+    assert_eq!(polls["join-service/cp-1"].known_version, None);
+}
+
+#[test]
+fn fault_etcd_quorum_lost_a_rejoin_keeps_its_vpn_address_and_polls_fail_unavailable() {
+    use hawser_joinservice::vpn::{self, JoinServiceAddress, MeshSettings, PeerApiError};
+    use hawser_mesh::{Ipv4Net, PublicKey};
+    let mut cluster = EtcdCluster::start(3);
+    let runtime = runtime();
+    let files = ClusterFiles::new();
+    let store = connect(&runtime, &cluster);
+    let prefix: Ipv4Net = "10.99.0.0/24".parse().unwrap();
+    let coordinator = vpn::admit_join_service(
+        store.as_ref(),
+        prefix,
+        "cp-1",
+        PublicKey::from_slice(&[200; 32]).unwrap(),
+        Some("192.0.2.1:51820".parse().unwrap()),
+        JoinServiceAddress::Allocated,
+    )
+    .unwrap();
+    assert_eq!(
+        coordinator.vpn_ip.to_string(),
+        "10.99.0.2",
+        "not the reserved .1"
+    );
+    let node = Node {
+        core: files.node_on(store).core.with_mesh(MeshSettings {
+            prefix,
+            mtu: 1420,
+            coordinator,
+            vpn_api_port: 9091,
+        }),
+    };
+    let request = JoinRequest {
+        vpn_public_key: vec![1; 32],
+        vpn_endpoint: "192.0.2.10:51820".into(),
+        ..join_request(&uuid(1), false)
+    };
+    let joined = node
+        .core
+        .issue_join_ticket(&peer(&AK), &request)
+        .unwrap()
+        .vpn
+        .unwrap();
+    assert_eq!(joined.node.vpn_ip.to_string(), "10.99.0.3");
+    node.core
+        .get_peers(joined.node.vpn_ip, None, vec![])
+        .unwrap();
+
+    cluster.members[0].stop();
+    cluster.members[1].stop();
+
+    // The rejoin gets its mesh from the member left; its new endpoint cannot be recorded now.
+    let rejoin = node
+        .core
+        .issue_rejoin_ticket_at(&peer(&AK), &uuid(1), "192.0.2.99:51820")
+        .unwrap()
+        .vpn
+        .unwrap();
+    assert_eq!(rejoin.node.vpn_ip, joined.node.vpn_ip);
+    assert_eq!(rejoin.registry_version, joined.registry_version);
+    assert_eq!(rejoin.node.endpoint, joined.node.endpoint);
+    // A poll fails as unavailable: the node keeps the mesh it has and polls again.
+    let error = node
+        .core
+        .get_peers(joined.node.vpn_ip, Some(joined.registry_version), vec![])
+        .unwrap_err();
+    assert!(
+        matches!(&error, PeerApiError::Store(e) if e.is_unavailable()),
+        "{error}"
+    );
+    assert_eq!(
+        hawser_joinservice::vpnapi::status_of(&error).code(),
+        Code::Unavailable
+    );
+    // A new node is not admitted, and takes no address.
+    let error = node
+        .core
+        .issue_join_ticket(
+            &peer(&OTHER_AK),
+            &JoinRequest {
+                vpn_public_key: vec![2; 32],
+                ..join_request(&uuid(2), false)
+            },
+        )
+        .unwrap_err();
+    assert_eq!(
+        hawser_joinservice::service::status_of(&error).code(),
+        Code::Unavailable
+    );
 }

@@ -18,8 +18,10 @@ use hawser_joinservice::core::{CONTROL_PLANE_FILES, JoinCore, JoinCoreConfig};
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, RunningService, ServiceConfig};
 use hawser_joinservice::tokens::KubeadmTokenIssuer;
+use hawser_joinservice::vpn;
 use hawser_keys::MasterSecret;
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
+use hawser_mesh::PublicKey;
 use hawser_proto::join::join_service_client::JoinServiceClient;
 use hawser_proto::join::{IssueJoinTicketRequest, IssueRejoinTicketRequest};
 use hawser_qemu::provider::ProviderCa;
@@ -88,6 +90,15 @@ struct Fixture {
 
 impl Fixture {
     async fn start(adjust: impl FnOnce(&mut ServiceConfig, &Path)) -> Fixture {
+        Self::start_meshed(None, adjust).await
+    }
+
+    /// [`Fixture::start`] with the WireGuard mesh on `mesh_prefix` (the join service admitted
+    /// at the reserved address, endpoint 192.0.2.1:51820).
+    async fn start_meshed(
+        mesh_prefix: Option<&str>,
+        adjust: impl FnOnce(&mut ServiceConfig, &Path),
+    ) -> Fixture {
         // The service's logs (audit lines included) in the test's captured output.
         let _ = tracing_subscriber::fmt()
             .with_env_filter("info")
@@ -127,6 +138,27 @@ impl Fixture {
         .with_control_plane_approvals(Arc::new(
             ApprovalStore::load(&approvals).expect("approvals"),
         ));
+        let core = match mesh_prefix {
+            None => core,
+            Some(prefix) => {
+                let prefix = prefix.parse().expect("prefix");
+                let coordinator = vpn::admit_join_service(
+                    core.store().as_ref(),
+                    prefix,
+                    "joind",
+                    PublicKey::from_slice(&[200; 32]).expect("key"),
+                    Some("192.0.2.1:51820".parse().expect("endpoint")),
+                    vpn::JoinServiceAddress::Reserved,
+                )
+                .expect("the join service joins its mesh");
+                core.with_mesh(vpn::MeshSettings {
+                    prefix,
+                    mtu: 1420,
+                    coordinator,
+                    vpn_api_port: 9091,
+                })
+            }
+        };
         let mut config = ServiceConfig::new(
             "127.0.0.1:0".parse().expect("addr"),
             Arc::new(core),
@@ -757,5 +789,116 @@ async fn tamper_measurements_file_that_enforces_nothing() {
             .expect_err("the old policy still enforces PCR 11");
         assert!(err.contains("PCR 11"), "{text}: {err}");
     }
+    f.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_tickets_carry_each_other_in_the_mesh_and_a_rejoin_keeps_the_address() {
+    let f = Fixture::start_meshed(Some("10.99.0.0/24"), |_, _| {}).await;
+    let first = node(&f.ca, true);
+    let second = node(&f.ca, true);
+    let other_uuid = "00000000-1111-4222-8333-444444444444";
+    let key = |n: u8| PublicKey::from_slice(&[n; 32]).unwrap();
+    let meshed_request = |uuid: &str, name: &str, n: u8, endpoint: &str| IssueJoinTicketRequest {
+        node_name: name.into(),
+        vpn_public_key: key(n).as_bytes().to_vec(),
+        vpn_endpoint: endpoint.into(),
+        ..join_request(uuid)
+    };
+    let peers_of = |vpn: &hawser_proto::join::VpnConfig| -> BTreeMap<String, (String, PublicKey)> {
+        vpn.peers
+            .iter()
+            .map(|p| {
+                let peer = hawser_proto::mesh::peer_from_wire(p).expect("a well-formed peer");
+                (peer.name, (peer.vpn_ip.to_string(), peer.public_key))
+            })
+            .collect()
+    };
+
+    let one = f
+        .client(&first)
+        .await
+        .issue_join_ticket(meshed_request(UUID, "worker-1", 1, "192.0.2.10:51820"))
+        .await
+        .expect("first join granted")
+        .into_inner()
+        .vpn
+        .expect("the ticket carries the mesh");
+    assert_eq!(one.node_vpn_ip, "10.99.0.2");
+    assert_eq!(one.prefix, "10.99.0.0/24");
+    assert_eq!((one.mtu, one.vpn_api_port), (1420, 9091));
+    assert_eq!(one.coordinator_vpn_ip, "10.99.0.1");
+    assert_eq!(one.coordinator_public_endpoint, "192.0.2.1:51820");
+    assert_eq!(one.coordinator_vpn_pub_key, vec![200; 32]);
+    assert_eq!(one.registry_version, 2);
+    assert_eq!(peers_of(&one).len(), 2);
+
+    let two = f
+        .client(&second)
+        .await
+        .issue_join_ticket(meshed_request(other_uuid, "worker-2", 2, ""))
+        .await
+        .expect("second join granted")
+        .into_inner()
+        .vpn
+        .expect("the ticket carries the mesh");
+    assert_eq!(two.node_vpn_ip, "10.99.0.3");
+    assert_eq!(two.registry_version, 3);
+    let seen_by_two = peers_of(&two);
+    assert_eq!(
+        seen_by_two["worker-1"],
+        ("10.99.0.2".to_owned(), key(1)),
+        "{seen_by_two:?}"
+    );
+
+    // The first node reboots: the same address, and now it sees the second.
+    let rejoin = f
+        .client(&first)
+        .await
+        .issue_rejoin_ticket(IssueRejoinTicketRequest {
+            disk_uuid: UUID.into(),
+            vpn_endpoint: "192.0.2.11:51820".into(),
+        })
+        .await
+        .expect("rejoin granted")
+        .into_inner()
+        .vpn
+        .expect("the rejoin ticket carries the mesh");
+    assert_eq!(rejoin.node_vpn_ip, one.node_vpn_ip);
+    let seen_by_one = peers_of(&rejoin);
+    assert_eq!(seen_by_one["worker-2"], ("10.99.0.3".to_owned(), key(2)));
+    assert_eq!(
+        rejoin.registry_version, 4,
+        "the new endpoint is a new version"
+    );
+
+    // A key change is refused with the mesh's reason, and the mesh stays as it was.
+    let status = f
+        .client(&second)
+        .await
+        .issue_join_ticket(meshed_request(other_uuid, "worker-2", 9, ""))
+        .await
+        .expect_err("a key change is refused");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("key change is refused"),
+        "{}",
+        status.message()
+    );
+    // A malformed key: INVALID_ARGUMENT naming the field.
+    let mut short = meshed_request(other_uuid, "worker-2", 2, "");
+    short.vpn_public_key.truncate(5);
+    let status = f
+        .client(&second)
+        .await
+        .issue_join_ticket(short)
+        .await
+        .expect_err("a malformed key is refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("vpn_public_key"),
+        "{}",
+        status.message()
+    );
     f.stop().await;
 }

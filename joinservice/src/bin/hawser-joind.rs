@@ -2,6 +2,7 @@
 //! expected-measurements file (reloaded when it changes), derives their state-disk keys from the
 //! cluster's master secret and issues kubeadm bootstrap tokens. See docs/joinservice.md.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,9 +17,11 @@ use hawser_joinservice::approvals::ApprovalStore;
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
-use hawser_joinservice::store::{ClusterStore, EtcdConfig, EtcdStore};
+use hawser_joinservice::store::{ClusterStore, EtcdConfig, EtcdStore, ReadConsistency, StoreError};
 use hawser_joinservice::tokens::{CachingTokenIssuer, KubeadmTokenIssuer};
+use hawser_joinservice::vpn::{self, JoinServiceAddress, MeshSettings};
 use hawser_keys::MasterSecret;
+use hawser_mesh::{Ipv4Net, PrivateKey};
 
 /// The join service: nodes attest over aTLS and receive their state-disk key and join ticket.
 #[derive(Debug, Parser)]
@@ -113,6 +116,34 @@ struct Args {
     /// cluster's first control-plane node.
     #[arg(long)]
     attest_with_tpm: Option<String>,
+    /// The WireGuard mesh's IPv4 prefix, e.g. 10.99.0.0/16: turns the mesh on. Joining nodes
+    /// that send a VPN key get an address from it (docs/mesh.md).
+    #[arg(long)]
+    vpn_prefix: Option<Ipv4Net>,
+    /// host:port where nodes reach this join service's tunnel on the underlay network.
+    /// Default: the --listen address with --vpn-listen-port, if --listen names one address.
+    #[arg(long)]
+    vpn_endpoint: Option<String>,
+    /// The UDP port this join service's tunnel listens on.
+    #[arg(long, default_value_t = hawser_mesh::DEFAULT_LISTEN_PORT)]
+    vpn_listen_port: u16,
+    /// The tunnel MTU handed to nodes (the underlay's minus WireGuard's 80 bytes).
+    #[arg(long, default_value_t = hawser_mesh::tunnel_mtu(1500))]
+    vpn_mtu: u32,
+    /// The TCP port of the mesh's peer API, on this join service's VPN address.
+    #[arg(long, default_value_t = 9091)]
+    vpn_api_port: u16,
+    /// This join service's WireGuard private key (base64, mode 0600), created if missing.
+    /// Default: <state-dir>/vpn.key.
+    #[arg(long)]
+    vpn_key_file: Option<PathBuf>,
+    /// Seconds without a poll after which a node is reported as stopped polling.
+    #[arg(long, default_value_t = 30)]
+    vpn_stale_after_secs: u64,
+    /// This join service's name in the mesh (its ID is `join-service/<name>`). Default: the
+    /// host name.
+    #[arg(long)]
+    vpn_name: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -190,21 +221,45 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let approved = approvals.current().len();
     // With files, the approvals file decides (and is watched); with etcd, etcd's approvals
     // decide and the file only seeds them at start.
-    let core = match etcd_config(&args)? {
-        None => JoinCore::new(Arc::clone(&policy), tokens, core_config)
-            .context("cannot start the join core")?
-            .with_control_plane_approvals(approvals),
+    let mesh = mesh_flags(&args)?;
+    let (core, address) = match etcd_config(&args)? {
+        None => (
+            JoinCore::new(Arc::clone(&policy), tokens, core_config)
+                .context("cannot start the join core")?
+                .with_control_plane_approvals(approvals),
+            // The one out-of-cluster join service.
+            JoinServiceAddress::Reserved,
+        ),
         Some(etcd) => {
             let store = EtcdStore::connect(etcd)
                 .await
                 .context("cannot set up the etcd client")?;
             tracing::info!(endpoints = %store.endpoints(), "cluster state in etcd");
             let store = import_approvals(store, &approvals, &approvals_file).await?;
-            JoinCore::with_cluster_store(Arc::clone(&policy), tokens, core_config, store)
+            (
+                JoinCore::with_cluster_store(Arc::clone(&policy), tokens, core_config, store),
+                // One join service per control plane: each takes a free address.
+                JoinServiceAddress::Allocated,
+            )
         }
     };
+    let (core, mesh_key) = match mesh {
+        None => (core, None),
+        Some(flags) => {
+            let (settings, key) = join_mesh(&core, flags, address).await?;
+            (core.with_mesh(settings), Some(key))
+        }
+    };
+    let core = Arc::new(core);
+    if let (Some(settings), Some(key)) = (core.mesh().cloned(), mesh_key) {
+        start_mesh(&settings, key, Arc::clone(&core));
+        tokio::spawn(watch_polls(
+            Arc::clone(&core),
+            Duration::from_secs(args.vpn_stale_after_secs.max(1)),
+        ));
+    }
 
-    let mut config = ServiceConfig::new(args.listen, Arc::new(core), provider_ca_pem);
+    let mut config = ServiceConfig::new(args.listen, core, provider_ca_pem);
     if let Some(tcti) = &args.attest_with_tpm {
         let tpm = Tpm::open(tcti).with_context(|| format!("cannot open the TPM {tcti}"))?;
         let issuer = TpmIssuer::new(Arc::new(tpm)).with_context(|| {
@@ -250,6 +305,213 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tracing::info!("shutting down");
     running.shutdown().await;
     Ok(())
+}
+
+/// The mesh flags, checked; `None` without `--vpn-prefix`.
+struct MeshFlags {
+    prefix: Ipv4Net,
+    endpoint: std::net::SocketAddr,
+    mtu: u32,
+    api_port: u16,
+    key_file: PathBuf,
+    name: String,
+}
+
+fn mesh_flags(args: &Args) -> anyhow::Result<Option<MeshFlags>> {
+    let Some(prefix) = args.vpn_prefix else {
+        return Ok(None);
+    };
+    if prefix != prefix.trunc() {
+        bail!(
+            "--vpn-prefix {prefix} has host bits set: give the network address, {}",
+            prefix.trunc()
+        );
+    }
+    hawser_mesh::Registry::new(prefix).context("--vpn-prefix is not usable")?;
+    if args.vpn_mtu != 0 && !(576..=9000).contains(&args.vpn_mtu) {
+        bail!(
+            "--vpn-mtu {} is outside 576..=9000 (0 lets each node decide)",
+            args.vpn_mtu
+        );
+    }
+    if args.vpn_api_port == 0 {
+        bail!("--vpn-api-port must not be 0");
+    }
+    let endpoint = match &args.vpn_endpoint {
+        Some(text) => resolve_endpoint(text)?,
+        None if !args.listen.ip().is_unspecified() => {
+            std::net::SocketAddr::new(args.listen.ip(), args.vpn_listen_port)
+        }
+        None => bail!(
+            "--vpn-prefix needs --vpn-endpoint (host:port where nodes reach this join service's \
+             tunnel): --listen {} names no single address",
+            args.listen
+        ),
+    };
+    let name = match &args.vpn_name {
+        Some(name) => name.clone(),
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "hawser-joind".to_owned()),
+    };
+    if name.is_empty() || name.contains(char::is_whitespace) {
+        bail!("--vpn-name {name:?} must be one word");
+    }
+    Ok(Some(MeshFlags {
+        prefix,
+        endpoint,
+        mtu: args.vpn_mtu,
+        api_port: args.vpn_api_port,
+        key_file: args
+            .vpn_key_file
+            .clone()
+            .unwrap_or_else(|| args.state_dir.join("vpn.key")),
+        name,
+    }))
+}
+
+/// `host:port` to one socket address (IPv4 preferred: the mesh's underlay is IPv4 or IPv6,
+/// but a name must resolve to something).
+fn resolve_endpoint(text: &str) -> anyhow::Result<std::net::SocketAddr> {
+    use std::net::ToSocketAddrs as _;
+    let addrs: Vec<_> = text
+        .to_socket_addrs()
+        .with_context(|| format!("--vpn-endpoint {text:?} is not host:port"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .with_context(|| format!("--vpn-endpoint {text:?} resolves to no address"))
+}
+
+/// Loads (or creates) the join service's WireGuard key and admits the join service into the
+/// mesh's registry; returns the core's mesh settings and the private key.
+async fn join_mesh(
+    core: &JoinCore,
+    flags: MeshFlags,
+    address: JoinServiceAddress,
+) -> anyhow::Result<(MeshSettings, PrivateKey)> {
+    let key = vpn::load_or_create_private_key(&flags.key_file)?;
+    let public_key = key.public_key();
+    let store = Arc::clone(core.store());
+    let (prefix, name, endpoint) = (flags.prefix, flags.name.clone(), flags.endpoint);
+    let coordinator = tokio::task::spawn_blocking(move || {
+        vpn::admit_join_service(
+            store.as_ref(),
+            prefix,
+            &name,
+            public_key,
+            Some(endpoint),
+            address,
+        )
+    })
+    .await
+    .context("the mesh admission task failed")?
+    .with_context(|| {
+        format!(
+            "cannot admit this join service ({}) into the WireGuard mesh",
+            vpn::join_service_id(&flags.name)
+        )
+    })?;
+    tracing::info!(
+        prefix = %flags.prefix,
+        vpn_ip = %coordinator.vpn_ip,
+        endpoint = %flags.endpoint,
+        public_key = %coordinator.public_key,
+        mtu = flags.mtu,
+        vpn_api_port = flags.api_port,
+        "WireGuard mesh on: this join service is a member"
+    );
+    Ok((
+        MeshSettings {
+            prefix: flags.prefix,
+            mtu: flags.mtu,
+            coordinator,
+            vpn_api_port: flags.api_port,
+        },
+        key,
+    ))
+}
+
+/// THE PLACE WHERE THE JOIN SERVICE'S TUNNEL STARTS (issue 15; wired by the lead after the
+/// tunnel branch merges): bring up the boringtun device with `private_key` on
+/// `settings.coordinator.vpn_ip` inside `settings.prefix`, listening on --vpn-listen-port,
+/// with the registry's members as peers; then bind a `tokio::net::TcpListener` on
+/// `(settings.coordinator.vpn_ip, settings.vpn_api_port)` and spawn
+/// `hawser_joinservice::vpnapi::serve_vpn_api(core, listener, shutdown)`.
+///
+/// Until then this build hands nodes their VPN configuration but has no tunnel: it says so.
+fn start_mesh(settings: &MeshSettings, private_key: PrivateKey, core: Arc<JoinCore>) {
+    drop((private_key, core));
+    tracing::warn!(
+        vpn_ip = %settings.coordinator.vpn_ip,
+        vpn_api_port = settings.vpn_api_port,
+        "this build of hawser-joind does not start the WireGuard tunnel: nodes receive their VPN configuration, but the peer API is not served"
+    );
+}
+
+/// Logs each node that stops polling the peer API (and comes back), checking every half
+/// `stale_after`: the heartbeat the registry keeps, turned into one log line per change.
+async fn watch_polls(core: Arc<JoinCore>, stale_after: Duration) {
+    let mut known: BTreeMap<String, vpn::Polling> = BTreeMap::new();
+    let mut tick = tokio::time::interval((stale_after / 2).max(Duration::from_secs(1)));
+    loop {
+        tick.tick().await;
+        let store = Arc::clone(core.store());
+        let read = tokio::task::spawn_blocking(move || {
+            let registry = store.vpn_registry(ReadConsistency::Latest)?;
+            let polls = store.vpn_polls()?;
+            Ok::<_, StoreError>((registry, polls))
+        })
+        .await;
+        let (registry, polls) = match read {
+            Ok(Ok((Some(registry), polls))) => (registry, polls),
+            Ok(Ok((None, _))) => continue,
+            Ok(Err(e)) => {
+                tracing::debug!(
+                    "cannot read the mesh's polls: {}",
+                    hawser_attestation::error_chain(&e)
+                );
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!("the poll watcher's read failed: {e}");
+                continue;
+            }
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let statuses = vpn::member_statuses(&registry, &polls, now, stale_after);
+        let mut current = BTreeMap::new();
+        for status in statuses {
+            let before = known.get(&status.id).copied();
+            match (before, status.polling) {
+                (Some(vpn::Polling::Polling), vpn::Polling::Stopped) => tracing::warn!(
+                    node = %status.peer.name,
+                    disk_uuid = %status.id,
+                    vpn_ip = %status.peer.vpn_ip,
+                    last_poll_unix = status.last_poll.as_ref().map(|p| p.unix_time),
+                    "node stopped polling the mesh's peer API"
+                ),
+                (Some(vpn::Polling::Stopped | vpn::Polling::Never), vpn::Polling::Polling) => {
+                    tracing::info!(
+                        node = %status.peer.name,
+                        vpn_ip = %status.peer.vpn_ip,
+                        "node polls the mesh's peer API"
+                    );
+                }
+                _ => {}
+            }
+            current.insert(status.id, status.polling);
+        }
+        known = current;
+    }
 }
 
 /// The etcd client configuration, if `--etcd-endpoints` is given.

@@ -7,9 +7,14 @@
 //! |---------------------------------------------|-----------------------------------------|
 //! | `/hawser/v1/disks/<disk uuid>`              | the AK name the disk joined with (hex)  |
 //! | `/hawser/v1/control-plane-approvals/<ak>`   | where the approval came from (a note)   |
+//! | `/hawser/v1/vpn/registry`                   | the mesh's peer registry (JSON)         |
+//! | `/hawser/v1/vpn/polls/<node id>`            | a node's last poll (JSON)               |
 //!
-//! `/hawser/v1/vpn-peers/` is reserved. A disk's key is written once, by a transaction that
-//! creates it only if absent; nothing in hawser overwrites or deletes it.
+//! A disk's key is written once, by a transaction that creates it only if absent; nothing in
+//! hawser overwrites or deletes it. The VPN registry is read, changed and written back by a
+//! transaction that compares the key's `mod_revision` with the one read (or, for the first
+//! write, that the key does not exist), and is read-modified-written again when another join
+//! service won the race. A poll is a plain put: the last heartbeat wins.
 //!
 //! Every call runs under [`EtcdConfig::timeout`]: a lost quorum makes a call fail, never hang.
 
@@ -23,7 +28,14 @@ use etcd_client::{
 use tokio::runtime::Handle;
 use zeroize::Zeroizing;
 
-use super::{BindOutcome, ClusterStore, DiskBinding, ReadConsistency, StoreError, is_ak_name};
+use std::collections::BTreeMap;
+
+use hawser_mesh::{Ipv4Net, Registry};
+
+use super::{
+    BindOutcome, ClusterStore, DiskBinding, PollStatus, ReadConsistency, RegistryChange,
+    StoreError, apply_vpn_change, is_ak_name,
+};
 
 /// The versioned prefix of every key hawser writes.
 pub const KEY_PREFIX: &str = "/hawser/v1/";
@@ -37,6 +49,20 @@ pub fn disk_key(uuid: &str) -> String {
 pub fn approval_key(ak_name: &str) -> String {
     format!("{KEY_PREFIX}control-plane-approvals/{ak_name}")
 }
+
+/// The key of the mesh's peer registry.
+pub const VPN_REGISTRY_KEY: &str = "/hawser/v1/vpn/registry";
+
+/// The prefix of the nodes' last polls.
+pub const VPN_POLLS_PREFIX: &str = "/hawser/v1/vpn/polls/";
+
+/// The key of node `node_id`'s last poll.
+pub fn vpn_poll_key(node_id: &str) -> String {
+    format!("{VPN_POLLS_PREFIX}{node_id}")
+}
+
+/// Read-modify-write rounds of the VPN registry before giving up under contention.
+const VPN_UPDATE_ATTEMPTS: u32 = 32;
 
 /// How to reach etcd. Debug never shows the client key.
 pub struct EtcdConfig {
@@ -283,6 +309,18 @@ impl EtcdStore {
         Err(last.unwrap_or(StoreError::NoEndpoints))
     }
 
+    /// The VPN registry and its `mod_revision` (0: absent), read linearizably.
+    fn read_vpn_registry_latest(&self) -> Result<(Option<Registry>, i64), StoreError> {
+        let response = self.call(format!("read {VPN_REGISTRY_KEY}"), || {
+            let mut client = self.client.clone();
+            async move { client.get(VPN_REGISTRY_KEY, None).await }
+        })?;
+        match response.kvs().first() {
+            None => Ok((None, 0)),
+            Some(kv) => Ok((Some(parse_registry(kv.value())?), kv.mod_revision())),
+        }
+    }
+
     fn ak_name_of(key: &str, value: Vec<u8>) -> Result<String, StoreError> {
         match String::from_utf8(value) {
             Ok(name) if is_ak_name(&name) => Ok(name),
@@ -293,13 +331,25 @@ impl EtcdStore {
     }
 }
 
+fn parse_registry(value: &[u8]) -> Result<Registry, StoreError> {
+    serde_json::from_slice(value).map_err(|source| StoreError::VpnJson {
+        location: format!("etcd key {VPN_REGISTRY_KEY}"),
+        what: "registry",
+        source,
+    })
+}
+
 /// Whether an etcd error may go away by itself soon: a leader election, a member that went
 /// away, a connection that broke.
 fn is_transient(error: &etcd_client::Error) -> bool {
     match error {
         etcd_client::Error::GRpcStatus(status) => matches!(
             status.code(),
-            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Aborted
+            // Cancelled: the connection to a member that went away closed under the call.
+            tonic::Code::Unavailable
+                | tonic::Code::Unknown
+                | tonic::Code::Aborted
+                | tonic::Code::Cancelled
         ),
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
         _ => false,
@@ -379,5 +429,106 @@ impl ClusterStore for EtcdStore {
             self.endpoints(),
             approval_key(ak_name)
         )
+    }
+
+    fn update_vpn_registry(
+        &self,
+        prefix: Ipv4Net,
+        change: RegistryChange<'_>,
+    ) -> Result<Registry, StoreError> {
+        for _ in 0..VPN_UPDATE_ATTEMPTS {
+            let (stored, revision) = self.read_vpn_registry_latest()?;
+            let (registry, changed) = apply_vpn_change(stored, prefix, change)?;
+            if !changed {
+                return Ok(registry);
+            }
+            let json = serde_json::to_vec(&registry).map_err(|source| StoreError::VpnJson {
+                location: format!("etcd key {VPN_REGISTRY_KEY}"),
+                what: "registry",
+                source,
+            })?;
+            // Unchanged since read (absent: still absent), or someone else wrote: read again.
+            let unchanged = if revision == 0 {
+                Compare::create_revision(VPN_REGISTRY_KEY, CompareOp::Equal, 0)
+            } else {
+                Compare::mod_revision(VPN_REGISTRY_KEY, CompareOp::Equal, revision)
+            };
+            let txn =
+                Txn::new()
+                    .when([unchanged])
+                    .and_then([TxnOp::put(VPN_REGISTRY_KEY, json, None)]);
+            let response = self.call(format!("write {VPN_REGISTRY_KEY}"), || {
+                let mut client = self.client.clone();
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            })?;
+            if response.succeeded() {
+                return Ok(registry);
+            }
+            tracing::debug!(
+                key = VPN_REGISTRY_KEY,
+                "the VPN registry changed since it was read; reading it again"
+            );
+        }
+        Err(StoreError::VpnContention {
+            attempts: VPN_UPDATE_ATTEMPTS,
+        })
+    }
+
+    fn vpn_registry(&self, consistency: ReadConsistency) -> Result<Option<Registry>, StoreError> {
+        let value = match self.get_latest(VPN_REGISTRY_KEY) {
+            Ok(value) => value,
+            Err(e) if e.is_unavailable() && consistency == ReadConsistency::LatestOrLocal => {
+                tracing::warn!(
+                    endpoints = %self.endpoints(),
+                    "etcd has no quorum (the linearizable read failed); reading the VPN registry serializably from a reachable member: {}",
+                    hawser_attestation::error_chain(&e)
+                );
+                self.get_local(VPN_REGISTRY_KEY)?
+            }
+            Err(e) => return Err(e),
+        };
+        value.map(|v| parse_registry(&v)).transpose()
+    }
+
+    fn record_vpn_poll(&self, node_id: &str, status: &PollStatus) -> Result<(), StoreError> {
+        let key = vpn_poll_key(node_id);
+        let json = serde_json::to_vec(status).map_err(|source| StoreError::VpnJson {
+            location: format!("etcd key {key}"),
+            what: "poll",
+            source,
+        })?;
+        self.call(format!("write {key}"), || {
+            let mut client = self.client.clone();
+            let (key, json) = (key.clone(), json.clone());
+            async move { client.put(key, json, None).await }
+        })?;
+        Ok(())
+    }
+
+    fn vpn_polls(&self) -> Result<BTreeMap<String, PollStatus>, StoreError> {
+        let response = self.call(format!("read {VPN_POLLS_PREFIX}*"), || {
+            let mut client = self.client.clone();
+            async move {
+                client
+                    .get(VPN_POLLS_PREFIX, Some(GetOptions::new().with_prefix()))
+                    .await
+            }
+        })?;
+        let mut polls = BTreeMap::new();
+        for kv in response.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let Some(node_id) = key.strip_prefix(VPN_POLLS_PREFIX) else {
+                continue;
+            };
+            let status =
+                serde_json::from_slice(kv.value()).map_err(|source| StoreError::VpnJson {
+                    location: format!("etcd key {key}"),
+                    what: "poll",
+                    source,
+                })?;
+            polls.insert(node_id.to_owned(), status);
+        }
+        Ok(polls)
     }
 }

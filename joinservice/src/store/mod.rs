@@ -1,6 +1,6 @@
 //! The cluster state hawser-joind keeps, behind one interface: which AK each joined disk is
-//! bound to (the clone protection), and which AKs may join as control planes. Room is left for
-//! the VPN peers (`/hawser/v1/vpn-peers/` in etcd).
+//! bound to (the clone protection), which AKs may join as control planes, and the WireGuard
+//! mesh: its versioned peer registry ([`Registry`]) and every node's last poll ([`PollStatus`]).
 //!
 //! Two backends, chosen by `hawser-joind`'s flags:
 //!
@@ -17,8 +17,31 @@
 mod etcd;
 mod file;
 
-pub use etcd::{EtcdConfig, EtcdStore, KEY_PREFIX, approval_key, disk_key};
-pub use file::FileStore;
+pub use etcd::{
+    EtcdConfig, EtcdStore, KEY_PREFIX, VPN_POLLS_PREFIX, VPN_REGISTRY_KEY, approval_key, disk_key,
+    vpn_poll_key,
+};
+pub use file::{FileStore, VPN_POLLS_DIR, VPN_REGISTRY_FILE};
+
+use std::collections::BTreeMap;
+
+use hawser_mesh::{Ipv4Net, MeshError, PeerStats, Registry};
+
+/// A node's last poll of the mesh's peer API: its heartbeat, the registry version it held and
+/// its tunnel's statistics (what `hawser peers` shows).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PollStatus {
+    /// When the poll arrived, seconds since the Unix epoch.
+    pub unix_time: u64,
+    /// The registry version the node held; `None` before its first update.
+    pub known_version: Option<u64>,
+    /// Its tunnel's statistics, one per peer.
+    pub stats: Vec<PeerStats>,
+}
+
+/// A change of the VPN registry, for [`ClusterStore::update_vpn_registry`]. It may run more
+/// than once (etcd: again on a conflicting write), each time on a fresh copy.
+pub type RegistryChange<'a> = &'a mut dyn FnMut(&mut Registry) -> Result<(), MeshError>;
 
 /// What the store knows of a disk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +95,55 @@ pub trait ClusterStore: Send + Sync {
 
     /// Where an admin approves an AK, for the refusal message.
     fn approvals_location(&self, ak_name: &str) -> String;
+
+    /// Reads the VPN registry, applies `change` to it and writes it back if it changed,
+    /// atomically with respect to every join service sharing the store; returns the registry
+    /// as written (or as read, when `change` changed nothing). A registry that does not exist
+    /// yet starts as `Registry::new(prefix)`; a stored one for another prefix is refused
+    /// ([`StoreError::VpnPrefix`]). A refusal of `change` is [`StoreError::Mesh`], and nothing
+    /// is written.
+    fn update_vpn_registry(
+        &self,
+        prefix: Ipv4Net,
+        change: RegistryChange<'_>,
+    ) -> Result<Registry, StoreError>;
+
+    /// The VPN registry; `None` if the mesh never had a member.
+    fn vpn_registry(&self, consistency: ReadConsistency) -> Result<Option<Registry>, StoreError>;
+
+    /// Records node `node_id`'s poll (last writer wins: it is a heartbeat).
+    fn record_vpn_poll(&self, node_id: &str, status: &PollStatus) -> Result<(), StoreError>;
+
+    /// Every node's last poll, by node ID.
+    fn vpn_polls(&self) -> Result<BTreeMap<String, PollStatus>, StoreError>;
+}
+
+/// Applies `change` to `stored` (or a new registry for `prefix`): the shared part of both
+/// backends' [`ClusterStore::update_vpn_registry`]. Returns the new registry and whether it
+/// differs from the stored one.
+fn apply_vpn_change(
+    stored: Option<Registry>,
+    prefix: Ipv4Net,
+    change: RegistryChange<'_>,
+) -> Result<(Registry, bool), StoreError> {
+    let prefix = prefix.trunc();
+    let before = match stored {
+        Some(registry) if registry.prefix() != prefix => {
+            return Err(StoreError::VpnPrefix {
+                stored: registry.prefix(),
+                configured: prefix,
+            });
+        }
+        Some(registry) => Some(registry),
+        None => None,
+    };
+    let mut registry = match &before {
+        Some(registry) => registry.clone(),
+        None => Registry::new(prefix)?,
+    };
+    change(&mut registry)?;
+    let changed = before.as_ref() != Some(&registry);
+    Ok((registry, changed))
 }
 
 /// Why the cluster state could not be read or written.
@@ -131,13 +203,60 @@ pub enum StoreError {
     /// No etcd endpoint was given.
     #[error("no etcd endpoint given")]
     NoEndpoints,
+    /// The mesh refused a change of the VPN registry (a key change, a full prefix, a clash).
+    #[error("the VPN registry refused the change")]
+    Mesh(#[from] MeshError),
+    /// The stored VPN registry was made for another prefix than the configured one.
+    #[error(
+        "the stored VPN registry is for prefix {stored}, but this join service is configured \
+         with {configured}: the prefix of a mesh cannot change while it has members"
+    )]
+    VpnPrefix {
+        /// The stored registry's prefix.
+        stored: Ipv4Net,
+        /// The configured prefix.
+        configured: Ipv4Net,
+    },
+    /// A stored VPN registry or poll is not the JSON hawser writes.
+    #[error("{location} does not hold the JSON hawser writes for the VPN {what}")]
+    VpnJson {
+        /// The file or etcd key.
+        location: String,
+        /// `registry` or `poll`.
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A VPN registry or poll file could not be read or written.
+    #[error("cannot read or write {path}")]
+    VpnFile {
+        /// The file or directory.
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The registry as written lacks the member just admitted (a store that lost the write).
+    #[error("the VPN registry, as written, has no member {id}")]
+    VpnMemberMissing {
+        /// The member's ID.
+        id: String,
+    },
+    /// Concurrent writers kept changing the VPN registry under this one.
+    #[error("the VPN registry changed under every one of {attempts} attempts to update it")]
+    VpnContention {
+        /// How many read-modify-write rounds were tried.
+        attempts: u32,
+    },
 }
 
 impl StoreError {
     /// Whether the error is etcd being unreachable or without quorum (the node should retry
     /// later), as opposed to a local fault.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, Self::Etcd { .. } | Self::EtcdTimeout { .. })
+        matches!(
+            self,
+            Self::Etcd { .. } | Self::EtcdTimeout { .. } | Self::VpnContention { .. }
+        )
     }
 }
 
