@@ -152,6 +152,7 @@ impl Tunnel {
                 interface: config.interface,
             });
         }
+        check_port_free(config.listen_port)?;
         let (device, ours) = spawn_boringtun(&config.interface, config.threads)?;
         let tunnel = Tunnel {
             interface: config.interface,
@@ -352,6 +353,18 @@ impl Tunnel {
         }
         Ok(sections)
     }
+}
+
+/// Refuses a listen port another socket holds. boringtun binds with SO_REUSEADDR, which Linux
+/// lets two UDP sockets share: a second tunnel on a taken port would start, and the kernel would
+/// hand the port's packets to one of them. A plain bind here fails instead.
+fn check_port_free(port: u16) -> Result<(), DeviceError> {
+    if port == 0 {
+        return Ok(());
+    }
+    std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port))
+        .map(drop)
+        .map_err(|source| DeviceError::PortInUse { port, source })
 }
 
 /// Creates the tun device and starts boringtun on it, configured over a socket pair: returns
