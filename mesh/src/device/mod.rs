@@ -142,6 +142,9 @@ impl std::fmt::Debug for Tunnel {
 impl Tunnel {
     /// Creates the interface, starts boringtun on it with the private key and listen port, and
     /// gives it its address, MTU and state. No peers yet.
+    ///
+    /// Runs on any tokio runtime with I/O enabled (`enable_io` or `enable_all`; a
+    /// current-thread one in PID 1): the netlink socket is registered with it for the set-up.
     pub async fn start(config: TunnelConfig) -> Result<Tunnel, DeviceError> {
         config.check()?;
         let public_key = config.private_key.public_key();
