@@ -202,7 +202,8 @@ fn member_config(i: usize, listen_port: u16) -> TunnelConfig {
         address: vpn_ip(i),
         prefix: vpn_prefix(),
         mtu: hawser_mesh::tunnel_mtu(1500),
-        threads: 1,
+        // PID 1 runs one boringtun thread; member 1 runs two, so both ways are exercised.
+        threads: if i == 1 { 2 } else { 1 },
     }
 }
 

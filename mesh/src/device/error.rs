@@ -44,6 +44,15 @@ pub enum DeviceError {
     /// The socket pair for boringtun's configuration channel could not be made or set up.
     #[error("could not make the tunnel's configuration socket pair")]
     ControlSocket(#[source] io::Error),
+    /// The listen port is taken (by another tunnel, or the kernel's WireGuard).
+    #[error("UDP port {port} is taken: the tunnel needs a port of its own")]
+    PortInUse {
+        /// The port.
+        port: u16,
+        /// The bind error.
+        #[source]
+        source: io::Error,
+    },
     /// The socket that watches the interface go away at stop could not be made.
     #[error("could not make the socket that watches the tunnel interface")]
     ProbeSocket(#[source] io::Error),

@@ -142,52 +142,21 @@ impl std::fmt::Debug for Tunnel {
 impl Tunnel {
     /// Creates the interface, starts boringtun on it with the private key and listen port, and
     /// gives it its address, MTU and state. No peers yet.
+    ///
+    /// Runs on any tokio runtime with I/O enabled (`enable_io` or `enable_all`; a
+    /// current-thread one in PID 1): the netlink socket is registered with it for the set-up.
     pub async fn start(config: TunnelConfig) -> Result<Tunnel, DeviceError> {
         config.check()?;
         let public_key = config.private_key.public_key();
-        let (ours, theirs) = UnixStream::pair().map_err(DeviceError::ControlSocket)?;
-        ours.set_read_timeout(Some(CONTROL_TIMEOUT))
-            .and_then(|()| ours.set_write_timeout(Some(CONTROL_TIMEOUT)))
-            .map_err(DeviceError::ControlSocket)?;
         let probe = LinkProbe::new().map_err(DeviceError::ProbeSocket)?;
-        // A tun name that exists would be joined as one more queue of that device, not refused.
+        // Any interface of that name, tun or not, is refused here with a clear reason.
         if probe.exists(&config.interface) {
             return Err(DeviceError::InterfaceExists {
                 interface: config.interface,
             });
         }
-        let tun = link::create_tun(&config.interface).map_err(|source| {
-            if source.raw_os_error() == Some(libc::EBUSY) {
-                DeviceError::InterfaceExists {
-                    interface: config.interface.clone(),
-                }
-            } else {
-                DeviceError::Tun {
-                    interface: config.interface.clone(),
-                    source,
-                }
-            }
-        })?;
-        let device_config = DeviceConfig {
-            n_threads: config.threads,
-            // boringtun 0.7 never closes a removed peer's connected socket: it goes on
-            // receiving that endpoint's packets (and drops them), so a peer removed and added
-            // again could never complete a handshake. One unconnected socket serves all peers.
-            use_connected_socket: false,
-            // All threads share the one queue of the tun device made above.
-            use_multi_queue: false,
-            // boringtun owns this end from here on (and, should it fail before taking it, the
-            // descriptor stays open: closing it here could close one boringtun already owns).
-            uapi_fd: theirs.into_raw_fd(),
-        };
-        // A name that is a number is a tun descriptor to boringtun: it takes ownership of it
-        // (the same caveat as the UAPI descriptor), and the interface lives as long as it.
-        let tun_name = tun.into_raw_fd().to_string();
-        let device =
-            DeviceHandle::new(&tun_name, device_config).map_err(|source| DeviceError::Start {
-                interface: config.interface.clone(),
-                source,
-            })?;
+        check_port_free(config.listen_port)?;
+        let (device, ours) = spawn_boringtun(&config.interface, config.threads)?;
         let tunnel = Tunnel {
             interface: config.interface,
             address: config.address,
@@ -389,6 +358,63 @@ impl Tunnel {
     }
 }
 
+/// Refuses a listen port another socket holds. boringtun binds with SO_REUSEADDR, which Linux
+/// lets two UDP sockets share: a second tunnel on a taken port would start, and the kernel would
+/// hand the port's packets to one of them. A plain bind here fails instead.
+fn check_port_free(port: u16) -> Result<(), DeviceError> {
+    if port == 0 {
+        return Ok(());
+    }
+    std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, port))
+        .map(drop)
+        .map_err(|source| DeviceError::PortInUse { port, source })
+}
+
+/// Creates the tun device and starts boringtun on it, configured over a socket pair: returns
+/// boringtun's handle and this side of the pair.
+fn spawn_boringtun(
+    interface: &str,
+    threads: usize,
+) -> Result<(DeviceHandle, UnixStream), DeviceError> {
+    let (ours, theirs) = UnixStream::pair().map_err(DeviceError::ControlSocket)?;
+    ours.set_read_timeout(Some(CONTROL_TIMEOUT))
+        .and_then(|()| ours.set_write_timeout(Some(CONTROL_TIMEOUT)))
+        .map_err(DeviceError::ControlSocket)?;
+    let tun = link::create_tun(interface).map_err(|source| {
+        if source.raw_os_error() == Some(libc::EBUSY) {
+            DeviceError::InterfaceExists {
+                interface: interface.to_owned(),
+            }
+        } else {
+            DeviceError::Tun {
+                interface: interface.to_owned(),
+                source,
+            }
+        }
+    })?;
+    let device_config = DeviceConfig {
+        n_threads: threads,
+        // boringtun 0.7 never closes a removed peer's connected socket: it goes on receiving
+        // that endpoint's packets (and drops them), so a peer removed and added again could
+        // never complete a handshake. One unconnected socket serves all peers.
+        use_connected_socket: false,
+        // All threads share the one queue of the tun device made above.
+        use_multi_queue: false,
+        // boringtun owns this end from here on (and, should it fail before taking it, the
+        // descriptor stays open: closing it here could close one boringtun already owns).
+        uapi_fd: theirs.into_raw_fd(),
+    };
+    // A name that is a number is a tun descriptor to boringtun: it takes ownership of it (the
+    // same caveat as the UAPI descriptor), and the interface lives as long as boringtun does.
+    let tun_name = tun.into_raw_fd().to_string();
+    let device =
+        DeviceHandle::new(&tun_name, device_config).map_err(|source| DeviceError::Start {
+            interface: interface.to_owned(),
+            source,
+        })?;
+    Ok((device, ours))
+}
+
 /// A peer's stats at `now`. boringtun 0.7 tells how long ago the last handshake was (the kernel's
 /// WireGuard tells when): the Unix time is `now` minus that.
 fn peer_stats(peer: uapi::PeerState, now: SystemTime) -> PeerStats {
@@ -511,6 +537,12 @@ mod tests {
             mtu: crate::tunnel_mtu(1500),
             threads: 1,
         }
+    }
+
+    #[test]
+    fn a_tunnel_can_be_shared_between_tasks_and_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Tunnel>();
     }
 
     #[test]

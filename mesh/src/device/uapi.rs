@@ -36,12 +36,17 @@ pub struct PeerSection {
     pub endpoint: Option<SocketAddr>,
 }
 
+/// "set=1\n", "private_key=" + 64 hex digits + "\n", "listen_port=65535\n", "\n".
+const SET_INTERFACE_CAPACITY: usize = 6 + 12 + 64 + 1 + 18 + 1;
+
 /// The `set` transaction that gives the device its private key and, unless 0 (boringtun then
 /// keeps the port the kernel gave it at creation), its listen port. The text holds the key: it
 /// is zeroized when dropped and must never be logged.
 pub fn set_interface(private_key: &PrivateKey, listen_port: u16) -> Zeroizing<String> {
-    let mut text = Zeroizing::new(String::from("set=1\n"));
-    text.push_str("private_key=");
+    // Room for the whole text up front: a growing String would leave copies of the key behind
+    // in memory it freed, which nothing zeroizes.
+    let mut text = Zeroizing::new(String::with_capacity(SET_INTERFACE_CAPACITY));
+    text.push_str("set=1\nprivate_key=");
     text.push_str(&private_key.to_hex());
     text.push('\n');
     if listen_port != 0 {
@@ -298,6 +303,11 @@ mod tests {
                 "set=1\nprivate_key={}\nlisten_port=51820\n\n",
                 private_key.to_hex().as_str()
             )
+        );
+        assert_eq!(
+            text.capacity(),
+            SET_INTERFACE_CAPACITY,
+            "the text grew (and moved)"
         );
         // Port 0: boringtun keeps the port the kernel chose.
         let text = set_interface(&private_key, 0);
