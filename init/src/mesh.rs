@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use hawser_mesh::agent::{Agent, AgentError, Round, next_poll_in};
 use hawser_mesh::device::{DeviceError, Tunnel, TunnelConfig};
-use hawser_mesh::{Ipv4Net, MeshView, Peer, PeerStats, PeerUpdate, PrivateKey, PublicKey};
+use hawser_mesh::{Ipv4Net, MeshView, Peer, PeerUpdate, PrivateKey, PublicKey};
 use hawser_proto::join::VpnConfig;
 use hawser_proto::mesh::{GrpcPeers, WireError, peer_from_wire};
 use tracing::{info, warn};
@@ -250,7 +250,7 @@ pub async fn start(
     .await
     .map_err(MeshSetupError::Tunnel)?;
     let view = MeshView::new(public_key, grant.node_ip, grant.prefix);
-    let mut agent = Agent::new(view, TunnelHandle(tunnel));
+    let mut agent = Agent::new(view, tunnel);
     let changes = agent
         .apply(&grant.peers)
         .map_err(MeshSetupError::ApplyPeers)?;
@@ -271,24 +271,9 @@ pub async fn start(
     })
 }
 
-/// The tunnel, as the agent drives it.
-struct TunnelHandle(Tunnel);
-
-impl hawser_mesh::agent::TunnelControl for TunnelHandle {
-    type Error = DeviceError;
-
-    fn apply(&self, upserts: &[Peer], removed: &[PublicKey]) -> Result<(), DeviceError> {
-        self.0.apply(upserts, removed)
-    }
-
-    fn stats(&self) -> Result<Vec<PeerStats>, DeviceError> {
-        self.0.stats()
-    }
-}
-
 /// Polls for the rest of the node's life. Logs a change of state (answers again, no answer
 /// any more, a refused update) once, not every round.
-async fn keep_current(mut agent: Agent<TunnelHandle>, mut source: GrpcPeers) {
+async fn keep_current(mut agent: Agent<Tunnel>, mut source: GrpcPeers) {
     let mut failing = false;
     loop {
         let mut jitter = [0u8; 8];

@@ -9,8 +9,8 @@
 //! [`store::ClusterStore`]: local files for a single join service, the control planes' etcd for
 //! a join service on every control plane (docs/cluster-state.md).
 //! The WireGuard mesh's registry lives there too: [`vpn`] holds the join service's side of the
-//! mesh (settings, its own key, what tickets carry), [`vpnapi`] the peer API nodes poll
-//! (docs/mesh.md).
+//! mesh (settings, its own key, what tickets carry), [`vpnapi`] the peer API nodes poll,
+//! [`member`] the join service's own tunnel (docs/mesh.md).
 //!
 //! Concurrency: validations never take a global lock. The policy is an `Arc` swapped on reload
 //! and cloned per request; the rate limiter's lock is held for a map lookup only.
@@ -18,6 +18,7 @@
 pub mod approvals;
 pub mod audit;
 pub mod core;
+pub mod member;
 pub mod policy;
 pub mod ratelimit;
 pub mod service;

@@ -222,8 +222,12 @@ fn joind(dir: &Path, mesh: &[&str]) -> Command {
             .write_new_file(&master)
             .unwrap();
     }
-    let mut command = Command::new(env!("CARGO_BIN_EXE_hawser-joind"));
+    // With a mesh, hawser-joind starts a WireGuard tunnel: in a network namespace of its own
+    // (util-linux's `unshare`), never on the host's.
+    let mut command = Command::new("unshare");
     command
+        .args(["--net", "--", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
+        .arg(env!("CARGO_BIN_EXE_hawser-joind"))
         .args(["--listen", "127.0.0.1:0", "--kubernetes-version", "v1.33.4"])
         .arg("--measurements")
         .arg(measurements(dir))
@@ -266,6 +270,10 @@ fn hawser_joind_with_a_vpn_prefix_joins_its_own_mesh_with_a_private_key_it_keeps
     ];
     let log = start_and_stop(joind(dir.path(), &mesh));
     assert!(log.contains("WireGuard mesh on"), "{log}");
+    assert!(
+        log.contains("the join service's tunnel is up; the peer API listens inside it"),
+        "{log}"
+    );
     let key_file = dir.path().join("joind/vpn.key");
     let mode = std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);

@@ -19,6 +19,7 @@ use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
 use hawser_joinservice::store::{ClusterStore, EtcdConfig, EtcdStore, ReadConsistency, StoreError};
 use hawser_joinservice::tokens::{CachingTokenIssuer, KubeadmTokenIssuer};
+use hawser_joinservice::member;
 use hawser_joinservice::vpn::{self, JoinServiceAddress, MeshSettings};
 use hawser_keys::MasterSecret;
 use hawser_mesh::{Ipv4Net, PrivateKey};
@@ -144,6 +145,9 @@ struct Args {
     /// host name.
     #[arg(long)]
     vpn_name: Option<String>,
+    /// The interface of this join service's WireGuard tunnel.
+    #[arg(long, default_value = "hawser0")]
+    vpn_interface: String,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -246,13 +250,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let (core, mesh_key) = match mesh {
         None => (core, None),
         Some(flags) => {
+            let member = member::MemberConfig {
+                interface: args.vpn_interface.clone(),
+                listen_port: args.vpn_listen_port,
+                member_id: vpn::join_service_id(&flags.name),
+            };
             let (settings, key) = join_mesh(&core, flags, address).await?;
-            (core.with_mesh(settings), Some(key))
+            (core.with_mesh(settings), Some((key, member)))
         }
     };
     let core = Arc::new(core);
-    if let (Some(settings), Some(key)) = (core.mesh().cloned(), mesh_key) {
-        start_mesh(&settings, key, Arc::clone(&core));
+    let (stop_mesh, mesh_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let (Some(settings), Some((key, member))) = (core.mesh().cloned(), mesh_key) {
+        let interface = member.interface.clone();
+        member::start(Arc::clone(&core), &settings, key, member, async {
+            let _ = mesh_stopped.await;
+        })
+        .await
+        .with_context(|| {
+            format!(
+                "cannot take this join service's place in the WireGuard mesh (interface \
+                 {interface}, UDP port {})",
+                args.vpn_listen_port
+            )
+        })?;
         tokio::spawn(watch_polls(
             Arc::clone(&core),
             Duration::from_secs(args.vpn_stale_after_secs.max(1)),
@@ -303,6 +324,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         result = ctrl_c => result.context("cannot wait for SIGINT")?,
     }
     tracing::info!("shutting down");
+    let _ = stop_mesh.send(());
     running.shutdown().await;
     Ok(())
 }
@@ -435,23 +457,6 @@ async fn join_mesh(
         },
         key,
     ))
-}
-
-/// THE PLACE WHERE THE JOIN SERVICE'S TUNNEL STARTS (issue 15; wired by the lead after the
-/// tunnel branch merges): bring up the boringtun device with `private_key` on
-/// `settings.coordinator.vpn_ip` inside `settings.prefix`, listening on --vpn-listen-port,
-/// with the registry's members as peers; then bind a `tokio::net::TcpListener` on
-/// `(settings.coordinator.vpn_ip, settings.vpn_api_port)` and spawn
-/// `hawser_joinservice::vpnapi::serve_vpn_api(core, listener, shutdown)`.
-///
-/// Until then this build hands nodes their VPN configuration but has no tunnel: it says so.
-fn start_mesh(settings: &MeshSettings, private_key: PrivateKey, core: Arc<JoinCore>) {
-    drop((private_key, core));
-    tracing::warn!(
-        vpn_ip = %settings.coordinator.vpn_ip,
-        vpn_api_port = settings.vpn_api_port,
-        "this build of hawser-joind does not start the WireGuard tunnel: nodes receive their VPN configuration, but the peer API is not served"
-    );
 }
 
 /// Logs each node that stops polling the peer API (and comes back), checking every half

@@ -485,6 +485,19 @@ fn send_and_receive(socket: &mut UnixStream, request: &str) -> std::io::Result<V
     Ok(answer)
 }
 
+/// The agent ([`crate::agent`]) drives the tunnel directly.
+impl crate::agent::TunnelControl for Tunnel {
+    type Error = DeviceError;
+
+    fn apply(&self, upserts: &[Peer], removed: &[PublicKey]) -> Result<(), DeviceError> {
+        Tunnel::apply(self, upserts, removed)
+    }
+
+    fn stats(&self) -> Result<Vec<PeerStats>, DeviceError> {
+        Tunnel::stats(self)
+    }
+}
+
 impl Drop for Tunnel {
     fn drop(&mut self) {
         // Dropping the handle tells boringtun's threads to exit; closing our end of the channel
