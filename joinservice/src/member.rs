@@ -139,14 +139,17 @@ async fn follow(
 }
 
 /// One round: the registry's changes onto the tunnel, the tunnel's statistics into the store.
-async fn step(core: &Arc<JoinCore>, agent: &mut Agent<Tunnel>, member_id: &str) -> Result<(), String> {
+async fn step(
+    core: &Arc<JoinCore>,
+    agent: &mut Agent<Tunnel>,
+    member_id: &str,
+) -> Result<(), String> {
     let store = Arc::clone(core.store());
-    let registry = tokio::task::spawn_blocking(move || {
-        store.vpn_registry(ReadConsistency::LatestOrLocal)
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e: StoreError| hawser_attestation::error_chain(&e))?;
+    let registry =
+        tokio::task::spawn_blocking(move || store.vpn_registry(ReadConsistency::LatestOrLocal))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e: StoreError| hawser_attestation::error_chain(&e))?;
     let Some(registry) = registry else {
         return Ok(());
     };
@@ -162,7 +165,10 @@ async fn step(core: &Arc<JoinCore>, agent: &mut Agent<Tunnel>, member_id: &str) 
             "the join service's tunnel follows the registry"
         );
     }
-    let stats = agent.tunnel().stats().map_err(|e| hawser_attestation::error_chain(&e))?;
+    let stats = agent
+        .tunnel()
+        .stats()
+        .map_err(|e| hawser_attestation::error_chain(&e))?;
     let status = PollStatus {
         unix_time: SystemTime::now()
             .duration_since(UNIX_EPOCH)

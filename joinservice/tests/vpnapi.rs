@@ -226,7 +226,13 @@ fn joind(dir: &Path, mesh: &[&str]) -> Command {
     // (util-linux's `unshare`), never on the host's.
     let mut command = Command::new("unshare");
     command
-        .args(["--net", "--", "sh", "-c", "ip link set lo up && exec \"$0\" \"$@\""])
+        .args([
+            "--net",
+            "--",
+            "sh",
+            "-c",
+            "ip link set lo up && exec \"$0\" \"$@\"",
+        ])
         .arg(env!("CARGO_BIN_EXE_hawser-joind"))
         .args(["--listen", "127.0.0.1:0", "--kubernetes-version", "v1.33.4"])
         .arg("--measurements")

@@ -17,6 +17,8 @@ pub mod agent;
 #[cfg(feature = "device")]
 pub mod device;
 pub mod key;
+#[cfg(feature = "netns-testing")]
+pub mod netns;
 pub mod registry;
 pub mod update;
 

@@ -10,14 +10,11 @@
 
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::Path;
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use hawser_mesh::device::{DeviceError, Tunnel, TunnelConfig};
+use hawser_mesh::netns::{self, Underlay};
 use hawser_mesh::{Ipv4Net, Peer, PrivateKey, PublicKey};
-use nix::sched::{CloneFlags, setns};
 
 const INTERFACE: &str = "hawser0";
 
@@ -25,9 +22,9 @@ fn vpn_prefix() -> Ipv4Net {
     "10.77.0.0/24".parse().unwrap()
 }
 
-/// Fails (never skips) when the host lacks what the test needs.
+/// The host's tools, and the tunnels' logs (boringtun's too) in the test output
+/// (RUST_LOG=debug for more).
 fn require_host() {
-    // The tunnels' logs (boringtun's too) in the test output: RUST_LOG=debug for more.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -35,137 +32,12 @@ fn require_host() {
         )
         .with_test_writer()
         .try_init();
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "the mesh namespace test needs root (network namespaces, tun devices)"
-    );
-    let has = |tool: &str, arg: &str| {
-        Command::new(tool)
-            .arg(arg)
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    assert!(
-        has("ip", "-V"),
-        "the mesh namespace test needs `ip`: install iproute2"
-    );
-    assert!(
-        has("ping", "-V"),
-        "the mesh namespace test needs `ping`: install iputils-ping"
-    );
-    assert!(
-        Path::new("/dev/net/tun").exists(),
-        "the mesh namespace test needs /dev/net/tun: load the tun module (modprobe tun)"
-    );
+    netns::require_host();
 }
 
-fn run(args: &[&str]) -> Output {
-    Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("could not run {args:?}: {e}"))
-}
-
-fn must(args: &[&str]) {
-    let output = run(args);
-    assert!(
-        output.status.success(),
-        "{args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// The namespaces of one test run, deleted when dropped (also while a failed test unwinds).
-struct Underlay {
-    switch: String,
-    members: Vec<String>,
-}
-
-static RUNS: AtomicUsize = AtomicUsize::new(0);
-
-impl Underlay {
-    /// `count` member namespaces, member `i` at 192.168.77.(10+i)/24 on its `eth0`, all plugged
-    /// into a bridge in the switch namespace.
-    fn new(count: usize) -> Self {
-        let run_id = format!(
-            "hwmesh-{}-{}",
-            std::process::id(),
-            RUNS.fetch_add(1, Ordering::SeqCst)
-        );
-        let mut underlay = Underlay {
-            switch: format!("{run_id}-sw"),
-            members: Vec::new(),
-        };
-        must(&["ip", "netns", "add", &underlay.switch]);
-        let sw = underlay.switch.clone();
-        must(&["ip", "-n", &sw, "link", "add", "br0", "type", "bridge"]);
-        must(&["ip", "-n", &sw, "link", "set", "br0", "up"]);
-        for i in 0..count {
-            let member = format!("{run_id}-m{i}");
-            must(&["ip", "netns", "add", &member]);
-            underlay.members.push(member.clone());
-            let port = format!("m{i}");
-            must(&[
-                "ip", "-n", &member, "link", "add", "eth0", "type", "veth", "peer", "name", &port,
-                "netns", &sw,
-            ]);
-            must(&["ip", "-n", &sw, "link", "set", &port, "master", "br0", "up"]);
-            let address = format!("{}/24", underlay_ip(i));
-            must(&["ip", "-n", &member, "addr", "add", &address, "dev", "eth0"]);
-            must(&["ip", "-n", &member, "link", "set", "eth0", "up"]);
-            must(&["ip", "-n", &member, "link", "set", "lo", "up"]);
-        }
-        underlay
-    }
-
-    /// Whether one ping from member `from` to `to` is answered within 2 s.
-    fn ping(&self, from: usize, to: Ipv4Addr) -> bool {
-        run(&[
-            "ip",
-            "netns",
-            "exec",
-            &self.members[from],
-            "ping",
-            "-c",
-            "1",
-            "-W",
-            "2",
-            &to.to_string(),
-        ])
-        .status
-        .success()
-    }
-
-    /// Whether a ping is answered within three tries (the first may wait for a handshake).
-    fn pings(&self, from: usize, to: Ipv4Addr) -> bool {
-        (0..3).any(|_| self.ping(from, to))
-    }
-
-    /// `ip -o` output for the tunnel interface in member `i`, or `None` if it does not exist.
-    fn tunnel_link(&self, i: usize, what: &str) -> Option<String> {
-        let output = run(&[
-            "ip",
-            "-n",
-            &self.members[i],
-            "-o",
-            what,
-            "show",
-            "dev",
-            INTERFACE,
-        ]);
-        output
-            .status
-            .success()
-            .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
-    }
-}
-
-impl Drop for Underlay {
-    fn drop(&mut self) {
-        for ns in self.members.iter().chain([&self.switch]) {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
-    }
+/// The namespaces of one run: members at 192.168.77.(10+i).
+fn underlay(count: usize) -> Underlay {
+    Underlay::new(count, 77)
 }
 
 fn underlay_ip(i: usize) -> Ipv4Addr {
@@ -178,18 +50,13 @@ fn vpn_ip(i: usize) -> Ipv4Addr {
 
 /// Starts a tunnel from a thread inside namespace `ns`, on a current-thread runtime.
 fn start_in(ns: &str, config: TunnelConfig) -> Result<Tunnel, DeviceError> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let namespace = File::open(&path).unwrap();
-        setns(namespace, CloneFlags::CLONE_NEWNET).unwrap();
+    netns::in_namespace(ns, move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         runtime.block_on(Tunnel::start(config))
     })
-    .join()
-    .unwrap()
 }
 
 fn member_config(i: usize, listen_port: u16) -> TunnelConfig {
@@ -269,15 +136,15 @@ fn mesh(underlay: &Underlay, count: usize) -> (Vec<Tunnel>, Vec<Peer>) {
 #[test]
 fn three_members_ping_through_the_mesh_and_converge_after_a_peer_is_removed_and_re_added() {
     require_host();
-    let underlay = Underlay::new(3);
+    let underlay = underlay(3);
     let (tunnels, peers) = mesh(&underlay, 3);
 
     // The interface as netlink set it up.
     for i in 0..3 {
-        let link = underlay.tunnel_link(i, "link").unwrap();
+        let link = underlay.link(i, "link", INTERFACE).unwrap();
         assert!(link.contains("mtu 1420"), "{link}");
         assert!(link.contains(",UP"), "{link}");
-        let address = underlay.tunnel_link(i, "addr").unwrap();
+        let address = underlay.link(i, "addr", INTERFACE).unwrap();
         assert!(
             address.contains(&format!("inet {}/24", vpn_ip(i))),
             "{address}"
@@ -369,14 +236,14 @@ fn three_members_ping_through_the_mesh_and_converge_after_a_peer_is_removed_and_
     // Stopped: the interfaces are gone.
     drop(tunnels);
     for i in 0..3 {
-        assert_eq!(underlay.tunnel_link(i, "link"), None, "member {i}");
+        assert_eq!(underlay.link(i, "link", INTERFACE), None, "member {i}");
     }
 }
 
 #[test]
 fn bad_peer_changes_are_refused_and_leave_the_mesh_as_it_was() {
     require_host();
-    let underlay = Underlay::new(2);
+    let underlay = underlay(2);
     let (tunnels, peers) = mesh(&underlay, 2);
     assert!(underlay.pings(0, vpn_ip(1)));
     let before = tunnels[0].stats().unwrap();
@@ -435,7 +302,7 @@ fn bad_peer_changes_are_refused_and_leave_the_mesh_as_it_was() {
 #[test]
 fn a_peer_without_an_endpoint_is_reached_once_it_has_sent() {
     require_host();
-    let underlay = Underlay::new(3);
+    let underlay = underlay(3);
     let (tunnels, peers) = mesh(&underlay, 3);
     // Member 0 knows member 2 by key and address only; in one transaction with member 1, which
     // has an endpoint (boringtun 0.7 would hand it to the next peer section if written first).
