@@ -1,7 +1,8 @@
 //! The mesh's side of the join service on the host: the peer API (`hawser.vpn.v1.VpnApi`)
 //! served over loopback, where the member polling is the one whose VPN address is the
 //! connection's source (here 127.0.0.1; another loopback source is a stranger), and
-//! `hawser-joind`'s mesh flags.
+//! `hawser-joind`'s mesh flags; and the whole mesh in network namespaces (needs root, iproute2,
+//! iputils-ping, /dev/net/tun).
 //! Run with `cargo test -p hawser-joinservice --test vpnapi`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
@@ -9,17 +10,23 @@ use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
+use hawser_joinservice::member;
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::store::{ClusterStore, FileStore, ReadConsistency};
 use hawser_joinservice::tokens::KubeadmTokenIssuer;
 use hawser_joinservice::vpn::{self, JoinServiceAddress, MeshSettings};
 use hawser_joinservice::vpnapi::serve_vpn_api;
 use hawser_keys::MasterSecret;
-use hawser_mesh::{Ipv4Net, PeerStats, PeerUpdate, PublicKey};
+use hawser_mesh::agent::Agent;
+use hawser_mesh::device::{Tunnel, TunnelConfig};
+use hawser_mesh::netns;
+use hawser_mesh::{Ipv4Net, MeshView, PeerStats, PeerUpdate, PrivateKey, PublicKey};
+use hawser_proto::mesh::GrpcPeers;
 use hawser_proto::vpn::GetPeersRequest;
 use hawser_proto::vpn::vpn_api_client::VpnApiClient;
 use tonic::Code;
@@ -215,6 +222,13 @@ fn provider_ca(dir: &Path) -> PathBuf {
 }
 
 fn joind(dir: &Path, mesh: &[&str]) -> Command {
+    joind_in(dir, None, mesh)
+}
+
+/// hawser-joind with the test's fixtures, in network namespace `ns` (`ip netns exec`), or, for
+/// `None`, in a namespace of its own (util-linux's `unshare`) — with a mesh it starts a
+/// WireGuard tunnel, never in the host's namespace.
+fn joind_in(dir: &Path, ns: Option<&str>, mesh: &[&str]) -> Command {
     let master = dir.join("master-secret.json");
     if !master.exists() {
         MasterSecret::new(vec![5; 32], vec![6; 32])
@@ -222,17 +236,25 @@ fn joind(dir: &Path, mesh: &[&str]) -> Command {
             .write_new_file(&master)
             .unwrap();
     }
-    // With a mesh, hawser-joind starts a WireGuard tunnel: in a network namespace of its own
-    // (util-linux's `unshare`), never on the host's.
-    let mut command = Command::new("unshare");
+    let mut command = match ns {
+        Some(ns) => {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", ns]);
+            command
+        }
+        None => {
+            let mut command = Command::new("unshare");
+            command.args([
+                "--net",
+                "--",
+                "sh",
+                "-c",
+                "ip link set lo up && exec \"$0\" \"$@\"",
+            ]);
+            command
+        }
+    };
     command
-        .args([
-            "--net",
-            "--",
-            "sh",
-            "-c",
-            "ip link set lo up && exec \"$0\" \"$@\"",
-        ])
         .arg(env!("CARGO_BIN_EXE_hawser-joind"))
         .args(["--listen", "127.0.0.1:0", "--kubernetes-version", "v1.33.4"])
         .arg("--measurements")
@@ -353,4 +375,246 @@ fn hawser_joind_refuses_bad_mesh_flags_naming_them() {
         stderr.contains("10.99.0.0/24") && stderr.contains("10.98.0.0/24"),
         "{stderr}"
     );
+}
+
+/// A node of the end-to-end test: its tunnel and agent on a thread inside its namespace,
+/// polling the join service's peer API through the mesh as PID 1 does (same agent, same gRPC
+/// client), every 300 ms instead of ~10 s.
+struct MeshNode {
+    stop: Arc<AtomicBool>,
+    version: Arc<Mutex<Option<u64>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl MeshNode {
+    /// Starts node `id` (its registry entry must exist) in `ns`, with the peers of the registry
+    /// as they are now (what its join ticket would carry).
+    fn start(ns: &str, store: &FileStore, id: &str, key: PrivateKey) -> Self {
+        let registry = store
+            .vpn_registry(ReadConsistency::Latest)
+            .unwrap()
+            .unwrap();
+        let own = registry.member(id).unwrap().clone();
+        let ticket = registry.update_since(None);
+        let prefix = registry.prefix();
+        let stop = Arc::new(AtomicBool::new(false));
+        let version = Arc::new(Mutex::new(None));
+        let (started, ready) = std::sync::mpsc::channel();
+        let thread = netns::spawn_in(ns, {
+            let (stop, version) = (Arc::clone(&stop), Arc::clone(&version));
+            move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async move {
+                    let public_key = key.public_key();
+                    let tunnel = Tunnel::start(TunnelConfig {
+                        interface: "hawser0".into(),
+                        private_key: key,
+                        listen_port: hawser_mesh::DEFAULT_LISTEN_PORT,
+                        address: own.vpn_ip,
+                        prefix,
+                        mtu: hawser_mesh::tunnel_mtu(1500),
+                        threads: 1,
+                    })
+                    .await
+                    .unwrap();
+                    let view = MeshView::new(public_key, own.vpn_ip, prefix);
+                    let mut agent = Agent::new(view, tunnel);
+                    agent.apply(&ticket).unwrap();
+                    started.send(()).unwrap();
+                    let mut source = GrpcPeers::new(9091);
+                    while !stop.load(Ordering::SeqCst) {
+                        if agent.poll(&mut source).await.is_ok() {
+                            *version.lock().unwrap() = agent.view().version();
+                        }
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                });
+            }
+        });
+        ready.recv_timeout(Duration::from_secs(10)).unwrap();
+        MeshNode {
+            stop,
+            version,
+            thread: Some(thread),
+        }
+    }
+
+    /// Waits until the node holds the registry's version `version`.
+    fn wait_for_version(&self, version: u64, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while *self.version.lock().unwrap() != Some(version) {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: the node is at {:?}, not at registry version {version}",
+                self.version.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for MeshNode {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// hawser-joind, killed when dropped.
+struct Running(std::process::Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_joind(mut command: Command) -> Running {
+    let mut child = command.spawn().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+    assert!(
+        line.starts_with("listening on"),
+        "hawser-joind did not start: {line}"
+    );
+    Running(child)
+}
+
+fn random_key() -> PrivateKey {
+    let mut bytes = [0u8; 32];
+    std::io::Read::read_exact(
+        &mut std::fs::File::open("/dev/urandom").unwrap(),
+        &mut bytes,
+    )
+    .unwrap();
+    PrivateKey::from_random(bytes)
+}
+
+fn admit(store: &FileStore, prefix: Ipv4Net, id: &str, key: PublicKey, endpoint: SocketAddr) {
+    store
+        .update_vpn_registry(prefix, &mut |registry| {
+            registry.admit(id, id, key, Some(endpoint), false, None)?;
+            Ok(())
+        })
+        .unwrap();
+}
+
+fn registry_version(store: &FileStore) -> u64 {
+    store
+        .vpn_registry(ReadConsistency::Latest)
+        .unwrap()
+        .unwrap()
+        .version()
+}
+
+/// The whole mesh on the host, each member in a network namespace the test creates: the real
+/// `hawser-joind` with its own tunnel and the peer API inside it, and two nodes running PID 1's
+/// agent and gRPC client on boringtun tunnels. Nodes enter the registry through the store, as
+/// a join does (the join itself, with its aTLS, is tested in `tests/service.rs`).
+///
+/// Shows: node A learns of node B, which joined after it, by polling, and both reach each
+/// other and the join service by VPN address; both report handshakes in their polls; B removed
+/// from the registry is removed from A's tunnel (no traffic), and re-added, converges again;
+/// with the join service down the mesh keeps working, and after it is back a member added
+/// meanwhile reaches both nodes' views.
+#[test]
+fn nodes_converge_through_the_join_services_peer_api_inside_the_mesh() {
+    netns::require_host();
+    let underlay = netns::Underlay::new(3, 78);
+    let dir = tempfile::tempdir().unwrap();
+    let prefix: Ipv4Net = "10.78.0.0/24".parse().unwrap();
+    let joind_endpoint = format!("{}:51820", underlay.ip(0));
+    let mesh = [
+        "--vpn-prefix",
+        "10.78.0.0/24",
+        "--vpn-endpoint",
+        joind_endpoint.as_str(),
+        "--vpn-name",
+        "joind-e2e",
+    ];
+    let joind = start_joind(joind_in(dir.path(), Some(&underlay.members[0]), &mesh));
+    let store = FileStore::open(&dir.path().join("joind/joined-disks")).unwrap();
+    let joind_ip = Ipv4Addr::new(10, 78, 0, 1);
+
+    let (key_a, key_b) = (random_key(), random_key());
+    let (pub_a, pub_b) = (key_a.public_key(), key_b.public_key());
+    let a_endpoint = SocketAddr::from((underlay.ip(1), hawser_mesh::DEFAULT_LISTEN_PORT));
+    let b_endpoint = SocketAddr::from((underlay.ip(2), hawser_mesh::DEFAULT_LISTEN_PORT));
+    admit(&store, prefix, "node-a", pub_a, a_endpoint);
+    let node_a = MeshNode::start(&underlay.members[1], &store, "node-a", key_a);
+    admit(&store, prefix, "node-b", pub_b, b_endpoint);
+    let node_b = MeshNode::start(&underlay.members[2], &store, "node-b", key_b);
+    let (ip_a, ip_b) = (Ipv4Addr::new(10, 78, 0, 2), Ipv4Addr::new(10, 78, 0, 3));
+
+    // A joined first: it learns of B by polling.
+    node_a.wait_for_version(registry_version(&store), "A learns of B");
+    assert!(underlay.pings(1, ip_b), "A reaches B by VPN address");
+    assert!(underlay.pings(2, ip_a), "B reaches A by VPN address");
+    assert!(underlay.pings(1, joind_ip), "A reaches the join service");
+    assert!(underlay.pings(2, joind_ip), "B reaches the join service");
+
+    // Their polls carry their tunnels' statistics: a handshake with each other.
+    std::thread::sleep(Duration::from_secs(1));
+    let polls = store.vpn_polls().unwrap();
+    for (node, other) in [("node-a", pub_b), ("node-b", pub_a)] {
+        let poll = polls
+            .get(node)
+            .unwrap_or_else(|| panic!("{node} never polled: {polls:?}"));
+        let stats = poll.stats.iter().find(|s| s.public_key == other).unwrap();
+        assert!(
+            stats.last_handshake_unix.is_some() && stats.rx_bytes > 0,
+            "{node}: {stats:?}"
+        );
+    }
+    // The join service records its own tunnel's statistics too (give it a round).
+    std::thread::sleep(member::FOLLOW_INTERVAL + Duration::from_secs(1));
+    let polls = store.vpn_polls().unwrap();
+    let own = polls
+        .get("join-service/joind-e2e")
+        .expect("the join service's own poll");
+    assert!(
+        own.stats
+            .iter()
+            .any(|s| s.public_key == pub_a && s.rx_bytes > 0),
+        "{own:?}"
+    );
+
+    // B removed from the registry: A's tunnel drops it.
+    store
+        .update_vpn_registry(prefix, &mut |registry| {
+            registry.remove("node-b");
+            Ok(())
+        })
+        .unwrap();
+    node_a.wait_for_version(registry_version(&store), "A learns B is gone");
+    assert!(!underlay.ping(1, ip_b), "A still reaches a removed B");
+    // Re-added (same key, same address): A converges again.
+    admit(&store, prefix, "node-b", pub_b, b_endpoint);
+    node_a.wait_for_version(registry_version(&store), "A learns B is back");
+    assert!(underlay.pings(1, ip_b), "A reaches B after B was re-added");
+
+    // The join service down: the mesh keeps running; a member added meanwhile is in both
+    // nodes' views once the join service is back.
+    drop(joind);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(underlay.pings(1, ip_b), "the mesh without its join service");
+    let key_c = random_key();
+    admit(
+        &store,
+        prefix,
+        "node-c",
+        key_c.public_key(),
+        SocketAddr::from((underlay.ip(0), 51821)),
+    );
+    let _joind = start_joind(joind_in(dir.path(), Some(&underlay.members[0]), &mesh));
+    let version = registry_version(&store);
+    node_a.wait_for_version(version, "A converges after the join service is back");
+    node_b.wait_for_version(version, "B converges after the join service is back");
 }
