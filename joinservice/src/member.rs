@@ -18,7 +18,7 @@ use tokio::net::TcpListener;
 
 use crate::JoinCore;
 use crate::store::{PollStatus, ReadConsistency, StoreError};
-use crate::vpn::MeshSettings;
+use crate::vpn::{self, JoinServiceAddress, KeyFileError, MeshSettings};
 
 /// How often the join service reads the registry for its own tunnel.
 pub const FOLLOW_INTERVAL: Duration = Duration::from_secs(2);
@@ -26,6 +26,17 @@ pub const FOLLOW_INTERVAL: Duration = Duration::from_secs(2);
 /// Why the join service cannot take its place in the mesh.
 #[derive(Debug, thiserror::Error)]
 pub enum MemberError {
+    /// The join service's WireGuard key file cannot be used.
+    #[error(transparent)]
+    Key(#[from] KeyFileError),
+    /// The join service cannot be admitted into the registry.
+    #[error("cannot admit this join service ({id}) into the WireGuard mesh")]
+    Admit {
+        /// Its member ID.
+        id: String,
+        #[source]
+        source: StoreError,
+    },
     /// The tunnel cannot start.
     #[error("cannot start the join service's WireGuard tunnel")]
     Tunnel(#[source] DeviceError),
@@ -50,15 +61,94 @@ pub struct MemberConfig {
     pub member_id: String,
 }
 
+/// The join service's place in the mesh, as `hawser-joind`'s `--vpn-*` flags give it.
+#[derive(Debug, Clone)]
+pub struct MeshOptions {
+    /// The mesh prefix.
+    pub prefix: hawser_mesh::Ipv4Net,
+    /// Where nodes reach this join service's tunnel.
+    pub endpoint: std::net::SocketAddr,
+    /// The tunnel MTU handed to nodes (0: each node decides).
+    pub mtu: u32,
+    /// The peer API's port on the join service's VPN address.
+    pub api_port: u16,
+    /// The join service's WireGuard key (created if missing).
+    pub key_file: std::path::PathBuf,
+    /// Its name in the mesh (its ID is `join-service/<name>`).
+    pub name: String,
+    /// Which address it takes.
+    pub address: JoinServiceAddress,
+    /// Its tunnel's interface.
+    pub interface: String,
+    /// Its tunnel's UDP port.
+    pub listen_port: u16,
+}
+
+/// What [`admit`] decided, for [`start`].
+pub struct Membership {
+    /// The mesh settings the core hands to nodes.
+    pub settings: MeshSettings,
+    key: PrivateKey,
+    config: MemberConfig,
+}
+
+/// Admits the join service into the registry (blocking: the store) and returns the core with
+/// the mesh on and the membership to [`start`].
+pub fn admit(core: JoinCore, options: &MeshOptions) -> Result<(JoinCore, Membership), MemberError> {
+    let key = vpn::load_or_create_private_key(&options.key_file)?;
+    let id = vpn::join_service_id(&options.name);
+    let coordinator = vpn::admit_join_service(
+        core.store().as_ref(),
+        options.prefix,
+        &options.name,
+        key.public_key(),
+        Some(options.endpoint),
+        options.address,
+    )
+    .map_err(|source| MemberError::Admit {
+        id: id.clone(),
+        source,
+    })?;
+    tracing::info!(
+        prefix = %options.prefix,
+        vpn_ip = %coordinator.vpn_ip,
+        endpoint = %options.endpoint,
+        public_key = %coordinator.public_key,
+        mtu = options.mtu,
+        vpn_api_port = options.api_port,
+        "WireGuard mesh on: this join service is a member"
+    );
+    let settings = MeshSettings {
+        prefix: options.prefix,
+        mtu: options.mtu,
+        coordinator,
+        vpn_api_port: options.api_port,
+    };
+    let membership = Membership {
+        settings: settings.clone(),
+        key,
+        config: MemberConfig {
+            interface: options.interface.clone(),
+            listen_port: options.listen_port,
+            member_id: id,
+        },
+    };
+    Ok((core.with_mesh(settings), membership))
+}
+
 /// Starts the join service's tunnel and peer API; both run until `shutdown` resolves (the
 /// tunnel is removed then).
 pub async fn start(
     core: Arc<JoinCore>,
-    settings: &MeshSettings,
-    key: PrivateKey,
-    config: MemberConfig,
+    membership: Membership,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), MemberError> {
+    let Membership {
+        settings,
+        key,
+        config,
+    } = membership;
+    let settings = &settings;
     let own = &settings.coordinator;
     let tunnel = Tunnel::start(TunnelConfig {
         interface: config.interface.clone(),

@@ -20,9 +20,9 @@ use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
 use hawser_joinservice::store::{ClusterStore, EtcdConfig, EtcdStore, ReadConsistency, StoreError};
 use hawser_joinservice::tokens::{CachingTokenIssuer, KubeadmTokenIssuer};
-use hawser_joinservice::vpn::{self, JoinServiceAddress, MeshSettings};
+use hawser_joinservice::vpn::{self, JoinServiceAddress};
 use hawser_keys::MasterSecret;
-use hawser_mesh::{Ipv4Net, PrivateKey};
+use hawser_mesh::Ipv4Net;
 
 /// The join service: nodes attest over aTLS and receive their state-disk key and join ticket.
 #[derive(Debug, Parser)]
@@ -247,31 +247,39 @@ async fn run(args: Args) -> anyhow::Result<()> {
             )
         }
     };
-    let (core, mesh_key) = match mesh {
+    let (core, membership) = match mesh {
         None => (core, None),
         Some(flags) => {
-            let member = member::MemberConfig {
+            let options = member::MeshOptions {
+                prefix: flags.prefix,
+                endpoint: flags.endpoint,
+                mtu: flags.mtu,
+                api_port: flags.api_port,
+                key_file: flags.key_file,
+                name: flags.name,
+                address,
                 interface: args.vpn_interface.clone(),
                 listen_port: args.vpn_listen_port,
-                member_id: vpn::join_service_id(&flags.name),
             };
-            let (settings, key) = join_mesh(&core, flags, address).await?;
-            (core.with_mesh(settings), Some((key, member)))
+            let (core, membership) =
+                tokio::task::spawn_blocking(move || member::admit(core, &options))
+                    .await
+                    .context("the mesh admission task failed")??;
+            (core, Some(membership))
         }
     };
     let core = Arc::new(core);
     let (stop_mesh, mesh_stopped) = tokio::sync::oneshot::channel::<()>();
-    if let (Some(settings), Some((key, member))) = (core.mesh().cloned(), mesh_key) {
-        let interface = member.interface.clone();
-        member::start(Arc::clone(&core), &settings, key, member, async {
+    if let Some(membership) = membership {
+        member::start(Arc::clone(&core), membership, async {
             let _ = mesh_stopped.await;
         })
         .await
         .with_context(|| {
             format!(
                 "cannot take this join service's place in the WireGuard mesh (interface \
-                 {interface}, UDP port {})",
-                args.vpn_listen_port
+                 {}, UDP port {})",
+                args.vpn_interface, args.vpn_listen_port
             )
         })?;
         tokio::spawn(watch_polls(
@@ -408,55 +416,6 @@ fn resolve_endpoint(text: &str) -> anyhow::Result<std::net::SocketAddr> {
         .or_else(|| addrs.first())
         .copied()
         .with_context(|| format!("--vpn-endpoint {text:?} resolves to no address"))
-}
-
-/// Loads (or creates) the join service's WireGuard key and admits the join service into the
-/// mesh's registry; returns the core's mesh settings and the private key.
-async fn join_mesh(
-    core: &JoinCore,
-    flags: MeshFlags,
-    address: JoinServiceAddress,
-) -> anyhow::Result<(MeshSettings, PrivateKey)> {
-    let key = vpn::load_or_create_private_key(&flags.key_file)?;
-    let public_key = key.public_key();
-    let store = Arc::clone(core.store());
-    let (prefix, name, endpoint) = (flags.prefix, flags.name.clone(), flags.endpoint);
-    let coordinator = tokio::task::spawn_blocking(move || {
-        vpn::admit_join_service(
-            store.as_ref(),
-            prefix,
-            &name,
-            public_key,
-            Some(endpoint),
-            address,
-        )
-    })
-    .await
-    .context("the mesh admission task failed")?
-    .with_context(|| {
-        format!(
-            "cannot admit this join service ({}) into the WireGuard mesh",
-            vpn::join_service_id(&flags.name)
-        )
-    })?;
-    tracing::info!(
-        prefix = %flags.prefix,
-        vpn_ip = %coordinator.vpn_ip,
-        endpoint = %flags.endpoint,
-        public_key = %coordinator.public_key,
-        mtu = flags.mtu,
-        vpn_api_port = flags.api_port,
-        "WireGuard mesh on: this join service is a member"
-    );
-    Ok((
-        MeshSettings {
-            prefix: flags.prefix,
-            mtu: flags.mtu,
-            coordinator,
-            vpn_api_port: flags.api_port,
-        },
-        key,
-    ))
 }
 
 /// Logs each node that stops polling the peer API (and comes back), checking every half
