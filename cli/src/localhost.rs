@@ -19,9 +19,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
+use hawser_joinservice::member;
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, RunningService, ServiceConfig};
 use hawser_joinservice::tokens::{BootstrapTokenIssuer, JoinCredentials, TokenError};
+use hawser_joinservice::vpn::JoinServiceAddress;
 use hawser_keys::MasterSecret;
 use hawser_kube_types::CaCertHash;
 use hawser_measurements::predict::{Phase, Prediction};
@@ -125,6 +127,25 @@ pub fn user_net_args_with_api_server(
     ]
 }
 
+/// A mesh node's network, for a VM that runs in a network namespace of its own (a test's, with
+/// nothing but loopback): [`user_net_args`]'s join service forwarding, the node's WireGuard
+/// port published as UDP on the namespace's `127.0.0.1:wireguard_port`, and *unrestricted*,
+/// so that the guest reaches the other nodes' published ports and the join service's tunnel at
+/// 10.0.2.2 (the namespace's loopback). Never for a VM in the host's own namespace: there the
+/// guest would reach whatever the host reaches.
+pub fn user_net_args_in_namespace(join_port: u16, wireguard_port: u16) -> Vec<String> {
+    let mut args = user_net_args(Some(join_port), &[]);
+    let guest = GUEST_NET.split('/').next().unwrap_or("10.0.2.15");
+    if let Some(netdev) = args.get_mut(1) {
+        *netdev = netdev.replacen("restrict=on", "restrict=off", 1);
+        netdev.push_str(&format!(
+            ",hostfwd=udp:127.0.0.1:{wireguard_port}-{guest}:{}",
+            hawser_mesh::DEFAULT_LISTEN_PORT
+        ));
+    }
+    args
+}
+
 /// Writes the expected measurements predicted for `uki` (after `enter-initrd`, PCR 15 zero:
 /// a fresh node) to `out`.
 pub fn write_expected_measurements(uki: &Path, out: &Path) -> anyhow::Result<()> {
@@ -143,8 +164,13 @@ pub struct NoControlPlaneTokens(JoinCredentials);
 
 impl NoControlPlaneTokens {
     pub fn new() -> anyhow::Result<Self> {
+        Self::at(GUEST_API_SERVER_ENDPOINT)
+    }
+
+    /// Tokens naming `api_server_endpoint` (e.g. an address inside the mesh).
+    pub fn at(api_server_endpoint: &str) -> anyhow::Result<Self> {
         Ok(NoControlPlaneTokens(JoinCredentials {
-            api_server_endpoint: GUEST_API_SERVER_ENDPOINT.parse()?,
+            api_server_endpoint: api_server_endpoint.parse()?,
             bootstrap_token: "nocpln.0000000000000000".parse()?,
             discovery_ca_cert_hashes: vec![CaCertHash::from_sha256([0; 32])],
         }))
@@ -155,6 +181,21 @@ impl BootstrapTokenIssuer for NoControlPlaneTokens {
     fn issue(&self, _ttl: Duration) -> Result<JoinCredentials, TokenError> {
         Ok(self.0.clone())
     }
+}
+
+/// The host-side join service's place in a local cluster's WireGuard mesh.
+#[derive(Debug, Clone)]
+pub struct LocalMesh {
+    /// The mesh prefix.
+    pub prefix: hawser_mesh::Ipv4Net,
+    /// Where nodes reach the join service's tunnel (as the guests see it).
+    pub endpoint: SocketAddr,
+    /// The tunnel's UDP port.
+    pub listen_port: u16,
+    /// The peer API's port inside the mesh.
+    pub api_port: u16,
+    /// The tunnel's interface.
+    pub interface: String,
 }
 
 /// A local cluster's host-side state, in one directory.
@@ -209,10 +250,24 @@ impl LocalCluster {
         listen: SocketAddr,
         measurements: &Path,
     ) -> anyhow::Result<RunningService> {
+        self.start_join_service_with(listen, measurements, NoControlPlaneTokens::new()?, None)
+            .await
+    }
+
+    /// [`LocalCluster::start_join_service`] with `tokens`, and with `mesh` the join service's
+    /// WireGuard mesh: its tunnel (in this process's network namespace: a test's own, never
+    /// the host's) and the peer API inside it, for as long as the process runs.
+    pub async fn start_join_service_with(
+        &self,
+        listen: SocketAddr,
+        measurements: &Path,
+        tokens: NoControlPlaneTokens,
+        mesh: Option<LocalMesh>,
+    ) -> anyhow::Result<RunningService> {
         let policy = Arc::new(PolicyStore::load(measurements)?);
         let core = JoinCore::new(
             policy,
-            Arc::new(NoControlPlaneTokens::new()?),
+            Arc::new(tokens),
             JoinCoreConfig {
                 master_secret: self.master.clone(),
                 measurement_salt: self.measurement_salt.clone(),
@@ -222,7 +277,28 @@ impl LocalCluster {
                 registry_file: self.dir.join("joined-disks"),
             },
         )?;
-        let config = ServiceConfig::new(listen, Arc::new(core), self.provider.certificate_pem());
+        let core = match mesh {
+            None => Arc::new(core),
+            Some(mesh) => {
+                let options = member::MeshOptions {
+                    prefix: mesh.prefix,
+                    endpoint: mesh.endpoint,
+                    mtu: 0,
+                    api_port: mesh.api_port,
+                    key_file: self.dir.join("vpn.key"),
+                    name: "local".to_owned(),
+                    address: JoinServiceAddress::Reserved,
+                    interface: mesh.interface,
+                    listen_port: mesh.listen_port,
+                };
+                let (core, membership) =
+                    tokio::task::spawn_blocking(move || member::admit(core, &options)).await??;
+                let core = Arc::new(core);
+                member::start(Arc::clone(&core), membership, std::future::pending()).await?;
+                core
+            }
+        };
+        let config = ServiceConfig::new(listen, core, self.provider.certificate_pem());
         Ok(service::spawn(config).await?)
     }
 

@@ -262,7 +262,12 @@ struct ApiServer {
 
 impl ApiServer {
     fn start() -> Self {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_at("127.0.0.1:0")
+    }
+
+    /// A listener on `address` (of the thread's network namespace).
+    fn start_at(address: &str) -> Self {
+        let listener = std::net::TcpListener::bind(address).unwrap();
         let port = listener.local_addr().unwrap().port();
         let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = connections.clone();
@@ -346,4 +351,187 @@ fn a_flipped_rootfs_byte_stops_the_node_before_kubeadm() {
     let console = console(&vm);
     assert!(!console.contains(CONFIG_RECEIVED), "{console}");
     assert!(!console.contains("switched into the rootfs"), "{console}");
+}
+
+/// The test thread (and every thread and process it starts from now on: the join service's
+/// runtime, swtpm, QEMU) in a network namespace of its own with nothing but loopback, so that
+/// the VMs' unrestricted user networks and the join service's tunnel reach nothing else; the
+/// thread goes back to the host's namespace when this is dropped.
+struct PrivateNetwork {
+    host: std::fs::File,
+}
+
+impl PrivateNetwork {
+    fn enter() -> Self {
+        use nix::sched::{CloneFlags, unshare};
+        let host = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+        unshare(CloneFlags::CLONE_NEWNET).expect("a network namespace (needs root)");
+        let up = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .expect("`ip` (install iproute2)");
+        assert!(up.success(), "cannot bring up the namespace's loopback");
+        PrivateNetwork { host }
+    }
+}
+
+impl Drop for PrivateNetwork {
+    fn drop(&mut self) {
+        let _ = nix::sched::setns(&self.host, nix::sched::CloneFlags::CLONE_NEWNET);
+    }
+}
+
+/// The mesh: 10.99.0.0/24, the host's join service at 10.99.0.1 with its tunnel on UDP 51820.
+const MESH_PREFIX: &str = "10.99.0.0/24";
+const MESH_JOIN_SERVICE: &str = "10.99.0.1";
+/// PID 1's line once its tunnel is up (`hawser_init::mesh::start`).
+const MESH_UP: &str = "mesh up: ";
+
+/// A mesh node `name` of `host`'s cluster: its own TPM and state disk, its WireGuard port
+/// published on the namespace's loopback as `wireguard_port` and announced to the join service
+/// as 10.0.2.2:`wireguard_port` (fw_cfg `vpn_endpoint`), where the other VMs reach it.
+fn mesh_node(host: &Host, name: &str, join_port: u16, wireguard_port: u16) -> VmConfig {
+    let dir = host.cluster.dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    host.cluster.provision_tpm(&dir.join("tpm")).unwrap();
+    let disk = dir.join("state.img");
+    std::fs::File::create(&disk)
+        .and_then(|f| f.set_len(256 << 20))
+        .unwrap();
+    let mut config = VmConfig::uefi_disk(&image().disk.path)
+        .name(name)
+        .tpm(hawser_qemu::TpmConfig {
+            state_dir: Some(dir.join("tpm")),
+            ..hawser_qemu::TpmConfig::default()
+        })
+        .disk(&disk, localhost::STATE_DISK_SERIAL)
+        .fw_cfg_string("vpn_endpoint", format!("10.0.2.2:{wireguard_port}"))
+        .keep_logs_in(host.cluster.dir.join("logs").join(name));
+    config
+        .extra_args
+        .extend(localhost::user_net_args_in_namespace(
+            join_port,
+            wireguard_port,
+        ));
+    config
+}
+
+/// Whether `ip` answers one ping within 2 s (from the test's namespace, through the join
+/// service's tunnel).
+fn pings(ip: &str) -> bool {
+    (0..3).any(|_| {
+        std::process::Command::new("ping")
+            .args(["-c", "1", "-W", "2", ip])
+            .status()
+            .expect("`ping` (install iputils-ping)")
+            .success()
+    })
+}
+
+/// Two nodes join a cluster whose join service runs a WireGuard mesh: each gets its VPN
+/// address in the join ticket and brings its boringtun tunnel up in PID 1 before the pivot;
+/// the first learns of the second by polling the join service's peer API inside the mesh; the
+/// host reaches both by VPN address; the two nodes' tunnels handshake with each other (their
+/// polls report it); kubeadm's configuration carries the VPN address as the node IP, and
+/// kubeadm's join discovery reaches the API server endpoint at the join service's VPN address,
+/// through the mesh. Everything runs in a network namespace the test creates.
+#[test]
+#[ignore = "boots QEMU twice (~3 min under TCG); run by scripts/test"]
+fn two_nodes_join_the_mesh_and_reach_each_other_by_vpn_address() {
+    let image = image(); // built in the host's namespace (it may download)
+    let _network = PrivateNetwork::enter();
+    let host = Host::new(&scratch("mesh"), &image.image.uki.path);
+    let port = free_port().unwrap();
+    let mesh = localhost::LocalMesh {
+        prefix: MESH_PREFIX.parse().unwrap(),
+        endpoint: "10.0.2.2:51820".parse().unwrap(),
+        listen_port: 51820,
+        api_port: 9091,
+        interface: "hawser0".into(),
+    };
+    let service = host
+        .runtime
+        .block_on(host.cluster.start_join_service_with(
+            SocketAddr::from(([127, 0, 0, 1], port)),
+            &host.measurements,
+            localhost::NoControlPlaneTokens::at(&format!("{MESH_JOIN_SERVICE}:6443")).unwrap(),
+            Some(mesh),
+        ))
+        .unwrap();
+    // The API server endpoint inside the mesh: kubeadm's discovery reaches it through the
+    // tunnels or not at all.
+    let api_server = ApiServer::start_at(&format!("{MESH_JOIN_SERVICE}:6443"));
+
+    let a = Vm::start(mesh_node(&host, "mesh-a", port, 51821)).unwrap();
+    let a_up = wait(&a, "A's tunnel", MESH_UP);
+    let b = Vm::start(mesh_node(&host, "mesh-b", port, 51822)).unwrap();
+    let b_up = wait(&b, "B's tunnel", MESH_UP);
+    assert!(a_up.contains(" is 10.99.0.2/24 on hawser0"), "{a_up}");
+    assert!(b_up.contains(" is 10.99.0.3/24 on hawser0"), "{b_up}");
+
+    // kubeadm: the VPN address is the node IP, and join discovery went through the mesh.
+    for (vm, ip) in [(&a, "10.99.0.2"), (&b, "10.99.0.3")] {
+        let config_line = wait(vm, "kubeadm configuration", CONFIG_RECEIVED);
+        let docs = kubeadm_documents(&config_line);
+        let join = document(&docs, "JoinConfiguration");
+        assert!(
+            join["nodeRegistration"].to_string().contains(ip),
+            "node IP {ip}: {docs:#?}"
+        );
+        assert_eq!(
+            join["discovery"]["bootstrapToken"]["apiServerEndpoint"],
+            "10.99.0.1:6443"
+        );
+        wait(vm, "kubeadm done", "kubeadm join succeeded");
+    }
+    assert!(api_server.connections() >= 2, "discovery through the mesh");
+
+    // A, up first, learns of B by polling the join service inside the mesh.
+    wait(&a, "A learns of B", "mesh: registry version");
+    // The host reaches both by VPN address, through the join service's tunnel.
+    assert!(pings("10.99.0.2"), "node A by VPN address\n{}", console(&a));
+    assert!(pings("10.99.0.3"), "node B by VPN address\n{}", console(&b));
+    // A and B handshake with each other: their polls report it.
+    let store =
+        hawser_joinservice::store::FileStore::open(&host.cluster.dir.join("joined-disks")).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let (a_key, b_key) = loop {
+        use hawser_joinservice::store::{ClusterStore as _, ReadConsistency};
+        let registry = store
+            .vpn_registry(ReadConsistency::Latest)
+            .unwrap()
+            .unwrap();
+        let key = |ip: &str| {
+            registry
+                .member_by_ip(ip.parse().unwrap())
+                .map(|(id, peer)| (id.to_owned(), peer.public_key))
+                .unwrap()
+        };
+        let ((a_id, a_key), (b_id, b_key)) = (key("10.99.0.2"), key("10.99.0.3"));
+        let polls = store.vpn_polls().unwrap();
+        let shook = |id: &str, other| {
+            polls.get(id).is_some_and(|poll| {
+                poll.stats.iter().any(|s| {
+                    s.public_key == other && s.last_handshake_unix.is_some() && s.rx_bytes > 0
+                })
+            })
+        };
+        if shook(&a_id, b_key) && shook(&b_id, a_key) {
+            break (a_key, b_key);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "A and B never reported a handshake with each other: {polls:#?}\nA:\n{}\nB:\n{}",
+            console(&a),
+            console(&b)
+        );
+        std::thread::sleep(Duration::from_secs(3));
+    };
+    eprintln!("A ({a_key}) and B ({b_key}) handshook through the mesh");
+    a.kill();
+    b.kill();
+    host.runtime.block_on(service.shutdown());
+    for vm in [&a, &b] {
+        assert!(!console(vm).contains("FATAL"), "{}", console(vm));
+    }
 }
