@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::Args;
 use hawser_joinservice::store::{
-    ClusterStore, EtcdConfig, EtcdStore, FileStore, PollStatus, ReadConsistency,
+    ClusterStore, EtcdFlags, EtcdStore, FileStore, PollStatus, ReadConsistency,
 };
 use hawser_joinservice::vpn::{MemberStatus, Polling, member_statuses};
 use hawser_mesh::{PeerStats, PublicKey, Registry};
@@ -28,21 +28,8 @@ pub struct PeersArgs {
     /// The join service's state directory (file backend: `hawser-joind --state-dir`).
     #[arg(long, default_value = "/var/lib/hawser-joind")]
     state_dir: PathBuf,
-    /// etcd client URLs, comma-separated: read the mesh from the control planes' etcd instead.
-    #[arg(long, value_delimiter = ',', requires_all = ["etcd_ca", "etcd_cert", "etcd_key"])]
-    etcd_endpoints: Vec<String>,
-    /// The etcd CA (kubeadm: /etc/kubernetes/pki/etcd/ca.crt).
-    #[arg(long)]
-    etcd_ca: Option<PathBuf>,
-    /// The etcd client certificate.
-    #[arg(long)]
-    etcd_cert: Option<PathBuf>,
-    /// The etcd client key.
-    #[arg(long)]
-    etcd_key: Option<PathBuf>,
-    /// Deadline of every etcd call, in seconds.
-    #[arg(long, default_value_t = 5)]
-    etcd_timeout_secs: u64,
+    #[command(flatten)]
+    etcd: EtcdFlags,
     /// Seconds without a poll after which a node is marked "stopped polling".
     #[arg(long, default_value_t = 30)]
     stale_after: u64,
@@ -155,7 +142,7 @@ fn with_store<T>(
     args: &PeersArgs,
     action: impl FnOnce(&dyn ClusterStore, String) -> anyhow::Result<T>,
 ) -> anyhow::Result<T> {
-    if args.etcd_endpoints.is_empty() {
+    let Some(config) = args.etcd.config()? else {
         let registry_file = args.state_dir.join("joined-disks");
         let store = FileStore::open(&registry_file).with_context(|| {
             format!(
@@ -164,17 +151,7 @@ fn with_store<T>(
             )
         })?;
         return action(&store, args.state_dir.display().to_string());
-    }
-    let (Some(ca), Some(cert), Some(key)) = (&args.etcd_ca, &args.etcd_cert, &args.etcd_key) else {
-        bail!("--etcd-endpoints needs --etcd-ca, --etcd-cert and --etcd-key");
     };
-    let config = EtcdConfig::from_files(
-        args.etcd_endpoints.clone(),
-        ca,
-        cert,
-        key,
-        Duration::from_secs(args.etcd_timeout_secs.max(1)),
-    )?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

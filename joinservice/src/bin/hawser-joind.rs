@@ -18,7 +18,7 @@ use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::member;
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
-use hawser_joinservice::store::{ClusterStore, EtcdConfig, EtcdStore, ReadConsistency, StoreError};
+use hawser_joinservice::store::{ClusterStore, EtcdFlags, EtcdStore, ReadConsistency, StoreError};
 use hawser_joinservice::tokens::{CachingTokenIssuer, KubeadmTokenIssuer};
 use hawser_joinservice::vpn::{self, JoinServiceAddress};
 use hawser_keys::MasterSecret;
@@ -60,23 +60,8 @@ struct Args {
     /// start where etcd has no approval for them yet, and etcd's approvals decide.
     #[arg(long)]
     control_plane_approvals: Option<PathBuf>,
-    /// etcd client URLs, comma-separated (kubeadm's stacked etcd: `https://127.0.0.1:2379`).
-    /// With them the joined disks and control-plane approvals live in etcd, shared by the join
-    /// services of every control plane (docs/cluster-state.md); without them, in local files.
-    #[arg(long, value_delimiter = ',', requires_all = ["etcd_ca", "etcd_cert", "etcd_key"])]
-    etcd_endpoints: Vec<String>,
-    /// The etcd CA (kubeadm: /etc/kubernetes/pki/etcd/ca.crt).
-    #[arg(long)]
-    etcd_ca: Option<PathBuf>,
-    /// The etcd client certificate (kubeadm: /etc/kubernetes/pki/apiserver-etcd-client.crt).
-    #[arg(long)]
-    etcd_cert: Option<PathBuf>,
-    /// The etcd client key (kubeadm: /etc/kubernetes/pki/apiserver-etcd-client.key).
-    #[arg(long)]
-    etcd_key: Option<PathBuf>,
-    /// Deadline of every etcd call, in seconds.
-    #[arg(long, default_value_t = 5)]
-    etcd_timeout_secs: u64,
+    #[command(flatten)]
+    etcd: EtcdFlags,
     /// Directory for the registry of joined disks (and the measurement salt and control-plane
     /// approvals by default).
     #[arg(long, default_value = "/var/lib/hawser-joind")]
@@ -226,7 +211,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // With files, the approvals file decides (and is watched); with etcd, etcd's approvals
     // decide and the file only seeds them at start.
     let mesh = mesh_flags(&args)?;
-    let (core, address) = match etcd_config(&args)? {
+    let (core, address) = match args.etcd.config()? {
         None => (
             JoinCore::new(Arc::clone(&policy), tokens, core_config)
                 .context("cannot start the join core")?
@@ -476,24 +461,6 @@ async fn watch_polls(core: Arc<JoinCore>, stale_after: Duration) {
         }
         known = current;
     }
-}
-
-/// The etcd client configuration, if `--etcd-endpoints` is given.
-fn etcd_config(args: &Args) -> anyhow::Result<Option<EtcdConfig>> {
-    if args.etcd_endpoints.is_empty() {
-        return Ok(None);
-    }
-    let (Some(ca), Some(cert), Some(key)) = (&args.etcd_ca, &args.etcd_cert, &args.etcd_key) else {
-        bail!("--etcd-endpoints needs --etcd-ca, --etcd-cert and --etcd-key");
-    };
-    let config = EtcdConfig::from_files(
-        args.etcd_endpoints.clone(),
-        ca,
-        cert,
-        key,
-        Duration::from_secs(args.etcd_timeout_secs.max(1)),
-    )?;
-    Ok(Some(config))
 }
 
 /// Imports the approvals file's names into etcd (put-if-absent), on the blocking pool.

@@ -16,12 +16,14 @@
 
 mod etcd;
 mod file;
+mod flags;
 
 pub use etcd::{
     EtcdConfig, EtcdStore, KEY_PREFIX, VPN_POLLS_PREFIX, VPN_REGISTRY_KEY, approval_key, disk_key,
     vpn_poll_key,
 };
 pub use file::{FileStore, VPN_POLLS_DIR, VPN_REGISTRY_FILE};
+pub use flags::EtcdFlags;
 
 use std::collections::BTreeMap;
 
@@ -203,6 +205,9 @@ pub enum StoreError {
     /// No etcd endpoint was given.
     #[error("no etcd endpoint given")]
     NoEndpoints,
+    /// etcd endpoints were given without the CA, client certificate and key.
+    #[error("--etcd-endpoints needs --etcd-ca, --etcd-cert and --etcd-key")]
+    IncompleteEtcdFlags,
     /// The mesh refused a change of the VPN registry (a key change, a full prefix, a clash).
     #[error("the VPN registry refused the change")]
     Mesh(#[from] MeshError),
