@@ -4,6 +4,8 @@
 //! - [`cluster`]: `hawser init` / `hawser recover`, the admin's side of the init protocol.
 //! - [`localhost`]: the host side of a local cluster (provider CA, master secret, join service,
 //!   the guest's network), used by `hawser local up` and the QEMU tests.
+//! - [`peers`]: `hawser peers`, the WireGuard mesh as the join service's store shows it.
 
 pub mod cluster;
 pub mod localhost;
+pub mod peers;

@@ -254,14 +254,15 @@ impl LocalCluster {
             .await
     }
 
-    /// [`LocalCluster::start_join_service`] with `tokens`, and with `mesh` the join service's
+    /// [`LocalCluster::start_join_service`] with `tokens` (a [`NoControlPlaneTokens`]: there is
+    /// no control plane on the host), and with `mesh` the join service's
     /// WireGuard mesh: its tunnel (in this process's network namespace: a test's own, never
     /// the host's) and the peer API inside it, for as long as the process runs.
     pub async fn start_join_service_with(
         &self,
         listen: SocketAddr,
         measurements: &Path,
-        tokens: NoControlPlaneTokens,
+        tokens: impl BootstrapTokenIssuer + 'static,
         mesh: Option<LocalMesh>,
     ) -> anyhow::Result<RunningService> {
         let policy = Arc::new(PolicyStore::load(measurements)?);

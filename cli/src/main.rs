@@ -5,7 +5,8 @@ mod admin;
 mod image;
 mod local;
 mod measurements;
-mod peers;
+
+use hawser_cli::peers;
 
 use clap::{Parser, Subcommand};
 

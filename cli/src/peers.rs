@@ -113,20 +113,10 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
     if let Some(member) = &args.remove {
         return with_store(&args, |store, location| remove(store, &location, member));
     }
-    let (registry, polls, location) = with_store(&args, read_store)?;
-    let Some(registry) = registry else {
-        bail!(
-            "no WireGuard mesh in {location}: is the join service's mesh on (--vpn-prefix), and \
-             is this its store?"
-        );
-    };
-    let now = unix_now();
-    let report = report(
-        &registry,
-        &polls,
-        now,
-        Duration::from_secs(args.stale_after),
-    );
+    let stale_after = Duration::from_secs(args.stale_after);
+    let report = with_store(&args, |store, location| {
+        mesh_report(store, &location, stale_after)
+    })?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -134,8 +124,6 @@ pub fn run(args: PeersArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
-
-type Read = (Option<Registry>, BTreeMap<String, PollStatus>, String);
 
 /// Runs `action` on the store the flags name, with a description of where it is.
 fn with_store<T>(
@@ -197,14 +185,25 @@ fn remove(store: &dyn ClusterStore, location: &str, member: &str) -> anyhow::Res
     Ok(())
 }
 
-fn read_store(store: &dyn ClusterStore, location: String) -> anyhow::Result<Read> {
+/// The mesh as `store` (described as `location` in errors) shows it now.
+pub fn mesh_report(
+    store: &dyn ClusterStore,
+    location: &str,
+    stale_after: Duration,
+) -> anyhow::Result<MeshReport> {
     let registry = store
         .vpn_registry(ReadConsistency::LatestOrLocal)
         .with_context(|| format!("cannot read the VPN registry from {location}"))?;
+    let Some(registry) = registry else {
+        bail!(
+            "no WireGuard mesh in {location}: is the join service's mesh on (--vpn-prefix), and \
+             is this its store?"
+        );
+    };
     let polls = store
         .vpn_polls()
         .with_context(|| format!("cannot read the nodes' polls from {location}"))?;
-    Ok((registry, polls, location))
+    Ok(report(&registry, &polls, unix_now(), stale_after))
 }
 
 /// The report of `registry` and `polls` at `now`.

@@ -28,6 +28,7 @@ use sha2::{Digest, Sha256};
 
 mod common;
 use common::build_image;
+use common::toolbox::{Toolbox, kernel_modules_dir};
 
 fn scratch(name: &str) -> PathBuf {
     common::fresh_scratch("e2e-disk", name)
@@ -527,89 +528,24 @@ fn integrity_mode_formats_wipes_and_reopens() {
     expect_fatal(&vm, "has data integrity \"hmac(sha256)\"");
 }
 
-/// The throwaway benchmark initramfs: hawser's initramfs (for the kernel modules) followed by
-/// a second archive with the host's cryptsetup, coreutils `dd`/`date` and a static busybox,
-/// their host library closures (which replace trixie's libraries of the same names: nothing of
-/// hawser runs in this initramfs), the modules decompressed for busybox's insmod, and
-/// `/bench-init`, started with `rdinit=/bench-init`. Never part of the product image.
+/// The throwaway benchmark initramfs ([`common::toolbox`]): hawser's initramfs (for the kernel
+/// modules) followed by the host's cryptsetup, coreutils `dd`/`date` and a static busybox, the
+/// image's modules, and `/bench-init`, started with `rdinit=/bench-init`. Never part of the
+/// product image.
 fn bench_initrd(dir: &Path, script: &str) -> PathBuf {
-    use hawser_image::closure;
-    use hawser_image::cpio::CpioArchive;
-
     let image = image();
-    let mut archive = CpioArchive::new();
-    let host_root = [PathBuf::from("/")];
-    for program in ["usr/sbin/cryptsetup", "usr/bin/dd", "usr/bin/date"] {
-        let source = Path::new("/").join(program);
-        archive
-            .add_file(
-                program,
-                0o755,
-                std::fs::read(&source).unwrap_or_else(|e| {
-                    panic!(
-                        "{}: {e} (install cryptsetup-bin and coreutils)",
-                        source.display()
-                    )
-                }),
-            )
-            .unwrap();
-        let libs = closure::resolve(&source, &host_root, &[]).unwrap();
-        for file in &libs.files {
-            archive
-                .add_file(&file.dest, 0o755, std::fs::read(&file.source).unwrap())
-                .unwrap();
-        }
-        for link in &libs.symlinks {
-            archive.add_symlink(&link.dest, &link.target).unwrap();
-        }
-    }
-    archive
-        .add_file(
-            "bin/busybox",
-            0o755,
-            std::fs::read("/bin/busybox").expect("busybox-static on the host"),
-        )
-        .unwrap();
-    let modules_dir = std::fs::read_dir(hawser_image::inputs::cache_dir().join("inputs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("linux-image-")
-        })
-        .expect("kernel package in the input cache")
-        .join("usr/lib/modules")
-        .join(&image.kernel_release);
-    let mut load = String::new();
-    for (i, module) in image.modules.iter().enumerate() {
-        let out = Command::new("xz")
-            .arg("-dc")
-            .arg(modules_dir.join(module))
-            .output()
-            .expect("xz (xz-utils)");
-        assert!(out.status.success(), "xz -dc {module}");
-        let name = format!("bench/modules/{i:03}.ko");
-        archive.add_file(&name, 0o644, out.stdout).unwrap();
-        load.push_str(&format!(
-            "$B insmod /{name} || echo \"BENCH insmod {module} failed\"\n"
-        ));
-    }
-    archive
-        .add_file(
-            "bench-init",
-            0o755,
-            script.replace("@LOAD_MODULES@", &load).into_bytes(),
-        )
-        .unwrap();
-    let mut initrd = std::fs::read(&image.initrd.path).unwrap();
-    initrd.resize(initrd.len().next_multiple_of(512), 0);
-    initrd.extend(archive.to_bytes(0).unwrap());
-    let path = dir.join("bench-initrd");
-    std::fs::write(&path, initrd).unwrap();
-    path
+    let mut toolbox = Toolbox::new();
+    toolbox
+        .program("/usr/sbin/cryptsetup", "cryptsetup-bin")
+        .program("/usr/bin/dd", "coreutils")
+        .program("/usr/bin/date", "coreutils")
+        .modules(&kernel_modules_dir(&image.kernel_release), &image.modules);
+    toolbox.write(
+        &image.initrd.path,
+        "bench-init",
+        script,
+        &dir.join("bench-initrd"),
+    )
 }
 
 const BENCH_SCRIPT: &str = r#"#!/bin/busybox sh

@@ -38,8 +38,8 @@ use hawser_qemu::{Vm, VmConfig, format_timeline};
 
 mod common;
 use common::{
-    CONFIG_RECEIVED, Host, NO_SECOND_KUBEADM, build_node_image, kubeadm_document as document,
-    kubeadm_documents,
+    CONFIG_RECEIVED, Host, NO_SECOND_KUBEADM, PrivateNetwork, build_node_image,
+    kubeadm_document as document, kubeadm_documents, pings,
 };
 
 /// Generous: OVMF + pivot + services under TCG on a loaded 2-core CI machine.
@@ -353,31 +353,41 @@ fn a_flipped_rootfs_byte_stops_the_node_before_kubeadm() {
     assert!(!console.contains("switched into the rootfs"), "{console}");
 }
 
-/// The test thread (and every thread and process it starts from now on: the join service's
-/// runtime, swtpm, QEMU) in a network namespace of its own with nothing but loopback, so that
-/// the VMs' unrestricted user networks and the join service's tunnel reach nothing else; the
-/// thread goes back to the host's namespace when this is dropped.
-struct PrivateNetwork {
-    host: std::fs::File,
+/// Join credentials naming one API server endpoint until [`SwitchableTokens::switch`], then
+/// another (the local cluster's placeholder credentials: there is no control plane here).
+#[derive(Clone)]
+struct SwitchableTokens {
+    first: localhost::NoControlPlaneTokens,
+    then: localhost::NoControlPlaneTokens,
+    switched: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl PrivateNetwork {
-    fn enter() -> Self {
-        use nix::sched::{CloneFlags, unshare};
-        let host = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
-        unshare(CloneFlags::CLONE_NEWNET).expect("a network namespace (needs root)");
-        let up = std::process::Command::new("ip")
-            .args(["link", "set", "lo", "up"])
-            .status()
-            .expect("`ip` (install iproute2)");
-        assert!(up.success(), "cannot bring up the namespace's loopback");
-        PrivateNetwork { host }
+impl SwitchableTokens {
+    fn new(first: &str, then: &str) -> Self {
+        SwitchableTokens {
+            first: localhost::NoControlPlaneTokens::at(first).unwrap(),
+            then: localhost::NoControlPlaneTokens::at(then).unwrap(),
+            switched: Default::default(),
+        }
+    }
+
+    fn switch(&self) {
+        self.switched
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
-impl Drop for PrivateNetwork {
-    fn drop(&mut self) {
-        let _ = nix::sched::setns(&self.host, nix::sched::CloneFlags::CLONE_NEWNET);
+impl hawser_joinservice::tokens::BootstrapTokenIssuer for SwitchableTokens {
+    fn issue(
+        &self,
+        ttl: Duration,
+    ) -> Result<hawser_joinservice::tokens::JoinCredentials, hawser_joinservice::tokens::TokenError>
+    {
+        if self.switched.load(std::sync::atomic::Ordering::SeqCst) {
+            self.then.issue(ttl)
+        } else {
+            self.first.issue(ttl)
+        }
     }
 }
 
@@ -416,25 +426,14 @@ fn mesh_node(host: &Host, name: &str, join_port: u16, wireguard_port: u16) -> Vm
     config
 }
 
-/// Whether `ip` answers one ping within 2 s (from the test's namespace, through the join
-/// service's tunnel).
-fn pings(ip: &str) -> bool {
-    (0..3).any(|_| {
-        std::process::Command::new("ping")
-            .args(["-c", "1", "-W", "2", ip])
-            .status()
-            .expect("`ping` (install iputils-ping)")
-            .success()
-    })
-}
-
 /// Two nodes join a cluster whose join service runs a WireGuard mesh: each gets its VPN
 /// address in the join ticket and brings its boringtun tunnel up in PID 1 before the pivot;
 /// the first learns of the second by polling the join service's peer API inside the mesh; the
 /// host reaches both by VPN address; the two nodes' tunnels handshake with each other (their
-/// polls report it); kubeadm's configuration carries the VPN address as the node IP, and
-/// kubeadm's join discovery reaches the API server endpoint at the join service's VPN address,
-/// through the mesh. Everything runs in a network namespace the test creates.
+/// polls report it); kubeadm's configuration carries the VPN address as the node IP; A's
+/// kubeadm join discovery reaches the API server endpoint at the join service's VPN address,
+/// and B's (pointed at A's VPN address) is answered by A's kernel, both through the mesh.
+/// Everything runs in a network namespace the test creates.
 #[test]
 #[ignore = "boots QEMU twice (~3 min under TCG); run by scripts/test"]
 fn two_nodes_join_the_mesh_and_reach_each_other_by_vpn_address() {
@@ -442,6 +441,10 @@ fn two_nodes_join_the_mesh_and_reach_each_other_by_vpn_address() {
     let _network = PrivateNetwork::enter();
     let host = Host::new(&scratch("mesh"), &image.image.uki.path);
     let port = free_port().unwrap();
+    // A's ticket names the API server endpoint at the join service's VPN address; B's names
+    // A's VPN address, where nothing listens: B's kubeadm discovery is answered by A's kernel
+    // (a TCP reset), through the mesh, B to A and back.
+    let tokens = SwitchableTokens::new(&format!("{MESH_JOIN_SERVICE}:6443"), "10.99.0.2:6443");
     let mesh = localhost::LocalMesh {
         prefix: MESH_PREFIX.parse().unwrap(),
         endpoint: "10.0.2.2:51820".parse().unwrap(),
@@ -454,7 +457,7 @@ fn two_nodes_join_the_mesh_and_reach_each_other_by_vpn_address() {
         .block_on(host.cluster.start_join_service_with(
             SocketAddr::from(([127, 0, 0, 1], port)),
             &host.measurements,
-            localhost::NoControlPlaneTokens::at(&format!("{MESH_JOIN_SERVICE}:6443")).unwrap(),
+            tokens.clone(),
             Some(mesh),
         ))
         .unwrap();
@@ -464,27 +467,36 @@ fn two_nodes_join_the_mesh_and_reach_each_other_by_vpn_address() {
 
     let a = Vm::start(mesh_node(&host, "mesh-a", port, 51821)).unwrap();
     let a_up = wait(&a, "A's tunnel", MESH_UP);
+    tokens.switch();
     let b = Vm::start(mesh_node(&host, "mesh-b", port, 51822)).unwrap();
     let b_up = wait(&b, "B's tunnel", MESH_UP);
     assert!(a_up.contains(" is 10.99.0.2/24 on hawser0"), "{a_up}");
     assert!(b_up.contains(" is 10.99.0.3/24 on hawser0"), "{b_up}");
 
-    // kubeadm: the VPN address is the node IP, and join discovery went through the mesh.
-    for (vm, ip) in [(&a, "10.99.0.2"), (&b, "10.99.0.3")] {
-        let config_line = wait(vm, "kubeadm configuration", CONFIG_RECEIVED);
-        let docs = kubeadm_documents(&config_line);
-        let join = document(&docs, "JoinConfiguration");
-        assert!(
-            join["nodeRegistration"].to_string().contains(ip),
-            "node IP {ip}: {docs:#?}"
-        );
-        assert_eq!(
-            join["discovery"]["bootstrapToken"]["apiServerEndpoint"],
-            "10.99.0.1:6443"
-        );
-        wait(vm, "kubeadm done", "kubeadm join succeeded");
-    }
-    assert!(api_server.connections() >= 2, "discovery through the mesh");
+    // kubeadm: the VPN address is the node IP, and join discovery goes through the mesh.
+    let config_line = wait(&a, "kubeadm configuration", CONFIG_RECEIVED);
+    let docs = kubeadm_documents(&config_line);
+    let join = document(&docs, "JoinConfiguration");
+    assert!(
+        join["nodeRegistration"].to_string().contains("10.99.0.2"),
+        "node IP 10.99.0.2: {docs:#?}"
+    );
+    assert_eq!(
+        join["discovery"]["bootstrapToken"]["apiServerEndpoint"],
+        "10.99.0.1:6443"
+    );
+    // B's discovery dials A's VPN address, where nothing listens: "connection refused" is
+    // A's kernel answering through the mesh (without it, 10.99.0.2 has no route at all).
+    wait(
+        &b,
+        "B's discovery reaches A",
+        "waiting for the API server endpoint 10.99.0.2:6443 (Connection refused",
+    );
+    wait(&a, "A's kubeadm done", "kubeadm join succeeded");
+    assert!(
+        api_server.connections() >= 1,
+        "A's discovery through the mesh"
+    );
 
     // A, up first, learns of B by polling the join service inside the mesh.
     wait(&a, "A learns of B", "mesh: registry version");
@@ -509,6 +521,8 @@ fn two_nodes_join_the_mesh_and_reach_each_other_by_vpn_address() {
         };
         let ((a_id, a_key), (b_id, b_key)) = (key("10.99.0.2"), key("10.99.0.3"));
         let polls = store.vpn_polls().unwrap();
+        // A session with the other (a completed handshake: its initiation and its response
+        // crossed), and packets received from it (B's discovery and A's resets).
         let shook = |id: &str, other| {
             polls.get(id).is_some_and(|poll| {
                 poll.stats.iter().any(|s| {
@@ -528,6 +542,27 @@ fn two_nodes_join_the_mesh_and_reach_each_other_by_vpn_address() {
         std::thread::sleep(Duration::from_secs(3));
     };
     eprintln!("A ({a_key}) and B ({b_key}) handshook through the mesh");
+    // `hawser peers` on the join service's store: both nodes polling, each with a recent
+    // handshake with the other.
+    let report =
+        hawser_cli::peers::mesh_report(&store, "the local cluster", Duration::from_secs(30))
+            .unwrap();
+    let table = hawser_cli::peers::table(&report);
+    eprintln!("hawser peers:\n{table}");
+    let member = |ip: &str| report.members.iter().find(|m| m.vpn_ip == ip).unwrap();
+    for (ip, other) in [("10.99.0.2", "10.99.0.3"), ("10.99.0.3", "10.99.0.2")] {
+        let (member, other) = (member(ip), &member(other).name);
+        assert_eq!(
+            member.polling,
+            hawser_joinservice::vpn::Polling::Polling,
+            "{table}"
+        );
+        assert!(
+            member.peers.iter().any(|p| p.name.as_ref() == Some(other)
+                && p.last_handshake_age_secs.is_some_and(|age| age < 180)),
+            "{ip} has no recent handshake with {other}:\n{table}"
+        );
+    }
     a.kill();
     b.kill();
     host.runtime.block_on(service.shutdown());

@@ -12,6 +12,8 @@ use hawser_image::pipeline::{self, NodeImage, PipelineOptions};
 use hawser_joinservice::service::RunningService;
 use hawser_qemu::{TpmConfig, VmConfig};
 
+pub mod toolbox;
+
 /// The hawser workspace this crate lives in.
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -153,4 +155,44 @@ pub fn kubeadm_document<'a>(docs: &'a [serde_json::Value], kind: &str) -> &'a se
     docs.iter()
         .find(|d| d["kind"] == kind)
         .unwrap_or_else(|| panic!("no {kind} in {docs:#?}"))
+}
+
+/// The test thread (and every thread and process it starts from now on: the join service's
+/// runtime, swtpm, QEMU) in a network namespace of its own with nothing but loopback, so that
+/// the VMs' unrestricted user networks and the join service's tunnel reach nothing else; the
+/// thread goes back to the host's namespace when this is dropped.
+pub struct PrivateNetwork {
+    host: std::fs::File,
+}
+
+impl PrivateNetwork {
+    pub fn enter() -> Self {
+        use nix::sched::{CloneFlags, unshare};
+        let host = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+        unshare(CloneFlags::CLONE_NEWNET).expect("a network namespace (needs root)");
+        let up = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .expect("`ip` (install iproute2)");
+        assert!(up.success(), "cannot bring up the namespace's loopback");
+        PrivateNetwork { host }
+    }
+}
+
+impl Drop for PrivateNetwork {
+    fn drop(&mut self) {
+        let _ = nix::sched::setns(&self.host, nix::sched::CloneFlags::CLONE_NEWNET);
+    }
+}
+
+/// Whether `ip` answers one ping within 2 s (from the test's namespace, through the join
+/// service's tunnel).
+pub fn pings(ip: &str) -> bool {
+    (0..3).any(|_| {
+        std::process::Command::new("ping")
+            .args(["-c", "1", "-W", "2", ip])
+            .status()
+            .expect("`ping` (install iputils-ping)")
+            .success()
+    })
 }
