@@ -11,8 +11,9 @@
 //!   the kernel's WireGuard in the VM behind QEMU's user network. Each side initiates a
 //!   handshake once; pings and a TCP stream cross in both directions.
 //! - The benchmark (run explicitly): inside one VM, TCP throughput and round-trip latency
-//!   between two network namespaces over a veth pair, plain, through the kernel's WireGuard and
-//!   through hawser's tunnel, in interleaved rounds; with the tunnel process's CPU and memory.
+//!   between two network namespaces over a veth pair, plain, through the kernel's WireGuard,
+//!   through hawser's tunnel and through the same packet path as a tokio task, in interleaved
+//!   rounds; with the tunnel processes' CPU and memory.
 //!   The numbers are in docs/mesh.md.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
@@ -58,8 +59,36 @@ fn key(seed: u8) -> PrivateKey {
     PrivateKey::from_random([seed; 32])
 }
 
-/// The test initramfs with `script` as `/mesh-init` and `files`.
-fn mesh_initrd(name: &str, script: &str, files: &[(&str, String)]) -> PathBuf {
+/// `mesh-bench` built with the `image` profile, PID 1's (opt-level "s", fat LTO): the
+/// benchmark measures the tunnel as PID 1 runs it, never a debug build.
+fn mesh_bench_as_pid1_is_built() -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!("building mesh-bench with the image profile (as PID 1 is built)");
+    let status = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--locked",
+            "--profile",
+            "image",
+            "-p",
+            "hawser-qemu",
+        ])
+        .args(["--bin", "mesh-bench"])
+        .current_dir(common::workspace())
+        .status()
+        .expect("cargo");
+    assert!(
+        status.success(),
+        "cargo build --profile image --bin mesh-bench"
+    );
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| common::workspace().join("target"))
+        .join("image/mesh-bench")
+}
+
+/// The test initramfs with `script` as `/mesh-init`, `mesh_bench` and `files`.
+fn mesh_initrd(name: &str, mesh_bench: &str, script: &str, files: &[(&str, String)]) -> PathBuf {
     let image = image();
     let modules_dir = kernel_modules_dir(&image.kernel_release);
     // The image's modules (virtio, among them the network's) and what the test adds.
@@ -74,7 +103,7 @@ fn mesh_initrd(name: &str, script: &str, files: &[(&str, String)]) -> PathBuf {
     toolbox
         .program("/usr/bin/ip", "iproute2")
         .program("/usr/bin/wg", "wireguard-tools")
-        .program(env!("CARGO_BIN_EXE_mesh-bench"), "(built with this test)")
+        .program(mesh_bench, "(built with this test)")
         .modules(&modules_dir, &module_load_order(&modules_dir, &names));
     for (path, text) in files {
         toolbox.file(path, 0o600, text.clone().into_bytes());
@@ -82,7 +111,7 @@ fn mesh_initrd(name: &str, script: &str, files: &[(&str, String)]) -> PathBuf {
     toolbox.write(
         &image.initrd.path,
         "mesh-init",
-        &script.replace("@MESH_BENCH@", env!("CARGO_BIN_EXE_mesh-bench")),
+        &script.replace("@MESH_BENCH@", mesh_bench),
         &scratch(name).join("initrd"),
     )
 }
@@ -102,6 +131,8 @@ fn test_vm(name: &str, initrd: PathBuf, cpus: u32) -> VmConfig {
 const GUEST_PRELUDE: &str = r#"#!/bin/busybox sh
 B=/bin/busybox
 export PATH=/usr/bin:/bin
+# iproute2's, not busybox's applet (which this busybox's shell would prefer).
+ip() { /usr/bin/ip "$@"; }
 $B mount -t proc proc /proc
 $B mount -t sysfs sysfs /sys
 $B mount -t devtmpfs devtmpfs /dev
@@ -156,6 +187,7 @@ fn hawsers_tunnel_and_the_kernels_wireguard_handshake_and_carry_traffic() {
     );
     let initrd = mesh_initrd(
         "interop",
+        env!("CARGO_BIN_EXE_mesh-bench"),
         &script,
         &[("mesh/guest.key", guest_key.to_base64().to_string())],
     );
@@ -266,28 +298,35 @@ pair() { # ns-a ns-b veth-a veth-b subnet
 }
 pair ka kb k1 k2 192.168.60
 pair ba bb b1 b2 192.168.61
+pair ta tb t1 t2 192.168.62
 kwg() { # ns key peer-key address peer-address peer-endpoint
   ip -n $1 link add wg0 type wireguard || fail "ip link add wg0 type wireguard"
   ip netns exec $1 wg set wg0 private-key $2 listen-port 51820 peer $3 allowed-ips $5/32 endpoint $6:51820
   ip -n $1 addr add $4/24 dev wg0; ip -n $1 link set wg0 mtu 1420 up
 }
 kwg ka /mesh/a.key "$KEY_B" 10.98.0.1 10.98.0.2 192.168.60.2
+# The tunnels run from /usr/bin/ip directly (not the function), so that $! is their process.
 kwg kb /mesh/b.key "$KEY_A" 10.98.0.2 10.98.0.1 192.168.60.1
-ip netns exec ba $MB tunnel hawser0 /mesh/a.key 51820 10.97.0.1/24 "$KEY_B" 10.97.0.2 192.168.61.2:51820 &
+/usr/bin/ip netns exec ba $MB tunnel hawser0 /mesh/a.key 51820 10.97.0.1/24 "$KEY_B" 10.97.0.2 192.168.61.2:51820 &
 TA=$!
-ip netns exec bb $MB tunnel hawser0 /mesh/b.key 51820 10.97.0.2/24 "$KEY_A" 10.97.0.1 192.168.61.1:51820 &
+/usr/bin/ip netns exec bb $MB tunnel hawser0 /mesh/b.key 51820 10.97.0.2/24 "$KEY_A" 10.97.0.1 192.168.61.1:51820 &
 TB=$!
+/usr/bin/ip netns exec ta $MB tunnel-task hawser0 /mesh/a.key 51820 10.96.0.1/24 "$KEY_B" 192.168.62.2:51820 &
+XA=$!
+/usr/bin/ip netns exec tb $MB tunnel-task hawser0 /mesh/b.key 51820 10.96.0.2/24 "$KEY_A" 192.168.62.1:51820 &
+XB=$!
 ip netns exec kb $MB serve 7001 &
 ip netns exec bb $MB serve 7001 &
+ip netns exec tb $MB serve 7001 &
 $B sleep 2
-for target in ka:10.98.0.2 ba:10.97.0.2; do
+for target in ka:10.98.0.2 ba:10.97.0.2 ta:10.96.0.2; do
   ip netns exec ${target%%:*} $B ping -c 2 -W 5 ${target#*:} > /dev/null || fail "ping ${target#*:}"
 done
-step "bench ready: tunnel pids $TA $TB"
+step "bench ready: tunnel pids $TA $TB, task pids $XA $XB"
 for round in 1 2 3; do
-  for path in plain:ka:192.168.60.2 kernel:ka:10.98.0.2 hawser:ba:10.97.0.2; do
+  for path in plain:ka:192.168.60.2 kernel:ka:10.98.0.2 hawser:ba:10.97.0.2 task:ta:10.96.0.2; do
     name=${path%%:*}; rest=${path#*:}; ns=${rest%%:*}; ip=${rest#*:}
-    pids=""; [ $name = hawser ] && pids="$TA $TB"
+    pids=""; [ $name = hawser ] && pids="$TA $TB"; [ $name = task ] && pids="$XA $XB"
     echo "MESH-BENCH round=$round path=$name $(ip netns exec $ns $MB send $ip:7001 $MIB $pids | $B sed 's/^MESH-BENCH //')"
     echo "MESH-BENCH round=$round path=$name $(ip netns exec $ns $MB rtt $ip:7001 $RTTS | $B sed 's/^MESH-BENCH //')"
   done
@@ -296,9 +335,10 @@ step "bench done"
 $B poweroff -f
 "#;
 
-/// Numbers for docs/mesh.md: TCP throughput and latency through the kernel's WireGuard and
-/// through hawser's tunnel between the same two namespaces of one VM (plain veth for
-/// reference), three interleaved rounds, with the hawser tunnel's CPU time and memory. Prints
+/// Numbers for docs/mesh.md: TCP throughput and latency through the kernel's WireGuard, through
+/// hawser's tunnel (boringtun's device thread, as PID 1 runs it) and through the same packet
+/// path as a tokio task (`mesh-bench tunnel-task`), each between two namespaces of one VM
+/// (plain veth for reference), three interleaved rounds, with the tunnels' CPU time and memory. Prints
 /// `MESH-BENCH` lines and a summary; run explicitly:
 /// `cargo test -p hawser-qemu --test mesh -- --ignored --nocapture benchmark`
 /// (`MESH_BENCH_MIB`, default 64; `MESH_BENCH_CPUS`, default 2).
@@ -318,8 +358,10 @@ fn benchmark_hawsers_tunnel_against_the_kernels_wireguard() {
         a.public_key(),
         b.public_key()
     );
+    let mesh_bench = mesh_bench_as_pid1_is_built();
     let initrd = mesh_initrd(
         "bench",
+        &mesh_bench.to_string_lossy(),
         &script,
         &[
             ("mesh/a.key", a.to_base64().to_string()),
@@ -365,7 +407,7 @@ fn summary(lines: &[String], mib: u32, cpus: u32) -> String {
         "mesh benchmark: {mib} MiB per run, TCG, {cpus} vCPUs, medians of 3 rounds\n\
          path     Mbit/s  guest CPU busy  RTT p50 us  RTT p99 us\n"
     );
-    for path in ["plain", "kernel", "hawser"] {
+    for path in ["plain", "kernel", "hawser", "task"] {
         text.push_str(&format!(
             "{path:<8} {:>6.1}  {:>14.2}  {:>10.0}  {:>10.0}\n",
             median(path, "mbit_s"),
@@ -374,22 +416,28 @@ fn summary(lines: &[String], mib: u32, cpus: u32) -> String {
             median(path, "p99_us"),
         ));
     }
-    text.push_str(&format!(
-        "hawser / kernel: throughput {:.2}, RTT p50 {:.2}\n",
-        median("hawser", "mbit_s") / median("kernel", "mbit_s"),
-        median("hawser", "p50_us") / median("kernel", "p50_us"),
-    ));
-    let tunnel = lines
-        .iter()
-        .rev()
-        .find(|l| l.contains(" path=hawser ") && l.contains("_rss_kib="))
-        .map(|l| {
-            l.split_whitespace()
-                .filter(|kv| kv.starts_with("pid"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .unwrap_or_default();
-    text.push_str(&format!("hawser tunnel processes (last run): {tunnel}\n"));
+    for path in ["hawser", "task"] {
+        text.push_str(&format!(
+            "{path} / kernel: throughput {:.2}, RTT p50 {:.2}\n",
+            median(path, "mbit_s") / median("kernel", "mbit_s"),
+            median(path, "p50_us") / median("kernel", "p50_us"),
+        ));
+    }
+    for path in ["hawser", "task"] {
+        let processes = lines
+            .iter()
+            .rev()
+            .find(|l| l.contains(&format!(" path={path} ")) && l.contains("_rss_kib="))
+            .map(|l| {
+                l.split_whitespace()
+                    .filter(|kv| kv.starts_with("pid"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        text.push_str(&format!(
+            "{path} tunnel processes (last run): {processes}\n"
+        ));
+    }
     text
 }

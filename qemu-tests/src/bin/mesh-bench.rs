@@ -4,6 +4,10 @@
 //! - `tunnel IFACE KEY_FILE PORT ADDRESS/PREFIX PEER_KEY PEER_IP [PEER_ENDPOINT] [THREADS]`:
 //!   hawser's tunnel (`hawser_mesh::device::Tunnel`, boringtun, as PID 1 runs it) with one
 //!   peer, until killed.
+//! - `tunnel-task IFACE KEY_FILE PORT ADDRESS/PREFIX PEER_KEY PEER_ENDPOINT`: the same packet
+//!   path as a task of a current-thread tokio runtime, written here over boringtun's `noise`
+//!   API (one peer, IPv4, the interface set up with `ip`): what PID 1 would run instead of
+//!   boringtun's device thread, for the thread-or-task measurement. Not hawser's tunnel.
 //! - `serve PORT`: a TCP server; a connection's first byte picks `S` (sink: count the bytes
 //!   until EOF, answer the count) or `E` (echo).
 //! - `send HOST:PORT MIB [PID...]`: sends MIB MiB to a sink; prints the throughput, the guest's
@@ -15,6 +19,7 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::time::{Duration, Instant};
 
 use hawser_mesh::PrivateKey;
@@ -25,6 +30,7 @@ fn main() {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let result = match args.as_slice() {
         ["tunnel", rest @ ..] => tunnel(rest),
+        ["tunnel-task", rest @ ..] => tunnel_task(rest),
         ["serve", port] => serve(port),
         ["send", to, mib, pids @ ..] => send(to, mib, pids),
         ["rtt", to, count] => rtt(to, count),
@@ -93,6 +99,148 @@ fn tunnel(args: &[&str]) -> Result<(), String> {
     );
     loop {
         std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn tunnel_task(args: &[&str]) -> Result<(), String> {
+    use boringtun::noise::{Tunn, TunnResult};
+    use tokio::io::unix::AsyncFd;
+
+    let [interface, key_file, port, address, peer_key, endpoint] = args else {
+        return Err("tunnel-task IFACE KEY_FILE PORT ADDRESS/PREFIX PEER_KEY PEER_ENDPOINT".into());
+    };
+    let key = std::fs::read_to_string(key_file).map_err(|e| format!("{key_file}: {e}"))?;
+    let private_key = PrivateKey::from_base64(&key).map_err(|e| e.to_string())?;
+    let hex = private_key.to_hex();
+    let mut secret = [0u8; 32];
+    for (i, byte) in secret.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    let peer: hawser_mesh::PublicKey = peer_key.parse().map_err(|e| format!("{peer_key}: {e}"))?;
+    let mut endpoint: SocketAddr = endpoint.parse().map_err(|e| format!("{endpoint}: {e}"))?;
+    let mut tunn = Tunn::new(
+        boringtun::x25519::StaticSecret::from(secret),
+        boringtun::x25519::PublicKey::from(*peer.as_bytes()),
+        None,
+        None,
+        1,
+        None,
+    );
+    let tun = create_tun(interface).map_err(|e| format!("tun {interface}: {e}"))?;
+    for args in [
+        vec!["addr", "add", address, "dev", interface],
+        vec!["link", "set", interface, "mtu", "1420", "up"],
+    ] {
+        let status = std::process::Command::new("ip")
+            .args(&args)
+            .status()
+            .map_err(|e| format!("ip: {e}"))?;
+        if !status.success() {
+            return Err(format!("ip {}: {status}", args.join(" ")));
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        // SAFETY: the OwnedFd owns its descriptor, keeps it open for as long as the AsyncFd
+        // owns it, and always returns the same descriptor from as_raw_fd.
+        let tun = unsafe { AsyncFd::register_with_interest(tun, tokio::io::Interest::READABLE) }
+            .map_err(|e| e.to_string())?;
+        let udp = tokio::net::UdpSocket::bind(format!("0.0.0.0:{port}"))
+            .await
+            .map_err(|e| e.to_string())?;
+        println!(
+            "MESH-BENCH tunnel=up interface={interface} pid={} mode=task",
+            std::process::id()
+        );
+        let mut timers = tokio::time::interval(Duration::from_millis(250));
+        let (mut packet, mut out) = (vec![0u8; 65536], vec![0u8; 65536]);
+        loop {
+            tokio::select! {
+                ready = tun.readable() => {
+                    let mut guard = ready.map_err(|e| e.to_string())?;
+                    while let Ok(Ok(n)) = guard.try_io(|fd| read_fd(fd.get_ref(), &mut packet)) {
+                        if let TunnResult::WriteToNetwork(data) = tunn.encapsulate(&packet[..n], &mut out) {
+                            let _ = udp.send_to(data, endpoint).await;
+                        }
+                    }
+                }
+                received = udp.recv_from(&mut packet) => {
+                    let Ok((n, from)) = received else { continue };
+                    endpoint = from;
+                    let mut result = tunn.decapsulate(Some(from.ip()), &packet[..n], &mut out);
+                    loop {
+                        match result {
+                            TunnResult::WriteToNetwork(data) => {
+                                let _ = udp.send_to(data, from).await;
+                            }
+                            TunnResult::WriteToTunnelV4(data, _) => {
+                                let _ = write_fd(tun.get_ref(), data);
+                                break;
+                            }
+                            _ => break,
+                        }
+                        // Packets queued behind a handshake go out now.
+                        result = tunn.decapsulate(None, &[], &mut out);
+                    }
+                }
+                _ = timers.tick() => {
+                    if let TunnResult::WriteToNetwork(data) = tunn.update_timers(&mut out) {
+                        let _ = udp.send_to(data, endpoint).await;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// A tun interface `name` (no packet information header), non-blocking.
+fn create_tun(name: &str) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd as _, OwnedFd};
+    let tun: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open("/dev/net/tun")?
+        .into();
+    // SAFETY: ifreq is plain old data; all zeroes is a valid value.
+    let mut request: libc::ifreq = unsafe { std::mem::zeroed() };
+    if name.len() >= request.ifr_name.len() {
+        return Err(std::io::ErrorKind::InvalidInput.into());
+    }
+    for (slot, byte) in request.ifr_name.iter_mut().zip(name.as_bytes()) {
+        *slot = *byte as libc::c_char;
+    }
+    request.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+    // SAFETY: TUNSETIFF reads the ifreq, which lives across the call, on an open descriptor.
+    let result = unsafe { libc::ioctl(tun.as_raw_fd(), libc::TUNSETIFF, &mut request) };
+    if result < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(tun)
+}
+
+fn read_fd(fd: &std::os::fd::OwnedFd, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: `buf` is valid for writes of its length for the duration of the call.
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+fn write_fd(fd: &std::os::fd::OwnedFd, data: &[u8]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: `data` is valid for reads of its length for the duration of the call.
+    let n = unsafe { libc::write(fd.as_raw_fd(), data.as_ptr().cast(), data.len()) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }
 
