@@ -29,6 +29,8 @@ use std::time::Instant;
 
 pub use advert::{AdvertError, JoinServiceAdvert};
 pub use mdns::{Advertiser, Browser, MdnsError};
+/// The mDNS daemon (mdns-sd's) that [`Advertiser`] and [`Browser`] run on.
+pub use mdns_sd::ServiceDaemon;
 pub use sightings::Sightings;
 pub use srv::{NameServers, SrvEndpoint, SrvError, resolve_srv};
 
