@@ -296,6 +296,19 @@ mod tests {
     }
 
     #[test]
+    fn domains_that_cannot_carry_the_service_are_refused() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for domain in ["", ".", ".cluster.test", "cluster..test"] {
+            let servers = NameServers::At(vec![SocketAddr::from(([192, 0, 2, 1], 53))]);
+            let result = runtime.block_on(resolve_srv(domain, &servers));
+            assert!(matches!(result, Err(SrvError::Domain { .. })), "{domain:?}");
+        }
+    }
+
+    #[test]
     fn a_lone_dot_means_not_available() {
         assert!(order_srv(vec![record(".", 0, 0)], |_| 0).is_empty());
         assert!(order_srv(Vec::new(), |_| 0).is_empty());

@@ -89,3 +89,110 @@ pub fn has(candidates: &[Candidate], instance: &str) -> bool {
         .iter()
         .any(|c| c.instance.as_deref() == Some(instance))
 }
+
+/// Processes a test started, killed (by their own pid) and reaped when dropped, also while a
+/// failed test unwinds; their output goes to files, shown when the test fails.
+pub struct Children {
+    running: Vec<(String, std::process::Child)>,
+    logs: tempfile::TempDir,
+}
+
+impl Default for Children {
+    fn default() -> Self {
+        Children {
+            running: Vec::new(),
+            logs: tempfile::tempdir().unwrap(),
+        }
+    }
+}
+
+impl Children {
+    /// Starts `args` in namespace `ns` with `env`, keeping it until the end of the test.
+    pub fn spawn_in(&mut self, ns: &str, env: &[(&str, &str)], args: &[&str]) {
+        let log_path = self
+            .logs
+            .path()
+            .join(format!("{}-{}.log", self.running.len(), args[0]));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns])
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("could not start {args:?}: {e}"));
+        self.running.push((args.join(" "), child));
+    }
+
+    /// Stops the child started last whose command line contains `what` with SIGTERM (so that
+    /// it can say goodbye) and waits for it.
+    pub fn terminate(&mut self, what: &str) {
+        let position = self
+            .running
+            .iter()
+            .rposition(|(line, _)| line.contains(what))
+            .unwrap_or_else(|| panic!("no child runs {what:?}"));
+        let (_, mut child) = self.running.remove(position);
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Fails if a child has already exited (a daemon that refused its configuration).
+    pub fn assert_running(&mut self) {
+        for (line, child) in &mut self.running {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("{line:?} exited: {status}");
+            }
+        }
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for (_, child) in self.running.iter_mut().rev() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            for entry in std::fs::read_dir(self.logs.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let log = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                eprintln!("--- {}:\n{log}", entry.file_name().to_string_lossy());
+            }
+        }
+    }
+}
+
+/// Runs `args` in namespace `ns` with `env`, returning its stdout (panicking if it fails).
+pub fn output_in(ns: &str, env: &[(&str, &str)], args: &[&str]) -> String {
+    let output = Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap_or_else(|e| panic!("could not run {args:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Waits up to `timeout` for `done`, checking every 200 ms.
+pub fn eventually(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < timeout {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
