@@ -60,6 +60,10 @@ pub enum MdnsError {
     /// The daemon's setting could not be changed.
     #[error("could not set the mDNS daemon's address check interval")]
     Setting(#[source] mdns_sd::Error),
+    /// The mDNS daemon stopped reporting to the browser: it shut down, or the browser fell
+    /// 1000 events behind and mdns-sd ended the subscription.
+    #[error("the mDNS daemon stopped reporting to the browser")]
+    DaemonGone,
     /// The announcement thread could not start.
     #[error("could not start the announcement thread")]
     Thread(#[source] std::io::Error),
@@ -201,10 +205,14 @@ fn service_info(
         txt,
     )
     .map_err(|source| MdnsError::Register {
-        fullname: advert.instance.clone(),
+        fullname: fullname(advert),
         source,
     })?;
     Ok(info.enable_addr_auto())
+}
+
+fn fullname(advert: &JoinServiceAdvert) -> String {
+    format!("{}.{MDNS_SERVICE_TYPE}", advert.instance)
 }
 
 /// A node's view of the join services on the LAN.
@@ -233,10 +241,14 @@ impl Browser {
     }
 
     /// Waits up to `wait` for news, takes in everything that arrived, and expires what missed
-    /// its announcements.
-    pub fn update(&mut self, wait: Duration) {
-        if let Ok(event) = self.events.recv_timeout(wait) {
-            self.take(event);
+    /// its announcements. Call it at least every few seconds: mdns-sd ends a subscription that
+    /// falls 1000 events behind. Fails once the daemon stopped reporting (the entries then stay
+    /// as they were; start a new browser).
+    pub fn update(&mut self, wait: Duration) -> Result<(), MdnsError> {
+        match self.events.recv_timeout(wait) {
+            Ok(event) => self.take(event),
+            Err(mdns_sd::RecvTimeoutError::Timeout) => {}
+            Err(mdns_sd::RecvTimeoutError::Disconnected) => return Err(MdnsError::DaemonGone),
         }
         while let Ok(event) = self.events.try_recv() {
             self.take(event);
@@ -244,6 +256,7 @@ impl Browser {
         for instance in self.sightings.expire(Instant::now()) {
             tracing::info!(%instance, "a join service stopped announcing itself");
         }
+        Ok(())
     }
 
     /// The join services to try, in the filter's cluster if there is one, by instance name.

@@ -57,7 +57,7 @@ fn a_browser_finds_the_advert_with_its_txt_data() {
     // The advert is announced again every second: it is still there after four.
     let later = Instant::now() + Duration::from_secs(4);
     while Instant::now() < later {
-        browser.update(Duration::from_millis(200));
+        browser.update(Duration::from_millis(200)).unwrap();
     }
     let candidates = browser.candidates();
     assert!(
@@ -161,7 +161,7 @@ fn the_browser_follows_an_address_change() {
     .unwrap_or_else(|| panic!("the browser did not follow the move: {:?}", browser.seen()));
     // And the entry stays alive at its new address.
     std::thread::sleep(Duration::from_secs(4));
-    browser.update(Duration::ZERO);
+    browser.update(Duration::ZERO).unwrap();
     let seen = browser.seen();
     assert_eq!(seen.len(), 1, "{seen:?}");
     assert_eq!(seen[0].endpoint, moved_to);

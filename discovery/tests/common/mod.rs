@@ -75,7 +75,7 @@ pub fn wait_for(
 ) -> Option<Duration> {
     let start = Instant::now();
     while start.elapsed() < timeout {
-        browser.update(Duration::from_millis(100));
+        browser.update(Duration::from_millis(100)).unwrap();
         if done(&browser.seen()) {
             return Some(start.elapsed());
         }
