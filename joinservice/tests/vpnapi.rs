@@ -444,7 +444,12 @@ impl MeshNode {
 
     /// Waits until the node holds the registry's version `version`.
     fn wait_for_version(&self, version: u64, what: &str) {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        self.wait_for_version_within(version, what, Duration::from_secs(20));
+    }
+
+    /// [`MeshNode::wait_for_version`], waiting at most `within`.
+    fn wait_for_version_within(&self, version: u64, what: &str, within: Duration) {
+        let deadline = Instant::now() + within;
         while *self.version.lock().unwrap() != Some(version) {
             assert!(
                 Instant::now() < deadline,
@@ -523,7 +528,8 @@ fn registry_version(store: &FileStore) -> u64 {
 /// other and the join service by VPN address; both report handshakes in their polls; B removed
 /// from the registry is removed from A's tunnel (no traffic), and re-added, converges again;
 /// with the join service down the mesh keeps working, and after it is back a member added
-/// meanwhile reaches both nodes' views.
+/// meanwhile reaches both nodes' views; after the join service moved to another underlay
+/// address, both nodes converge again.
 #[test]
 fn nodes_converge_through_the_join_services_peer_api_inside_the_mesh() {
     netns::require_host();
@@ -613,8 +619,62 @@ fn nodes_converge_through_the_join_services_peer_api_inside_the_mesh() {
         key_c.public_key(),
         SocketAddr::from((underlay.ip(0), 51821)),
     );
-    let _joind = start_joind(joind_in(dir.path(), Some(&underlay.members[0]), &mesh));
+    let joind = start_joind(joind_in(dir.path(), Some(&underlay.members[0]), &mesh));
     let version = registry_version(&store);
     node_a.wait_for_version(version, "A converges after the join service is back");
     node_b.wait_for_version(version, "B converges after the join service is back");
+
+    // The join service moves to another underlay address (same key, same store). The nodes
+    // still send to the old one; the join service's tunnel reaches them from the new one (its
+    // keepalive, within 25 s: WireGuard follows an authenticated peer to its new address),
+    // their polls get through again, and the registry carries the new endpoint.
+    drop(joind);
+    let ns0 = &underlay.members[0];
+    let moved_ip = Ipv4Addr::new(192, 168, 78, 30);
+    netns::must(&["ip", "-n", ns0, "addr", "flush", "dev", "eth0"]);
+    netns::must(&[
+        "ip",
+        "-n",
+        ns0,
+        "addr",
+        "add",
+        &format!("{moved_ip}/24"),
+        "dev",
+        "eth0",
+    ]);
+    let moved_endpoint = format!("{moved_ip}:51820");
+    let moved = [
+        "--vpn-prefix",
+        "10.78.0.0/24",
+        "--vpn-endpoint",
+        moved_endpoint.as_str(),
+        "--vpn-name",
+        "joind-e2e",
+    ];
+    let _joind = start_joind(joind_in(dir.path(), Some(ns0), &moved));
+    let version = registry_version(&store);
+    let joind_entry = store
+        .vpn_registry(ReadConsistency::Latest)
+        .unwrap()
+        .unwrap()
+        .member("join-service/joind-e2e")
+        .unwrap()
+        .clone();
+    assert_eq!(joind_entry.endpoint, Some(moved_endpoint.parse().unwrap()));
+    let moved_within = Duration::from_secs(90);
+    node_a.wait_for_version_within(
+        version,
+        "A converges after the join service moved",
+        moved_within,
+    );
+    node_b.wait_for_version_within(
+        version,
+        "B converges after the join service moved",
+        moved_within,
+    );
+    assert!(
+        underlay.pings(1, joind_ip),
+        "A reaches the moved join service"
+    );
+    assert!(underlay.pings(2, ip_a), "B still reaches A");
 }

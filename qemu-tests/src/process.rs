@@ -8,6 +8,10 @@
 //! the process. A VM started from a short-lived thread (a tokio blocking-pool thread, a helper
 //! thread in a test) would be killed when that thread ends. So all children are forked by one
 //! dedicated spawner thread that lives as long as the process.
+//!
+//! A child still starts in the network namespace of the thread that asked for it, not the
+//! spawner's: a test that moved its thread into a private namespace (`unshare`) gets its swtpm
+//! and QEMU there, even when the spawner thread was made earlier, in the host's namespace.
 
 use std::io;
 use std::os::unix::process::CommandExt;
@@ -21,7 +25,44 @@ use nix::unistd::Pid;
 
 struct SpawnRequest {
     command: Command,
+    /// The requesting thread's network namespace (`None` without /proc).
+    netns: Option<std::fs::File>,
     reply: mpsc::Sender<io::Result<Child>>,
+}
+
+/// `/proc/thread-self/ns/net` of the calling thread.
+fn thread_netns() -> Option<std::fs::File> {
+    std::fs::File::open("/proc/thread-self/ns/net").ok()
+}
+
+/// Whether two namespace files name the same namespace.
+fn same_namespace(a: &std::fs::File, b: &std::fs::File) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    match (a.metadata(), b.metadata()) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Makes `command`'s child enter `netns` before exec, if that is not the calling thread's
+/// namespace (entering one's own would need CAP_SYS_ADMIN for nothing).
+fn enter_netns_in_child(command: &mut Command, netns: &std::fs::File) {
+    use std::os::fd::AsRawFd as _;
+    if thread_netns().is_some_and(|own| same_namespace(&own, netns)) {
+        return;
+    }
+    let fd = netns.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and calls only setns, which is
+    // async-signal-safe; `fd` stays open in the parent until the spawn has returned (the
+    // request owns the file), so the child's copy of it is valid.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
 }
 
 static SPAWNER: Mutex<Option<mpsc::Sender<SpawnRequest>>> = Mutex::new(None);
@@ -39,6 +80,9 @@ fn spawner() -> io::Result<mpsc::Sender<SpawnRequest>> {
         .spawn(move || {
             // The static keeps a sender alive, so this loop runs until the process exits.
             for mut request in receiver {
+                if let Some(netns) = &request.netns {
+                    enter_netns_in_child(&mut request.command, netns);
+                }
                 let result = request.command.spawn();
                 // The requester may have given up; the child is then dropped here, and the
                 // parent-death signal still ties it to this process.
@@ -76,7 +120,11 @@ pub(crate) fn spawn_tied(mut command: Command) -> io::Result<Child> {
     }
     let (reply, response) = mpsc::channel();
     spawner()?
-        .send(SpawnRequest { command, reply })
+        .send(SpawnRequest {
+            command,
+            netns: thread_netns(),
+            reply,
+        })
         .map_err(|_| io::Error::other("the process spawner thread is gone"))?;
     response
         .recv()
@@ -176,6 +224,40 @@ impl Supervised {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A test's private network namespace (the mesh's QEMU test) holds its swtpm and QEMU,
+    /// even when the spawner thread was made earlier in the host's namespace.
+    #[test]
+    fn children_start_in_the_network_namespace_of_the_thread_that_asked() {
+        // The spawner exists, in this process's (the host's) namespace.
+        spawn_tied(Command::new("true")).unwrap().wait().unwrap();
+        let host = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
+        let (ours, childs) = thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+                .expect("a network namespace (needs root)");
+            let ours = std::fs::read_link("/proc/thread-self/ns/net").unwrap();
+            let mut command = Command::new("readlink");
+            command
+                .arg("/proc/self/ns/net")
+                .stdout(std::process::Stdio::piped());
+            let output = spawn_tied(command).unwrap().wait_with_output().unwrap();
+            (ours, String::from_utf8(output.stdout).unwrap())
+        })
+        .join()
+        .unwrap();
+        assert_ne!(ours, host);
+        assert_eq!(childs.trim(), ours.to_string_lossy());
+        // And from the host's namespace, children stay there.
+        let mut command = Command::new("readlink");
+        command
+            .arg("/proc/self/ns/net")
+            .stdout(std::process::Stdio::piped());
+        let output = spawn_tied(command).unwrap().wait_with_output().unwrap();
+        assert_eq!(
+            String::from_utf8(output.stdout).unwrap().trim(),
+            host.to_string_lossy()
+        );
+    }
 
     #[test]
     fn tied_child_from_a_finished_thread_keeps_running() {
