@@ -548,14 +548,8 @@ fn bench_initrd(dir: &Path, script: &str) -> PathBuf {
     )
 }
 
-const BENCH_SCRIPT: &str = r#"#!/bin/busybox sh
-B=/bin/busybox
-$B mount -t proc proc /proc
-$B mount -t sysfs sysfs /sys
-$B mount -t devtmpfs devtmpfs /dev
-$B mount -t tmpfs tmpfs /run
+const BENCH_SCRIPT: &str = r#"
 $B mkdir -p /run/cryptsetup /mnt
-@LOAD_MODULES@
 disk() { for d in /sys/block/vd*; do [ "$($B cat $d/serial 2>/dev/null)" = "$1" ] && echo /dev/${d##*/}; done; }
 while [ -z "$(disk raw)" ]; do $B sleep 0.1; done
 PLAIN=$(disk plain); INTEG=$(disk integ); RAW=$(disk raw)

@@ -196,7 +196,10 @@ fn tunnel_task(args: &[&str]) -> Result<(), String> {
     })
 }
 
-/// A tun interface `name` (no packet information header), non-blocking.
+/// A tun interface `name` (no packet information header), non-blocking. The same ioctl as
+/// `hawser_mesh::device`'s private `create_tun`, without its descriptor move (a boringtun
+/// work-around this loop does not need); not shared, because making that function public
+/// changes PID 1's measured binary for the sake of a test tool.
 fn create_tun(name: &str) -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::{AsRawFd as _, OwnedFd};
     let tun: OwnedFd = std::fs::OpenOptions::new()

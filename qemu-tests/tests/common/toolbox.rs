@@ -6,13 +6,25 @@
 //! The host's programs come with their host library closures, which replace the image's
 //! libraries of the same names (nothing of the image runs). Kernel modules come from the
 //! image's kernel package in the input cache, decompressed for busybox's `insmod`, in
-//! dependency order; `@LOAD_MODULES@` in the script is replaced by the lines that load them.
+//! dependency order; the init loads them after mounting /proc, /sys, /dev and /run, then runs
+//! the test's script.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hawser_image::closure;
 use hawser_image::cpio::CpioArchive;
+
+/// What every toolbox init runs first: busybox's shell as `$B`, the kernel's file systems
+/// mounted, and the archive's kernel modules loaded.
+const PRELUDE: &str = r#"#!/bin/busybox sh
+B=/bin/busybox
+$B mount -t proc proc /proc
+$B mount -t sysfs sysfs /sys
+$B mount -t devtmpfs devtmpfs /dev
+$B mount -t tmpfs tmpfs /run
+@LOAD_MODULES@
+"#;
 
 /// A test initramfs being put together.
 pub struct Toolbox {
@@ -86,10 +98,10 @@ impl Toolbox {
         self
     }
 
-    /// Writes `base` (the image's initramfs) followed by this archive, with `script` (its
-    /// `@LOAD_MODULES@` filled in) at `/<init>`, to `dest`.
+    /// Writes `base` (the image's initramfs) followed by this archive, with the prelude (mounts,
+    /// modules) and then `script` at `/<init>`, to `dest`.
     pub fn write(&mut self, base: &Path, init: &str, script: &str, dest: &Path) -> PathBuf {
-        let script = script.replace("@LOAD_MODULES@", &self.load_modules);
+        let script = PRELUDE.replace("@LOAD_MODULES@", &self.load_modules) + script;
         self.file(init, 0o755, script.into_bytes());
         let mut initrd = std::fs::read(base).unwrap();
         initrd.resize(initrd.len().next_multiple_of(512), 0);
