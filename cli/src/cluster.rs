@@ -71,6 +71,12 @@ pub fn read_init_secret(path: &Path) -> anyhow::Result<zeroize::Zeroizing<Vec<u8
     Ok(secret)
 }
 
+/// The SHA-256 of the init secret in `path`: what the node's platform is given.
+pub fn init_secret_hash(path: &Path) -> anyhow::Result<[u8; 32]> {
+    use sha2::Digest as _;
+    Ok(sha2::Sha256::digest(read_init_secret(path)?.as_slice()).into())
+}
+
 /// Bound on one aTLS handshake (a TPM quote under TCG takes a fraction of a second).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -387,7 +393,16 @@ pub async fn init(
         .map_err(|s| refused("Init", &s, &opts.init_secret))?
         .into_inner();
     let success = follow(&mut stream, log).await?;
-    let established = confirm(&opts.node, &trust, &success, cluster_id, say).await?;
+    // The node answers Init after `kubeadm init`, so after its pivot.
+    let established = confirm(
+        &opts.node,
+        &trust,
+        &success,
+        cluster_id,
+        Answers::AfterPivot,
+        say,
+    )
+    .await?;
     drop(stream);
     let kubeconfig_written = !success.kubeconfig.is_empty();
     if kubeconfig_written {
@@ -460,18 +475,35 @@ pub async fn recover(
         .into_inner();
     drop(init_secret);
     let success = follow(&mut stream, log).await?;
-    let established = confirm(&opts.node, &trust, &success, cluster_id, say).await;
+    // The node answers Recover from its initramfs (kubeadm does not run again).
+    let established = confirm(
+        &opts.node,
+        &trust,
+        &success,
+        cluster_id,
+        Answers::InInitrd,
+        say,
+    )
+    .await;
     drop(stream);
     established
 }
 
 /// Checks the node's answer: its cluster ID is ours, and a fresh attestation shows PCR 15
 /// locked to it.
+/// Where the node most likely is when it answers the re-attestation after the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answers {
+    InInitrd,
+    AfterPivot,
+}
+
 async fn confirm(
     node: &str,
     trust: &NodeTrust,
     success: &hawser_proto::init::InitSuccess,
     cluster_id: [u8; 32],
+    answers: Answers,
     say: &mut dyn FnMut(&str),
 ) -> anyhow::Result<Established> {
     if success.cluster_id != cluster_id {
@@ -482,12 +514,22 @@ async fn confirm(
         );
     }
     let pcr15 = cluster_lock_pcr(&cluster_id);
-    // A node with a rootfs answers after its pivot: PCR 11 then also holds `leave-initrd`.
-    let locked = match attest(node, &trust.client(Some(pcr15))?).await {
+    // A node with a rootfs that ran `kubeadm init` answers after its pivot (PCR 11 then also
+    // holds `leave-initrd`); one without a rootfs, or a recovered one, from its initramfs.
+    // Asking the likely case first spares a refused handshake (and a warning on both sides).
+    let (likely, other) = match answers {
+        Answers::InInitrd => (
+            trust.client(Some(pcr15))?,
+            trust.after_pivot().client(Some(pcr15))?,
+        ),
+        Answers::AfterPivot => (
+            trust.after_pivot().client(Some(pcr15))?,
+            trust.client(Some(pcr15))?,
+        ),
+    };
+    let locked = match attest(node, &likely).await {
         Ok(evidence) => Ok(evidence),
-        Err(in_initrd) => attest(node, &trust.after_pivot().client(Some(pcr15))?)
-            .await
-            .map_err(|_| in_initrd),
+        Err(first) => attest(node, &other).await.map_err(|_| first),
     };
     locked.context("re-attesting the node after the node lock")?;
     say(&format!(

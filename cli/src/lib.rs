@@ -4,8 +4,11 @@
 //! - [`cluster`]: `hawser init` / `hawser recover`, the admin's side of the init protocol.
 //! - [`localhost`]: the host side of a local cluster (provider CA, master secret, join service,
 //!   the guest's network), used by `hawser local up` and the QEMU tests.
+//! - [`local_cluster`]: a local cluster's layout, its nodes' state read off their consoles
+//!   (`hawser local status`), and the console filter of `hawser local up`.
 //! - [`peers`]: `hawser peers`, the WireGuard mesh as the join service's store shows it.
 
 pub mod cluster;
+pub mod local_cluster;
 pub mod localhost;
 pub mod peers;

@@ -30,23 +30,38 @@ use hawser_image::inputs;
 use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
 
+mod cluster;
+
 #[derive(Subcommand)]
 pub enum LocalCommand {
-    /// Build the node image (unless --image is given) and boot its disk in QEMU with a
-    /// software TPM: attestation, state disk key, verified rootfs, kubeadm.
+    /// Build the node image (unless --image is given) and boot a cluster of QEMU nodes with
+    /// software TPMs: `hawser init` of the first, attested joins of the others, verified
+    /// rootfs, kubeadm. Again: the same disks rejoin (`hawser recover` of the first).
     Up(UpOptions),
-    /// Power off the VM started by `hawser local up`.
+    /// Each node's role, state, quote, VPN address, cluster lock and last error.
+    Status,
+    /// Power off the nodes started by `hawser local up` (workers first).
     Down,
+}
+
+/// Where local clusters live: `$HAWSER_LOCAL_DIR`, or `local/` in hawser's cache
+/// (`~/.cache/hawser`). The test suite points it elsewhere, so that it never touches a
+/// developer's own local cluster.
+pub fn local_dir() -> PathBuf {
+    std::env::var_os("HAWSER_LOCAL_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| inputs::cache_dir().join("local"), PathBuf::from)
 }
 
 /// Records which `local up` process owns the running VM.
 fn state_file() -> PathBuf {
-    inputs::cache_dir().join("local/up.pid")
+    local_dir().join("up.pid")
 }
 
 pub fn run(cmd: LocalCommand) -> anyhow::Result<()> {
     match cmd {
         LocalCommand::Up(opts) => up(opts),
+        LocalCommand::Status => status(),
         LocalCommand::Down => down(),
     }
 }
@@ -64,12 +79,66 @@ fn down() -> anyhow::Result<()> {
     }
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
         .with_context(|| format!("signalling `hawser local up` (pid {pid})"))?;
-    println!("asked `hawser local up` (pid {pid}) to power the VM off");
+    println!("asked `hawser local up` (pid {pid}) to power its nodes off (workers first) …");
+    // Each node gets up to 90 s for PID 1's orderly shutdown before it is killed.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while nix::sys::signal::kill(pid, None).is_ok() {
+        if Instant::now() > deadline {
+            bail!("`hawser local up` (pid {pid}) is still running after 10 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    println!("all nodes are off (`hawser local status` shows how each ended)");
+    Ok(())
+}
+
+/// `hawser local status`: what the running (or last) `local up` wrote.
+fn status() -> anyhow::Result<()> {
+    let dir = cluster::cluster_dir();
+    let Some(status) = hawser_cli::local_cluster::StatusFile::read(&dir)? else {
+        bail!(
+            "no local cluster in {} (`hawser local up` creates one)",
+            dir.display()
+        );
+    };
+    let alive = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(status.pid).unwrap_or(i32::MAX)),
+        None,
+    )
+    .is_ok()
+        && state_file().exists();
+    if alive {
+        println!(
+            "`hawser local up` (pid {}) runs the cluster in {}",
+            status.pid,
+            dir.display()
+        );
+    } else {
+        println!(
+            "no `hawser local up` is running; the cluster in {} as it was last seen:",
+            dir.display()
+        );
+    }
+    print!("{}", status.table());
     Ok(())
 }
 
 #[derive(Args)]
 pub struct UpOptions {
+    /// Nodes in the cluster.
+    #[arg(long, default_value_t = 2)]
+    nodes: usize,
+    /// How many of the nodes are control planes (the first is initialized with `hawser init`,
+    /// the others join with the admin's approval of their TPM's attestation key).
+    #[arg(long, default_value_t = 1)]
+    control_planes: usize,
+    /// Start a new cluster: remove the local cluster's disks, TPMs and admin secrets first.
+    #[arg(long)]
+    fresh: bool,
+    /// DEVELOPMENT SHORTCUT, one node: a join service on the host that the node trusts WITHOUT
+    /// attesting it (`hawser.join_service_trust=insecure-dev` on its measured command line).
+    #[arg(long, conflicts_with_all = ["init", "nodes", "control_planes", "fresh"])]
+    insecure_dev_join_service: bool,
     /// Boot the node image already built in this directory (`hawser image build --out
     /// DIR` with the local command line: hawser.efi and hawser-disk.raw) instead of
     /// building one.
@@ -91,8 +160,9 @@ pub struct UpOptions {
     /// not), instead of waiting for Ctrl-C.
     #[arg(long)]
     once: bool,
-    /// Start no join service: the node waits for `hawser init` on 127.0.0.1:<init-port>.
-    #[arg(long)]
+    /// One node that waits for YOUR `hawser init` on 127.0.0.1:<init-port> (the command is
+    /// printed).
+    #[arg(long, conflicts_with_all = ["nodes", "control_planes", "fresh"])]
     init: bool,
     /// The host port forwarded to the node's init server (port 9000 in the guest).
     #[arg(long, default_value_t = 9000)]
@@ -100,11 +170,48 @@ pub struct UpOptions {
 }
 
 fn up(opts: UpOptions) -> anyhow::Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    let state = state_file();
+    if let Some(dir) = state.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if let Some(pid) = std::fs::read_to_string(&state)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|&pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok())
+    {
+        bail!("`hawser local up` (pid {pid}) runs already; `hawser local down` stops it");
+    }
+    std::fs::write(&state, std::process::id().to_string())?;
+    let _state_guard = RemoveOnDrop(state);
+    if opts.init || opts.insecure_dev_join_service {
+        up_single(opts, &stop)
+    } else {
+        cluster::up(&opts, &stop)
+    }
+}
+
+/// One node: `--init` (it waits for the user's `hawser init`) or
+/// `--insecure-dev-join-service`.
+fn up_single(opts: UpOptions, stop: &AtomicBool) -> anyhow::Result<()> {
     let started = Instant::now();
+    if opts.insecure_dev_join_service {
+        eprintln!(
+            "INSECURE DEVELOPMENT SHORTCUT: the node trusts the join service on this host \
+             without attesting it (hawser.join_service_trust=insecure-dev, measured); whoever \
+             answers there chooses its disk key and cluster. `hawser local up` without \
+             --insecure-dev-join-service forms a cluster with attested trust both ways."
+        );
+    }
     // The host side first: provider CA, master secret. With --init, an image built here carries
     // this run's CA, so that after `hawser init` the node's own join service can verify joining
     // nodes' attestation keys with it (without, the node says it does not start the service).
-    let cluster_dir = inputs::cache_dir().join("local/cluster");
+    // Its own directory: `LocalCluster::create` empties it (a cluster's is never touched).
+    let cluster_dir = local_dir().join("single");
     let cluster = LocalCluster::create(&cluster_dir)?;
     let dir = match opts.image {
         Some(dir) => dir,
@@ -137,12 +244,6 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
                 dir.display()
             );
         }
-    }
-
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, Arc::clone(&stop))
-            .context("installing signal handlers")?;
     }
 
     // Expected measurements and the join service.
@@ -234,13 +335,6 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
     } else {
         Vm::start_echoing(config, Box::new(ConsoleEcho))?
     };
-    let state = state_file();
-    if let Some(dir) = state.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    std::fs::write(&state, std::process::id().to_string())?;
-    let _state_guard = RemoveOnDrop(state);
-
     if opts.init {
         eprintln!(
             "\nthe node waits for `hawser init`; in another terminal run:\n\n  \
@@ -252,13 +346,12 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
             init_secret.display()
         );
     }
-    let Some(line) = wait_or_stop(&vm, JOIN_REPORT_MARKER, Duration::from_secs(3600), &stop)?
-    else {
+    let Some(line) = wait_or_stop(&vm, JOIN_REPORT_MARKER, Duration::from_secs(3600), stop)? else {
         return power_off(&vm, "interrupted before the node got its key");
     };
     let joined = print_join(&line, &cluster)?;
 
-    let line = wait_or_stop(&vm, BOOT_REPORT_MARKER, Duration::from_secs(600), &stop)?;
+    let line = wait_or_stop(&vm, BOOT_REPORT_MARKER, Duration::from_secs(600), stop)?;
     let Some(line) = line else {
         return power_off(&vm, "interrupted before the boot report");
     };
@@ -297,7 +390,7 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
             || (line.contains("kubeadm") && line.contains("failed"))
             || line.contains("containerd, kubelet and kubeadm are not started")
     };
-    match wait_or_stop(&vm, kubeadm, Duration::from_secs(600), &stop)? {
+    match wait_or_stop(&vm, kubeadm, Duration::from_secs(600), stop)? {
         Some(line) => print_kubernetes(&vm, &line),
         None => return power_off(&vm, "interrupted before kubeadm"),
     }
@@ -408,7 +501,7 @@ fn print_kubernetes(vm: &Vm, outcome: &str) {
     }
 }
 
-fn wait_or_stop(
+pub(super) fn wait_or_stop(
     vm: &Vm,
     marker: impl hawser_qemu::LineMatcher + Copy,
     timeout: Duration,
