@@ -152,7 +152,8 @@ pub struct Observation {
     pub cluster_id: Option<String>,
     /// The node's VPN address, once the mesh is up.
     pub vpn_ip: Option<String>,
-    /// The last warning, error or `FATAL` PID 1 printed (not its services' output).
+    /// The last warning, error, failed kubeadm attempt or `FATAL` PID 1 printed (not its
+    /// services' output) since the node last got further.
     pub last_error: Option<String>,
 }
 
@@ -162,9 +163,13 @@ pub fn observe(lines: &[String]) -> Observation {
         stage: Some(Stage::Booting),
         ..Observation::default()
     };
+    // A warning counts until the node gets further: what `status` shows is why a node is
+    // stuck, not a hiccup it has since overcome (the kubelet's restarts before kubeadm wrote its
+    // configuration, say).
     let advance = |seen: &mut Observation, stage: Stage| {
         if seen.stage.is_none_or(|s| s < stage) {
             seen.stage = Some(stage);
+            seen.last_error = None;
         }
     };
     for line in lines {
@@ -428,11 +433,14 @@ mod tests {
         let seen = observe(&more);
         assert_eq!(seen.stage, Some(Stage::KubeadmDone));
         assert_eq!(seen.vpn_ip.as_deref(), Some("10.123.0.3"));
-        // A service's error is not PID 1's last word.
-        assert!(
-            seen.last_error
-                .unwrap()
-                .starts_with("warning: Init refused")
+        // The refused Init was overcome: the node got further.
+        assert_eq!(seen.last_error, None);
+        more.push("[   24.0] hawser: warning: service kubelet exited; restarting".to_owned());
+        more.push("[   24.1] hawser: [kubelet] error: no API server".to_owned());
+        // A service's own output is not PID 1's last word.
+        assert_eq!(
+            observe(&more).last_error.as_deref(),
+            Some("warning: service kubelet exited; restarting")
         );
         more.push("[   30.0] hawser: FATAL: the state disk is not ours".to_owned());
         let seen = observe(&more);

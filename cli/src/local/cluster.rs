@@ -430,8 +430,13 @@ fn form(
     })?;
     let cluster_id = hex::encode(established.cluster_id);
     f.events.say(format!(
-        "cluster {cluster_id} established on {}",
-        first.spec.name
+        "{} {} cluster {cluster_id}",
+        first.spec.name,
+        if established.kubeconfig_written {
+            "initialized"
+        } else {
+            "locked to"
+        }
     ));
     let master = MasterSecret::read_file(&f.admin.master_secret())?;
     check_reports(
@@ -466,7 +471,9 @@ fn form(
     }
     for node in std::iter::once(&first).chain(others.iter().map(|(n, _)| n)) {
         let seen = wait_for_kubeadm(node, stop)?;
-        if seen.stage != Some(Stage::KubeadmDone) {
+        if seen.stage == Some(Stage::KubeadmDone) {
+            f.events.say(format!("{}: kubeadm done", node.spec.name));
+        } else {
             bail!(
                 "{}'s kubeadm did not succeed: {}; console log {}",
                 node.spec.name,
