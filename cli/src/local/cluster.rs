@@ -621,8 +621,18 @@ fn check_reports(
             hex::encode(cluster_id)
         );
     }
+    // How it found the join service: PID 1 names the adverts it heard on the LAN.
+    let found = node
+        .vm
+        .console_lines()
+        .iter()
+        .find_map(|l| {
+            l.split_once("join services advertised on the LAN: ")
+                .map(|(_, adverts)| format!(" (found by mDNS: {adverts})"))
+        })
+        .unwrap_or_default();
     events.say(format!(
-        "{name} attested ({} via {}, {} attempt(s)) and got the key of disk {}",
+        "{name} attested ({} via {}, {} attempt(s)) and got the key of disk {}{found}",
         join.rpc, join.via, join.attempts, join.disk_uuid
     ));
     let line = wait_for(node, BOOT_REPORT_MARKER, stop, "its boot report")?;

@@ -34,13 +34,20 @@ pub enum DiscoveryError {
 /// The node's browser on the LAN.
 pub struct LanDiscovery {
     browser: Mutex<Browser>,
-    /// The daemon's thread runs as long as this handle (and the browser's) lives.
-    _daemon: ServiceDaemon,
+    /// The mDNS daemon (a thread of its own), shut down on drop.
+    daemon: ServiceDaemon,
 }
 
 impl std::fmt::Debug for LanDiscovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("LanDiscovery(mDNS)")
+    }
+}
+
+impl Drop for LanDiscovery {
+    /// Stops the mDNS daemon's thread and closes its sockets once the join is done.
+    fn drop(&mut self) {
+        let _ = self.daemon.shutdown();
     }
 }
 
@@ -52,7 +59,7 @@ impl LanDiscovery {
         info!("browsing the LAN for the join service (mDNS {})", hawser_discovery::MDNS_SERVICE_TYPE);
         Ok(LanDiscovery {
             browser: Mutex::new(browser),
-            _daemon: daemon,
+            daemon,
         })
     }
 
