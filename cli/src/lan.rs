@@ -91,7 +91,10 @@ pub fn nic_args(port: &Port, member: usize) -> Vec<String> {
             port.hub.display()
         ),
         "-device".to_owned(),
-        format!("virtio-net-pci,netdev=lan,mac=52:54:00:4c:00:{:02x}", member + 1),
+        format!(
+            "virtio-net-pci,netdev=lan,mac=52:54:00:4c:00:{:02x}",
+            member + 1
+        ),
     ]
 }
 

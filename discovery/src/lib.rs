@@ -30,10 +30,10 @@ use std::time::Instant;
 
 pub use advert::{AdvertError, JoinServiceAdvert};
 pub use mdns::{Advertiser, Browser, MdnsError};
-/// The mDNS daemon (mdns-sd's) that [`Advertiser`] and [`Browser`] run on.
-pub use mdns_sd::ServiceDaemon;
 /// The mDNS daemon's error (starting it, for one).
 pub use mdns_sd::Error as DaemonError;
+/// The mDNS daemon (mdns-sd's) that [`Advertiser`] and [`Browser`] run on.
+pub use mdns_sd::ServiceDaemon;
 pub use sightings::Sightings;
 #[cfg(feature = "srv")]
 pub use srv::{NameServers, SrvEndpoint, SrvError, resolve_srv};

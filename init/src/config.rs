@@ -858,7 +858,11 @@ mod tests {
             .unwrap();
         assert_eq!(lan.address, std::net::Ipv4Addr::new(192, 168, 76, 12));
         assert_eq!(lan.prefix_len, 24);
-        for bad in [&b"192.168.76.12"[..], b"192.168.76.12/24,192.168.76.1", b"x/24"] {
+        for bad in [
+            &b"192.168.76.12"[..],
+            b"192.168.76.12/24,192.168.76.1",
+            b"x/24",
+        ] {
             let err = parse_fw_cfg(&fw(&[("lan_net", bad)])).unwrap_err();
             assert!(err.to_string().contains("opt/hawser/lan_net"), "{err}");
         }

@@ -441,39 +441,40 @@ fn tamper_fake_join_service_advert_only_costs_an_attempt() {
         &["--mdns-instance", "real-cp", "--mdns-interval-secs", "1"],
     );
     assert!(
-        service.log().contains("advertising real-cp._hawser-join._tcp.local."),
+        service
+            .log()
+            .contains("advertising real-cp._hawser-join._tcp.local."),
         "{}",
         service.log()
     );
     let fake_endpoint = SocketAddr::from((lan.ip(1), 7000));
-    let (_fake_daemon, _fake_advert, _fake_listener) = netns::in_namespace(&lan.members[1], move || {
-        // Takes connections and closes them: no aTLS, no answer.
-        let listener = std::net::TcpListener::bind(fake_endpoint).expect("bind the fake");
-        let accepting = listener.try_clone().expect("clone");
-        std::thread::spawn(move || {
-            for connection in accepting.incoming() {
-                drop(connection);
-            }
+    let (_fake_daemon, _fake_advert, _fake_listener) =
+        netns::in_namespace(&lan.members[1], move || {
+            // Takes connections and closes them: no aTLS, no answer.
+            let listener = std::net::TcpListener::bind(fake_endpoint).expect("bind the fake");
+            let accepting = listener.try_clone().expect("clone");
+            std::thread::spawn(move || {
+                for connection in accepting.incoming() {
+                    drop(connection);
+                }
+            });
+            let daemon = ServiceDaemon::new().expect("mDNS daemon");
+            let advert = JoinServiceAdvert {
+                instance: "a-fake".into(),
+                cluster_id: "ab".repeat(32),
+                version: "0.1.0".into(),
+                port: 7000,
+                api_port: 6443,
+                interval: Some(Duration::from_secs(1)),
+            };
+            let advertiser =
+                Advertiser::start(&daemon, advert, "a-fake.local.").expect("advertise the fake");
+            (daemon, advertiser, listener)
         });
-        let daemon = ServiceDaemon::new().expect("mDNS daemon");
-        let advert = JoinServiceAdvert {
-            instance: "a-fake".into(),
-            cluster_id: "ab".repeat(32),
-            version: "0.1.0".into(),
-            port: 7000,
-            api_port: 6443,
-            interval: Some(Duration::from_secs(1)),
-        };
-        let advertiser =
-            Advertiser::start(&daemon, advert, "a-fake.local.").expect("advertise the fake");
-        (daemon, advertiser, listener)
-    });
 
     let issuer = Arc::clone(&node.issuer);
-    let real_cluster = hawser_keys::cluster_id(
-        service.master.measurement_secret().as_slice(),
-        b"salt",
-    );
+    let real_cluster =
+        hawser_keys::cluster_id(service.master.measurement_secret().as_slice(), b"salt");
     let (fresh, pinned) = netns::in_namespace(&lan.members[2], move || {
         let runtime = runtime();
         runtime.block_on(async move {
@@ -509,7 +510,10 @@ fn tamper_fake_join_service_advert_only_costs_an_attempt() {
     assert_eq!(attempts, 2, "the fake costs one attempt, no more");
     let (secrets, attempts) = pinned;
     assert_eq!(*secrets.state_disk_key, key.to_vec());
-    assert_eq!(attempts, 1, "a node of the real cluster never tries the fake");
+    assert_eq!(
+        attempts, 1,
+        "a node of the real cluster never tries the fake"
+    );
     assert_eq!(
         service.registry(),
         vec![format!("{UUID} {}", node.ak_hex)],

@@ -420,8 +420,7 @@ impl Retry<'_> {
             }
             for (i, endpoint) in endpoints.iter().enumerate() {
                 attempts += 1;
-                let result =
-                    tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(endpoint.clone())).await;
+                let result = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(endpoint.clone())).await;
                 let reason = match result {
                     Ok(Ok(secrets)) => {
                         match check_cluster(endpoint, self.disk_cluster, &secrets) {

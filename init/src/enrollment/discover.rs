@@ -56,7 +56,10 @@ impl LanDiscovery {
     pub fn start() -> Result<Self, DiscoveryError> {
         let daemon = ServiceDaemon::new().map_err(DiscoveryError::Daemon)?;
         let browser = Browser::start(&daemon, None).map_err(DiscoveryError::Browse)?;
-        info!("browsing the LAN for the join service (mDNS {})", hawser_discovery::MDNS_SERVICE_TYPE);
+        info!(
+            "browsing the LAN for the join service (mDNS {})",
+            hawser_discovery::MDNS_SERVICE_TYPE
+        );
         Ok(LanDiscovery {
             browser: Mutex::new(browser),
             daemon,
@@ -79,11 +82,7 @@ impl LanDiscovery {
         if !found.is_empty() {
             info!(
                 "join services advertised on the LAN: {}",
-                found
-                    .iter()
-                    .map(describe)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                found.iter().map(describe).collect::<Vec<_>>().join(", ")
             );
         }
         found.iter().filter_map(endpoint).collect()
