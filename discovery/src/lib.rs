@@ -22,6 +22,7 @@
 pub mod advert;
 pub mod mdns;
 pub mod sightings;
+#[cfg(feature = "srv")]
 pub mod srv;
 
 use std::net::SocketAddr;
@@ -29,9 +30,12 @@ use std::time::Instant;
 
 pub use advert::{AdvertError, JoinServiceAdvert};
 pub use mdns::{Advertiser, Browser, MdnsError};
+/// The mDNS daemon's error (starting it, for one).
+pub use mdns_sd::Error as DaemonError;
 /// The mDNS daemon (mdns-sd's) that [`Advertiser`] and [`Browser`] run on.
 pub use mdns_sd::ServiceDaemon;
 pub use sightings::Sightings;
+#[cfg(feature = "srv")]
 pub use srv::{NameServers, SrvEndpoint, SrvError, resolve_srv};
 
 /// The DNS-SD service the join service advertises (RFC 6763 `_service._proto`).

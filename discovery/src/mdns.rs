@@ -291,9 +291,7 @@ impl Browser {
                         return;
                     }
                 };
-                let mut addresses: Vec<IpAddr> =
-                    service.addresses.iter().map(|ip| ip.to_ip_addr()).collect();
-                addresses.sort();
+                let addresses = dialable(service.addresses.iter().map(|ip| ip.to_ip_addr()));
                 let cluster_id = advert.cluster_id.clone();
                 match self.sightings.observe(advert, &addresses, Instant::now()) {
                     Change::Appeared(endpoint) => {
@@ -318,6 +316,22 @@ impl Browser {
     }
 }
 
+/// The addresses a node can dial, sorted: IPv6 link-local ones left out (an endpoint would
+/// need its interface, which a socket address does not carry), and only IPv4 where there is
+/// any (a dual-stack advertiser's endpoint then stays put, instead of moving to whichever
+/// family was announced last).
+fn dialable(addresses: impl Iterator<Item = IpAddr>) -> Vec<IpAddr> {
+    let mut addresses: Vec<IpAddr> = addresses
+        .filter(|ip| !matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local()))
+        .collect();
+    if addresses.iter().any(IpAddr::is_ipv4) {
+        addresses.retain(IpAddr::is_ipv4);
+    }
+    addresses.sort();
+    addresses.dedup();
+    addresses
+}
+
 /// The instance label of a full name in hawser's service type.
 fn instance_name(fullname: &str) -> Option<&str> {
     let instance = fullname
@@ -328,6 +342,16 @@ fn instance_name(fullname: &str) -> Option<&str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_dual_stack_advert_is_dialled_over_ipv4_and_link_local_v6_never() {
+        let v4: std::net::IpAddr = "192.168.76.11".parse().unwrap();
+        let link_local: std::net::IpAddr = "fe80::1".parse().unwrap();
+        let global: std::net::IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(super::dialable([link_local, v4, global].into_iter()), [v4]);
+        assert_eq!(super::dialable([link_local, global].into_iter()), [global]);
+        assert!(super::dialable([link_local].into_iter()).is_empty());
+    }
+
     use super::*;
 
     #[test]

@@ -41,6 +41,7 @@ pub const FW_CFG_ALLOWED_KEYS: &[&str] = &[
     "role",
     "init_secret_hash",
     "vpn_endpoint",
+    "lan_net",
 ];
 /// Longest accepted quote nonce: a TPM2B_DATA holds at most 64 bytes of qualifying data.
 pub const MAX_NONCE_LEN: usize = 64;
@@ -104,6 +105,8 @@ pub struct CmdlineConfig {
     /// `hawser.join_endpoint`: the join services, tried in turn (fw_cfg may give them when
     /// this is absent).
     pub join_endpoint: Option<JoinEndpoints>,
+    /// `hawser.join_discovery`: how a node with no join endpoint finds the join service.
+    pub join_discovery: JoinDiscovery,
     /// `hawser.root_hash`: the dm-verity root hash of the rootfs to pivot into; `None` keeps
     /// the node in the initramfs (an image without a rootfs).
     pub root_hash: Option<crate::rootfs::RootHash>,
@@ -123,6 +126,7 @@ impl Default for CmdlineConfig {
             net: None,
             join_service_trust: JoinServiceTrust::default(),
             join_endpoint: None,
+            join_discovery: JoinDiscovery::None,
             root_hash: None,
             init_secret_hash: None,
             warnings: Vec::new(),
@@ -360,6 +364,13 @@ pub fn parse_kernel_cmdline(cmdline: &str) -> Result<CmdlineConfig, ConfigError>
                         .ok_or_else(|| malformed(key, value, JoinEndpoints::SYNTAX))?,
                 );
             }
+            "join_discovery" => {
+                config.join_discovery = match value {
+                    Some("none") => JoinDiscovery::None,
+                    Some("mdns") => JoinDiscovery::Mdns,
+                    _ => return Err(malformed(key, value, "expected none or mdns")),
+                };
+            }
             _ => warnings.push(format!(
                 "unknown kernel command line key {CMDLINE_PREFIX}{key} is ignored"
             )),
@@ -368,6 +379,18 @@ pub fn parse_kernel_cmdline(cmdline: &str) -> Result<CmdlineConfig, ConfigError>
     check_state_disk(&config.state_disk, &keys)?;
     config.warnings = warnings;
     Ok(config)
+}
+
+/// `hawser.join_discovery`: how a node that is given no join endpoint finds the join service.
+/// Measured, because it decides what the node listens to; safe, because whatever it finds is
+/// attested before the node trusts it (and pinned to the node's cluster after the first join).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum JoinDiscovery {
+    /// Only configured endpoints (the default).
+    #[default]
+    None,
+    /// Browse for `_hawser-join._tcp` adverts on the LAN (mDNS).
+    Mdns,
 }
 
 /// The configuration accepted from fw_cfg.
@@ -395,6 +418,10 @@ pub struct FwCfgConfig {
     /// is). Unmeasured: a wrong endpoint only makes the tunnel unreachable, since WireGuard
     /// authenticates every peer by its key.
     pub vpn_endpoint: Option<std::net::SocketAddr>,
+    /// `lan_net`: the address (`<IPv4>/<prefix>`) of the node's second NIC, on a LAN between
+    /// the nodes (where mDNS finds the join service). Unmeasured, like a cloud's DHCP: the host
+    /// owns the network anyway, and every peer on it is attested or authenticated by its key.
+    pub lan_net: Option<crate::platform::net::NetConfig>,
     /// Keys present but not allowed, each worth a warning.
     pub warnings: Vec<String>,
 }
@@ -422,6 +449,17 @@ pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, 
                     }
                 })?;
                 config.join_endpoint = Some(endpoint);
+            }
+            "lan_net" => {
+                let text = String::from_utf8_lossy(raw);
+                let net = crate::platform::net::NetConfig::parse(text.trim_ascii())
+                    .filter(|net| net.gateway.is_none())
+                    .ok_or_else(|| ConfigError::MalformedFwCfg {
+                        key: key.clone(),
+                        value: text.chars().take(80).collect(),
+                        reason: "expected <IPv4 address>/<prefix length> (no gateway)",
+                    })?;
+                config.lan_net = Some(net);
             }
             "init_secret_hash" => {
                 config.init_secret_hash = Some(parse_init_secret_hash(raw).ok_or_else(|| {
@@ -802,6 +840,32 @@ mod tests {
             err.to_string().contains("expected control-plane or worker"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn join_discovery_and_the_lan_address_are_parsed() {
+        let config = parse_kernel_cmdline("hawser.join_discovery=mdns").unwrap();
+        assert_eq!(config.join_discovery, JoinDiscovery::Mdns);
+        assert_eq!(
+            parse_kernel_cmdline("").unwrap().join_discovery,
+            JoinDiscovery::None
+        );
+        let err = parse_kernel_cmdline("hawser.join_discovery=dns").unwrap_err();
+        assert!(err.to_string().contains("expected none or mdns"), "{err}");
+        let lan = parse_fw_cfg(&fw(&[("lan_net", b"192.168.76.12/24\n")]))
+            .unwrap()
+            .lan_net
+            .unwrap();
+        assert_eq!(lan.address, std::net::Ipv4Addr::new(192, 168, 76, 12));
+        assert_eq!(lan.prefix_len, 24);
+        for bad in [
+            &b"192.168.76.12"[..],
+            b"192.168.76.12/24,192.168.76.1",
+            b"x/24",
+        ] {
+            let err = parse_fw_cfg(&fw(&[("lan_net", bad)])).unwrap_err();
+            assert!(err.to_string().contains("opt/hawser/lan_net"), "{err}");
+        }
     }
 
     #[test]

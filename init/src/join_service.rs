@@ -50,6 +50,9 @@ pub struct JoinServiceInputs {
     pub joiner_measurements: serde_json::Value,
     /// The provider CA the image carries (`hawser image build --provider-ca`).
     pub provider_ca_pem: String,
+    /// The mDNS instance name the join service advertises itself under on the LAN
+    /// (`hawser.join_discovery=mdns`), or `None` for no advert.
+    pub advertise_as: Option<String>,
 }
 
 /// A control plane's join service: the cluster's secrets, and what it hands out.
@@ -240,6 +243,9 @@ impl InClusterJoinService<'_> {
             "device:/dev/tpmrm0".to_owned(),
         ];
         let mut args = args.to_vec();
+        if let Some(instance) = &self.inputs.advertise_as {
+            args.extend(["--mdns-instance".to_owned(), instance.clone()]);
+        }
         args.extend(stacked_etcd_args(
             Path::new(PKI_DIR),
             Path::new(ETCD_MANIFEST),

@@ -135,6 +135,12 @@ impl Service {
 
     /// Starts `hawser-joind` (again, on the same port and state) and waits until it listens.
     fn start(&mut self) {
+        self.start_with(None, SocketAddr::from(([127, 0, 0, 1], self.port)), &[]);
+    }
+
+    /// [`Service::start`] inside network namespace `ns` (`ip netns exec`), listening on
+    /// `listen`, with `extra` flags; waits for its "listening" line.
+    fn start_with(&mut self, ns: Option<&str>, listen: SocketAddr, extra: &[&str]) {
         assert!(self.child.is_none(), "the service is already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -142,8 +148,18 @@ impl Service {
             .open(self.path("joind.log"))
             .expect("log file");
         let arg = |name: &str| self.path(name).display().to_string();
-        let child = Command::new(env!("CARGO_BIN_EXE_hawser-joind"))
-            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+        let joind = env!("CARGO_BIN_EXE_hawser-joind");
+        let mut command = match ns {
+            Some(ns) => {
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", ns, joind]);
+                command
+            }
+            None => Command::new(joind),
+        };
+        let child = command
+            .args(["--listen", &listen.to_string()])
+            .args(extra)
             .args(["--measurements", &arg("measurements.json")])
             .args(["--master-secret", &arg("master-secret.json")])
             .args(["--measurement-salt-file", &arg("salt")])
@@ -162,9 +178,8 @@ impl Service {
             .spawn()
             .expect("start hawser-joind");
         self.child = Some(child);
-        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         wait_for("hawser-joind to listen", || {
-            std::net::TcpStream::connect(addr).is_ok()
+            self.log().contains(&format!("listening on {listen}"))
         });
     }
 
@@ -392,4 +407,117 @@ fn fault_a_control_planes_join_service_down_the_next_one_answers() {
     assert_eq!(attempts, 2, "{}", service.log());
     assert_recovered(&service, &node, &secrets, attempts);
     assert_eq!(service.granted_joins(), 1, "{}", service.log());
+}
+
+/// Tamper row: a fake join service advert on the LAN. On a LAN of network namespaces this test
+/// creates, the real `hawser-joind` advertises itself over mDNS (`--mdns-instance`), and so does
+/// a fake (another cluster's ID, an endpoint that takes connections and says nothing useful),
+/// whose instance name sorts first. A fresh node given no endpoint (`hawser.join_discovery=mdns`)
+/// tries the fake, which costs it one attempt, then the real one, and gets the key of its disk
+/// from the real one. A node whose disk records the real cluster never tries the fake: its
+/// advert names another cluster.
+#[test]
+fn tamper_fake_join_service_advert_only_costs_an_attempt() {
+    use hawser_discovery::{Advertiser, JoinServiceAdvert, ServiceDaemon};
+    use hawser_init::enrollment::client::JoinSource;
+    use hawser_init::enrollment::discover::LanDiscovery;
+    use hawser_mesh::netns::{self, Underlay};
+
+    hawser_mesh::netns::require_host();
+    let ca = Arc::new(ProviderCa::generate("test provider").expect("CA"));
+    let lan = Underlay::new(3, 171);
+    // The node's swtpm lives in its namespace, where its join client reaches it on loopback.
+    let node = {
+        let ca = Arc::clone(&ca);
+        netns::in_namespace(&lan.members[2], move || node(&ca))
+    };
+    // member 0: the real join service; member 1: the fake; member 2: the node.
+    let mut service = Service::new(&ca);
+    std::fs::write(service.path("go"), "").expect("write");
+    let real = SocketAddr::from((lan.ip(0), 7000));
+    service.start_with(
+        Some(&lan.members[0]),
+        real,
+        &["--mdns-instance", "real-cp", "--mdns-interval-secs", "1"],
+    );
+    assert!(
+        service
+            .log()
+            .contains("advertising real-cp._hawser-join._tcp.local."),
+        "{}",
+        service.log()
+    );
+    let fake_endpoint = SocketAddr::from((lan.ip(1), 7000));
+    let (_fake_daemon, _fake_advert, _fake_listener) =
+        netns::in_namespace(&lan.members[1], move || {
+            // Takes connections and closes them: no aTLS, no answer.
+            let listener = std::net::TcpListener::bind(fake_endpoint).expect("bind the fake");
+            let accepting = listener.try_clone().expect("clone");
+            std::thread::spawn(move || {
+                for connection in accepting.incoming() {
+                    drop(connection);
+                }
+            });
+            let daemon = ServiceDaemon::new().expect("mDNS daemon");
+            let advert = JoinServiceAdvert {
+                instance: "a-fake".into(),
+                cluster_id: "ab".repeat(32),
+                version: "0.1.0".into(),
+                port: 7000,
+                api_port: 6443,
+                interval: Some(Duration::from_secs(1)),
+            };
+            let advertiser =
+                Advertiser::start(&daemon, advert, "a-fake.local.").expect("advertise the fake");
+            (daemon, advertiser, listener)
+        });
+
+    let issuer = Arc::clone(&node.issuer);
+    let real_cluster =
+        hawser_keys::cluster_id(service.master.measurement_secret().as_slice(), b"salt");
+    let (fresh, pinned) = netns::in_namespace(&lan.members[2], move || {
+        let runtime = runtime();
+        runtime.block_on(async move {
+            let lan = Arc::new(LanDiscovery::start().expect("browse"));
+            // Both adverts heard first, so that the count of attempts below is exact.
+            let heard = tokio::time::timeout(STEP, async {
+                while lan.round(None, Duration::from_secs(1)).await.len() < 2 {}
+            });
+            heard.await.expect("the node hears both adverts");
+            let fresh = JoinClient::new(
+                JoinSource::Discovered(Arc::clone(&lan)),
+                PeerPolicy::Unauthenticated,
+                Arc::clone(&issuer),
+            );
+            let fresh = tokio::time::timeout(STEP, fresh.fetch(UUID, DiskStatus::New))
+                .await
+                .expect("the fresh node joins through the real advert");
+            let pinned = JoinClient::new(
+                JoinSource::Discovered(lan),
+                PeerPolicy::Unauthenticated,
+                issuer,
+            )
+            .disk_cluster(Some(real_cluster));
+            let pinned = tokio::time::timeout(STEP, pinned.fetch(UUID, DiskStatus::Initialized))
+                .await
+                .expect("the joined node rejoins through the real advert");
+            (fresh, pinned)
+        })
+    });
+    let (secrets, attempts) = fresh;
+    let key = service.master.state_disk_key(UUID).expect("key");
+    assert_eq!(*secrets.state_disk_key, key.to_vec(), "{}", service.log());
+    assert_eq!(attempts, 2, "the fake costs one attempt, no more");
+    let (secrets, attempts) = pinned;
+    assert_eq!(*secrets.state_disk_key, key.to_vec());
+    assert_eq!(
+        attempts, 1,
+        "a node of the real cluster never tries the fake"
+    );
+    assert_eq!(
+        service.registry(),
+        vec![format!("{UUID} {}", node.ak_hex)],
+        "{}",
+        service.log()
+    );
 }

@@ -33,7 +33,7 @@ use hawser_cli::cluster::{self, ClusterFile, InitOptions, RecoverOptions};
 use hawser_cli::local_cluster::{
     Layout, NodeSpec, NodeStatus, Observation, Role, Stage, StatusFile, observe,
 };
-use hawser_cli::localhost;
+use hawser_cli::{lan, localhost};
 use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_keys::MasterSecret;
 use hawser_qemu::{ProviderCa, TpmConfig, Vm, VmConfig};
@@ -173,7 +173,11 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
         None => {
             let ws = crate::image::workspace()?;
             let mut build = PipelineOptions::new(&ws, &opts.out);
-            build.cmdline = localhost::node_cmdline(pipeline::DEFAULT_CMDLINE, false);
+            // Nodes given no join endpoint look for the join service on the LAN (mDNS).
+            build.cmdline = format!(
+                "{} hawser.join_discovery=mdns",
+                localhost::node_cmdline(pipeline::DEFAULT_CMDLINE, false)
+            );
             build.provider_ca = Some(dir.join(PROVIDER_CA));
             events.say(format!(
                 "building the node image into {} (it carries this cluster's provider CA) …",
@@ -208,6 +212,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
         .iter()
         .map(|_| Ports::free())
         .collect::<anyhow::Result<_>>()?;
+    let hub = lan::Hub::start(&dir.join("lan"), layout.nodes.len())?;
     let nodes: Mutex<Vec<Arc<Node>>> = Mutex::new(Vec::new());
     let running = AtomicBool::new(true);
     let result = std::thread::scope(|scope| {
@@ -222,6 +227,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
                 disk_image: &disk_image,
                 measurements: &measurements,
                 ports: &ports,
+                lan: &hub.ports,
                 events: &events,
             },
             &nodes,
@@ -331,6 +337,7 @@ struct Formation<'a> {
     disk_image: &'a Path,
     measurements: &'a Path,
     ports: &'a [Ports],
+    lan: &'a [lan::Port],
     events: &'a Events,
 }
 
@@ -556,15 +563,19 @@ fn boot(opts: &UpOptions, f: &Formation<'_>, i: usize, nonce: &[u8]) -> anyhow::
             .extra_args
             .extend(localhost::user_net_args(None, &published));
     } else {
-        config = config.fw_cfg_string("join_endpoint", localhost::GUEST_JOIN_ENDPOINT);
+        // No join endpoint: the node finds the join service by its mDNS advert on the LAN.
+        // The API server (kubeadm's discovery) stays at 10.0.2.100:6443, node-1's.
         config
             .extra_args
             .extend(localhost::user_net_args_with_api_server(
-                Some(f.ports[0].joind),
+                None,
                 Some(f.ports[0].api),
                 &published,
             ));
     }
+    // The LAN between the nodes: the second NIC, its address through fw_cfg.
+    config = config.fw_cfg_string("lan_net", lan::address(i));
+    config.extra_args.extend(lan::nic_args(&f.lan[i], i));
     if let Some(accel) = &opts.accel {
         config = config.accel(accel.clone());
     }
@@ -610,8 +621,18 @@ fn check_reports(
             hex::encode(cluster_id)
         );
     }
+    // How it found the join service: PID 1 names the adverts it heard on the LAN.
+    let found = node
+        .vm
+        .console_lines()
+        .iter()
+        .find_map(|l| {
+            l.split_once("join services advertised on the LAN: ")
+                .map(|(_, adverts)| format!(" (found by mDNS: {adverts})"))
+        })
+        .unwrap_or_default();
     events.say(format!(
-        "{name} attested ({} via {}, {} attempt(s)) and got the key of disk {}",
+        "{name} attested ({} via {}, {} attempt(s)) and got the key of disk {}{found}",
         join.rpc, join.via, join.attempts, join.disk_uuid
     ));
     let line = wait_for(node, BOOT_REPORT_MARKER, stop, "its boot report")?;

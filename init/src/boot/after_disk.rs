@@ -47,6 +47,10 @@ pub(super) fn role(
                     &measurement.pcrs,
                 ),
                 provider_ca_pem: pem,
+                // `hawser.join_discovery=mdns`: this image's nodes look for the join service on
+                // the LAN, so its control planes advertise theirs there, under the node name.
+                advertise_as: (config.join_discovery == crate::config::JoinDiscovery::Mdns)
+                    .then(|| node_name.clone()),
             }),
         // The admin's (`hawser init`/`recover`), or a control-plane join's.
         secrets: outcome.secrets,

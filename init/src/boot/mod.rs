@@ -117,6 +117,9 @@ pub enum BootError {
     /// The TPM-backed attestation issuer cannot start.
     #[error("cannot attest to the join service or the admin: the TPM issuer cannot start")]
     Issuer(#[source] hawser_attestation::IssuerError),
+    /// `hawser.join_discovery=mdns`, but browsing the LAN cannot start.
+    #[error("cannot look for the join service on the LAN (hawser.join_discovery=mdns)")]
+    Discovery(#[source] crate::enrollment::discover::DiscoveryError),
     /// The node cannot take its place in the WireGuard mesh the join service gave it.
     #[error(transparent)]
     Mesh(#[from] crate::mesh::MeshSetupError),
@@ -316,6 +319,7 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     boot.watch_power_buttons();
     let mut fw_cfg = boot.read_fw_cfg()?;
     boot.bring_up_net(&config).await?;
+    boot.bring_up_lan(&fw_cfg).await?;
     boot.open_tpm(&config.tpm_device).await?;
     boot.seed_entropy().await?;
     let nonce = boot.nonce(fw_cfg.quote_nonce.take()).await?;

@@ -106,6 +106,17 @@ impl Boot {
         Ok(())
     }
 
+    /// The LAN between the nodes, when the platform gives the second NIC an address (fw_cfg
+    /// `lan_net`).
+    pub(super) async fn bring_up_lan(&mut self, fw_cfg: &FwCfgConfig) -> Result<(), BootError> {
+        let Some(lan) = &fw_cfg.lan_net else {
+            return Ok(());
+        };
+        let nic = self.time_async("lan", net::bring_up_lan(lan)).await?;
+        info!("LAN: {nic} is {}/{}", lan.address, lan.prefix_len);
+        Ok(())
+    }
+
     /// Waits for the TPM's device node and opens it.
     pub(super) async fn open_tpm(&mut self, device: &Path) -> Result<(), BootError> {
         self.time_async("tpm-wait", wait_for_device(device, TPM_WAIT))

@@ -18,10 +18,11 @@ use std::sync::Arc;
 
 use super::BootError;
 use super::context::Boot;
-use crate::config::{CmdlineConfig, FwCfgConfig};
+use crate::config::{CmdlineConfig, FwCfgConfig, JoinDiscovery};
 use crate::disk::key::{KeySource as _, VolumeKey};
 use crate::disk::{self, DiskError, KeyChoice, LinuxPlatform, StateDiskConfig};
-use crate::enrollment::client::JoinClient;
+use crate::enrollment::client::{JoinClient, JoinSource};
+use crate::enrollment::discover::LanDiscovery;
 use crate::enrollment::init_secret::InitSecretHash;
 use crate::enrollment::init_server::INIT_PORT;
 use crate::enrollment::race::{Enrollment, KeyGrant, Outcome};
@@ -51,8 +52,15 @@ impl Boot {
                     .map_err(BootError::Issuer)?,
             )
         };
-        let endpoint = config.join_endpoint.clone().or(fw_cfg.join_endpoint.take());
-        let join = match endpoint {
+        let configured = config.join_endpoint.clone().or(fw_cfg.join_endpoint.take());
+        let source = match (configured, config.join_discovery) {
+            (Some(endpoints), _) => Some(JoinSource::Configured(endpoints)),
+            (None, JoinDiscovery::Mdns) => Some(JoinSource::Discovered(Arc::new(
+                LanDiscovery::start().map_err(BootError::Discovery)?,
+            ))),
+            (None, JoinDiscovery::None) => None,
+        };
+        let join = match source {
             Some(endpoint) => {
                 let trust = config.join_service_trust;
                 if trust == JoinServiceTrust::InsecureDev {

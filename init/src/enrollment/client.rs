@@ -152,10 +152,51 @@ pub fn describe(status: DiskStatus) -> &'static str {
     }
 }
 
+/// Where the join client finds the join services.
+#[derive(Debug, Clone)]
+pub enum JoinSource {
+    /// Configured endpoints (measured command line or fw_cfg): the list in turn, round after
+    /// round.
+    Configured(JoinEndpoints),
+    /// The join services advertised on the LAN (`hawser.join_discovery=mdns`), looked at anew
+    /// for every round.
+    Discovered(Arc<super::discover::LanDiscovery>),
+}
+
+impl std::fmt::Display for JoinSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JoinSource::Configured(endpoints) => write!(f, "{endpoints}"),
+            JoinSource::Discovered(_) => f.write_str("whatever the LAN advertises (mDNS)"),
+        }
+    }
+}
+
+impl From<JoinEndpoints> for JoinSource {
+    fn from(endpoints: JoinEndpoints) -> Self {
+        JoinSource::Configured(endpoints)
+    }
+}
+
+impl JoinSource {
+    /// The endpoints of the next round: the configured list, or the join services advertised
+    /// now (the disk's cluster first, other clusters' left out; waiting a while for a first
+    /// advert). Empty when nothing is advertised.
+    async fn round(&self, disk_cluster: Option<&[u8; 32]>) -> Vec<JoinEndpoint> {
+        match self {
+            JoinSource::Configured(endpoints) => endpoints.iter().cloned().collect(),
+            JoinSource::Discovered(lan) => {
+                lan.round(disk_cluster.copied(), super::discover::ROUND_WAIT)
+                    .await
+            }
+        }
+    }
+}
+
 /// The gRPC join client.
 #[derive(Debug, Clone)]
 pub struct JoinClient {
-    pub(super) endpoints: JoinEndpoints,
+    pub(super) endpoints: JoinSource,
     atls: AtlsClient,
     backoff: RetryBackoff,
     /// Ask for a control-plane join (fw_cfg `role=control-plane`).
@@ -170,7 +211,12 @@ pub struct JoinClient {
 impl JoinClient {
     /// A client that attests with `issuer` (the node's TPM) and requires `policy` of the join
     /// service (see [`super::join_service_policy`]).
-    pub fn new(endpoints: JoinEndpoints, policy: PeerPolicy, issuer: Arc<TpmIssuer>) -> Self {
+    pub fn new(
+        endpoints: impl Into<JoinSource>,
+        policy: PeerPolicy,
+        issuer: Arc<TpmIssuer>,
+    ) -> Self {
+        let endpoints = endpoints.into();
         if matches!(policy, PeerPolicy::Unauthenticated) {
             warn!("{INSECURE_TRUST_WARNING}");
         }
@@ -226,7 +272,7 @@ impl JoinClient {
 
     async fn attempt(
         &self,
-        endpoint: &JoinEndpoint,
+        endpoint: JoinEndpoint,
         disk_uuid: &str,
         status: DiskStatus,
     ) -> Result<Secrets, String> {
@@ -341,53 +387,72 @@ fn mesh_grant(
 /// The retry loop of [`JoinClient::fetch`], apart from the gRPC call so that its decisions are
 /// tested without a join service.
 struct Retry<'a> {
-    endpoints: &'a JoinEndpoints,
+    endpoints: &'a JoinSource,
     backoff: &'a RetryBackoff,
     disk_cluster: Option<&'a [u8; 32]>,
     status: DiskStatus,
 }
 
-impl<'a> Retry<'a> {
-    /// Runs `attempt` at each endpoint in turn until one gives secrets of the disk's cluster;
-    /// every failure and every refusal is logged with its reason. The next endpoint of a round
-    /// is asked at once; after a whole round the backoff grows (one round per backoff step).
+impl Retry<'_> {
+    /// Runs `attempt` at each endpoint of a round in turn until one gives secrets of the disk's
+    /// cluster; every failure and every refusal is logged with its reason. The next endpoint of
+    /// a round is asked at once; after a whole round (or a round with nothing advertised) the
+    /// backoff grows (one round per backoff step).
     async fn run<F, A>(&self, mut attempt: F) -> (Secrets, u32)
     where
-        F: FnMut(&'a JoinEndpoint) -> A,
+        F: FnMut(JoinEndpoint) -> A,
         A: Future<Output = Result<Secrets, String>>,
     {
         let mut attempts: u32 = 0;
-        let rounds = u32::try_from(self.endpoints.len())
-            .unwrap_or(u32::MAX)
-            .max(1);
+        let mut round: u32 = 0;
         loop {
-            attempts += 1;
-            let endpoint = self.endpoints.for_attempt(attempts);
-            let result = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(endpoint)).await;
-            let reason = match result {
-                Ok(Ok(secrets)) => {
-                    match check_cluster(endpoint, self.disk_cluster, &secrets) {
-                        Ok(()) => return (secrets, attempts),
-                        // The foreign secrets are dropped (zeroized) here, before any lock.
-                        Err(foreign) => foreign.to_string(),
+            let endpoints = self.endpoints.round(self.disk_cluster).await;
+            if endpoints.is_empty() {
+                let delay = self.backoff.delay(round, jitter_unit());
+                warn!(
+                    "no join service is advertised on the LAN at an IPv4 address yet; looking \
+                     again in {:.1} s",
+                    delay.as_secs_f64()
+                );
+                round = round.saturating_add(1);
+                tokio::time::sleep(delay).await;
+                continue;
+            }
+            for (i, endpoint) in endpoints.iter().enumerate() {
+                attempts += 1;
+                let result = tokio::time::timeout(ATTEMPT_TIMEOUT, attempt(endpoint.clone())).await;
+                let reason = match result {
+                    Ok(Ok(secrets)) => {
+                        match check_cluster(endpoint, self.disk_cluster, &secrets) {
+                            Ok(()) => return (secrets, attempts),
+                            // The foreign secrets are dropped (zeroized) here, before any lock.
+                            Err(foreign) => foreign.to_string(),
+                        }
                     }
-                }
-                Ok(Err(reason)) => reason,
-                Err(_) => format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs()),
-            };
-            let delay = if attempts.is_multiple_of(rounds) {
-                self.backoff.delay(attempts / rounds - 1, jitter_unit())
-            } else {
-                Duration::ZERO
-            };
-            warn!(
-                "join attempt {attempts} ({} to {endpoint}) failed: {reason}; retrying at {} in \
-                 {:.1} s",
-                describe(self.status),
-                self.endpoints.for_attempt(attempts + 1),
-                delay.as_secs_f64()
-            );
-            tokio::time::sleep(delay).await;
+                    Ok(Err(reason)) => reason,
+                    Err(_) => format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs()),
+                };
+                let (next, delay) = match endpoints.get(i + 1) {
+                    Some(next) => (next.to_string(), Duration::ZERO),
+                    None => (
+                        match self.endpoints {
+                            JoinSource::Configured(_) => endpoints[0].to_string(),
+                            JoinSource::Discovered(_) => {
+                                "the join services then advertised".to_owned()
+                            }
+                        },
+                        self.backoff.delay(round, jitter_unit()),
+                    ),
+                };
+                warn!(
+                    "join attempt {attempts} ({} to {endpoint}) failed: {reason}; retrying at \
+                     {next} in {:.1} s",
+                    describe(self.status),
+                    delay.as_secs_f64()
+                );
+                tokio::time::sleep(delay).await;
+            }
+            round = round.saturating_add(1);
         }
     }
 }
@@ -628,6 +693,7 @@ mod tests {
         let ours = hawser_keys::cluster_id(b"our secret", b"salt");
         let endpoints = JoinEndpoints::one(endpoint());
         let backoff = RetryBackoff::default();
+        let endpoints = JoinSource::Configured(endpoints);
         let retry = Retry {
             endpoints: &endpoints,
             backoff: &backoff,
@@ -659,6 +725,7 @@ mod tests {
     async fn endpoints_are_asked_in_turn_with_backoff_between_rounds() {
         let endpoints = JoinEndpoints::parse("10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000").unwrap();
         let backoff = RetryBackoff::default();
+        let endpoints = JoinSource::Configured(endpoints);
         let retry = Retry {
             endpoints: &endpoints,
             backoff: &backoff,

@@ -15,6 +15,7 @@
 //!   takes the lock once the boot has checked its key against the disk.
 
 pub mod client;
+pub mod discover;
 pub mod init_secret;
 pub mod init_server;
 pub mod lock;
@@ -111,10 +112,9 @@ impl JoinEndpoints {
         self.0.is_empty()
     }
 
-    /// The endpoint of attempt `attempt` (counted from 1): the list in turn, round after round.
-    pub fn for_attempt(&self, attempt: u32) -> &JoinEndpoint {
-        let index = (attempt.max(1) - 1) as usize % self.0.len().max(1);
-        &self.0[index]
+    /// The endpoints in their order.
+    pub fn iter(&self) -> impl Iterator<Item = &JoinEndpoint> {
+        self.0.iter()
     }
 }
 
@@ -339,7 +339,7 @@ mod tests {
     }
 
     #[test]
-    fn endpoint_lists_are_tried_in_turn_and_bad_lists_refused() {
+    fn endpoint_lists_keep_their_order_and_bad_lists_are_refused() {
         let list =
             JoinEndpoints::parse("10.0.2.100:7000, 10.0.2.101:7000,cp3.example:7000").unwrap();
         assert_eq!(list.len(), 3);
@@ -347,22 +347,11 @@ mod tests {
             list.to_string(),
             "10.0.2.100:7000,10.0.2.101:7000,cp3.example:7000"
         );
-        let turns: Vec<String> = (1..=7).map(|a| list.for_attempt(a).to_string()).collect();
+        let order: Vec<String> = list.iter().map(ToString::to_string).collect();
         assert_eq!(
-            turns,
-            [
-                "10.0.2.100:7000",
-                "10.0.2.101:7000",
-                "cp3.example:7000",
-                "10.0.2.100:7000",
-                "10.0.2.101:7000",
-                "cp3.example:7000",
-                "10.0.2.100:7000"
-            ]
+            order,
+            ["10.0.2.100:7000", "10.0.2.101:7000", "cp3.example:7000"]
         );
-        assert_eq!(list.for_attempt(0).to_string(), "10.0.2.100:7000");
-        let one = JoinEndpoints::parse("10.0.2.100:7000").unwrap();
-        assert_eq!(one.for_attempt(5).to_string(), "10.0.2.100:7000");
         let seventeen: Vec<String> = (1..=17).map(|i| format!("10.0.0.{i}:7000")).collect();
         assert!(JoinEndpoints::parse(&seventeen[..16].join(",")).is_some());
         for bad in [

@@ -55,9 +55,10 @@ impl NetConfig {
 /// Why the network is not up.
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
-    /// No network interface other than `lo` appeared in time (no NIC, or its driver is missing).
-    #[error("no network interface besides lo appeared in /sys/class/net within {} s", .0.as_secs())]
-    NoInterface(Duration),
+    /// Fewer network interfaces than needed (besides `lo`) appeared in time (no NIC, or its
+    /// driver is missing).
+    #[error("network interface {nth} (besides lo) did not appear in /sys/class/net within {} s", .wait.as_secs())]
+    NoInterface { wait: Duration, nth: usize },
     /// An interface ioctl (address, netmask, up, route) failed.
     #[error("cannot {what} on network interface {interface}")]
     Ioctl {
@@ -71,8 +72,8 @@ pub enum NetError {
     Socket(#[source] io::Error),
 }
 
-/// The first interface in `/sys/class/net` other than `lo`, by name.
-pub fn first_nic(sys_class_net: &Path) -> Option<String> {
+/// The `index`th interface in `/sys/class/net` other than `lo`, by name (0: the first NIC).
+pub fn nth_nic(sys_class_net: &Path, index: usize) -> Option<String> {
     let mut names: Vec<String> = std::fs::read_dir(sys_class_net)
         .ok()?
         .filter_map(|entry| entry.ok())
@@ -80,15 +81,33 @@ pub fn first_nic(sys_class_net: &Path) -> Option<String> {
         .filter(|name| name != "lo")
         .collect();
     names.sort();
-    names.into_iter().next()
+    names.into_iter().nth(index)
+}
+
+/// The first interface in `/sys/class/net` other than `lo`, by name.
+pub fn first_nic(sys_class_net: &Path) -> Option<String> {
+    nth_nic(sys_class_net, 0)
 }
 
 /// Brings `lo` and the first NIC up with `config`; returns the NIC's name.
 pub async fn bring_up(config: &NetConfig) -> Result<String, NetError> {
+    bring_up_nth(0, config).await
+}
+
+/// Brings the second NIC up with `config` (fw_cfg `lan_net`: the LAN between the nodes);
+/// returns its name.
+pub async fn bring_up_lan(config: &NetConfig) -> Result<String, NetError> {
+    bring_up_nth(1, config).await
+}
+
+async fn bring_up_nth(index: usize, config: &NetConfig) -> Result<String, NetError> {
     let nic = super::poll::wait_until(NIC_WAIT, Duration::from_millis(20), || {
-        match first_nic(Path::new("/sys/class/net")) {
+        match nth_nic(Path::new("/sys/class/net"), index) {
             Some(nic) => super::poll::Poll::Ready(nic),
-            None => super::poll::Poll::Pending(NetError::NoInterface(NIC_WAIT)),
+            None => super::poll::Poll::Pending(NetError::NoInterface {
+                wait: NIC_WAIT,
+                nth: index + 1,
+            }),
         }
     })
     .await?;
@@ -253,5 +272,7 @@ mod tests {
             std::fs::create_dir(dir.path().join(name)).unwrap();
         }
         assert_eq!(first_nic(dir.path()).as_deref(), Some("enp0s2"));
+        assert_eq!(nth_nic(dir.path(), 1).as_deref(), Some("eth1"));
+        assert_eq!(nth_nic(dir.path(), 2), None);
     }
 }

@@ -13,6 +13,7 @@ use clap::Parser;
 use hawser_attestation::atls::Identity;
 use hawser_attestation::issuer::TpmIssuer;
 use hawser_attestation::tpm::Tpm;
+use hawser_discovery::{Advertiser, JoinServiceAdvert, ServiceDaemon};
 use hawser_joinservice::approvals::ApprovalStore;
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::member;
@@ -133,6 +134,17 @@ struct Args {
     /// The interface of this join service's WireGuard tunnel.
     #[arg(long, default_value = "hawser0")]
     vpn_interface: String,
+    /// Advertise this join service on the LAN over mDNS (`_hawser-join._tcp`) under this
+    /// instance name, with the cluster ID, version and API server port in its TXT record, for
+    /// nodes configured with `hawser.join_discovery=mdns`. No secret is in the advert.
+    #[arg(long)]
+    mdns_instance: Option<String>,
+    /// Seconds between mDNS announcements (a node forgets the advert after three missed).
+    #[arg(long, default_value_t = 30)]
+    mdns_interval_secs: u64,
+    /// The Kubernetes API server port the mDNS advert names.
+    #[arg(long, default_value_t = 6443)]
+    mdns_api_port: u16,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -189,6 +201,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         kubeadm: args.kubeadm.clone(),
         kubeconfig: args.kubeconfig.clone(),
     }));
+    // Public: what every node of the cluster extends into PCR 15.
+    let cluster_id = hawser_keys::cluster_id(
+        master_secret.measurement_secret().as_slice(),
+        &measurement_salt,
+    );
     let core_config = JoinCoreConfig {
         master_secret,
         measurement_salt,
@@ -308,6 +325,16 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     // Tests and scripts read the bound address from stdout.
     println!("listening on {}", running.local_addr);
+    let advert = match &args.mdns_instance {
+        Some(instance) => Some(advertise(
+            instance,
+            &cluster_id,
+            running.local_addr.port(),
+            args.mdns_api_port,
+            Duration::from_secs(args.mdns_interval_secs),
+        )?),
+        None => None,
+    };
 
     let mut sigterm = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("cannot install the SIGTERM handler")?;
@@ -317,9 +344,38 @@ async fn run(args: Args) -> anyhow::Result<()> {
         result = ctrl_c => result.context("cannot wait for SIGINT")?,
     }
     tracing::info!("shutting down");
+    if let Some((advertiser, _daemon)) = advert {
+        // The goodbye: nodes drop the advert at once instead of after three missed intervals.
+        if let Err(e) = advertiser.stop() {
+            tracing::warn!("{}", hawser_attestation::error_chain(&e));
+        }
+    }
     let _ = stop_mesh.send(());
     running.shutdown().await;
     Ok(())
+}
+
+/// Starts the mDNS advert of this join service (see `--mdns-instance`).
+fn advertise(
+    instance: &str,
+    cluster_id: &[u8; 32],
+    port: u16,
+    api_port: u16,
+    interval: Duration,
+) -> anyhow::Result<(Advertiser, ServiceDaemon)> {
+    let daemon = ServiceDaemon::new().context("cannot start the mDNS daemon")?;
+    let advert = JoinServiceAdvert {
+        instance: instance.to_owned(),
+        cluster_id: hex::encode(cluster_id),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        port,
+        api_port,
+        interval: Some(interval),
+    };
+    let advertiser = Advertiser::start(&daemon, advert, &format!("{instance}.local."))
+        .with_context(|| format!("cannot advertise the join service as {instance:?} over mDNS"))?;
+    println!("advertising {} over mDNS", advertiser.fullname());
+    Ok((advertiser, daemon))
 }
 
 /// The mesh flags, checked; `None` without `--vpn-prefix`.
