@@ -100,7 +100,13 @@ pub fn nic_args(port: &Port, member: usize) -> Vec<String> {
 
 /// Member `member`'s LAN address as PID 1 takes it (fw_cfg `lan_net`).
 pub fn address(member: usize) -> String {
-    format!("{LAN_PREFIX}.{}/{LAN_PREFIX_LEN}", 10 + member)
+    format!("{}/{LAN_PREFIX_LEN}", host(member))
+}
+
+/// Member `member`'s IP address on the LAN: its Kubernetes node IP (PID 1 prefers it to the
+/// user network's, where every VM is 10.0.2.15).
+pub fn host(member: usize) -> String {
+    format!("{LAN_PREFIX}.{}", 10 + member)
 }
 
 #[cfg(test)]
@@ -153,5 +159,6 @@ mod tests {
         );
         assert!(args[3].ends_with("mac=52:54:00:4c:00:02"), "{args:?}");
         assert_eq!(address(1), "192.168.76.11/24");
+        assert_eq!(host(0), "192.168.76.10");
     }
 }

@@ -42,6 +42,31 @@ pub enum LocalCommand {
     Status,
     /// Power off the nodes started by `hawser local up` (workers first).
     Down,
+    /// Power one node of the running cluster off (ACPI, PID 1's orderly shutdown); the others
+    /// go on. Waits while `local up` is still forming the cluster.
+    Stop {
+        /// The node, e.g. node-1.
+        node: String,
+    },
+    /// Boot a stopped node again and verify it as `local up` does: it rejoins through a running
+    /// control plane's join service (`hawser recover` for node-1 when no other control plane
+    /// runs), quote, cluster lock, kubeadm.
+    Start {
+        /// The node, e.g. node-1.
+        node: String,
+        /// Give it a blank state disk first: a new node on the same machine, which joins (and
+        /// is admitted) anew instead of rejoining.
+        #[arg(long)]
+        new_disk: bool,
+    },
+    /// Stop, then start, one node.
+    Restart {
+        /// The node, e.g. node-1.
+        node: String,
+        /// Give it a blank state disk before it starts again (see `start --new-disk`).
+        #[arg(long)]
+        new_disk: bool,
+    },
 }
 
 /// Where local clusters live: `$HAWSER_LOCAL_DIR`, or `local/` in hawser's cache
@@ -63,7 +88,72 @@ pub fn run(cmd: LocalCommand) -> anyhow::Result<()> {
         LocalCommand::Up(opts) => up(opts),
         LocalCommand::Status => status(),
         LocalCommand::Down => down(),
+        LocalCommand::Stop { node } => node_action(cluster::NodeAction::Stop, &node, false),
+        LocalCommand::Start { node, new_disk } => {
+            node_action(cluster::NodeAction::Start, &node, new_disk)
+        }
+        LocalCommand::Restart { node, new_disk } => {
+            node_action(cluster::NodeAction::Restart, &node, new_disk)
+        }
     }
+}
+
+/// The `local up` process recorded in the state file, if it still runs.
+fn running_up() -> Option<nix::unistd::Pid> {
+    let pid: i32 = std::fs::read_to_string(state_file())
+        .ok()
+        .and_then(|s| s.trim().parse().ok())?;
+    let pid = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(pid, None).ok().map(|()| pid)
+}
+
+/// `hawser local stop|start|restart <node>`: asks the running `local up` on its control
+/// socket, prints what it says meanwhile, and fails with its reason.
+fn node_action(action: cluster::NodeAction, node: &str, new_disk: bool) -> anyhow::Result<()> {
+    use std::io::BufRead as _;
+    let socket = cluster::control_socket();
+    let deadline = Instant::now() + Duration::from_secs(30 * 60);
+    let mut waiting = false;
+    let mut stream = loop {
+        match std::os::unix::net::UnixStream::connect(&socket) {
+            Ok(stream) => break stream,
+            Err(e) => {
+                if running_up().is_none() {
+                    bail!(
+                        "no `hawser local up` runs a cluster in {} (start one without --once; \
+                         `hawser local {}` acts on its nodes): {e}",
+                        local_dir().display(),
+                        action.name()
+                    );
+                }
+                if Instant::now() > deadline {
+                    bail!("`hawser local up` did not finish forming the cluster in 30 minutes");
+                }
+                if !waiting {
+                    println!("waiting for `hawser local up` to finish forming the cluster …");
+                    waiting = true;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    };
+    let flag = if new_disk { " --new-disk" } else { "" };
+    writeln!(stream, "{} {node}{flag}", action.name()).context("asking `hawser local up`")?;
+    let mut last = String::new();
+    for line in std::io::BufReader::new(stream).lines() {
+        let line = line.context("reading `hawser local up`'s answer")?;
+        if let Some(reason) = line.strip_prefix("error: ") {
+            bail!("{reason}");
+        }
+        if line != "ok" {
+            println!("{line}");
+        }
+        last = line;
+    }
+    if last != "ok" {
+        bail!("`hawser local up` ended without an answer (did it stop?)");
+    }
+    Ok(())
 }
 
 fn down() -> anyhow::Result<()> {

@@ -53,6 +53,10 @@ pub struct JoinServiceInputs {
     /// The mDNS instance name the join service advertises itself under on the LAN
     /// (`hawser.join_discovery=mdns`), or `None` for no advert.
     pub advertise_as: Option<String>,
+    /// This node's state disk (its LUKS2 UUID), which the service binds to this node's AK in
+    /// the cluster store: the first control plane, made by `hawser init` rather than a join,
+    /// then rejoins through any other control plane's join service.
+    pub own_disk: String,
 }
 
 /// A control plane's join service: the cluster's secrets, and what it hands out.
@@ -243,6 +247,7 @@ impl InClusterJoinService<'_> {
             "device:/dev/tpmrm0".to_owned(),
         ];
         let mut args = args.to_vec();
+        args.extend(["--own-disk".to_owned(), self.inputs.own_disk.clone()]);
         if let Some(instance) = &self.inputs.advertise_as {
             args.extend(["--mdns-instance".to_owned(), instance.clone()]);
         }

@@ -414,6 +414,46 @@ fn etcd_store_round_trips_bindings_and_approvals() {
 }
 
 #[test]
+fn fault_the_first_control_plane_rejoins_through_another_once_its_own_disk_is_bound() {
+    // The first control plane's disk was made by `hawser init`, not by a join: no join
+    // service bound it. Its join service binds it at start (`hawser-joind --own-disk`), so
+    // that after a reboot it rejoins through any other control plane's join service.
+    let cluster = EtcdCluster::start(1);
+    let runtime = runtime();
+    let files = ClusterFiles::new();
+    let first = files.node_on(connect(&runtime, &cluster));
+    let second = files.node_on(connect(&runtime, &cluster));
+    let own = uuid(5);
+    let err = second
+        .core
+        .issue_rejoin_ticket(&peer(&AK), &own)
+        .unwrap_err();
+    assert!(matches!(err, JoinError::UnknownDisk(_)), "{err}");
+
+    let bind = |ak: &[u8]| {
+        runtime.block_on(hawser_joinservice::store::bind_own_disk(
+            Arc::clone(first.core.store()),
+            own.clone(),
+            hex::encode(ak),
+            Duration::from_millis(100),
+        ))
+    };
+    assert_eq!(bind(&AK), BindOutcome::New);
+    // Every start binds it again: the same AK is no change.
+    assert_eq!(bind(&AK), BindOutcome::Same);
+    let rejoin = second.core.issue_rejoin_ticket(&peer(&AK), &own).unwrap();
+    let again = first.core.issue_rejoin_ticket(&peer(&AK), &own).unwrap();
+    assert_eq!(*rejoin.state_disk_key, *again.state_disk_key);
+    // Another TPM claiming the disk binds nothing, and its rejoin is refused.
+    assert_eq!(bind(&OTHER_AK), BindOutcome::Another(hex::encode(AK)));
+    let err = second
+        .core
+        .issue_rejoin_ticket(&peer(&OTHER_AK), &own)
+        .unwrap_err();
+    assert!(matches!(err, JoinError::AnotherAk { .. }), "{err}");
+}
+
+#[test]
 fn fault_join_service_on_another_control_plane_sees_the_same_disks() {
     let cluster = EtcdCluster::start(1);
     let runtime = runtime();

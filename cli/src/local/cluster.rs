@@ -10,18 +10,24 @@
 //!    predicted from the UKI before it sends the init secret and a new master secret. node-1
 //!    formats its disk, locks PCR 15 to the new cluster, runs `kubeadm init` and starts the
 //!    cluster's join service. The other control planes' AKs are approved in that same `init`.
-//! 3. **The other nodes join** node-1's join service (reached through the host's forwarded
-//!    ports): they attest to it and it to them (`join_service_trust=attested`, the image's
-//!    default), get the keys of their disks derived from the cluster's master secret, lock to
-//!    the same cluster and run `kubeadm join`.
+//! 3. **The other nodes join** a join service they find by its mDNS advert on the LAN between
+//!    the VMs ([`lan`]): they attest to it and it to them (`join_service_trust=attested`, the
+//!    image's default), get the keys of their disks derived from the cluster's master secret,
+//!    lock to the same cluster and run `kubeadm join`; further control planes join etcd and run
+//!    a join service of their own.
 //! 4. **Each node's signed boot report is verified** on the host (quote, this run's nonce, PCR 15
 //!    = the lock for the cluster ID `hawser init` computed), and the summary says so per node.
 //!
 //! `local up` on an existing cluster boots the same disks: node-1 finds its disk initialized
 //! and waits for `hawser recover` (no join service is left when the whole cluster was down),
 //! which `local up` runs with the admin's master secret; the other nodes rejoin through it.
+//!
+//! While it runs, `hawser local stop|start|restart <node>` ask it on a control socket
+//! ([`control_socket`]) to power one node off or boot it again; a node started while another
+//! control plane runs rejoins through that one's join service.
 
-use std::io::Write as _;
+use std::io::{BufRead as _, Write as _};
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -89,7 +95,6 @@ impl Admin {
 struct Ports {
     init: u16,
     joind: u16,
-    api: u16,
 }
 
 impl Ports {
@@ -97,7 +102,6 @@ impl Ports {
         Ok(Ports {
             init: localhost::free_port()?,
             joind: localhost::free_port()?,
-            api: localhost::free_port()?,
         })
     }
 }
@@ -109,11 +113,23 @@ struct Events {
     events: Mutex<Vec<(Duration, String)>>,
 }
 
+thread_local! {
+    /// The `hawser local stop|start|restart` this thread answers: it sees what is said meanwhile.
+    static TEE: std::cell::RefCell<Option<UnixStream>> = const { std::cell::RefCell::new(None) };
+}
+
 impl Events {
     fn say(&self, what: impl Into<String>) {
         let what = what.into();
         let at = self.started.elapsed();
         eprintln!("[{:>6.1}s] {what}", at.as_secs_f64());
+        TEE.with_borrow_mut(|tee| {
+            if let Some(stream) = tee.as_mut()
+                && writeln!(stream, "{what}").is_err()
+            {
+                *tee = None;
+            }
+        });
         if let Ok(mut events) = self.events.lock() {
             events.push((at, what));
         }
@@ -125,6 +141,8 @@ struct Node {
     spec: NodeSpec,
     vm: Vm,
     quote_verified: AtomicBool,
+    /// Powered off by `hawser local stop`: its QEMU's exit is no failure.
+    held: AtomicBool,
 }
 
 pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
@@ -215,50 +233,30 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
     let hub = lan::Hub::start(&dir.join("lan"), layout.nodes.len())?;
     let nodes: Mutex<Vec<Arc<Node>>> = Mutex::new(Vec::new());
     let running = AtomicBool::new(true);
+    let formation = Formation {
+        dir: &dir,
+        admin: &admin,
+        layout: &layout,
+        disk_image: &disk_image,
+        measurements: &measurements,
+        ports: &ports,
+        lan: &hub.ports,
+        events: &events,
+    };
     let result = std::thread::scope(|scope| {
         scope.spawn(|| keep_status(&dir, &admin, &layout, &nodes, &running));
-        let result = form(
-            opts,
-            stop,
-            &Formation {
-                dir: &dir,
-                admin: &admin,
-                layout: &layout,
-                disk_image: &disk_image,
-                measurements: &measurements,
-                ports: &ports,
-                lan: &hub.ports,
-                events: &events,
-            },
-            &nodes,
-        );
-        let nodes = nodes.lock().map(|n| n.clone()).unwrap_or_default();
-        let result = result.and_then(|()| {
-            if !summary(&nodes, &admin, &events) {
+        let result = form(opts, stop, &formation, &nodes).and_then(|()| {
+            let formed = nodes.lock().map(|n| n.clone()).unwrap_or_default();
+            if !summary(&formed, &admin, &events) {
                 bail!("not every node is verified and locked to the cluster (see the table)");
             }
             if opts.once {
                 return Ok(());
             }
-            eprintln!(
-                "\nthe cluster is up; `hawser local status` shows it, Ctrl-C or `hawser local \
-                 down` powers it off"
-            );
-            while !stop.load(Ordering::Relaxed) {
-                for node in &nodes {
-                    if let Some(status) = node.vm.exit_status() {
-                        bail!(
-                            "{}'s QEMU exited on its own ({status}); console log: {}",
-                            node.spec.name,
-                            node.vm.console_log_path().display()
-                        );
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Ok(())
+            serve(opts, stop, &formation, &nodes)
         });
-        power_off_in_order(&nodes, &events);
+        let last = nodes.lock().map(|n| n.clone()).unwrap_or_default();
+        power_off_in_order(&last, &events);
         running.store(false, Ordering::Relaxed);
         result
     });
@@ -272,6 +270,257 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
         }
         other => other,
     }
+}
+
+/// The control socket of a running `local up`, for `hawser local stop|start|restart <node>`.
+pub fn control_socket() -> PathBuf {
+    cluster_dir().join("control.sock")
+}
+
+/// What `hawser local stop|start|restart` asks of a running `local up`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeAction {
+    /// ACPI power-off, waiting for PID 1's orderly shutdown.
+    Stop,
+    /// Boot it again and verify it as on `local up`: its rejoin, quote and cluster lock.
+    Start,
+    /// Stop, then start.
+    Restart,
+}
+
+impl NodeAction {
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeAction::Stop => "stop",
+            NodeAction::Start => "start",
+            NodeAction::Restart => "restart",
+        }
+    }
+
+    fn parse(word: &str) -> Option<Self> {
+        [NodeAction::Stop, NodeAction::Start, NodeAction::Restart]
+            .into_iter()
+            .find(|a| a.name() == word)
+    }
+}
+
+/// The formed cluster runs until a stop signal: a node's QEMU that exits without being asked
+/// to is an error; each request on the control socket is answered on its own thread (a node
+/// that waits for another to come back must not hold up the request that brings it back), one
+/// at a time per node.
+fn serve(
+    opts: &UpOptions,
+    stop: &AtomicBool,
+    f: &Formation<'_>,
+    nodes: &Mutex<Vec<Arc<Node>>>,
+) -> anyhow::Result<()> {
+    let socket = control_socket();
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket)
+        .with_context(|| format!("opening the control socket {}", socket.display()))?;
+    listener.set_nonblocking(true)?;
+    eprintln!(
+        "\nthe cluster is up; `hawser local status` shows it, `hawser local stop|start|restart \
+         <node>` powers one node off or on, Ctrl-C or `hawser local down` powers it all off"
+    );
+    let busy: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let result = std::thread::scope(|scope| {
+        let result = (|| {
+            while !stop.load(Ordering::Relaxed) {
+                let running = nodes.lock().map(|n| n.clone()).unwrap_or_default();
+                for node in running.iter().filter(|n| !n.held.load(Ordering::Relaxed)) {
+                    if let Some(status) = node.vm.exit_status() {
+                        bail!(
+                            "{}'s QEMU exited on its own ({status}); console log: {}",
+                            node.spec.name,
+                            node.vm.console_log_path().display()
+                        );
+                    }
+                }
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let busy = &busy;
+                        scope.spawn(move || answer(opts, stop, f, nodes, busy, stream));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                    Err(e) => return Err(e).context("the control socket"),
+                }
+            }
+            Ok(())
+        })();
+        // The requests still being answered end too (they wait on `stop`).
+        stop.store(true, Ordering::Relaxed);
+        result
+    });
+    let _ = std::fs::remove_file(&socket);
+    result
+}
+
+/// Answers one request on the control socket: `<action> <node> [--new-disk]`; what is said
+/// meanwhile goes to the asker too, and the last line is `ok` or `error: <reason>`.
+fn answer(
+    opts: &UpOptions,
+    stop: &AtomicBool,
+    f: &Formation<'_>,
+    nodes: &Mutex<Vec<Arc<Node>>>,
+    busy: &Mutex<Vec<String>>,
+    stream: UnixStream,
+) {
+    let _ = stream.set_nonblocking(false);
+    let mut line = String::new();
+    let read = std::io::BufReader::new(&stream).read_line(&mut line);
+    let Ok(mut reply) = stream.try_clone() else {
+        return;
+    };
+    TEE.set(stream.try_clone().ok());
+    let outcome = read.context("reading the request").and_then(|_| {
+        let mut words = line.split_whitespace();
+        let (Some(action), Some(name), flag, None) = (
+            words.next().and_then(NodeAction::parse),
+            words.next(),
+            words.next(),
+            words.next(),
+        ) else {
+            bail!(
+                "not a request: {:?} (expected `stop|start|restart <node> [--new-disk]`)",
+                line.trim()
+            );
+        };
+        let new_disk = match flag {
+            None => false,
+            Some("--new-disk") if action != NodeAction::Stop => true,
+            Some(other) => bail!("`{}` takes no {other}", action.name()),
+        };
+        {
+            let mut busy = busy
+                .lock()
+                .map_err(|_| anyhow::anyhow!("the control state is poisoned"))?;
+            if busy.iter().any(|b| b == name) {
+                bail!("{name} is being stopped or started by another request; try again after it");
+            }
+            busy.push(name.to_owned());
+        }
+        let outcome = act(opts, stop, f, nodes, action, name, new_disk);
+        if let Ok(mut busy) = busy.lock() {
+            busy.retain(|b| b != name);
+        }
+        outcome
+    });
+    TEE.set(None);
+    let _ = match outcome {
+        Ok(()) => writeln!(reply, "ok"),
+        Err(e) => {
+            f.events.say(format!("{} failed: {e:#}", line.trim()));
+            writeln!(reply, "error: {e:#}")
+        }
+    };
+}
+
+fn act(
+    opts: &UpOptions,
+    stop: &AtomicBool,
+    f: &Formation<'_>,
+    nodes: &Mutex<Vec<Arc<Node>>>,
+    action: NodeAction,
+    name: &str,
+    new_disk: bool,
+) -> anyhow::Result<()> {
+    let Some(i) = f.layout.nodes.iter().position(|n| n.name == name) else {
+        bail!(
+            "no node {name} in this cluster (its nodes: {})",
+            f.layout
+                .nodes
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    };
+    let current = nodes
+        .lock()
+        .ok()
+        .and_then(|n| n.iter().find(|n| n.spec.name == name).cloned());
+    let is_on = current
+        .as_ref()
+        .is_some_and(|n| n.vm.exit_status().is_none());
+    if matches!(action, NodeAction::Stop | NodeAction::Restart) {
+        match current.as_ref().filter(|_| is_on) {
+            Some(node) => {
+                power_off(node, f.events);
+                // `hawser local status` right after `stop` shows it off.
+                let now = nodes.lock().map(|n| n.clone()).unwrap_or_default();
+                write_status(f.dir, f.admin, f.layout, &now);
+            }
+            None if action == NodeAction::Stop => bail!("{name} is off already"),
+            None => {}
+        }
+    }
+    if action == NodeAction::Stop {
+        return Ok(());
+    }
+    if action == NodeAction::Start && is_on {
+        bail!("{name} is running already");
+    }
+    if new_disk {
+        // A new node on the same machine: same TPM, a blank disk (a new LUKS2 UUID), so it
+        // joins anew — its admission needs the cluster store to take a new binding.
+        let disk = f.dir.join(name).join("state.img");
+        std::fs::File::create(&disk)
+            .and_then(|file| file.set_len(STATE_DISK_BYTES))
+            .with_context(|| format!("giving {name} a blank state disk {}", disk.display()))?;
+        f.events.say(format!(
+            "{name} has a blank state disk: it joins as a new node"
+        ));
+    }
+    let master = MasterSecret::read_file(&f.admin.master_secret())?;
+    let cluster_id: [u8; 32] = hex::decode(ClusterFile::read(&f.admin.cluster_file())?.cluster_id)
+        .ok()
+        .and_then(|id| id.try_into().ok())
+        .context("the cluster file's cluster ID is not 32 bytes of hex")?;
+    // Whether a join service is left to rejoin through: another control plane that runs.
+    let other_control_plane = nodes.lock().ok().and_then(|n| {
+        n.iter()
+            .find(|n| {
+                n.spec.name != name
+                    && n.spec.role == Role::ControlPlane
+                    && n.vm.exit_status().is_none()
+            })
+            .map(|n| n.spec.name.clone())
+    });
+    let (node, nonce) = start_node(opts, f, i, nodes)?;
+    match (i, other_control_plane) {
+        (0, None) => {
+            f.events.say(format!(
+                "no other control plane runs: `hawser recover` of {name}"
+            ));
+            wait_for(&node, WAITING_FOR_ADMIN, stop, "waiting for the admin")?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            recover_first(f, &node, &runtime)?;
+        }
+        (_, Some(other)) => f.events.say(format!(
+            "{name} {} through a running control plane's join service ({other}'s, found by \
+             mDNS)",
+            if new_disk { "joins" } else { "rejoins" }
+        )),
+        (_, None) => f.events.say(format!(
+            "{name} asks for a join service; none runs until a control plane is started"
+        )),
+    }
+    check_reports(&node, &nonce, &master, &cluster_id, stop, f.events)?;
+    let seen = wait_for_kubeadm(&node, stop)?;
+    if seen.stage != Some(Stage::KubeadmDone) {
+        bail!(
+            "{name}'s kubeadm did not succeed: {}",
+            seen.last_error.as_deref().unwrap_or("(no reason printed)")
+        );
+    }
+    f.events
+        .say(format!("{name}: back in the cluster, kubeadm done"));
+    Ok(())
 }
 
 /// A stop signal (Ctrl-C, `hawser local down`) arrived while the cluster was forming.
@@ -341,6 +590,58 @@ struct Formation<'a> {
     events: &'a Events,
 }
 
+/// `hawser recover` of node-1, as the admin: its disk is initialized and no join service is
+/// left to ask.
+fn recover_first(
+    f: &Formation<'_>,
+    first: &Node,
+    runtime: &tokio::runtime::Runtime,
+) -> anyhow::Result<cluster::Established> {
+    let recover = RecoverOptions {
+        node: format!("127.0.0.1:{}", f.ports[0].init),
+        measurements: f.measurements.to_owned(),
+        provider_ca: f.dir.join(PROVIDER_CA),
+        master_secret: f.admin.master_secret(),
+        cluster_file: f.admin.cluster_file(),
+        init_secret: f.admin.init_secret(),
+    };
+    runtime.block_on(cluster::recover(
+        &recover,
+        &mut |l| eprintln!("  hawser recover: {l}"),
+        &mut |l| eprintln!("  {} │ {l}", first.spec.name),
+    ))
+}
+
+/// Boots node `i` with a new nonce for its boot report; it takes the place of an earlier VM of
+/// the same node in `nodes`.
+fn start_node(
+    opts: &UpOptions,
+    f: &Formation<'_>,
+    i: usize,
+    nodes: &Mutex<Vec<Arc<Node>>>,
+) -> anyhow::Result<(Arc<Node>, Vec<u8>)> {
+    let spec = f.layout.nodes[i].clone();
+    let nonce = hawser_keys::random_bytes(32)?;
+    let vm = boot(opts, f, i, &nonce)?;
+    f.events.say(format!(
+        "{} ({}) booting: OVMF, UKI, swtpm; console log {}",
+        spec.name,
+        spec.role,
+        vm.console_log_path().display()
+    ));
+    let node = Arc::new(Node {
+        spec,
+        vm,
+        quote_verified: AtomicBool::new(false),
+        held: AtomicBool::new(false),
+    });
+    if let Ok(mut nodes) = nodes.lock() {
+        nodes.retain(|n| n.spec.name != node.spec.name);
+        nodes.push(Arc::clone(&node));
+    }
+    Ok((node, nonce))
+}
+
 /// Boots node-1, initializes (or recovers) it as the admin, then boots the other nodes, which
 /// join through its join service; verifies each node's boot report.
 fn form(
@@ -349,26 +650,7 @@ fn form(
     f: &Formation<'_>,
     nodes: &Mutex<Vec<Arc<Node>>>,
 ) -> anyhow::Result<()> {
-    let start = |i: usize| -> anyhow::Result<(Arc<Node>, Vec<u8>)> {
-        let spec = f.layout.nodes[i].clone();
-        let nonce = hawser_keys::random_bytes(32)?;
-        let vm = boot(opts, f, i, &nonce)?;
-        f.events.say(format!(
-            "{} ({}) booting: OVMF, UKI, swtpm; console log {}",
-            spec.name,
-            spec.role,
-            vm.console_log_path().display()
-        ));
-        let node = Arc::new(Node {
-            spec,
-            vm,
-            quote_verified: AtomicBool::new(false),
-        });
-        if let Ok(mut nodes) = nodes.lock() {
-            nodes.push(Arc::clone(&node));
-        }
-        Ok((node, nonce))
-    };
+    let start = |i: usize| start_node(opts, f, i, nodes);
     let (first, first_nonce) = start(0)?;
     wait_for(&first, WAITING_FOR_ADMIN, stop, "waiting for the admin")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -382,19 +664,7 @@ fn form(
              down, so no join service is left to ask)",
             first.spec.name
         ));
-        let recover = RecoverOptions {
-            node: node_address,
-            measurements: f.measurements.to_owned(),
-            provider_ca: f.dir.join(PROVIDER_CA),
-            master_secret: f.admin.master_secret(),
-            cluster_file: f.admin.cluster_file(),
-            init_secret: f.admin.init_secret(),
-        };
-        runtime.block_on(cluster::recover(
-            &recover,
-            &mut |l| eprintln!("  hawser recover: {l}"),
-            &mut |l| eprintln!("  {} │ {l}", first.spec.name),
-        ))
+        recover_first(f, &first, &runtime)
     } else {
         f.events.say(format!(
             "`hawser init` of {}: attest it, then send the init secret and a new master secret",
@@ -416,9 +686,11 @@ fn form(
             cluster_name: "hawser-local".into(),
             kubernetes_version: localhost::KUBERNETES_VERSION.parse()?,
             service_cidr: "10.96.0.0/12".into(),
-            api_server_cert_sans: vec!["10.0.2.15".into(), "10.0.2.100".into()],
-            // Where the other nodes reach the API server: forwarded to node-1's port 6443.
-            control_plane_endpoint: Some(localhost::GUEST_API_SERVER_ENDPOINT.parse()?),
+            api_server_cert_sans: vec![lan::host(0)],
+            // Where the other nodes reach the API server, and a joining control plane the
+            // stand-in's etcd: node-1's LAN address, kubeadm's choice when no load balancer is
+            // in front of the control planes. (Its kubelet stand-in listens on port 6443.)
+            control_plane_endpoint: Some(format!("{}:{API_SERVER_PORT}", lan::host(0)).parse()?),
             init_secret: f.admin.init_secret(),
             control_plane_approvals: approvals,
         };
@@ -531,8 +803,8 @@ fn wait_for_kubeadm(node: &Node, stop: &AtomicBool) -> anyhow::Result<Observatio
 }
 
 /// Starts node `i`'s VM: its TPM and disk, its role, a nonce for its boot report, and its
-/// network: node-1's platform carries the init secret's hash; the others are pointed at
-/// node-1's join service and API server (forwarded through the host).
+/// network: node-1's platform carries the init secret's hash; every node is on the LAN, where
+/// the others find the join services by mDNS and node-1's API server at its LAN address.
 fn boot(opts: &UpOptions, f: &Formation<'_>, i: usize, nonce: &[u8]) -> anyhow::Result<Vm> {
     let spec = &f.layout.nodes[i];
     let node_dir = f.dir.join(&spec.name);
@@ -548,10 +820,10 @@ fn boot(opts: &UpOptions, f: &Formation<'_>, i: usize, nonce: &[u8]) -> anyhow::
         .fw_cfg_string("role", spec.role.fw_cfg())
         .keep_logs_in(node_dir.join("logs"));
     let own = f.ports[i];
-    let mut published = vec![
-        (own.joind, localhost::NODE_JOIND_PORT),
-        (own.api, API_SERVER_PORT),
-    ];
+    // The host reaches a control plane's join service; node-1's init server for `hawser init`
+    // and `hawser recover`. No join endpoint is configured: nodes find the join services by
+    // their mDNS adverts on the LAN, and reach the API server at node-1's LAN address.
+    let mut published = vec![(own.joind, localhost::NODE_JOIND_PORT)];
     if spec.role == Role::Worker {
         published.clear();
     }
@@ -559,20 +831,10 @@ fn boot(opts: &UpOptions, f: &Formation<'_>, i: usize, nonce: &[u8]) -> anyhow::
         let hash = cluster::init_secret_hash(&f.admin.init_secret())?;
         config = config.fw_cfg_string("init_secret_hash", hex::encode(hash));
         published.push((own.init, localhost::NODE_INIT_PORT));
-        config
-            .extra_args
-            .extend(localhost::user_net_args(None, &published));
-    } else {
-        // No join endpoint: the node finds the join service by its mDNS advert on the LAN.
-        // The API server (kubeadm's discovery) stays at 10.0.2.100:6443, node-1's.
-        config
-            .extra_args
-            .extend(localhost::user_net_args_with_api_server(
-                None,
-                Some(f.ports[0].api),
-                &published,
-            ));
     }
+    config
+        .extra_args
+        .extend(localhost::user_net_args(None, &published));
     // The LAN between the nodes: the second NIC, its address through fw_cfg.
     config = config.fw_cfg_string("lan_net", lan::address(i));
     config.extra_args.extend(lan::nic_args(&f.lan[i], i));
@@ -757,26 +1019,32 @@ fn power_off_in_order(nodes: &[Arc<Node>], events: &Events) {
     order.reverse();
     order.sort_by_key(|n| n.spec.role == Role::ControlPlane);
     for node in order {
-        if node.vm.exit_status().is_some() {
-            continue;
+        if node.vm.exit_status().is_none() {
+            power_off(node, events);
         }
-        let t = Instant::now();
-        let outcome = node
-            .vm
-            .powerdown()
-            .map_err(anyhow::Error::from)
-            .and_then(|()| Ok(node.vm.wait_for_exit(Duration::from_secs(90))?));
-        match outcome {
-            Ok(status) => events.say(format!(
-                "{} powered off in {:.1}s ({status})",
-                node.spec.name,
-                t.elapsed().as_secs_f64()
-            )),
-            Err(e) => events.say(format!(
-                "{} did not power off cleanly ({e:#}); it is killed",
-                node.spec.name
-            )),
-        }
+    }
+}
+
+/// Presses the node's ACPI power button and waits for PID 1's orderly shutdown (killed after
+/// 90 s); a node powered off this way is not an error of the running cluster.
+fn power_off(node: &Node, events: &Events) {
+    node.held.store(true, Ordering::Relaxed);
+    let t = Instant::now();
+    let outcome = node
+        .vm
+        .powerdown()
+        .map_err(anyhow::Error::from)
+        .and_then(|()| Ok(node.vm.wait_for_exit(Duration::from_secs(90))?));
+    match outcome {
+        Ok(status) => events.say(format!(
+            "{} powered off in {:.1}s ({status})",
+            node.spec.name,
+            t.elapsed().as_secs_f64()
+        )),
+        Err(e) => events.say(format!(
+            "{} did not power off cleanly ({e:#}); it is killed",
+            node.spec.name
+        )),
     }
 }
 

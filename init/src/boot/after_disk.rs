@@ -51,6 +51,7 @@ pub(super) fn role(
                 // the LAN, so its control planes advertise theirs there, under the node name.
                 advertise_as: (config.join_discovery == crate::config::JoinDiscovery::Mdns)
                     .then(|| node_name.clone()),
+                own_disk: outcome.summary.disk_uuid.clone(),
             }),
         // The admin's (`hawser init`/`recover`), or a control-plane join's.
         secrets: outcome.secrets,
@@ -174,7 +175,7 @@ impl Boot {
         role: node::Role,
         node_name: Option<String>,
         control_plane: node::ControlPlane,
-        mesh: Option<crate::mesh::Mesh>,
+        node_ip: Option<std::net::Ipv4Addr>,
     ) -> Result<(), BootError> {
         let Some(root_hash) = config.root_hash else {
             return Ok(());
@@ -187,11 +188,6 @@ impl Boot {
             }
             return Err(BootError::Pivot(e));
         }
-        // In a mesh, the node's VPN address is its Kubernetes node IP (the kubelet's
-        // certificate, the API server's advertised address); otherwise its `hawser.net` one.
-        let node_ip = mesh
-            .map(|mesh| mesh.node_ip)
-            .or(config.net.map(|net| net.address));
         let identity = match (node_ip, node_name) {
             (Some(ip), Some(name)) => Some(node::NodeIdentity {
                 name,
@@ -221,6 +217,21 @@ impl Boot {
         }
         Ok(())
     }
+}
+
+/// The node's Kubernetes node IP (the kubelet's certificate, the API server's and etcd's
+/// advertised addresses), where the other nodes reach it: in a mesh its VPN address; else its
+/// address on the LAN between the nodes (fw_cfg `lan_net`); else its `hawser.net` one. Never
+/// the first NIC's when a LAN exists: behind a NAT (QEMU's user network) every node has the
+/// same address there.
+pub(super) fn node_ip(
+    mesh: Option<&crate::mesh::Mesh>,
+    lan: Option<std::net::Ipv4Addr>,
+    config: &CmdlineConfig,
+) -> Option<std::net::Ipv4Addr> {
+    mesh.map(|mesh| mesh.node_ip)
+        .or(lan)
+        .or(config.net.map(|net| net.address))
 }
 
 /// Prints the firmware's TCG event log as one console line, so a host can explain PCR values

@@ -320,6 +320,7 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     let mut fw_cfg = boot.read_fw_cfg()?;
     boot.bring_up_net(&config).await?;
     boot.bring_up_lan(&fw_cfg).await?;
+    let lan_address = fw_cfg.lan_net.as_ref().map(|lan| lan.address);
     boot.open_tpm(&config.tpm_device).await?;
     boot.seed_entropy().await?;
     let nonce = boot.nonce(fw_cfg.quote_nonce.take()).await?;
@@ -338,6 +339,7 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     boot.report(nonce, measurement, &config, &kernel_release)
         .await?;
     after_disk::emit_event_log();
-    boot.run_node(&config, role, node_name, control_plane, mesh)
+    let node_ip = after_disk::node_ip(mesh.as_ref(), lan_address, &config);
+    boot.run_node(&config, role, node_name, control_plane, node_ip)
         .await
 }

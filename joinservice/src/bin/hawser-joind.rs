@@ -145,6 +145,13 @@ struct Args {
     /// The Kubernetes API server port the mDNS advert names.
     #[arg(long, default_value_t = 6443)]
     mdns_api_port: u16,
+    /// The UUID of this node's own state disk: bound in the cluster store to this service's
+    /// TPM attestation key at start, as a join would bind it. The first control plane is made
+    /// by `hawser init`, not by a join; with its disk bound it rejoins through any other
+    /// control plane's join service. Needs `--attest-with-tpm`; retried while the store is
+    /// unavailable.
+    #[arg(long, requires = "attest_with_tpm")]
+    own_disk: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -241,7 +248,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 .await
                 .context("cannot set up the etcd client")?;
             tracing::info!(endpoints = %store.endpoints(), "cluster state in etcd");
-            let store = import_approvals(store, &approvals, &approvals_file).await?;
+            let store = Arc::new(store);
+            // In the background: without etcd quorum (a whole-cluster restart, before another
+            // control plane's member is back) the service must still serve rejoins.
+            tokio::spawn(import_approvals(
+                Arc::clone(&store),
+                approvals.current().ak_names().map(str::to_owned).collect(),
+                approvals_file.clone(),
+            ));
+            let store: Arc<dyn ClusterStore> = store;
             (
                 JoinCore::with_cluster_store(Arc::clone(&policy), tokens, core_config, store),
                 // One join service per control plane: each takes a free address.
@@ -290,12 +305,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ));
     }
 
-    let mut config = ServiceConfig::new(args.listen, core, provider_ca_pem);
+    let own_disk = match &args.own_disk {
+        Some(uuid) => Some(
+            hawser_keys::canonical_uuid(uuid)
+                .with_context(|| format!("--own-disk {uuid:?} is not a disk UUID"))?,
+        ),
+        None => None,
+    };
+    let mut config = ServiceConfig::new(args.listen, Arc::clone(&core), provider_ca_pem);
     if let Some(tcti) = &args.attest_with_tpm {
         let tpm = Tpm::open(tcti).with_context(|| format!("cannot open the TPM {tcti}"))?;
         let issuer = TpmIssuer::new(Arc::new(tpm)).with_context(|| {
             format!("cannot load the provider-certified attestation key from the TPM {tcti}")
         })?;
+        if let Some(uuid) = own_disk {
+            tokio::spawn(hawser_joinservice::store::bind_own_disk(
+                Arc::clone(core.store()),
+                uuid,
+                hex::encode(issuer.ak_name()),
+                Duration::from_secs(5),
+            ));
+        }
         config.identity = Identity::attested(Arc::new(issuer));
     }
     config.max_concurrent_calls = args.max_concurrent_calls;
@@ -519,33 +549,23 @@ async fn watch_polls(core: Arc<JoinCore>, stale_after: Duration) {
     }
 }
 
-/// Imports the approvals file's names into etcd (put-if-absent), on the blocking pool.
-async fn import_approvals(
-    store: EtcdStore,
-    approvals: &ApprovalStore,
-    file: &Path,
-) -> anyhow::Result<Arc<dyn ClusterStore>> {
-    let store = Arc::new(store);
-    let names = approvals.current();
+/// Imports the approvals file's names into etcd (put-if-absent), retried until etcd takes it.
+async fn import_approvals(store: Arc<EtcdStore>, names: Vec<String>, file: PathBuf) {
     let note = format!("imported from {} at hawser-joind start", file.display());
-    let importer = Arc::clone(&store);
-    let imported = tokio::task::spawn_blocking(move || {
-        importer.import_control_plane_approvals(names.ak_names(), &note)
-    })
-    .await
-    .context("the approvals import task failed")?
-    .with_context(|| {
-        format!(
-            "cannot import the control-plane approvals {} into etcd",
+    let imported = hawser_joinservice::store::write_until_done(
+        &format!(
+            "import the control-plane approvals {} into etcd",
             file.display()
-        )
-    })?;
+        ),
+        Duration::from_secs(5),
+        move || store.import_control_plane_approvals(names.iter().map(String::as_str), &note),
+    )
+    .await;
     tracing::info!(
         file = %file.display(),
         imported = imported.len(),
         "control-plane approvals imported into etcd where absent"
     );
-    Ok(store)
 }
 
 /// Reads the measurement salt, or creates it (32 random bytes, mode 0600) if missing.

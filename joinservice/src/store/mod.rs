@@ -26,6 +26,7 @@ pub use file::{FileStore, VPN_POLLS_DIR, VPN_REGISTRY_FILE};
 pub use flags::EtcdFlags;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use hawser_mesh::{Ipv4Net, MeshError, PeerStats, Registry};
 
@@ -66,6 +67,67 @@ pub enum BindOutcome {
     BoundLegacy,
     /// The disk is bound to another AK (lowercase hex): a clone, refused.
     Another(String),
+}
+
+/// Runs `write` on the blocking pool until the store takes it, every `retry` while it cannot
+/// (etcd not up yet, or without quorum: after a whole-cluster restart the first control plane's
+/// member has none until another one's is back, and that one rejoins through this very join
+/// service — so nothing at start may wait for a write). Logs each failure with `what`.
+pub async fn write_until_done<T: Send + 'static>(
+    what: &str,
+    retry: std::time::Duration,
+    write: impl Fn() -> Result<T, StoreError> + Send + Sync + 'static,
+) -> T {
+    let write = Arc::new(write);
+    loop {
+        let attempt = Arc::clone(&write);
+        match tokio::task::spawn_blocking(move || attempt()).await {
+            Ok(Ok(done)) => return done,
+            Ok(Err(e)) => tracing::warn!(
+                "cannot {what} yet, retrying in {:.0} s: {e}",
+                retry.as_secs_f32()
+            ),
+            Err(e) => tracing::warn!("the task to {what} failed, retrying: {e}"),
+        }
+        tokio::time::sleep(retry).await;
+    }
+}
+
+/// Binds a control plane's own state disk to its AK (`hawser-joind --own-disk`), as a join
+/// would have bound it: the first control plane, made by `hawser init` rather than a join,
+/// then rejoins through any other control plane's join service. Retries while the store
+/// cannot be written ([`write_until_done`]); returns what the store decided. A disk bound to
+/// another AK is left as it is and logged as an error.
+pub async fn bind_own_disk(
+    store: Arc<dyn ClusterStore>,
+    uuid: String,
+    ak_name: String,
+    retry: std::time::Duration,
+) -> BindOutcome {
+    let (u, a) = (uuid.clone(), ak_name.clone());
+    let outcome = write_until_done("bind this node's own disk", retry, move || {
+        store.bind_disk(&u, &a)
+    })
+    .await;
+    match &outcome {
+        BindOutcome::Another(registered) => tracing::error!(
+            disk = %uuid,
+            registered = %registered,
+            ak = %ak_name,
+            "this node's own disk is bound to another AK in the cluster store (a cloned \
+             disk?); left as it is"
+        ),
+        BindOutcome::Same => {
+            tracing::info!(disk = %uuid, "this node's own disk is bound to its AK")
+        }
+        BindOutcome::New | BindOutcome::BoundLegacy => tracing::info!(
+            disk = %uuid,
+            ak = %ak_name,
+            "bound this node's own disk to its AK: it rejoins through any control plane's join \
+             service"
+        ),
+    }
+    outcome
 }
 
 /// How fresh a read must be.
