@@ -192,10 +192,8 @@ pub fn observe(lines: &[String]) -> Observation {
             advance(&mut seen, Stage::WaitingForAdmin);
         } else if text.contains("switched into the rootfs") {
             advance(&mut seen, Stage::Pivoted);
-        } else if text.contains("kubeadm succeeded")
-            || text.contains("kubeadm join succeeded")
-            || text.contains("kubeadm init succeeded")
-            || text.contains("kubeadm does not run again")
+        } else if KUBEADM_DONE.iter().any(|p| text.starts_with(p))
+            || text.ends_with("kubeadm does not run again")
         {
             advance(&mut seen, Stage::KubeadmDone);
         } else if let Some(rest) = text.strip_prefix("mesh up: ") {
@@ -231,6 +229,15 @@ fn kubeadm_failure(line: &str) -> Option<String> {
         status.verb, status.attempts
     ))
 }
+
+/// How PID 1's lines saying kubeadm succeeded begin (on this boot: the once-job's line and
+/// the verb's); other lines may mention kubeadm succeeding (a control plane keeping its secrets
+/// "until kubeadm succeeded") and do not count.
+const KUBEADM_DONE: [&str; 3] = [
+    "kubeadm succeeded in ",
+    "kubeadm join succeeded",
+    "kubeadm init succeeded",
+];
 
 /// What PID 1 prints before its kubeadm status.
 const KUBEADM_STATUS_MARKER: &str = "HAWSER_KUBEADM_STATUS ";
@@ -428,7 +435,13 @@ mod tests {
             "[   15.2] hawser: measured leave-initrd into PCR 11 and switched into the rootfs\n\
              [   20.2] hawser: [containerd] time=\"x\" level=error msg=\"failed to load cni\"\n\
              [   22.0] hawser: mesh up: node-2 is 10.123.0.3/16 on hawser0 (MTU 1420, key k), 1 peers at registry version 4\n\
-             [   23.1] hawser: kubeadm succeeded in 1.2 s; marker /var/lib/hawser/kubeadm.done written",
+             [   22.5] hawser: kept the cluster's master secret on the encrypted state disk (/var/lib/hawser/cluster): this control plane runs the cluster's join service once kubeadm succeeded, and on every boot\n\
+             [   22.6] hawser: running kubeadm once: /usr/bin/kubeadm join --config /run/hawser/kubeadm.yaml",
+        ));
+        // A line that mentions kubeadm succeeding is not kubeadm's success.
+        assert_eq!(observe(&more).stage, Some(Stage::Pivoted));
+        more.extend(lines(
+            "[   23.1] hawser: kubeadm succeeded in 1.2 s; marker /var/lib/hawser/kubeadm.done written",
         ));
         let seen = observe(&more);
         assert_eq!(seen.stage, Some(Stage::KubeadmDone));
