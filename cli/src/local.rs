@@ -98,13 +98,27 @@ pub fn run(cmd: LocalCommand) -> anyhow::Result<()> {
     }
 }
 
+/// Whether process `pid` exists and has not exited: a `local up` that ended but was not yet
+/// reaped by its parent (a zombie, state `Z` in `/proc/<pid>/stat`) runs nothing any more.
+fn is_running(pid: nix::unistd::Pid) -> bool {
+    if nix::sys::signal::kill(pid, None).is_err() {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // `pid (comm) state …`: the state follows the last `)`.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X'))
+}
+
 /// The `local up` process recorded in the state file, if it still runs.
 fn running_up() -> Option<nix::unistd::Pid> {
     let pid: i32 = std::fs::read_to_string(state_file())
         .ok()
         .and_then(|s| s.trim().parse().ok())?;
     let pid = nix::unistd::Pid::from_raw(pid);
-    nix::sys::signal::kill(pid, None).ok().map(|()| pid)
+    is_running(pid).then_some(pid)
 }
 
 /// `hawser local stop|start|restart <node>`: asks the running `local up` on its control
@@ -163,7 +177,7 @@ fn down() -> anyhow::Result<()> {
         .and_then(|s| s.trim().parse().ok())
         .with_context(|| format!("no local VM is running (no {})", path.display()))?;
     let pid = nix::unistd::Pid::from_raw(pid);
-    if nix::sys::signal::kill(pid, None).is_err() {
+    if !is_running(pid) {
         let _ = std::fs::remove_file(&path);
         bail!("no local VM is running (process {pid} is gone)");
     }
@@ -172,7 +186,7 @@ fn down() -> anyhow::Result<()> {
     println!("asked `hawser local up` (pid {pid}) to power its nodes off (workers first) …");
     // Each node gets up to 90 s for PID 1's orderly shutdown before it is killed.
     let deadline = Instant::now() + Duration::from_secs(600);
-    while nix::sys::signal::kill(pid, None).is_ok() {
+    while is_running(pid) {
         if Instant::now() > deadline {
             bail!("`hawser local up` (pid {pid}) is still running after 10 minutes");
         }
@@ -191,12 +205,9 @@ fn status() -> anyhow::Result<()> {
             dir.display()
         );
     };
-    let alive = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(i32::try_from(status.pid).unwrap_or(i32::MAX)),
-        None,
-    )
-    .is_ok()
-        && state_file().exists();
+    let alive = is_running(nix::unistd::Pid::from_raw(
+        i32::try_from(status.pid).unwrap_or(i32::MAX),
+    )) && state_file().exists();
     if alive {
         println!(
             "`hawser local up` (pid {}) runs the cluster in {}",
@@ -272,7 +283,7 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
     if let Some(pid) = std::fs::read_to_string(&state)
         .ok()
         .and_then(|s| s.trim().parse::<i32>().ok())
-        .filter(|&pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok())
+        .filter(|&pid| is_running(nix::unistd::Pid::from_raw(pid)))
     {
         bail!("`hawser local up` (pid {pid}) runs already; `hawser local down` stops it");
     }

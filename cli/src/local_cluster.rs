@@ -325,7 +325,11 @@ impl StatusFile {
     /// Writes the file atomically (a reader never sees half of it).
     pub fn write(&self, dir: &Path) -> anyhow::Result<()> {
         let path = dir.join(STATUS_FILE);
-        let tmp = dir.join(format!("{STATUS_FILE}.tmp"));
+        // A temporary file per writing thread (`local up` writes from several), renamed into
+        // place: a reader sees one whole status.
+        let thread = format!("{:?}", std::thread::current().id());
+        let thread: String = thread.chars().filter(char::is_ascii_digit).collect();
+        let tmp = dir.join(format!("{STATUS_FILE}.{thread}.tmp"));
         std::fs::write(&tmp, serde_json::to_string_pretty(self)?)
             .and_then(|()| std::fs::rename(&tmp, &path))
             .with_context(|| format!("writing {}", path.display()))

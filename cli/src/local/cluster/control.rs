@@ -155,6 +155,9 @@ fn answer(
             busy.push(name.to_owned());
         }
         let outcome = act(opts, stop, f, nodes, action, name, new_disk);
+        // `hawser local status` right after the answer shows what it did.
+        let now = nodes.lock().map(|n| n.clone()).unwrap_or_default();
+        write_status(f.dir, f.admin, f.layout, &now);
         if let Ok(mut busy) = busy.lock() {
             busy.retain(|b| b != name);
         }
