@@ -337,15 +337,17 @@ struct Formation<'a> {
     events: &'a Events,
 }
 
-/// `hawser recover` of node-1, as the admin: its disk is initialized and no join service is
-/// left to ask.
-fn recover_first(
+/// `hawser recover` of control plane `i`, as the admin: its disk is initialized and no join
+/// service can answer it (the whole cluster was down: a join service needs its etcd, and etcd
+/// a majority of the control planes' members).
+fn recover_control_plane(
     f: &Formation<'_>,
-    first: &Node,
+    i: usize,
+    node: &Node,
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<cluster::Established> {
     let recover = RecoverOptions {
-        node: format!("127.0.0.1:{}", f.ports[0].init),
+        node: format!("127.0.0.1:{}", f.ports[i].init),
         measurements: f.measurements.to_owned(),
         provider_ca: f.dir.join(PROVIDER_CA),
         master_secret: f.admin.master_secret(),
@@ -355,7 +357,7 @@ fn recover_first(
     runtime.block_on(cluster::recover(
         &recover,
         &mut |l| eprintln!("  hawser recover: {l}"),
-        &mut |l| eprintln!("  {} │ {l}", first.spec.name),
+        &mut |l| eprintln!("  {} │ {l}", node.spec.name),
     ))
 }
 
@@ -399,6 +401,16 @@ fn form(
 ) -> anyhow::Result<()> {
     let start = |i: usize| start_node(opts, f, i, nodes);
     let (first, first_nonce) = start(0)?;
+    // After a whole-cluster restart no join service answers until a majority of the control
+    // planes' etcd members run: every control plane is recovered by the admin.
+    let mut started = Vec::new();
+    if f.admin.initialized() {
+        for i in 1..f.layout.nodes.len() {
+            if f.layout.nodes[i].role == Role::ControlPlane {
+                started.push((i, start(i)?));
+            }
+        }
+    }
     wait_for(&first, WAITING_FOR_ADMIN, stop, "waiting for the admin")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -411,7 +423,7 @@ fn form(
              down, so no join service is left to ask)",
             first.spec.name
         ));
-        recover_first(f, &first, &runtime)
+        recover_control_plane(f, 0, &first, &runtime)
     } else {
         f.events.say(format!(
             "`hawser init` of {}: attest it, then send the init secret and a new master secret",
@@ -473,6 +485,24 @@ fn form(
         stop,
         f.events,
     )?;
+    for (i, (node, _)) in &started {
+        wait_for(node, WAITING_FOR_ADMIN, stop, "waiting for the admin")?;
+        f.events.say(format!(
+            "`hawser recover` of {} too (its etcd member counts for the majority)",
+            node.spec.name
+        ));
+        if let Err(e) = recover_control_plane(f, *i, node, &runtime) {
+            // It may have rejoined through a join service meanwhile.
+            if !node
+                .vm
+                .console_lines()
+                .iter()
+                .any(|l| l.contains(JOIN_REPORT_MARKER))
+            {
+                return Err(e.context(format!("{} was not recovered", node.spec.name)));
+            }
+        }
+    }
     if f.layout.nodes.len() > 1 {
         wait_for(
             &first,
@@ -481,9 +511,15 @@ fn form(
             "the cluster's join service up",
         )?;
     }
-    let mut others = Vec::new();
+    let mut others: Vec<(Arc<Node>, Vec<u8>)> =
+        started.into_iter().map(|(_, started)| started).collect();
     for i in 1..f.layout.nodes.len() {
-        others.push(start(i)?);
+        if !others
+            .iter()
+            .any(|(n, _)| n.spec.name == f.layout.nodes[i].name)
+        {
+            others.push(start(i)?);
+        }
     }
     for (node, nonce) in &others {
         check_reports(
@@ -567,14 +603,16 @@ fn boot(opts: &UpOptions, f: &Formation<'_>, i: usize, nonce: &[u8]) -> anyhow::
         .fw_cfg_string("role", spec.role.fw_cfg())
         .keep_logs_in(node_dir.join("logs"));
     let own = f.ports[i];
-    // The host reaches a control plane's join service; node-1's init server for `hawser init`
-    // and `hawser recover`. No join endpoint is configured: nodes find the join services by
+    // The host reaches a control plane's join service and its init server (`hawser init` of
+    // node-1, `hawser recover` of each). No join endpoint is configured: nodes find the join services by
     // their mDNS adverts on the LAN, and reach the API server at node-1's LAN address.
     let mut published = vec![(own.joind, localhost::NODE_JOIND_PORT)];
     if spec.role == Role::Worker {
         published.clear();
     }
-    if i == 0 {
+    // Every control plane waits for the admin too (`hawser recover` after a whole-cluster
+    // restart); node-1 also for `hawser init`.
+    if spec.role == Role::ControlPlane {
         let hash = cluster::init_secret_hash(&f.admin.init_secret())?;
         config = config.fw_cfg_string("init_secret_hash", hex::encode(hash));
         published.push((own.init, localhost::NODE_INIT_PORT));

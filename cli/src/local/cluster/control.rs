@@ -16,7 +16,7 @@ use hawser_keys::MasterSecret;
 
 use super::{
     Formation, Node, STATE_DISK_BYTES, UpOptions, WAITING_FOR_ADMIN, check_reports, cluster_dir,
-    power_off, recover_first, start_node, wait_for, wait_for_kubeadm, write_status,
+    power_off, recover_control_plane, start_node, wait_for, wait_for_kubeadm, write_status,
 };
 
 thread_local! {
@@ -245,8 +245,8 @@ fn act(
             .map(|n| n.spec.name.clone())
     });
     let (node, nonce) = start_node(opts, f, i, nodes)?;
-    match (i, other_control_plane) {
-        (0, None) => {
+    match (node.spec.role, other_control_plane) {
+        (Role::ControlPlane, None) if !new_disk => {
             f.events.say(format!(
                 "no other control plane runs: `hawser recover` of {name}"
             ));
@@ -254,7 +254,7 @@ fn act(
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            recover_first(f, &node, &runtime)?;
+            recover_control_plane(f, i, &node, &runtime)?;
         }
         (_, Some(other)) => f.events.say(format!(
             "{name} {} through a running control plane's join service ({other}'s, found by \
