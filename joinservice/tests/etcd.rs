@@ -745,9 +745,28 @@ fn hawser_joind_with_etcd_flags_imports_the_approvals_into_etcd() {
         let mut stdout = std::io::BufReader::new(joind.stdout.take().unwrap());
         let mut line = String::new();
         std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        // The import runs in the background (it is retried while etcd has no quorum): wait
+        // for its log line.
+        let stderr = joind.stderr.take().unwrap();
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+                let Ok(line) = line else { break };
+                if sender.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut log = String::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !log.contains("imported into etcd where absent") && Instant::now() < deadline {
+            if let Ok(line) = lines.recv_timeout(Duration::from_millis(200)) {
+                log.push_str(&line);
+                log.push('\n');
+            }
+        }
         let _ = joind.kill();
-        let output = joind.wait_with_output().unwrap();
-        let log = String::from_utf8_lossy(&output.stderr);
+        let _ = joind.wait();
         assert!(
             line.starts_with("listening on"),
             "{start} start: {line}\n{log}"
