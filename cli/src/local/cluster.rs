@@ -35,9 +35,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MARKER, JoinReport};
 use hawser_cli::cluster::{self, ClusterFile, InitOptions, RecoverOptions};
-use hawser_cli::local_cluster::{
-    Layout, NodeSpec, NodeStatus, Observation, Role, Stage, StatusFile, observe,
-};
+use hawser_cli::local_cluster::{Layout, NodeSpec, NodeStatus, Role, Stage, StatusFile, observe};
 use hawser_cli::{lan, localhost};
 use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_keys::MasterSecret;
@@ -532,32 +530,31 @@ fn form(
         )?;
     }
     for node in std::iter::once(&first).chain(others.iter().map(|(n, _)| n)) {
-        let seen = wait_for_kubeadm(node, stop)?;
+        wait_for_kubeadm(node, stop)?;
+        f.events.say(format!("{}: kubeadm done", node.spec.name));
+    }
+    Ok(())
+}
+
+/// Waits until the node's console shows kubeadm succeeded (on this boot or, on a rejoin, on an
+/// earlier one); a fatal error is an error naming PID 1's last word. Reads the whole console,
+/// so a line an earlier wait passed over counts.
+fn wait_for_kubeadm(node: &Node, stop: &AtomicBool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + BOOT_TIMEOUT;
+    loop {
+        let lines = node.vm.console_lines();
+        let seen = observe(&lines);
+        // A failed attempt is retried by PID 1 (its reason is the node's last error meanwhile).
         if seen.stage == Some(Stage::KubeadmDone) {
-            f.events.say(format!("{}: kubeadm done", node.spec.name));
-        } else {
+            return Ok(());
+        }
+        if seen.stage > Some(Stage::KubeadmDone) {
             bail!(
                 "{}'s kubeadm did not succeed: {}; console log {}",
                 node.spec.name,
                 seen.last_error.as_deref().unwrap_or("(no reason printed)"),
                 node.vm.console_log_path().display()
             );
-        }
-    }
-    Ok(())
-}
-
-/// Waits until the node's console shows kubeadm's outcome (on this boot or, on a rejoin, that
-/// it ran on an earlier one), a fatal error, or kubeadm's failure; reads the whole console, so
-/// a line an earlier wait passed over counts.
-fn wait_for_kubeadm(node: &Node, stop: &AtomicBool) -> anyhow::Result<Observation> {
-    let deadline = Instant::now() + BOOT_TIMEOUT;
-    loop {
-        let lines = node.vm.console_lines();
-        let seen = observe(&lines);
-        // A failed attempt is retried by PID 1 (its reason is the node's last error meanwhile).
-        if seen.stage >= Some(Stage::KubeadmDone) {
-            return Ok(seen);
         }
         if stop.load(Ordering::Relaxed) {
             return Err(Interrupted {
