@@ -49,8 +49,8 @@ pub enum LocalCommand {
         node: String,
     },
     /// Boot a stopped node again and verify it as `local up` does: it rejoins through a running
-    /// control plane's join service (`hawser recover` for node-1 when no other control plane
-    /// runs), quote, cluster lock, kubeadm.
+    /// control plane's join service (a control plane started while no other runs gets `hawser
+    /// recover`), quote, cluster lock, kubeadm.
     Start {
         /// The node, e.g. node-1.
         node: String,
