@@ -12,8 +12,14 @@
 //! are ignored, as are fields of an entry other than `expected` and `warnOnly`. A missing
 //! `warnOnly` means `false`: a PCR is enforced unless the file says otherwise.
 //!
+//! One extension, which readers of Constellation's format ignore (they then enforce `expected`
+//! alone, the stricter policy): `"alsoExpected": ["<64 hex digits>", …]` lists further values the
+//! PCR may hold. hawser's reference files use it for PCR 4 on the firmware boot paths they allow
+//! (boot options that failed before the UKI, a known boot manager in front of it): each value is
+//! predicted from the image, and a path through any other application gives none of them.
+//!
 //! Semantics of [`ExpectedMeasurements::check`]: every enforced PCR must be present and equal
-//! to its expected value (an exact match, no alternatives); a `warnOnly` PCR that differs or is
+//! to its expected value or one of its `alsoExpected` values; a `warnOnly` PCR that differs or is
 //! missing only produces a [`MeasurementWarning`], which the verifier logs and returns. PCRs the
 //! evidence carries but the file does not mention are not judged.
 
@@ -38,6 +44,8 @@ pub struct ExpectedPcr {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExpectedMeasurements {
     pcrs: BTreeMap<u8, ExpectedPcr>,
+    /// Further accepted values per PCR (`alsoExpected`).
+    also: BTreeMap<u8, Vec<[u8; 32]>>,
 }
 
 /// A measurements file that cannot be used.
@@ -139,6 +147,7 @@ impl ExpectedMeasurements {
         let value: serde_json::Value = serde_json::from_str(text)?;
         let object = value.as_object().ok_or(MeasurementsError::NotAnObject)?;
         let mut pcrs = BTreeMap::new();
+        let mut also = BTreeMap::new();
         for (key, entry) in object {
             if key.is_empty() || !key.bytes().all(|b| b.is_ascii_digit()) {
                 continue; // metadata
@@ -149,8 +158,12 @@ impl ExpectedMeasurements {
                 .filter(|pcr| *pcr <= MAX_PCR)
                 .ok_or_else(|| MeasurementsError::PcrIndex { key: key.clone() })?;
             pcrs.insert(pcr, parse_entry(pcr, entry)?);
+            let alternatives = parse_also(pcr, entry)?;
+            if !alternatives.is_empty() {
+                also.insert(pcr, alternatives);
+            }
         }
-        Ok(Self { pcrs })
+        Ok(Self { pcrs, also })
     }
 
     /// Reads and parses a measurements file.
@@ -166,6 +179,17 @@ impl ExpectedMeasurements {
     pub fn insert(&mut self, pcr: u8, expected: ExpectedPcr) -> &mut Self {
         self.pcrs.insert(pcr, expected);
         self
+    }
+
+    /// Also accepts `value` for `pcr` (another allowed boot path's value).
+    pub fn also_accept(&mut self, pcr: u8, value: [u8; 32]) -> &mut Self {
+        self.also.entry(pcr).or_default().push(value);
+        self
+    }
+
+    /// The further values accepted for `pcr` besides its expectation.
+    pub fn also_accepted(&self, pcr: u8) -> &[[u8; 32]] {
+        self.also.get(&pcr).map_or(&[], Vec::as_slice)
     }
 
     /// The expectation for `pcr`.
@@ -196,7 +220,9 @@ impl ExpectedMeasurements {
         let mut warnings = Vec::new();
         for (pcr, expected) in self.iter() {
             let value = actual.get(&pcr).copied();
-            if value == Some(expected.expected) {
+            if value == Some(expected.expected)
+                || value.is_some_and(|v| self.also_accepted(pcr).contains(&v))
+            {
                 continue;
             }
             let mismatch = PcrMismatch {
@@ -247,6 +273,32 @@ fn parse_entry(pcr: u8, entry: &serde_json::Value) -> Result<ExpectedPcr, Measur
     })
 }
 
+/// An entry's `alsoExpected` values (absent: none).
+fn parse_also(pcr: u8, entry: &serde_json::Value) -> Result<Vec<[u8; 32]>, MeasurementsError> {
+    let malformed = |reason: String| MeasurementsError::Entry { pcr, reason };
+    let Some(list) = entry.get("alsoExpected") else {
+        return Ok(Vec::new());
+    };
+    let list = list
+        .as_array()
+        .ok_or_else(|| malformed(format!("\"alsoExpected\" is {list}, not a list")))?;
+    list.iter()
+        .map(|v| {
+            let text = v
+                .as_str()
+                .ok_or_else(|| malformed(format!("\"alsoExpected\" holds {v}, not a string")))?;
+            let bytes =
+                hex::decode(text).map_err(|source| MeasurementsError::Hex { pcr, source })?;
+            let len = bytes.len();
+            bytes.try_into().map_err(|_| {
+                malformed(format!(
+                    "\"alsoExpected\" holds {len} bytes, a sha256 PCR holds 32"
+                ))
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,6 +317,44 @@ mod tests {
             }}"#
         ))
         .expect("parses")
+    }
+
+    #[test]
+    fn also_expected_values_are_accepted_and_nothing_else() {
+        const C: &str = "cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
+        let m = ExpectedMeasurements::from_json(&format!(
+            r#"{{"4": {{"expected": "{A}", "warnOnly": false, "alsoExpected": ["{B}"]}},
+                "11": {{"expected": "{A}"}}}}"#
+        ))
+        .expect("parses");
+        assert_eq!(m.also_accepted(4), [[0xbb; 32]]);
+        let quote = |pcr4: u8| BTreeMap::from([(4, [pcr4; 32]), (11, [0xaa; 32])]);
+        assert!(m.check(&quote(0xaa)).is_ok());
+        assert!(
+            m.check(&quote(0xbb)).is_ok(),
+            "an allowed boot path's PCR 4"
+        );
+        let refused = m.check(&quote(0xcc)).expect_err("an unknown path");
+        assert_eq!(refused.mismatches[0].pcr, 4);
+        // Only the PCR that lists it: PCR 11 does not accept PCR 4's alternative.
+        let other = BTreeMap::from([(4, [0xaa; 32]), (11, [0xbb; 32])]);
+        assert!(m.check(&other).is_err());
+        for bad in [
+            format!(r#"{{"4": {{"expected": "{A}", "alsoExpected": "{B}"}}}}"#),
+            format!(r#"{{"4": {{"expected": "{A}", "alsoExpected": [1]}}}}"#),
+            format!(
+                r#"{{"4": {{"expected": "{A}", "alsoExpected": ["{}"]}}}}"#,
+                &C[..62]
+            ),
+        ] {
+            let err = ExpectedMeasurements::from_json(&bad)
+                .expect_err(&bad)
+                .to_string();
+            assert!(
+                err.contains("PCR 4") || err.contains("alsoExpected"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

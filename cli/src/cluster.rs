@@ -321,6 +321,11 @@ pub struct Established {
     pub cluster_id: [u8; 32],
     pub pcr15: [u8; 32],
     pub kubeconfig_written: bool,
+    /// The PCRs of the node's verified quote after it locked itself to the cluster.
+    pub quoted: std::collections::BTreeMap<u8, [u8; 32]>,
+    /// Whether that quote came from the node in its rootfs (PCR 11 with `leave-initrd`), not
+    /// from its initramfs.
+    pub quoted_after_pivot: bool,
 }
 
 /// `hawser init`: see the module docs. `say` gets the CLI's own progress lines, `log` the
@@ -527,11 +532,14 @@ async fn confirm(
             trust.client(Some(pcr15))?,
         ),
     };
-    let locked = match attest(node, &likely).await {
-        Ok(evidence) => Ok(evidence),
-        Err(first) => attest(node, &other).await.map_err(|_| first),
+    let likely_after_pivot = matches!(answers, Answers::AfterPivot);
+    let (evidence, after_pivot) = match attest(node, &likely).await {
+        Ok(evidence) => (evidence, likely_after_pivot),
+        Err(first) => match attest(node, &other).await {
+            Ok(evidence) => (evidence, !likely_after_pivot),
+            Err(_) => return Err(first).context("re-attesting the node after the node lock"),
+        },
     };
-    locked.context("re-attesting the node after the node lock")?;
     say(&format!(
         "node locked to cluster {}: a fresh quote shows PCR 15 = {}",
         hex::encode(cluster_id),
@@ -541,6 +549,8 @@ async fn confirm(
         cluster_id,
         pcr15,
         kubeconfig_written: false,
+        quoted: evidence.pcrs,
+        quoted_after_pivot: after_pivot,
     })
 }
 

@@ -1,12 +1,13 @@
 //! `hawser image …`: lock and fetch the inputs, build the image, show what is in it.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use clap::Subcommand;
+use clap::{Subcommand, ValueEnum};
 use hawser_image::inputs::{self, InputLock};
 use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_image::profile::ImageProfile;
+use hawser_image::rootfs::{self, lock::RootfsLock};
 
 #[derive(Subcommand)]
 pub enum ImageCommand {
@@ -42,10 +43,26 @@ pub enum ImageCommand {
         #[arg(long)]
         uki_only: bool,
     },
-    /// Download, verify and unpack the inputs named in inputs.lock.
+    /// Download, verify and unpack the inputs named in inputs.lock, and download and verify
+    /// the rootfs packages named in rootfs.lock.
     Fetch,
-    /// Re-resolve the inputs against the Debian archive and rewrite inputs.lock.
-    Lock,
+    /// Re-resolve the inputs against the Debian archive and rewrite inputs.lock, and re-pin the
+    /// rootfs (one mkosi build from the live archive; its packages' files) into rootfs.lock.
+    /// Either changes the image and its measurements.
+    Lock {
+        /// Re-pin only this lock.
+        #[arg(long, value_enum)]
+        only: Option<LockFile>,
+    },
+}
+
+/// One of the two lock files.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LockFile {
+    /// inputs.lock: the UKI's kernel, stub and libraries.
+    Inputs,
+    /// rootfs.lock: every Debian package of the node's rootfs.
+    Rootfs,
 }
 
 /// The workspace this CLI was built from, or the current directory's git top level.
@@ -109,32 +126,82 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
                 fetched.kernel_release,
                 &fetched.lock_digest[..16]
             );
+            let rootfs_lock = rootfs::load_rootfs_lock(&ws)?;
+            rootfs::repo::fetch_locked_debs(&rootfs_lock, &inputs::cache_dir(), &mut |line| {
+                eprintln!("{line}");
+            })?;
         }
-        ImageCommand::Lock => {
-            let old = InputLock::load(&lock_path).ok();
-            let lock = inputs::resolve_lock(&inputs::cache_dir())?;
-            std::fs::write(&lock_path, lock.render())
-                .with_context(|| format!("writing {}", lock_path.display()))?;
-            for p in &lock.packages {
-                let before = old.as_ref().and_then(|o| {
-                    o.packages
-                        .iter()
-                        .find(|q| q.role == p.role && q.name == p.name)
-                });
-                let change = match before {
-                    Some(b) if b.sha256 == p.sha256 => "unchanged".to_owned(),
-                    Some(b) => format!("was {}", b.version),
-                    None => "new".to_owned(),
-                };
-                println!("{:<40} {:<24} {change}", p.name, p.version);
+        ImageCommand::Lock { only } => {
+            if only != Some(LockFile::Rootfs) {
+                lock_inputs(&lock_path)?;
             }
-            println!(
-                "wrote {} (digest {})",
-                lock_path.display(),
-                &lock.digest()[..16]
-            );
+            if only != Some(LockFile::Inputs) {
+                lock_rootfs(&ws, &lock_path)?;
+            }
         }
     }
+    Ok(())
+}
+
+/// Re-resolves inputs.lock and prints each package's change.
+fn lock_inputs(lock_path: &Path) -> anyhow::Result<()> {
+    let old = InputLock::load(lock_path).ok();
+    let lock = inputs::resolve_lock(&inputs::cache_dir())?;
+    std::fs::write(lock_path, lock.render())
+        .with_context(|| format!("writing {}", lock_path.display()))?;
+    for p in &lock.packages {
+        let before = old.as_ref().and_then(|o| {
+            o.packages
+                .iter()
+                .find(|q| q.role == p.role && q.name == p.name)
+        });
+        let change = match before {
+            Some(b) if b.sha256 == p.sha256 => "unchanged".to_owned(),
+            Some(b) => format!("was {}", b.version),
+            None => "new".to_owned(),
+        };
+        println!("{:<40} {:<24} {change}", p.name, p.version);
+    }
+    println!(
+        "wrote {} (digest {})",
+        lock_path.display(),
+        &lock.digest()[..16]
+    );
+    Ok(())
+}
+
+/// Re-pins rootfs.lock and prints what changed (old → new).
+fn lock_rootfs(ws: &Path, inputs_lock: &Path) -> anyhow::Result<()> {
+    let path = ws.join(rootfs::lock::LOCK_FILE);
+    let old = RootfsLock::load(&path).ok();
+    let epoch = InputLock::load(inputs_lock)?.source_date_epoch;
+    let lock = rootfs::lock_rootfs(ws, &inputs::cache_dir(), epoch, &mut |line| {
+        eprintln!("{line}");
+    })?;
+    std::fs::write(&path, lock.render()).with_context(|| format!("writing {}", path.display()))?;
+    let before = old.as_ref().map(RootfsLock::versions).unwrap_or_default();
+    let changes = rootfs::lock::package_drift(&before, &lock.versions());
+    for change in &changes {
+        println!("  {change}");
+    }
+    let unchanged_files = old.as_ref().map_or(0, |o| {
+        lock.packages
+            .iter()
+            .filter(|p| o.packages.iter().any(|q| q == *p))
+            .count()
+    });
+    println!(
+        "wrote {} (digest {}): {} packages, {} changed, {unchanged_files} unchanged{}",
+        path.display(),
+        &lock.digest()[..16],
+        lock.packages.len(),
+        changes.len(),
+        if old.as_ref().is_some_and(|o| o.digest() != lock.digest()) || old.is_none() {
+            "; the node image and its measurements change: run `hawser measurements check --node --update`"
+        } else {
+            ""
+        }
+    );
     Ok(())
 }
 

@@ -3,7 +3,9 @@
 //!
 //! The arithmetic is in `hawser-measurements`; this module reads files, rebuilds the image
 //! through `hawser_image::pipeline` for `check`, and turns results into exit codes: any
-//! difference is a non-zero exit with a per-PCR diff, never a silent pass.
+//! difference is a non-zero exit with a per-PCR diff, never a silent pass. For the node image,
+//! a `rootfs.lock` whose packages differ from those the reference records fails the check
+//! before anything is rebuilt, naming each package (reference → lock).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +16,7 @@ use clap::Subcommand;
 use hawser_attestation::report::BootReport;
 use hawser_image::inputs::InputLock;
 use hawser_image::pipeline::{self, PipelineOptions};
-use hawser_image::rootfs;
+use hawser_image::rootfs::lock::{self, RootfsLock};
 use hawser_measurements::eventlog::{self, EventLog};
 use hawser_measurements::explain::explain;
 use hawser_measurements::predict::{Phase, Prediction};
@@ -26,6 +28,25 @@ use hawser_measurements::reference::{
 pub const QEMU_REFERENCE: &str = "measurements/qemu.json";
 /// The reference measurements of the QEMU node image (UKI with the rootfs's root hash).
 pub const QEMU_NODE_REFERENCE: &str = "measurements/qemu-node.json";
+
+/// The boot phases a prediction covers: (phase, name in JSON, what it is).
+const PHASES: [(Phase, &str, &str); 3] = [
+    (
+        Phase::Stub,
+        "stub",
+        "after systemd-stub, before PID 1 extends anything",
+    ),
+    (
+        Phase::EnterInitrd,
+        "enter-initrd",
+        "PID 1 in the initramfs (the boot report's quote)",
+    ),
+    (
+        Phase::LeaveInitrd,
+        "leave-initrd",
+        "PID 1 after the pivot into the rootfs",
+    ),
+];
 
 /// What the QEMU reference's firmware values come from.
 const QEMU_PLATFORM: &str =
@@ -43,6 +64,10 @@ pub enum MeasurementsCommand {
         /// Also list every predicted event.
         #[arg(long)]
         events: bool,
+        /// The cluster ID (64 hex digits, as in the cluster file and `hawser init`'s output) of
+        /// a node locked to a cluster: PCR 15 is then its node lock instead of zeros.
+        #[arg(long, value_parser = parse_cluster_id)]
+        cluster_id: Option<[u8; 32]>,
     },
     /// Write a reference measurement file for UKI: predicted PCRs, warn-only firmware PCRs
     /// from a boot report, and the metadata `check` needs to name what changed.
@@ -83,6 +108,27 @@ pub enum MeasurementsCommand {
         #[arg(long, conflicts_with = "uki")]
         node: bool,
     },
+    /// Write the measurements of a released image for people who verify it without hawser's
+    /// source: one JSON document in Constellation's published-measurements shape plus a
+    /// `hawser` object (every phase, PCR 15's rule, UKI and root hash, stub, kernel, every
+    /// pinned input with its sha256). Deterministic bytes: sign them with `cosign sign-blob`.
+    Publish {
+        /// The reference to publish [default: measurements/qemu-node.json, the node image].
+        #[arg(long)]
+        reference: Option<PathBuf>,
+        /// Output file [default: standard output].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The release version [default: v<imageVersion> of the reference].
+        #[arg(long)]
+        version: Option<String>,
+        /// The git ref (`-` for a release).
+        #[arg(long, default_value = "-")]
+        git_ref: String,
+        /// The release stream.
+        #[arg(long, default_value = "stable")]
+        stream: String,
+    },
     /// Compare a real boot's TCG event log with the prediction for UKI, event by event.
     Explain {
         /// The UKI that was (supposedly) booted.
@@ -98,12 +144,22 @@ pub enum MeasurementsCommand {
         /// The boot report (console log or JSON) whose quoted PCRs the log must replay to.
         #[arg(long)]
         boot_report: Option<PathBuf>,
+        /// Line the boot up with this systemd-stub version's model (e.g. 257) although the UKI
+        /// carries another stub or kernel, one `predict` refuses: the events that differ are
+        /// named. The result is a diagnosis, not a prediction of the UKI.
+        #[arg(long, value_name = "MAJOR")]
+        assume_stub: Option<u32>,
     },
 }
 
 pub fn run(cmd: MeasurementsCommand) -> anyhow::Result<()> {
     match cmd {
-        MeasurementsCommand::Predict { uki, json, events } => predict(&uki, json, events),
+        MeasurementsCommand::Predict {
+            uki,
+            json,
+            events,
+            cluster_id,
+        } => predict(&uki, json, events, cluster_id.as_ref()),
         MeasurementsCommand::Reference {
             uki,
             boot_report,
@@ -117,13 +173,67 @@ pub fn run(cmd: MeasurementsCommand) -> anyhow::Result<()> {
             update,
             node,
         } => check(reference, out, init, uki, update, node),
+        MeasurementsCommand::Publish {
+            reference,
+            out,
+            version,
+            git_ref,
+            stream,
+        } => publish(reference, out, version, git_ref, stream),
         MeasurementsCommand::Explain {
             uki,
             event_log,
             console,
             boot_report,
-        } => run_explain(&uki, event_log, console, boot_report),
+            assume_stub,
+        } => run_explain(&uki, event_log, console, boot_report, assume_stub),
     }
+}
+
+fn publish(
+    reference: Option<PathBuf>,
+    out: Option<PathBuf>,
+    version: Option<String>,
+    git_ref: String,
+    stream: String,
+) -> anyhow::Result<()> {
+    let path = match reference {
+        Some(path) => path,
+        None => crate::image::workspace()?.join(QEMU_NODE_REFERENCE),
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read the reference {}", path.display()))?;
+    let reference = ReferenceMeasurements::parse(&text)
+        .with_context(|| format!("the reference {}", path.display()))?;
+    let release = hawser_measurements::publish::Release {
+        version: version.unwrap_or_else(|| format!("v{}", reference.metadata.image_version)),
+        git_ref,
+        stream,
+    };
+    let doc = hawser_measurements::publish::publish(&reference, &release);
+    let mut bytes = serde_json::to_vec_pretty(&doc)?;
+    bytes.push(b'\n');
+    match out {
+        Some(out) => {
+            std::fs::write(&out, &bytes)
+                .with_context(|| format!("cannot write {}", out.display()))?;
+            eprintln!(
+                "published the measurements of {} {} ({}) to {} ({} bytes, sha256 {}); sign it with e.g. `cosign sign-blob {}`",
+                reference.metadata.image,
+                release.version,
+                path.display(),
+                out.display(),
+                bytes.len(),
+                hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bytes)),
+                out.display()
+            );
+        }
+        None => {
+            use std::io::Write as _;
+            std::io::stdout().write_all(&bytes)?;
+        }
+    }
+    Ok(())
 }
 
 fn read(path: &Path) -> anyhow::Result<Vec<u8>> {
@@ -135,16 +245,41 @@ fn predict_file(uki: &Path) -> anyhow::Result<Prediction> {
     Ok(Prediction::from_uki(&bytes, &uki.display().to_string())?)
 }
 
-fn predict(uki: &Path, json: bool, events: bool) -> anyhow::Result<()> {
+/// A cluster ID as 64 hex digits.
+fn parse_cluster_id(text: &str) -> Result<[u8; 32], String> {
+    let bytes =
+        hex::decode(text.trim()).map_err(|e| format!("a cluster ID is 64 hex digits ({e})"))?;
+    bytes
+        .try_into()
+        .map_err(|b: Vec<u8>| format!("a cluster ID is 32 bytes (64 hex digits), not {}", b.len()))
+}
+
+fn predict(
+    uki: &Path,
+    json: bool,
+    events: bool,
+    cluster_id: Option<&[u8; 32]>,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     let p = predict_file(uki)?;
     let elapsed = started.elapsed();
     if json {
+        let phases: serde_json::Map<String, serde_json::Value> = PHASES
+            .iter()
+            .map(|&(phase, name, _)| {
+                (
+                    name.to_owned(),
+                    p.expected_measurements_json_in_cluster(phase, cluster_id),
+                )
+            })
+            .collect();
         let out = serde_json::json!({
-            "measurements": p.expected_measurements_json(Phase::EnterInitrd),
+            "measurements": p.expected_measurements_json_in_cluster(Phase::EnterInitrd, cluster_id),
             "measurementsAfterLeaveInitrd": {
                 "11": {"expected": hex::encode(p.pcr(11, Phase::LeaveInitrd)), "warnOnly": false}
             },
+            "measurementsPerPhase": phases,
+            "clusterId": cluster_id.map(hex::encode),
             "pcr11AfterStub": hex::encode(p.pcr(11, Phase::Stub)),
             "prediction": p,
         });
@@ -157,6 +292,7 @@ fn predict(uki: &Path, json: bool, events: bool) -> anyhow::Result<()> {
         p.uki_size,
         hex::encode(p.uki_sha256)
     );
+    println!("stub: {}; kernel: Linux {}", p.stub, p.kernel_release);
     println!("kernel command line: {}", p.cmdline);
     println!(
         "PCR  4  {}  OVMF: boot action, separator, UKI and kernel Authenticode",
@@ -167,23 +303,35 @@ fn predict(uki: &Path, json: bool, events: bool) -> anyhow::Result<()> {
         hex::encode(p.pcr(9, Phase::Stub)),
         p.initrd_size
     );
+    let pcrs = |phase| p.pcrs_in_cluster(phase, cluster_id);
     println!(
         "PCR 11  {}  after enter-initrd (what the boot report quotes)",
-        hex::encode(p.pcr(11, Phase::EnterInitrd))
+        hex::encode(pcrs(Phase::EnterInitrd)[&11])
     );
     println!(
         "        {}  after systemd-stub only",
-        hex::encode(p.pcr(11, Phase::Stub))
+        hex::encode(pcrs(Phase::Stub)[&11])
     );
     println!(
-        "        {}  after leave-initrd",
-        hex::encode(p.pcr(11, Phase::LeaveInitrd))
+        "        {}  after leave-initrd (a node in its rootfs)",
+        hex::encode(pcrs(Phase::LeaveInitrd)[&11])
     );
-    for pcr in [12u8, 13, 15] {
+    for pcr in [12u8, 13] {
         println!(
             "PCR {pcr:>2}  {}",
-            hex::encode(p.pcr(pcr, Phase::LeaveInitrd))
+            hex::encode(pcrs(Phase::LeaveInitrd)[&pcr])
         );
+    }
+    match cluster_id {
+        Some(id) => println!(
+            "PCR 15  {}  node locked to cluster {}",
+            hex::encode(pcrs(Phase::LeaveInitrd)[&15]),
+            hex::encode(id)
+        ),
+        None => println!(
+            "PCR 15  {}  a fresh node (--cluster-id gives a locked node's)",
+            hex::encode(pcrs(Phase::LeaveInitrd)[&15])
+        ),
     }
     if events {
         println!("events:");
@@ -286,19 +434,62 @@ fn boot_report(path: &Path) -> anyhow::Result<(BootReport, BTreeMap<u8, [u8; 32]
     Ok((report, verified.pcrs))
 }
 
+/// The boot manager the QEMU reference accepts in front of the UKI: systemd-boot from the
+/// pinned `systemd-boot-efi` (the stub's package, so the same systemd), by its Authenticode
+/// hash (`qemu-tests/tests/boot_paths.rs` boots it).
+fn systemd_boot(lock: &InputLock) -> anyhow::Result<(String, [u8; 32])> {
+    let cache = hawser_image::inputs::cache_dir();
+    let fetched = hawser_image::inputs::cached(lock, &cache)
+        .context("the pinned inputs are not in the cache: run `hawser image fetch`")?;
+    let path = fetched
+        .stub
+        .parent()
+        .context("the stub has no directory")?
+        .join("systemd-bootx64.efi");
+    let bytes = read(&path)?;
+    let pe = hawser_measurements::pe::PeImage::parse(&bytes, path.display().to_string())?;
+    let version = lock
+        .by_role(hawser_image::inputs::Role::Stub)
+        .next()
+        .map(|p| p.version.clone())
+        .unwrap_or_default();
+    Ok((
+        format!("systemd-boot {version}"),
+        hawser_measurements::authenticode::authenticode_sha256(&pe)?,
+    ))
+}
+
+/// Whether a UKI is a node image's: its command line pins a rootfs.
+fn is_node_image(prediction: &Prediction) -> bool {
+    prediction.cmdline.contains("hawser.root_hash=")
+}
+
 fn reference_inputs(
     ws: &Path,
     uki: &Path,
+    node: bool,
     firmware: BTreeMap<u8, [u8; 32]>,
     firmware_from: Option<String>,
 ) -> anyhow::Result<ReferenceInputs> {
     let lock = InputLock::load(&ws.join("inputs.lock"))?;
+    let rootfs_lock = if node {
+        Some(RootfsLock::load(&ws.join(lock::LOCK_FILE))?)
+    } else {
+        None
+    };
+    let boot_managers = vec![systemd_boot(&lock)?];
     Ok(ReferenceInputs {
+        boot_managers,
         image: "hawser-qemu".to_owned(),
         image_version: env!("CARGO_PKG_VERSION").to_owned(),
         platform: QEMU_PLATFORM.to_owned(),
         input_lock_digest: lock.digest(),
         inputs: lock_inputs(&lock),
+        rootfs_lock_digest: rootfs_lock.as_ref().map(RootfsLock::digest),
+        rootfs_packages: rootfs_lock
+            .as_ref()
+            .map(RootfsLock::versions)
+            .unwrap_or_default(),
         initramfs: manifest_entries(uki)?,
         firmware_pcrs: firmware,
         firmware_values_from: firmware_from,
@@ -386,8 +577,11 @@ fn write_reference(
             }
         },
     };
-    let reference =
-        ReferenceMeasurements::new(&prediction, reference_inputs(&ws, uki, firmware, from)?);
+    let node = is_node_image(&prediction);
+    let reference = ReferenceMeasurements::new(
+        &prediction,
+        reference_inputs(&ws, uki, node, firmware, from)?,
+    );
     std::fs::write(&out, reference.render())
         .with_context(|| format!("cannot write {}", out.display()))?;
     println!("wrote {}", out.display());
@@ -410,8 +604,12 @@ fn check(
     };
     let reference_path = reference_path.unwrap_or_else(|| ws.join(default_reference));
     let reference = load_reference(&reference_path)?;
-    // The node image's package versions (mkosi's manifest), when it was rebuilt here.
-    let mut rootfs_manifest = None;
+    if node && !update {
+        // Before minutes of building: a rootfs from other packages cannot have the reference's
+        // root hash, whatever hawser's sources do.
+        let rootfs_lock = RootfsLock::load(&ws.join(lock::LOCK_FILE))?;
+        check_rootfs_lock(&reference, &reference_path, &rootfs_lock)?;
+    }
     let uki = match uki {
         Some(uki) => uki,
         None => {
@@ -435,7 +633,6 @@ fn check(
             };
             if node {
                 let (node, _) = pipeline::build_node_image(&opts, &mut |line| eprintln!("{line}"))?;
-                rootfs_manifest = Some(out.join(format!("{}.manifest", rootfs::TREE_DIR)));
                 node.image.uki.path
             } else {
                 let (output, _) = pipeline::build_image(&opts)?;
@@ -445,41 +642,31 @@ fn check(
     };
     let prediction = predict_file(&uki)?;
     let (firmware, from) = firmware_of(&reference);
-    let current =
-        ReferenceMeasurements::new(&prediction, reference_inputs(&ws, &uki, firmware, from)?);
+    let current = ReferenceMeasurements::new(
+        &prediction,
+        reference_inputs(&ws, &uki, is_node_image(&prediction), firmware, from)?,
+    );
     let diff = reference::diff(&reference, &current);
+    let locks = |r: &ReferenceMeasurements| {
+        let mut text = format!("input lock {}", short(&r.metadata.input_lock_digest));
+        if let Some(digest) = &r.metadata.rootfs_lock_digest {
+            text.push_str(&format!(", rootfs lock {}", short(digest)));
+        }
+        text
+    };
     println!(
-        "reference {} (hawser {}, input lock {})",
+        "reference {} (hawser {}, {})",
         reference_path.display(),
         reference.metadata.image_version,
-        short(&reference.metadata.input_lock_digest)
+        locks(&reference)
     );
     println!(
-        "rebuild   {} (hawser {}, input lock {})",
+        "rebuild   {} (hawser {}, {})",
         uki.display(),
         current.metadata.image_version,
-        short(&current.metadata.input_lock_digest)
+        locks(&current)
     );
-    let packages_path = reference_path.with_extension("packages.json");
-    let write_packages = || -> anyhow::Result<()> {
-        if let Some(manifest) = &rootfs_manifest {
-            let packages = rootfs_packages(manifest)?;
-            std::fs::write(
-                &packages_path,
-                serde_json::to_string_pretty(&packages)? + "\n",
-            )
-            .with_context(|| format!("cannot write {}", packages_path.display()))?;
-            println!(
-                "updated {} (the rootfs's Debian packages)",
-                packages_path.display()
-            );
-        }
-        Ok(())
-    };
     if diff.is_empty() {
-        if update {
-            write_packages()?;
-        }
         println!("identical: UKI sha256 {}", current.metadata.uki.sha256);
         for (phase, map) in [
             ("", &current.measurements),
@@ -506,65 +693,76 @@ fn check(
             "updated {} (review and commit it; firmware values kept)",
             reference_path.display()
         );
-        write_packages()?;
         return Ok(());
     }
-    // The rootfs comes from the Debian archive, which moves (security updates): a rebuild
-    // from a newer archive cannot reproduce the reference's root hash, whatever hawser did.
-    if let Some(manifest) = &rootfs_manifest {
-        let now = rootfs_packages(manifest)?;
-        let then: BTreeMap<String, String> = std::fs::read_to_string(&packages_path)
-            .ok()
-            .and_then(|text| serde_json::from_str(&text).ok())
-            .unwrap_or_default();
-        if !then.is_empty() && then != now {
-            println!(
-                "WARNING: the rootfs's Debian packages differ from those of the reference \
-                 ({}):",
-                packages_path.display()
-            );
-            for (name, version) in &now {
-                match then.get(name) {
-                    Some(old) if old == version => {}
-                    Some(old) => println!("  {name} {old} → {version}"),
-                    None => println!("  {name} {version} (new)"),
-                }
-            }
-            for name in then.keys().filter(|n| !now.contains_key(*n)) {
-                println!("  {name} (gone)");
-            }
-            println!(
-                "The Debian archive has moved since the reference was made, so its root hash \
-                 (and PCRs 9, 11, 12) cannot be reproduced from today's archive; this alone \
-                 does not implicate hawser's sources. Publish new measurements with \
-                 `hawser measurements check --node --update`."
-            );
-            return Ok(());
-        }
+    bail!(
+        "the rebuilt image's measurements differ from {} (see above); if the change is intended, run `hawser measurements check{} --update`",
+        reference_path.display(),
+        if node { " --node" } else { "" }
+    )
+}
+
+/// Fails when `lock` pins other rootfs packages than the node reference records, naming each
+/// (reference → lock).
+fn check_rootfs_lock(
+    reference: &ReferenceMeasurements,
+    reference_path: &Path,
+    lock: &RootfsLock,
+) -> anyhow::Result<()> {
+    let Some(recorded_digest) = &reference.metadata.rootfs_lock_digest else {
+        bail!(
+            "{} records no rootfs lock (it predates rootfs.lock): publish measurements of the \
+             pinned rootfs with `hawser measurements check --node --update`",
+            reference_path.display()
+        );
+    };
+    let drift = rootfs_lock_drift(recorded_digest, &reference.metadata.rootfs_packages, lock);
+    if drift.is_empty() {
+        return Ok(());
+    }
+    println!(
+        "{} pins other packages than the rootfs of {} (reference → {}):",
+        lock::LOCK_FILE,
+        reference_path.display(),
+        lock::LOCK_FILE
+    );
+    for line in &drift {
+        println!("  {line}");
     }
     bail!(
-        "the rebuilt image's measurements differ from {} (see above); if the change is intended, run `hawser measurements check --update`",
+        "the node image built from {} cannot reproduce the root hash of {} (nor PCRs 4, 9 and 11, \
+         whose command line carries it); if the re-pin is intended (`hawser image lock`), publish \
+         new measurements with `hawser measurements check --node --update`",
+        lock::LOCK_FILE,
         reference_path.display()
     )
 }
 
-/// Package name → version from mkosi's JSON manifest of the rootfs.
-fn rootfs_packages(manifest: &Path) -> anyhow::Result<BTreeMap<String, String>> {
-    let text = std::fs::read_to_string(manifest)
-        .with_context(|| format!("cannot read the rootfs manifest {}", manifest.display()))?;
-    let json: serde_json::Value = serde_json::from_str(&text)
-        .with_context(|| format!("{} is not JSON", manifest.display()))?;
-    Ok(json["packages"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| {
-            Some((
-                p["name"].as_str()?.to_owned(),
-                p["version"].as_str()?.to_owned(),
-            ))
-        })
-        .collect())
+/// How `lock` differs from the rootfs lock a reference records (its digest and name →
+/// version): a line per changed package, `name old → new`, or one for the digest if only the
+/// files differ; empty for the same lock.
+fn rootfs_lock_drift(
+    recorded_digest: &str,
+    recorded: &BTreeMap<String, String>,
+    lock: &RootfsLock,
+) -> Vec<String> {
+    let digest = lock.digest();
+    if recorded_digest == digest {
+        return Vec::new();
+    }
+    let changes: Vec<String> = lock::package_drift(recorded, &lock.versions())
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    if changes.is_empty() {
+        vec![format!(
+            "the same versions, other files: rootfs lock digest {} → {}",
+            short(recorded_digest),
+            short(&digest)
+        )]
+    } else {
+        changes
+    }
 }
 
 fn short(digest: &str) -> &str {
@@ -576,8 +774,25 @@ fn run_explain(
     event_log: Option<PathBuf>,
     console: Option<PathBuf>,
     boot_report_path: Option<PathBuf>,
+    assume_stub: Option<u32>,
 ) -> anyhow::Result<()> {
-    let prediction = predict_file(uki)?;
+    let prediction = match assume_stub {
+        None => predict_file(uki)?,
+        Some(major) => {
+            let p = Prediction::from_uki_assuming(
+                &read(uki)?,
+                &uki.display().to_string(),
+                Some(major),
+            )?;
+            println!(
+                "ASSUMING systemd-stub {major}'s model for {} (it carries {}, Linux {}): a diagnosis, not a prediction of this UKI",
+                uki.display(),
+                p.stub,
+                p.kernel_release
+            );
+            p
+        }
+    };
     let log_source = event_log
         .or_else(|| console.clone())
         .context("give --event-log or --console")?;
@@ -623,4 +838,55 @@ fn run_explain(
     }
     println!("the boot matches the prediction event for event");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cluster_id_is_64_hex_digits() {
+        let id = "2a96e44e656f8d24002810a9ebdd9a6f15b71d6139d9b77f4f829e9382fa12ab";
+        assert_eq!(hex::encode(parse_cluster_id(id).unwrap()), id);
+        assert!(parse_cluster_id(&id[..62]).unwrap_err().contains("not 31"));
+        assert!(
+            parse_cluster_id("xyz")
+                .unwrap_err()
+                .contains("64 hex digits")
+        );
+    }
+
+    fn lock(bash: &str, sha256: &str) -> RootfsLock {
+        let text = format!(
+            "suite = \"bookworm\"\n\
+             [[package]]\nname = \"bash\"\nversion = \"{bash}\"\nrole = \"rootfs\"\n\
+             url = \"http://deb.debian.org/debian/pool/main/b/bash/bash.deb\"\nsize = 1\nsha256 = \"{sha256}\"\n\
+             [[package]]\nname = \"libc6\"\nversion = \"2.36-9+deb12u13\"\nrole = \"rootfs\"\n\
+             url = \"http://deb.debian.org/debian/pool/main/g/glibc/libc6.deb\"\nsize = 1\nsha256 = \"{sha256}\"\n"
+        );
+        RootfsLock::parse(&text, Path::new("rootfs.lock")).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_changed_package_in_the_rootfs_lock_is_named_with_both_versions() {
+        let recorded = lock("5.2.15-2+b7", &"ab".repeat(32));
+        let digest = recorded.digest();
+        assert!(rootfs_lock_drift(&digest, &recorded.versions(), &recorded).is_empty());
+        let drift = rootfs_lock_drift(
+            &digest,
+            &recorded.versions(),
+            &lock("5.2.15-2+b8", &"ab".repeat(32)),
+        );
+        assert_eq!(drift, ["bash 5.2.15-2+b7 → 5.2.15-2+b8"]);
+        let drift = rootfs_lock_drift(
+            &digest,
+            &recorded.versions(),
+            &lock("5.2.15-2+b7", &"cd".repeat(32)),
+        );
+        assert_eq!(drift.len(), 1);
+        assert!(
+            drift[0].starts_with("the same versions, other files: rootfs lock digest"),
+            "{drift:?}"
+        );
+    }
 }

@@ -39,6 +39,9 @@ pub enum Role {
     /// A build or test tool, not part of the image: outside the lock's digest and the input
     /// list of the measurement metadata, so pinning one leaves the references unchanged.
     Tool,
+    /// A package of the node's rootfs, pinned in `rootfs.lock` (`rootfs::lock`): mkosi installs
+    /// it from a local repository made of the pinned files; it is not in the UKI.
+    Rootfs,
 }
 
 /// The packages the lock pins: (package or meta-package, role). A meta-package (the kernel's)
@@ -125,6 +128,20 @@ pub enum InputError {
         url: String,
         /// curl's exit status.
         reason: String,
+    },
+    /// The archive no longer has the pinned file (HTTP 404 or 410): Debian keeps only the
+    /// current build of a package, so a point release removes the one before.
+    #[error(
+        "{name} {version} is no longer in the Debian archive: {url} answered HTTP {http_status} \
+         (the archive keeps only the current build of each package; snapshot.debian.org is not used). \
+         Re-pin with `hawser image lock` (it rewrites inputs.lock and rootfs.lock, which changes the image \
+         and its measurements)"
+    )]
+    Gone {
+        name: String,
+        version: String,
+        url: String,
+        http_status: String,
     },
     /// A downloaded file's sha256 differs from the lock.
     #[error(
@@ -276,31 +293,44 @@ pub fn fetch(lock: &InputLock, cache: &Path) -> Result<FetchedInputs, InputError
     }
     let mut roots = Vec::new();
     for (i, pkg) in lock.packages.iter().enumerate() {
-        let root = unpacked_root(cache, pkg);
-        let stamp = root.join(STAMP);
-        if is_unpacked(pkg, &root) {
-            tracing::debug!(package = %pkg.name, "input already unpacked");
-        } else {
-            tracing::info!(
-                "input {}/{}: {} {} ({:.1} MiB)",
-                i + 1,
-                lock.packages.len(),
-                pkg.name,
-                pkg.version,
-                pkg.size as f64 / 1048576.0
-            );
-            let deb = debs.join(format!(
-                "{}_{}.deb",
-                pkg.name,
-                pkg.version.replace(':', "%3a")
-            ));
-            download_verified(pkg, &deb)?;
-            unpack(pkg, &deb, &root)?;
-            std::fs::write(&stamp, &pkg.sha256).map_err(io_error("write", &stamp))?;
-        }
+        let progress = format!("input {}/{}", i + 1, lock.packages.len());
+        let root = fetch_package(pkg, cache, &progress)?;
         roots.push((pkg.role, pkg.name.clone(), root));
     }
     locate(lock, roots)
+}
+
+/// Downloads, verifies and unpacks one locked package under `cache` unless it already is, and
+/// returns the directory it is unpacked in. `progress` heads the log line of a download
+/// (e.g. "input 3/18").
+pub fn fetch_package(
+    pkg: &LockedPackage,
+    cache: &Path,
+    progress: &str,
+) -> Result<PathBuf, InputError> {
+    let debs = cache.join("debs");
+    std::fs::create_dir_all(&debs).map_err(io_error("create directory", &debs))?;
+    let root = unpacked_root(cache, pkg);
+    if is_unpacked(pkg, &root) {
+        tracing::debug!(package = %pkg.name, "input already unpacked");
+        return Ok(root);
+    }
+    tracing::info!(
+        "{progress}: {} {} ({:.1} MiB)",
+        pkg.name,
+        pkg.version,
+        pkg.size as f64 / 1048576.0
+    );
+    let deb = debs.join(format!(
+        "{}_{}.deb",
+        pkg.name,
+        pkg.version.replace(':', "%3a")
+    ));
+    download_verified(pkg, &deb)?;
+    unpack(pkg, &deb, &root)?;
+    let stamp = root.join(STAMP);
+    std::fs::write(&stamp, &pkg.sha256).map_err(io_error("write", &stamp))?;
+    Ok(root)
 }
 
 /// Where a locked package is unpacked, and the stamp that says it was, from which `.deb`.
@@ -340,12 +370,24 @@ fn sha256_file(path: &Path) -> Result<String, InputError> {
     Ok(hex::encode(hasher.finalize()))
 }
 
-fn download_verified(pkg: &LockedPackage, deb: &Path) -> Result<(), InputError> {
+/// Where the `.deb` of a locked package is kept in the cache.
+pub(crate) fn cached_deb(cache: &Path, pkg: &LockedPackage) -> PathBuf {
+    cache.join("debs").join(format!(
+        "{}_{}.deb",
+        pkg.name,
+        pkg.version.replace(':', "%3a")
+    ))
+}
+
+/// Makes `deb` the locked file of `pkg`: kept if its sha256 is the locked one, else downloaded
+/// and verified. A download with another sha256 is discarded ([`InputError::Checksum`]); a file
+/// the archive no longer has is [`InputError::Gone`].
+pub(crate) fn download_verified(pkg: &LockedPackage, deb: &Path) -> Result<(), InputError> {
     if deb.is_file() && sha256_file(deb)? == pkg.sha256 {
         return Ok(());
     }
     let partial = deb.with_extension("deb.partial");
-    let status = Command::new("curl")
+    let output = Command::new("curl")
         .args([
             "--fail",
             "--location",
@@ -353,11 +395,14 @@ fn download_verified(pkg: &LockedPackage, deb: &Path) -> Result<(), InputError> 
             "--show-error",
             "--retry",
             "3",
+            "--write-out",
+            "%{http_code}",
             "--output",
         ])
         .arg(&partial)
         .arg(&pkg.url)
-        .status()
+        .stdin(std::process::Stdio::null())
+        .output()
         .map_err(|source| InputError::Tool {
             step: format!("downloading {}", pkg.name),
             package: "curl",
@@ -366,13 +411,26 @@ fn download_verified(pkg: &LockedPackage, deb: &Path) -> Result<(), InputError> 
                 source,
             },
         })?;
-    if !status.success() {
+    if !output.status.success() {
         let _ = std::fs::remove_file(&partial);
+        let http_status = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        if matches!(http_status.as_str(), "404" | "410") {
+            return Err(InputError::Gone {
+                name: pkg.name.clone(),
+                version: pkg.version.clone(),
+                url: pkg.url.clone(),
+                http_status,
+            });
+        }
         return Err(InputError::Download {
             name: pkg.name.clone(),
             version: pkg.version.clone(),
             url: pkg.url.clone(),
-            reason: format!("curl exited with {status}"),
+            reason: format!(
+                "curl exited with {}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
         });
     }
     let actual = sha256_file(&partial)?;
@@ -471,19 +529,19 @@ fn locate(
 /// ukify inside the unpacked systemd-ukify package.
 pub const UKIFY: &str = "usr/bin/ukify";
 
-/// A private apt configuration for the image suite under the cache: never touches the host's
-/// package state or sources.
-struct PrivateApt {
-    dir: PathBuf,
+/// A private apt configuration under the cache: never touches the host's package state or
+/// sources. [`PrivateApt::new`] is the image suite's; [`PrivateApt::with_sources`] reads
+/// another directory of sources (the rootfs's `mkosi.pkgmngr/etc/apt/sources.list.d`).
+pub(crate) struct PrivateApt {
+    pub(crate) dir: PathBuf,
+    /// `Dir::Etc::sourceparts`; `None`: the sources.list written under `dir`.
+    source_parts: Option<PathBuf>,
 }
 
 impl PrivateApt {
     fn new(cache: &Path) -> Result<Self, InputError> {
         let dir = cache.join("apt");
-        for sub in ["lists/partial", "archives/partial", "etc"] {
-            let d = dir.join(sub);
-            std::fs::create_dir_all(&d).map_err(io_error("create directory", &d))?;
-        }
+        Self::create_dirs(&dir)?;
         let keyring = "/usr/share/keyrings/debian-archive-keyring.gpg";
         let mut sources = String::new();
         for (url, suite) in [
@@ -498,19 +556,49 @@ impl PrivateApt {
         }
         let list = dir.join("etc/sources.list");
         std::fs::write(&list, sources).map_err(io_error("write", &list))?;
+        Ok(Self {
+            dir,
+            source_parts: None,
+        })
+    }
+
+    /// A private apt under `cache/<subdir>` whose sources are the files in `source_parts`.
+    pub(crate) fn with_sources(
+        cache: &Path,
+        subdir: &str,
+        source_parts: &Path,
+    ) -> Result<Self, InputError> {
+        let dir = cache.join(subdir);
+        Self::create_dirs(&dir)?;
+        Ok(Self {
+            dir,
+            source_parts: Some(source_parts.to_owned()),
+        })
+    }
+
+    fn create_dirs(dir: &Path) -> Result<(), InputError> {
+        for sub in ["lists/partial", "archives/partial", "etc"] {
+            let d = dir.join(sub);
+            std::fs::create_dir_all(&d).map_err(io_error("create directory", &d))?;
+        }
         let status = dir.join("status");
         if !status.exists() {
             std::fs::write(&status, "").map_err(io_error("write", &status))?;
         }
-        Ok(Self { dir })
+        Ok(())
     }
 
     fn command(&self, tool: &str) -> Command {
         let d = self.dir.display();
         let mut cmd = Command::new(tool);
+        let (source_list, source_parts) = match &self.source_parts {
+            Some(parts) => ("/dev/null".to_owned(), parts.display().to_string()),
+            None => (format!("{d}/etc/sources.list"), "-".to_owned()),
+        };
         for opt in [
-            format!("Dir::Etc::sourcelist={d}/etc/sources.list"),
-            "Dir::Etc::sourceparts=-".into(),
+            format!("Dir::Etc::sourcelist={source_list}"),
+            format!("Dir::Etc::sourceparts={source_parts}"),
+            "Acquire::Languages=none".into(),
             format!("Dir::State::Lists={d}/lists"),
             format!("Dir::Cache={d}"),
             "Dir::Cache::pkgcache=".into(),
@@ -524,7 +612,7 @@ impl PrivateApt {
         cmd
     }
 
-    fn run(&self, tool: &str, args: &[&str]) -> Result<String, InputError> {
+    pub(crate) fn run(&self, tool: &str, args: &[&str]) -> Result<String, InputError> {
         let out =
             tool::run_tool(self.command(tool).args(args)).map_err(|source| InputError::Tool {
                 step: format!("{tool} {}", args.join(" ")),
@@ -586,7 +674,7 @@ pub fn resolve_lock(cache: &Path) -> Result<InputLock, InputError> {
 
 /// Parses one `apt-get download --print-uris` line:
 /// `'URL' FILE SIZE SHA256:HEX`, where FILE is `name_version_arch.deb` (version `:` as `%3a`).
-fn parse_print_uris(line: &str, name: &str, role: Role) -> Option<LockedPackage> {
+pub(crate) fn parse_print_uris(line: &str, name: &str, role: Role) -> Option<LockedPackage> {
     let mut fields = line.split_whitespace();
     let url = fields.next()?.trim_matches('\'').to_owned();
     let file = fields.next()?;

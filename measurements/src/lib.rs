@@ -9,11 +9,15 @@
 //! - [`pcr`]: the sha256 extend operation and the systemd-compatible boot-phase words.
 //! - [`pe`], [`authenticode`]: the bounds-checked PE reader (crate `hawser-pe`, shared with the
 //!   UKI builder) and the Authenticode hash firmware extends into PCR 4.
-//! - [`stub`]: what systemd-stub 257 and the Linux 6.12 EFI stub do with a UKI's sections.
+//! - [`models`]: which stub (`.sdmagic`) and kernel (`.linux`) a UKI carries, and what each
+//!   modelled version measures; every other version is refused by name.
+//! - [`stub`]: how systemd-stub converts the command line and passes `.osrel` to the kernel.
 //! - [`predict`]: the predicted events and values of PCRs 4, 9, 11 (per boot phase), 12, 13, 15.
 //! - [`eventlog`]: the firmware's TCG event log (crypto-agile), its replay, and the console
 //!   line PID 1 prints it in.
 //! - [`explain`]: a real boot's event log lined up with the prediction, event by event.
+//! - [`publish`]: a released image's measurements for verifiers without hawser's source
+//!   (Constellation's published shape plus a `hawser` object).
 //! - [`reference`](mod@reference): reference measurement files (Constellation's JSON shape plus metadata) and
 //!   the diff that names the input that changed.
 //!
@@ -23,10 +27,14 @@
 pub mod authenticode;
 pub mod eventlog;
 pub mod explain;
+pub mod models;
 pub mod pcr;
 pub mod predict;
+pub mod publish;
 pub mod reference;
 pub mod stub;
+#[cfg(test)]
+pub(crate) mod test_fixtures;
 
 /// The PE reader, re-exported under its old path (`hawser_measurements::pe`).
 pub use hawser_pe as pe;

@@ -9,8 +9,11 @@
 //! | PCR | events, in order | source |
 //! |---|---|---|
 //! | 4 | EV_EFI_ACTION "Calling EFI Application from Boot Option"; EV_SEPARATOR; the UKI's Authenticode hash; the kernel's (`.linux`) Authenticode hash | OVMF's boot manager and `DxeTpm2MeasureBootLib` (the kernel is measured when systemd-stub calls `LoadImage()` on `.linux`) |
-//! | 9 | the UTF-16 command line (tag `0x8F3B22ED`); the initrd the kernel loads (tag `0x8F3B22EC`) = `.initrd`, zero-padded to 4 bytes, followed by the `.osrel` cpio | the Linux 6.12 EFI stub |
-//! | 11 | for each section present, in [`PCR11_SECTION_ORDER`]: its name with NUL, then its `VirtualSize` bytes; then hawser's `enter-initrd`, later `leave-initrd` | systemd-stub 257; hawser PID 1 |
+//! | 9 | the UTF-16 command line (tag `0x8F3B22ED`); the initrd the kernel loads (tag `0x8F3B22EC`) = `.initrd`, and from systemd-stub 257 on, zero-padded to 4 bytes and followed by the `.osrel` cpio | the Linux 6.12 EFI stub |
+//! | 11 | for each section present, in the stub version's order ([`crate::models::StubModel::pcr11_sections`]): its name with NUL, then its `VirtualSize` bytes; then hawser's `enter-initrd`, later `leave-initrd` | systemd-stub; hawser PID 1 |
+//!
+//! The stub's version (`.sdmagic`) and the kernel's (`.linux`) select the model
+//! ([`crate::models`]); a version never proven on a real boot is refused by name.
 //! | 12, 13, 15 | nothing (no command-line override, credentials, sysexts; a fresh node) | |
 
 use std::collections::BTreeMap;
@@ -19,8 +22,9 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::authenticode::authenticode_sha256;
+use crate::models::{self, ModelError, StubIdentity, StubModel};
 use crate::pcr::{PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, extend_sha256, phase_digest};
-use crate::stub::{PCR11_SECTION_ORDER, UNMODELLED_SECTIONS, load_options_utf16, osrel_cpio};
+use crate::stub::{load_options_utf16, osrel_cpio};
 use hawser_pe::{PeError, PeImage};
 
 /// The PCRs a prediction covers (the firmware's own PCRs 0–3 and 5–7 are not predicted).
@@ -42,6 +46,49 @@ pub mod event_type {
 /// The EV_EFI_ACTION string OVMF's boot manager measures into PCR 4 right before it starts a
 /// boot option (EDK II `Tcg2Dxe.c`, `OnReadyToBoot()`, `EFI_CALLING_EFI_APPLICATION`).
 pub const OVMF_CALLING_EFI_APPLICATION: &str = "Calling EFI Application from Boot Option";
+
+/// The EV_EFI_ACTION string OVMF measures into PCR 4 when a boot option returned (failed) and
+/// the boot manager goes on to the next one (EDK II `Tcg2Dxe.c`, `OnReadyToBoot()` on every
+/// attempt after the first, followed by [`OVMF_CALLING_EFI_APPLICATION`] again).
+pub const OVMF_RETURNING_FROM_EFI_APPLICATION: &str =
+    "Returning from EFI Application from Boot Option";
+
+/// How the firmware reached the UKI: what PCR 4 holds between the firmware's separator and
+/// the UKI's own event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "kind")]
+pub enum BootPath {
+    /// The UKI is the first boot option the firmware tries.
+    Direct,
+    /// `count` boot options failed before the UKI's (an empty drive, a missing file): each adds
+    /// "Returning from EFI Application from Boot Option" and "Calling EFI Application from Boot
+    /// Option" again. A failed option runs no code, so nothing else is measured.
+    FailedBootOptions { count: u8 },
+    /// A boot manager (e.g. systemd-boot) started the UKI: its Authenticode hash precedes the
+    /// UKI's. Only a boot manager whose hash the reference lists is accepted.
+    BootManager {
+        name: String,
+        #[serde(serialize_with = "crate::hex_serde::serialize")]
+        authenticode: [u8; 32],
+    },
+}
+
+impl std::fmt::Display for BootPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BootPath::Direct => f.write_str("the UKI as the first boot option"),
+            BootPath::FailedBootOptions { count: 1 } => f.write_str("after 1 failed boot option"),
+            BootPath::FailedBootOptions { count } => {
+                write!(f, "after {count} failed boot options")
+            }
+            BootPath::BootManager { name, authenticode } => write!(
+                f,
+                "started by the boot manager {name} (Authenticode {})",
+                hex::encode(&authenticode[..8])
+            ),
+        }
+    }
+}
 
 /// Event tag of the Linux EFI stub's command-line measurement (`efistub.h`).
 pub const LINUX_TAG_LOAD_OPTIONS: u32 = 0x8F3B_22ED;
@@ -104,6 +151,10 @@ pub struct SectionDigest {
 /// Everything predicted from one UKI.
 #[derive(Debug, Clone, Serialize)]
 pub struct Prediction {
+    /// The systemd-stub the UKI carries (its `.sdmagic`).
+    pub stub: StubIdentity,
+    /// The kernel's release (`uname -r`), from `.linux`'s setup header.
+    pub kernel_release: String,
     pub uki_size: u64,
     #[serde(serialize_with = "crate::hex_serde::serialize")]
     pub uki_sha256: [u8; 32],
@@ -129,6 +180,9 @@ pub enum PredictError {
     /// The UKI (or its `.linux`) is not a usable PE image.
     #[error(transparent)]
     Pe(#[from] PeError),
+    /// The stub or the kernel is not one whose measurements are modelled.
+    #[error(transparent)]
+    Model(#[from] ModelError),
     /// A section hawser's boot depends on is missing.
     #[error("the UKI {uki} has no {section} section (its sections: {present}): {why}")]
     MissingSection {
@@ -141,11 +195,12 @@ pub enum PredictError {
     },
     /// A section whose effect this predictor does not model is present.
     #[error(
-        "the UKI {uki} has a {section} section, whose measurements hawser's predictor does not model: {why}"
+        "the UKI {uki} has a {section} section, whose measurements hawser's predictor does not model: {stub} {why}"
     )]
     UnmodelledSection {
         uki: String,
         section: &'static str,
+        stub: StubIdentity,
         why: &'static str,
     },
     /// A text section is implausibly large.
@@ -181,8 +236,22 @@ const REQUIRED_SECTIONS: [(&str, &str); 3] = [
 ];
 
 impl Prediction {
-    /// Predicts every event of a boot of `uki`; `label` names the file in errors.
+    /// Predicts every event of a boot of `uki`; `label` names the file in errors. The stub and
+    /// the kernel must be modelled versions ([`crate::models`]).
     pub fn from_uki(uki: &[u8], label: &str) -> Result<Prediction, PredictError> {
+        Self::from_uki_assuming(uki, label, None)
+    }
+
+    /// As [`Self::from_uki`], but with `assume_stub` (a major version in
+    /// [`models::STUB_MODELS`]) the UKI is predicted as if it carried that stub and a modelled
+    /// kernel, whatever it really carries, refused or not. Not a prediction to trust: it is what
+    /// `hawser measurements explain --assume-stub` lines a boot up with, so that the event that
+    /// differs is named for a UKI the predictor refuses.
+    pub fn from_uki_assuming(
+        uki: &[u8],
+        label: &str,
+        assume_stub: Option<u32>,
+    ) -> Result<Prediction, PredictError> {
         let pe = PeImage::parse(uki, format!("UKI {label}"))?;
         let missing = |section: &'static str, why: &'static str| PredictError::MissingSection {
             uki: label.to_owned(),
@@ -203,11 +272,34 @@ impl Prediction {
                 return Err(missing(section, why));
             }
         }
-        for (section, why) in UNMODELLED_SECTIONS {
+        let (stub, model) = match assume_stub {
+            None => {
+                let stub = models::stub_identity(&pe, label)?;
+                let model = models::stub_model(&stub, label)?;
+                (stub, model)
+            }
+            Some(major) => {
+                let model = models::STUB_MODELS
+                    .iter()
+                    .find(|m| m.major == major)
+                    .ok_or_else(|| ModelError::UnknownAssumption {
+                        major,
+                        known: models::known_stubs(),
+                    })?;
+                let stub = models::stub_identity(&pe, label).unwrap_or_else(|_| StubIdentity {
+                    name: "unidentified stub".into(),
+                    version: "(no .sdmagic)".into(),
+                    major: None,
+                });
+                (stub, model)
+            }
+        };
+        for &(section, why) in model.unmodelled_sections {
             if pe.section(section).is_some() {
                 return Err(PredictError::UnmodelledSection {
                     uki: label.to_owned(),
                     section,
+                    stub: stub.clone(),
                     why,
                 });
             }
@@ -254,6 +346,21 @@ impl Prediction {
             format!("kernel in the .linux section of {label}"),
         )?;
         let kernel_authenticode = authenticode_sha256(&kernel)?;
+        let kernel_release = match (models::kernel_release(&linux_bytes), assume_stub) {
+            (Ok(release), None) => {
+                models::kernel_model(&release, label)?;
+                release
+            }
+            (Ok(release), Some(_)) => release,
+            (Err(_), Some(_)) => "(unreadable)".to_owned(),
+            (Err(why), None) => {
+                return Err(ModelError::UnknownKernel {
+                    uki: label.to_owned(),
+                    why,
+                }
+                .into());
+            }
+        };
         events.push(PredictedEvent {
             pcr: 4,
             event_type: event_type::EV_EFI_ACTION,
@@ -321,7 +428,7 @@ impl Prediction {
             digest: Sha256::digest(&load_options).into(),
             phase: None,
         });
-        let (initrd_digest, initrd_size, initrd_covers) = initrd_measurement(&pe, label)?;
+        let (initrd_digest, initrd_size, initrd_covers) = initrd_measurement(&pe, label, model)?;
         events.push(PredictedEvent {
             pcr: 9,
             event_type: event_type::EV_EVENT_TAG,
@@ -333,7 +440,7 @@ impl Prediction {
         });
 
         // PCR 11: systemd-stub's sections, then hawser's phases.
-        for name in PCR11_SECTION_ORDER {
+        for &name in model.pcr11_sections {
             let Some((content, len)) = digest_of(name) else {
                 continue;
             };
@@ -371,6 +478,8 @@ impl Prediction {
         }
 
         Ok(Prediction {
+            stub,
+            kernel_release,
             uki_size: uki.len() as u64,
             uki_sha256: Sha256::digest(uki).into(),
             uki_authenticode,
@@ -391,6 +500,56 @@ impl Prediction {
             .fold([0u8; 32], |value, e| extend_sha256(&value, &e.digest))
     }
 
+    /// PCR 4's predicted events on `path`: the firmware's, the boot path's, the UKI's and the
+    /// kernel's.
+    pub fn pcr4_events(&self, path: &BootPath) -> Vec<PredictedEvent> {
+        let direct: Vec<&PredictedEvent> = self.events.iter().filter(|e| e.pcr == 4).collect();
+        let mut events = Vec::new();
+        let action = |text: &str, n: usize| PredictedEvent {
+            pcr: 4,
+            event_type: event_type::EV_EFI_ACTION,
+            key: format!("action:{text}#{n}"),
+            description: format!("OVMF: EV_EFI_ACTION \"{text}\""),
+            covers: format!("the firmware's boot path: {path}"),
+            digest: Sha256::digest(text.as_bytes()).into(),
+            phase: None,
+        };
+        for e in direct {
+            let before_uki = e.key == "app#1";
+            if before_uki {
+                match path {
+                    BootPath::Direct => {}
+                    BootPath::FailedBootOptions { count } => {
+                        for n in 0..usize::from(*count) {
+                            events.push(action(OVMF_RETURNING_FROM_EFI_APPLICATION, n + 1));
+                            events.push(action(OVMF_CALLING_EFI_APPLICATION, n + 2));
+                        }
+                    }
+                    BootPath::BootManager { name, authenticode } => events.push(PredictedEvent {
+                        pcr: 4,
+                        event_type: event_type::EV_EFI_BOOT_SERVICES_APPLICATION,
+                        key: "app#0".into(),
+                        description: format!(
+                            "OVMF: EV_EFI_BOOT_SERVICES_APPLICATION, the boot manager {name} (Authenticode)"
+                        ),
+                        covers: format!("the boot manager {name}"),
+                        digest: *authenticode,
+                        phase: None,
+                    }),
+                }
+            }
+            events.push(e.clone());
+        }
+        events
+    }
+
+    /// PCR 4's predicted value on `path` ([`Self::pcr4_events`]).
+    pub fn pcr4_on(&self, path: &BootPath) -> [u8; 32] {
+        self.pcr4_events(path)
+            .iter()
+            .fold([0u8; 32], |value, e| extend_sha256(&value, &e.digest))
+    }
+
     /// The predicted values of all [`PREDICTED_PCRS`] at `phase`.
     pub fn pcrs(&self, phase: Phase) -> BTreeMap<u8, [u8; 32]> {
         PREDICTED_PCRS
@@ -399,11 +558,36 @@ impl Prediction {
             .collect()
     }
 
+    /// The predicted values of all [`PREDICTED_PCRS`] at `phase` on a node locked to
+    /// `cluster_id`: PCR 15 holds PID 1's node lock ([`crate::cluster_lock_pcr`]) instead of
+    /// zeros. `None` is a fresh node ([`Self::pcrs`]).
+    pub fn pcrs_in_cluster(
+        &self,
+        phase: Phase,
+        cluster_id: Option<&[u8; 32]>,
+    ) -> BTreeMap<u8, [u8; 32]> {
+        let mut pcrs = self.pcrs(phase);
+        if let Some(id) = cluster_id {
+            pcrs.insert(crate::PCR_CLUSTER_ID, crate::cluster_lock_pcr(id));
+        }
+        pcrs
+    }
+
     /// The expected measurements at `phase` in Constellation's format (what `hawser-joind`,
     /// `hawser init` and the validator read): `{"<pcr>": {"expected": hex, "warnOnly": false}}`,
     /// every predicted PCR enforced.
     pub fn expected_measurements_json(&self, phase: Phase) -> serde_json::Value {
-        self.pcrs(phase)
+        self.expected_measurements_json_in_cluster(phase, None)
+    }
+
+    /// [`Self::expected_measurements_json`] of a node locked to `cluster_id`
+    /// ([`Self::pcrs_in_cluster`]).
+    pub fn expected_measurements_json_in_cluster(
+        &self,
+        phase: Phase,
+        cluster_id: Option<&[u8; 32]>,
+    ) -> serde_json::Value {
+        self.pcrs_in_cluster(phase, cluster_id)
             .into_iter()
             .map(|(pcr, value)| {
                 (
@@ -424,14 +608,16 @@ impl Prediction {
 /// The digest and size of the initrd the kernel loads, and a description of its parts.
 ///
 /// systemd-stub 257 (`run()` and `combine_initrds()` in `src/boot/stub.c`) hands the kernel
-/// the parts `.ucode`, `.initrd` and the `.osrel` cpio (other parts come from files on the ESP
+/// the parts `.ucode`, `.initrd` and the `.osrel` cpio (stubs before 257 pass no such cpio:
+/// [`StubModel::osrel_cpio`]) (other parts come from files on the ESP
 /// or sections refused earlier); a single part is passed as is, several are each zero-padded to
 /// a multiple of 4 bytes and concatenated.
 fn initrd_measurement(
     pe: &PeImage<'_>,
     label: &str,
+    model: &StubModel,
 ) -> Result<([u8; 32], u64, String), PredictError> {
-    let osrel_cpio = match pe.section(".osrel") {
+    let osrel_cpio = match pe.section(".osrel").filter(|_| model.osrel_cpio) {
         Some(s) => {
             let loaded = pe.loaded(s);
             if loaded.len() > MAX_TEXT_SECTION {
@@ -509,6 +695,7 @@ pub(crate) fn size(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_fixtures::{SDMAGIC_257, tiny_kernel, tiny_uki as tiny_pe_uki};
     use hawser_pe::test_support::tiny_pe;
 
     fn sha(data: &[u8]) -> [u8; 32] {
@@ -517,8 +704,8 @@ mod tests {
 
     /// A UKI-shaped PE whose .linux is itself a (tiny) PE.
     fn tiny_uki(cmdline: &[u8], initrd: &[u8]) -> Vec<u8> {
-        let kernel = tiny_pe(&[(".text", b"kernel code")]);
-        tiny_pe(&[
+        let kernel = tiny_kernel(b"kernel code");
+        tiny_pe_uki(&[
             (".text", b"stub code"),
             (".osrel", b"ID=hawser\n"),
             (".cmdline", cmdline),
@@ -557,7 +744,7 @@ mod tests {
             ]
         );
         // Recompute PCR 11 by hand from the raw bytes.
-        let kernel = tiny_pe(&[(".text", b"kernel code")]);
+        let kernel = tiny_kernel(b"kernel code");
         let mut v = [0u8; 32];
         for (name, data) in [
             (".linux", kernel.as_slice()),
@@ -646,7 +833,7 @@ mod tests {
 
     #[test]
     fn missing_and_unmodelled_sections_are_named() {
-        let kernel = tiny_pe(&[(".text", b"k")]);
+        let kernel = tiny_kernel(b"k");
         let no_initrd = tiny_pe(&[(".cmdline", b"c"), (".linux", &kernel)]);
         let err = Prediction::from_uki(&no_initrd, "x.efi").unwrap_err();
         assert!(
@@ -661,7 +848,7 @@ mod tests {
             err.to_string().contains("x.efi has no .linux section"),
             "{err}"
         );
-        let with_pcrsig = tiny_pe(&[
+        let with_pcrsig = tiny_pe_uki(&[
             (".cmdline", b"c"),
             (".linux", &kernel),
             (".initrd", b"i"),
@@ -669,7 +856,7 @@ mod tests {
         ]);
         let err = Prediction::from_uki(&with_pcrsig, "x.efi").unwrap_err();
         assert!(err.to_string().contains(".pcrsig"), "{err}");
-        let bad_kernel = tiny_pe(&[
+        let bad_kernel = tiny_pe_uki(&[
             (".cmdline", b"c"),
             (".linux", b"not a PE"),
             (".initrd", b"i"),
@@ -679,6 +866,176 @@ mod tests {
             err.to_string()
                 .starts_with("the kernel in the .linux section of x.efi is not a PE image"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn the_stub_version_selects_pcr11_sections_and_the_osrel_cpio() {
+        let kernel = tiny_kernel(b"kernel code");
+        let with_stub = |magic: &[u8]| {
+            tiny_pe(&[
+                (".sdmagic", magic),
+                (".osrel", b"ID=hawser\n"),
+                (".cmdline", b"console=ttyS0"),
+                (".uname", b"6.12.0"),
+                (".linux", &kernel),
+                (".initrd", b"INITRD"),
+                (".sbat", b"sbat,1\n"),
+            ])
+        };
+        let old = Prediction::from_uki(
+            &with_stub(b"#### LoaderInfo: systemd-stub 252.39-1~deb12u2 ####\0"),
+            "252.efi",
+        )
+        .expect("systemd-stub 252 is modelled");
+        assert_eq!(old.stub.version, "252.39-1~deb12u2");
+        assert_eq!(old.kernel_release, crate::test_fixtures::KERNEL_RELEASE);
+        let pcr11: Vec<_> = old
+            .events
+            .iter()
+            .filter(|e| e.pcr == 11 && e.phase.is_none())
+            .map(|e| e.key.as_str())
+            .collect();
+        // 252 knows neither .uname nor .sbat.
+        assert_eq!(
+            pcr11,
+            [
+                "ipl:.linux#1",
+                "ipl:.linux#2",
+                "ipl:.osrel#1",
+                "ipl:.osrel#2",
+                "ipl:.cmdline#1",
+                "ipl:.cmdline#2",
+                "ipl:.initrd#1",
+                "ipl:.initrd#2"
+            ]
+        );
+        // Before 257 the kernel gets .initrd as it is: no padding, no os-release cpio.
+        assert_eq!(old.initrd_size, 6);
+        let initrd_event = old
+            .events
+            .iter()
+            .find(|e| e.key.ends_with("0x8f3b22ec"))
+            .unwrap();
+        assert_eq!(initrd_event.digest, sha(b"INITRD"));
+
+        let new = Prediction::from_uki(&with_stub(SDMAGIC_257), "257.efi").expect("257");
+        assert!(new.initrd_size > 8, "257 appends the os-release cpio");
+        assert_ne!(new.pcr(11, Phase::Stub), old.pcr(11, Phase::Stub));
+    }
+
+    #[test]
+    fn unknown_stubs_and_kernels_are_refused_by_name() {
+        let kernel = tiny_kernel(b"k");
+        let no_magic = tiny_pe(&[(".cmdline", b"c"), (".linux", &kernel), (".initrd", b"i")]);
+        let err = Prediction::from_uki(&no_magic, "x.efi")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "the UKI x.efi does not say which stub it has (it has no .sdmagic section)"
+            ),
+            "{err}"
+        );
+        let old = tiny_pe(&[
+            (
+                ".sdmagic",
+                b"#### LoaderInfo: systemd-stub 249.11-0ubuntu3 ####\0",
+            ),
+            (".cmdline", b"c"),
+            (".linux", &kernel),
+            (".initrd", b"i"),
+        ]);
+        let err = Prediction::from_uki(&old, "x.efi").unwrap_err().to_string();
+        assert!(
+            err.starts_with("systemd-stub 249.11-0ubuntu3 in the UKI x.efi is not modelled"),
+            "{err}"
+        );
+        let mut other_kernel = tiny_kernel(b"k");
+        other_kernel[0x300..0x302].copy_from_slice(b"5.");
+        let uki = tiny_pe_uki(&[
+            (".cmdline", b"c"),
+            (".linux", &other_kernel),
+            (".initrd", b"i"),
+        ]);
+        let err = Prediction::from_uki(&uki, "x.efi").unwrap_err().to_string();
+        assert!(
+            err.starts_with("Linux 5.12.0-test in the UKI x.efi is not modelled"),
+            "{err}"
+        );
+        let plain_pe_kernel = tiny_pe(&[(".text", b"k")]);
+        let uki = tiny_pe_uki(&[
+            (".cmdline", b"c"),
+            (".linux", &plain_pe_kernel),
+            (".initrd", b"i"),
+        ]);
+        let err = Prediction::from_uki(&uki, "x.efi").unwrap_err().to_string();
+        assert!(
+            err.contains("has no readable version (no \"HdrS\" setup header"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn boot_paths_insert_their_firmware_events_before_the_uki() {
+        let p = Prediction::from_uki(&tiny_uki(b"console=ttyS0", b"INITRD"), "t").unwrap();
+        assert_eq!(p.pcr4_on(&BootPath::Direct), p.pcr(4, Phase::Stub));
+        let keys = |path| {
+            p.pcr4_events(&path)
+                .into_iter()
+                .map(|e| e.key)
+                .collect::<Vec<_>>()
+        };
+        let calling = format!("action:{OVMF_CALLING_EFI_APPLICATION}");
+        let returning = format!("action:{OVMF_RETURNING_FROM_EFI_APPLICATION}");
+        assert_eq!(
+            keys(BootPath::FailedBootOptions { count: 2 }),
+            [
+                calling.clone(),
+                "separator".into(),
+                format!("{returning}#1"),
+                format!("{calling}#2"),
+                format!("{returning}#2"),
+                format!("{calling}#3"),
+                "app#1".into(),
+                "app#2".into()
+            ]
+        );
+        // Recomputed by hand: the direct value's events with one retry inserted.
+        let mut v = [0u8; 32];
+        for digest in [
+            sha(OVMF_CALLING_EFI_APPLICATION.as_bytes()),
+            sha(&[0u8; 4]),
+            sha(OVMF_RETURNING_FROM_EFI_APPLICATION.as_bytes()),
+            sha(OVMF_CALLING_EFI_APPLICATION.as_bytes()),
+            p.uki_authenticode,
+            p.kernel_authenticode,
+        ] {
+            v = extend_sha256(&v, &digest);
+        }
+        assert_eq!(p.pcr4_on(&BootPath::FailedBootOptions { count: 1 }), v);
+        let manager = BootPath::BootManager {
+            name: "systemd-boot".into(),
+            authenticode: [7; 32],
+        };
+        assert_eq!(
+            keys(manager.clone()),
+            [
+                calling.clone(),
+                "separator".into(),
+                "app#0".into(),
+                "app#1".into(),
+                "app#2".into()
+            ]
+        );
+        let other = BootPath::BootManager {
+            name: "systemd-boot".into(),
+            authenticode: [8; 32],
+        };
+        assert_ne!(
+            p.pcr4_on(&manager),
+            p.pcr4_on(&other),
+            "another application, another value"
         );
     }
 

@@ -19,15 +19,19 @@
 //! `measurementsAfterLeaveInitrd` is the same map for a node that has left the initramfs.
 //! Firmware PCRs (0–3, 5–7) are recorded from a real boot and `warnOnly`.
 //!
+//! A node image's reference (its command line carries the rootfs's root hash) also records the
+//! rootfs's package lock, `rootfs.lock`: its digest (`rootfsLockDigest`, as `inputLockDigest`
+//! records `inputs.lock`) and each package's version (`rootfsPackages`).
+//!
 //! [`diff`] compares a reference with a fresh prediction and names what changed: PCRs, UKI
-//! sections, locked input packages, initramfs files.
+//! sections, locked input packages, the rootfs's locked packages, initramfs files.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::predict::{PREDICTED_PCRS, Phase, Prediction};
+use crate::predict::{BootPath, PREDICTED_PCRS, Phase, Prediction};
 
 /// The version of this file format.
 pub const FORMAT_VERSION: u32 = 1;
@@ -41,10 +45,47 @@ pub struct Measurement {
     /// A mismatch is reported but does not fail verification (absent = `false`).
     #[serde(default)]
     pub warn_only: bool,
+    /// Further values the PCR may hold (PCR 4 on the allowed boot paths, `metadata.bootPaths`);
+    /// readers of Constellation's format ignore it and enforce `expected` alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub also_expected: Vec<String>,
 }
 
 /// PCR index → expected value.
 pub type Measurements = BTreeMap<u8, Measurement>;
+
+/// One allowed boot path and the PCR 4 it gives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootPathRecord {
+    /// The path in words ("after 1 failed boot option").
+    pub path: String,
+    /// PCR 4 on it.
+    pub pcr4: String,
+}
+
+/// How many failed boot options before the UKI a reference accepts: firmware that tries an
+/// empty drive or a network option first. A failed option runs no code (it adds only OVMF's
+/// "Returning…"/"Calling…" actions), so accepting it admits no other software.
+pub const ALLOWED_FAILED_BOOT_OPTIONS: u8 = 2;
+
+/// The boot paths a reference accepts besides the direct boot: 1 to
+/// [`ALLOWED_FAILED_BOOT_OPTIONS`] failed boot options, and each of `boot_managers` in front of
+/// the UKI.
+pub fn allowed_boot_paths(boot_managers: &[(String, [u8; 32])]) -> Vec<BootPath> {
+    let mut paths: Vec<BootPath> = (1..=ALLOWED_FAILED_BOOT_OPTIONS)
+        .map(|count| BootPath::FailedBootOptions { count })
+        .collect();
+    paths.extend(
+        boot_managers
+            .iter()
+            .map(|(name, authenticode)| BootPath::BootManager {
+                name: name.clone(),
+                authenticode: *authenticode,
+            }),
+    );
+    paths
+}
 
 /// A reference measurement file (serialized flat: see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,6 +141,12 @@ pub struct Metadata {
     pub input_lock_digest: String,
     /// The locked input packages.
     pub inputs: Vec<InputPackage>,
+    /// sha256 of the rootfs lock (`RootfsLock::digest()`), for a node image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs_lock_digest: Option<String>,
+    /// The rootfs's locked Debian packages, name → version, for a node image.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub rootfs_packages: BTreeMap<String, String>,
     /// sha256 and size of the UKI file.
     pub uki: FileDigest,
     /// Authenticode hashes OVMF extends into PCR 4.
@@ -112,6 +159,10 @@ pub struct Metadata {
     /// PCR 11 after systemd-stub, before hawser's phases (the boot report's
     /// `pcr11_before_phase`).
     pub pcr11_after_stub: String,
+    /// The firmware boot paths besides the direct one whose PCR 4 the file accepts
+    /// (`alsoExpected` of PCR 4), each with its value.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub boot_paths: Vec<BootPathRecord>,
     /// Initramfs entries (path → sha256 for files, or a description), from the build manifest.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub initramfs: BTreeMap<String, String>,
@@ -166,6 +217,11 @@ pub struct ReferenceInputs {
     pub platform: String,
     pub input_lock_digest: String,
     pub inputs: Vec<InputPackage>,
+    /// Boot managers allowed in front of the UKI: (name, Authenticode hash).
+    pub boot_managers: Vec<(String, [u8; 32])>,
+    /// The rootfs lock's digest and packages (name → version), for a node image.
+    pub rootfs_lock_digest: Option<String>,
+    pub rootfs_packages: BTreeMap<String, String>,
     pub initramfs: BTreeMap<String, String>,
     /// Firmware PCR values (warn-only), e.g. from a verified boot report.
     pub firmware_pcrs: BTreeMap<u8, [u8; 32]>,
@@ -181,6 +237,7 @@ impl ReferenceMeasurements {
         let m = |v: [u8; 32], warn_only: bool| Measurement {
             expected: hex::encode(v),
             warn_only,
+            also_expected: Vec::new(),
         };
         let mut measurements: Measurements = prediction
             .pcrs(Phase::EnterInitrd)
@@ -191,6 +248,16 @@ impl ReferenceMeasurements {
             if FIRMWARE_PCRS.contains(&pcr) {
                 measurements.insert(pcr, m(v, true));
             }
+        }
+        let boot_paths: Vec<BootPathRecord> = allowed_boot_paths(&inputs.boot_managers)
+            .into_iter()
+            .map(|path| BootPathRecord {
+                pcr4: hex::encode(prediction.pcr4_on(&path)),
+                path: path.to_string(),
+            })
+            .collect();
+        if let Some(pcr4) = measurements.get_mut(&4) {
+            pcr4.also_expected = boot_paths.iter().map(|b| b.pcr4.clone()).collect();
         }
         let measurements_after_leave_initrd =
             BTreeMap::from([(11, m(prediction.pcr(11, Phase::LeaveInitrd), false))]);
@@ -211,6 +278,8 @@ impl ReferenceMeasurements {
                 platform: inputs.platform,
                 input_lock_digest: inputs.input_lock_digest,
                 inputs: inputs.inputs,
+                rootfs_lock_digest: inputs.rootfs_lock_digest,
+                rootfs_packages: inputs.rootfs_packages,
                 uki: FileDigest {
                     size: prediction.uki_size,
                     sha256: hex::encode(prediction.uki_sha256),
@@ -220,6 +289,7 @@ impl ReferenceMeasurements {
                 sections,
                 cmdline: prediction.cmdline.clone(),
                 pcr11_after_stub: hex::encode(prediction.pcr(11, Phase::Stub)),
+                boot_paths,
                 initramfs: inputs.initramfs,
                 firmware_values_from: inputs.firmware_values_from,
                 generated_by: format!("hawser-measurements {}", env!("CARGO_PKG_VERSION")),
@@ -311,6 +381,9 @@ pub struct Diff {
     pub pcrs: Vec<PcrChange>,
     pub sections: Vec<Change>,
     pub inputs: Vec<Change>,
+    /// The rootfs's locked packages (`what` is the package name) and, if only it changed,
+    /// the rootfs lock's digest.
+    pub rootfs: Vec<Change>,
     pub initramfs: Vec<Change>,
     pub other: Vec<Change>,
 }
@@ -321,6 +394,7 @@ impl Diff {
         self.pcrs.is_empty()
             && self.sections.is_empty()
             && self.inputs.is_empty()
+            && self.rootfs.is_empty()
             && self.initramfs.is_empty()
             && self.other.is_empty()
     }
@@ -330,7 +404,12 @@ impl Diff {
 fn sections_measured_into(pcr: u8) -> &'static [&'static str] {
     match pcr {
         9 => &[".cmdline", ".initrd", ".osrel", ".ucode"],
-        11 => &crate::stub::PCR11_SECTION_ORDER,
+        // Every section some modelled stub measures (the longest list holds all the others).
+        11 => crate::models::STUB_MODELS
+            .iter()
+            .map(|m| m.pcr11_sections)
+            .max_by_key(|s| s.len())
+            .unwrap_or(&[]),
         _ => &[],
     }
 }
@@ -418,6 +497,22 @@ pub fn diff(reference: &ReferenceMeasurements, current: &ReferenceMeasurements) 
             after: Some(cm.input_lock_digest.clone()),
         });
     }
+    d.rootfs = compare_maps(
+        rm.rootfs_packages
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone())),
+        cm.rootfs_packages
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone())),
+        "",
+    );
+    if d.rootfs.is_empty() && rm.rootfs_lock_digest != cm.rootfs_lock_digest {
+        d.rootfs.push(Change {
+            what: "rootfs lock digest".to_owned(),
+            before: rm.rootfs_lock_digest.clone(),
+            after: cm.rootfs_lock_digest.clone(),
+        });
+    }
     d.initramfs = compare_maps(
         rm.initramfs.iter().map(|(k, v)| (k.clone(), v.clone())),
         cm.initramfs.iter().map(|(k, v)| (k.clone(), v.clone())),
@@ -469,6 +564,19 @@ impl fmt::Display for Change {
     }
 }
 
+fn write_groups(f: &mut fmt::Formatter<'_>, groups: &[(&str, &Vec<Change>)]) -> fmt::Result {
+    for (title, changes) in groups {
+        if changes.is_empty() {
+            continue;
+        }
+        writeln!(f, "{title}:")?;
+        for c in changes.iter() {
+            writeln!(f, "    {c}")?;
+        }
+    }
+    Ok(())
+}
+
 impl fmt::Display for Diff {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_empty() {
@@ -499,22 +607,28 @@ impl fmt::Display for Diff {
                 )?;
             }
         }
-        let groups: [(&str, &Vec<Change>); 4] = [
+        let groups: [(&str, &Vec<Change>); 2] = [
             ("UKI sections", &self.sections),
             ("input lock", &self.inputs),
-            ("initramfs files", &self.initramfs),
-            ("other", &self.other),
         ];
-        for (title, changes) in groups {
-            if changes.is_empty() {
-                continue;
-            }
-            writeln!(f, "{title}:")?;
-            for c in changes.iter() {
-                writeln!(f, "    {c}")?;
+        write_groups(f, &groups)?;
+        if !self.rootfs.is_empty() {
+            writeln!(f, "rootfs packages (rootfs.lock; reference → rebuild):")?;
+            let version = |v: &Option<String>| v.clone().unwrap_or_else(|| "(none)".to_owned());
+            for c in &self.rootfs {
+                writeln!(
+                    f,
+                    "    {} {} → {}",
+                    c.what,
+                    version(&c.before),
+                    version(&c.after)
+                )?;
             }
         }
-        if !self.sections.is_empty() && self.inputs.is_empty() {
+        let groups: [(&str, &Vec<Change>); 2] =
+            [("initramfs files", &self.initramfs), ("other", &self.other)];
+        write_groups(f, &groups)?;
+        if !self.sections.is_empty() && self.inputs.is_empty() && self.rootfs.is_empty() {
             writeln!(
                 f,
                 "the input lock is unchanged: the difference comes from hawser's own sources (the init binary, the image builder) or from a build that is not reproducible"
@@ -527,11 +641,11 @@ impl fmt::Display for Diff {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hawser_pe::test_support::tiny_pe;
+    use crate::test_fixtures::{tiny_kernel, tiny_uki};
 
     fn uki(cmdline: &[u8], initrd: &[u8]) -> Vec<u8> {
-        let kernel = tiny_pe(&[(".text", b"kernel code")]);
-        tiny_pe(&[
+        let kernel = tiny_kernel(b"kernel code");
+        tiny_uki(&[
             (".osrel", b"ID=hawser\n"),
             (".cmdline", cmdline),
             (".linux", &kernel),
@@ -554,7 +668,58 @@ mod tests {
             initramfs: BTreeMap::from([("init".to_owned(), "aaaa".to_owned())]),
             firmware_pcrs: BTreeMap::from([(0, [7; 32]), (4, [9; 32])]),
             firmware_values_from: Some("a boot".into()),
+            ..ReferenceInputs::default()
         }
+    }
+
+    fn node_inputs(bash_version: &str) -> ReferenceInputs {
+        ReferenceInputs {
+            rootfs_lock_digest: Some(format!("rootfs-lock-{bash_version}")),
+            rootfs_packages: BTreeMap::from([
+                ("bash".to_owned(), bash_version.to_owned()),
+                ("libc6".to_owned(), "2.36-9+deb12u13".to_owned()),
+            ]),
+            ..inputs("1")
+        }
+    }
+
+    #[test]
+    fn a_node_reference_records_its_rootfs_lock_and_a_uki_reference_does_not() {
+        let p = Prediction::from_uki(&uki(b"console=ttyS0", b"i"), "t").expect("predict");
+        let node = ReferenceMeasurements::new(&p, node_inputs("5.2.15-2+b7"));
+        let v: serde_json::Value = serde_json::from_str(&node.render()).expect("json");
+        assert_eq!(v["metadata"]["rootfsLockDigest"], "rootfs-lock-5.2.15-2+b7");
+        assert_eq!(v["metadata"]["rootfsPackages"]["bash"], "5.2.15-2+b7");
+        assert_eq!(
+            ReferenceMeasurements::parse(&node.render()).expect("parse"),
+            node
+        );
+        let uki_only = ReferenceMeasurements::new(&p, inputs("1")).render();
+        assert!(!uki_only.contains("rootfs"), "{uki_only}");
+    }
+
+    #[test]
+    fn a_changed_rootfs_package_is_named_with_both_versions() {
+        let p = Prediction::from_uki(&uki(b"console=ttyS0", b"i"), "t").expect("predict");
+        let a = ReferenceMeasurements::new(&p, node_inputs("5.2.15-2+b7"));
+        let b = ReferenceMeasurements::new(&p, node_inputs("5.2.15-2+b8"));
+        let d = diff(&a, &b);
+        assert!(!d.is_empty());
+        assert_eq!(d.rootfs.len(), 1, "{d}");
+        let text = d.to_string();
+        assert!(
+            text.contains("rootfs packages (rootfs.lock; reference → rebuild):\n    bash 5.2.15-2+b7 → 5.2.15-2+b8\n"),
+            "{text}"
+        );
+        // The same versions with other files: the digest names the change.
+        let mut c = node_inputs("5.2.15-2+b7");
+        c.rootfs_lock_digest = Some("another".into());
+        let d = diff(&a, &ReferenceMeasurements::new(&p, c));
+        assert!(
+            d.to_string()
+                .contains("rootfs lock digest rootfs-lock-5.2.15-2+b7 → another"),
+            "{d}"
+        );
     }
 
     #[test]

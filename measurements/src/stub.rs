@@ -1,37 +1,13 @@
-//! What systemd-stub 257 and the Linux 6.12 EFI stub do with a UKI's sections before anything
-//! is measured: the order of systemd-stub's PCR 11 measurements, the command line the kernel is
-//! handed (and measures into PCR 9), and the initrd the kernel reads (and measures into PCR 9).
+//! What systemd-stub and the Linux EFI stub do with a UKI's sections before anything is
+//! measured: the command line the kernel is handed (and measures into PCR 9) and the cpio in
+//! which the stub passes `.osrel` to the kernel (measured into PCR 9 with the initrd). What
+//! differs between versions (which sections PCR 11 covers, whether the cpio is appended) is in
+//! [`crate::models`].
 //!
-//! Every rule here is from the source of the exact versions hawser ships (systemd v257.13,
-//! Linux 6.12), as written down in `docs/research/systemd-stub-257-measurements.md`, and each one
-//! is checked against an event log captured from a real OVMF + swtpm boot in this crate's tests.
-
-/// The sections systemd-stub measures into PCR 11, in the order it measures them: the order of
-/// `enum UnifiedSection` in systemd's `src/fundamental/uki.h`, not the order in the PE file.
-/// `.pcrsig` is in that enum (between `.sbat` and `.pcrpkey`) but never measured
-/// (`unified_section_measure()`).
-pub const PCR11_SECTION_ORDER: [&str; 13] = [
-    ".linux", ".osrel", ".cmdline", ".initrd", ".ucode", ".splash", ".dtb", ".uname", ".sbat",
-    ".pcrpkey", ".profile", ".dtbauto", ".hwids",
-];
-
-/// Sections that would change what the kernel receives in ways this predictor does not model:
-/// systemd-stub turns `.pcrsig`, `.pcrpkey` and `.profile` into extra initrd cpios (PCR 9), and
-/// `.profile` selects between several sets of sections.
-pub const UNMODELLED_SECTIONS: [(&str, &str); 3] = [
-    (
-        ".pcrsig",
-        "systemd-stub passes it to the kernel as /.extra/tpm2-pcr-signature.json inside the measured initrd",
-    ),
-    (
-        ".pcrpkey",
-        "systemd-stub passes it to the kernel as /.extra/tpm2-pcr-public-key.pem inside the measured initrd",
-    ),
-    (
-        ".profile",
-        "a multi-profile UKI measures the selected profile's sections and passes /.extra/profile to the kernel",
-    ),
-];
+//! Every rule here is from the source of systemd v257.13 and Linux 6.12, as written down in
+//! `docs/research/systemd-stub-257-measurements.md` (the conversion and the cpio are the same in
+//! every modelled version: `docs/research/systemd-stub-versions.md`), and each one is checked
+//! against real OVMF + swtpm boots (`qemu-tests/tests/measurements.rs`, `stubs.rs`).
 
 /// The command line systemd-stub hands the kernel for a `.cmdline` section, as the UTF-16LE
 /// bytes of `LoadOptions` including the terminating NUL — exactly what the Linux EFI stub

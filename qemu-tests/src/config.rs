@@ -179,6 +179,10 @@ pub struct VmConfig {
     pub keep_logs_dir: Option<PathBuf>,
     /// Appended verbatim to the QEMU command line (e.g. netdevs of later issues).
     pub extra_args: Vec<String>,
+    /// Empty CD-ROM drives (AHCI) ahead of the ESP in the boot order: OVMF tries each, fails
+    /// (no medium) and goes on, as a firmware with a removable-media option first does.
+    /// Default 0. UEFI boots only.
+    pub empty_cdroms_first: u8,
 }
 
 impl VmConfig {
@@ -201,6 +205,7 @@ impl VmConfig {
                 .filter(|dir| !dir.is_empty())
                 .map(PathBuf::from),
             extra_args: Vec::new(),
+            empty_cdroms_first: 0,
         }
     }
 
@@ -295,6 +300,13 @@ impl VmConfig {
             serial: serial.into(),
             read_only: false,
         });
+        self
+    }
+
+    /// Puts `n` empty CD-ROM drives before the ESP in the boot order (see
+    /// [`VmConfig::empty_cdroms_first`]).
+    pub fn empty_cdroms_first(mut self, n: u8) -> Self {
+        self.empty_cdroms_first = n;
         self
     }
 
@@ -481,10 +493,22 @@ impl VmConfig {
                     &format!("if=none,id=esp,format=raw{read_only},file="),
                     esp,
                 ));
-                // bootindex=0: OVMF's boot order (from fw_cfg "bootorder") puts the ESP first.
+                // OVMF's boot order (from fw_cfg "bootorder") follows bootindex: the empty
+                // CD-ROMs first if asked for, then the ESP.
+                for i in 0..self.empty_cdroms_first {
+                    args.push_all([
+                        "-drive",
+                        &format!("if=none,id=cdrom{i},media=cdrom,readonly=on"),
+                        "-device",
+                        &format!("ide-cd,drive=cdrom{i},bus=ide.{i},bootindex={i}"),
+                    ]);
+                }
                 args.push_all([
                     "-device",
-                    &format!("virtio-blk-pci,drive=esp,bootindex=0{serial}"),
+                    &format!(
+                        "virtio-blk-pci,drive=esp,bootindex={}{serial}",
+                        self.empty_cdroms_first
+                    ),
                 ]);
             }
             Boot::DirectKernel {

@@ -11,7 +11,9 @@
 //! second node's AK as a control plane: the node pivots into its rootfs and runs `kubeadm
 //! init` with the configuration built from the admin's request (checked as the stand-in received
 //! it), and the admin kubeconfig comes back to the CLI; the signed quote shows PCR 15 = the node
-//! lock for the cluster ID the CLI computed. (1b) A second node joins through the first node's
+//! lock for the cluster ID the CLI computed, and the quote the CLI verified after the node lock
+//! (from the node in its rootfs) equals `hawser measurements predict --cluster-id` of the UKI for
+//! every predicted PCR: PCR 11 after `leave-initrd`, PCR 15 the lock. (1b) A second node joins through the first node's
 //! `hawser-joind` as a worker, both sides attesting: it gets the key derived from the admin's
 //! master secret, and runs `kubeadm join`, whose discovery reaches the first node's (stand-in)
 //! API server through the cluster's control-plane endpoint (`hawser init
@@ -35,6 +37,7 @@ use hawser_cli::cluster::{self, ClusterFile, InitOptions, RecoverOptions, write_
 use hawser_cli::localhost::{self, LocalCluster, free_port, luks_uuid};
 use hawser_image::pipeline::DEFAULT_CMDLINE;
 use hawser_keys::MasterSecret;
+use hawser_measurements::predict::{Phase, Prediction};
 use hawser_qemu::{TpmConfig, Vm, VmConfig};
 
 mod common;
@@ -99,6 +102,39 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// The quote the CLI verified after the node lock came from the node in its rootfs: every
+/// predicted PCR equals `hawser measurements predict --cluster-id` of the UKI
+/// ([`Prediction::pcrs_in_cluster`] at [`Phase::LeaveInitrd`]): PCR 11 with both of PID 1's
+/// phases, PCR 15 the node lock for the cluster `hawser init` created.
+fn pivoted_quote_equals_the_prediction(uki: &Path, done: &cluster::Established) {
+    assert!(
+        done.quoted_after_pivot,
+        "the node answered the re-attestation from its initramfs, not from its rootfs"
+    );
+    let bytes = std::fs::read(uki).unwrap();
+    let prediction = Prediction::from_uki(&bytes, "the node UKI").unwrap();
+    let predicted = prediction.pcrs_in_cluster(Phase::LeaveInitrd, Some(&done.cluster_id));
+    for (pcr, value) in &predicted {
+        assert_eq!(
+            done.quoted.get(pcr).map(hex::encode),
+            Some(hex::encode(value)),
+            "PCR {pcr} of the pivoted node's quote differs from the prediction for cluster {}",
+            hex::encode(done.cluster_id)
+        );
+    }
+    assert_ne!(
+        predicted[&11],
+        prediction.pcr(11, Phase::EnterInitrd),
+        "leave-initrd is in PCR 11"
+    );
+    eprintln!(
+        "pivoted node's quote = prediction: PCR 11 {} (leave-initrd), PCR 15 {} (cluster {})",
+        hex::encode(predicted[&11]),
+        hex::encode(predicted[&15]),
+        hex::encode(done.cluster_id)
+    );
 }
 
 /// The API server port the kubelet stand-in listens on for the first control plane.
@@ -211,6 +247,7 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
     );
     // kubeadm init ran with the admin's cluster, and its admin kubeconfig came back.
     assert!(done.kubeconfig_written, "{said:#?}");
+    pivoted_quote_equals_the_prediction(&image.uki.path, &done);
     let kubeconfig = std::fs::read_to_string(&opts.kubeconfig).unwrap();
     assert!(
         kubeconfig.contains("kubernetes-admin") && kubeconfig.contains("client-key-data"),

@@ -22,28 +22,21 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use hawser_attestation::ExpectedMeasurements;
-use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, VerifiedReport};
 use hawser_image::build::BuildOutput;
 use hawser_image::uki::{UkiSections, assemble_uki, read_uki_sections};
-use hawser_measurements::eventlog::{self, EventLog};
 use hawser_measurements::explain::{EventMatch, explain};
 use hawser_measurements::predict::{PREDICTED_PCRS, Phase, Prediction};
 use hawser_measurements::reference::{ReferenceInputs, ReferenceMeasurements};
-use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
-use sha2::{Digest, Sha256};
 
 mod common;
+use common::quote::{assert_boot_matches, boot};
 use common::{build_image, workspace};
 
 fn scratch(name: &str) -> PathBuf {
     common::scratch("measurements-tests", name)
 }
-
-/// Generous: TCG on a loaded 2-core CI machine.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// The image under test, built once per run from this workspace.
 fn image() -> &'static BuildOutput {
@@ -55,90 +48,6 @@ fn predict(uki: &Path) -> Prediction {
     let bytes = std::fs::read(uki).expect("read UKI");
     Prediction::from_uki(&bytes, &uki.display().to_string())
         .unwrap_or_else(|e| panic!("predicting {}: {e}", uki.display()))
-}
-
-fn nonce(label: &str) -> [u8; 32] {
-    let uuid = std::fs::read("/proc/sys/kernel/random/uuid").unwrap_or_default();
-    Sha256::digest([uuid.as_slice(), label.as_bytes()].concat()).into()
-}
-
-/// What one boot produced.
-struct Boot {
-    verified: VerifiedReport,
-    /// The firmware's event log, from PID 1's `HAWSER_EVENT_LOG` console line.
-    event_log: EventLog,
-}
-
-/// Boots `uki` with OVMF + swtpm, waits for the boot report and the event log, verifies the
-/// report against a fresh nonce, and powers the VM off.
-fn boot(name: &str, uki: &Path) -> Boot {
-    let nonce = nonce(name);
-    let vm = Vm::start(
-        VmConfig::uefi(uki)
-            .name(name)
-            .tpm(TpmConfig::default())
-            .fw_cfg_string("quote_nonce", hex::encode(nonce)),
-    )
-    .expect("start VM");
-    let line = vm
-        .wait_for_marker("boot report", BOOT_REPORT_MARKER, BOOT_TIMEOUT)
-        .unwrap_or_else(|e| panic!("{name}: no boot report: {e}"));
-    let report = BootReport::find_in_console(&line)
-        .expect("marker present")
-        .expect("the boot report is valid JSON");
-    let verified = report
-        .verify(Some(&nonce))
-        .unwrap_or_else(|e| panic!("{name}: the boot report does not verify: {e}"));
-    let log_line = vm
-        .wait_for_marker(
-            "event log",
-            eventlog::EVENT_LOG_MARKER,
-            Duration::from_secs(60),
-        )
-        .unwrap_or_else(|e| panic!("{name}: PID 1 printed no HAWSER_EVENT_LOG line: {e}"));
-    let bytes = eventlog::find_in_console(&log_line)
-        .expect("marker present")
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-    let event_log = EventLog::parse(&bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
-    vm.shutdown(Duration::from_secs(60))
-        .unwrap_or_else(|e| panic!("{name}: shutdown: {e}"));
-    eprintln!("{name} timeline:\n{}", format_timeline(&vm.timeline()));
-    Boot {
-        verified,
-        event_log,
-    }
-}
-
-/// Every predicted PCR equals the verified quote; PCR 11 before hawser's phase equals the stub's
-/// prediction; the event log lines up event for event.
-fn assert_boot_matches(name: &str, prediction: &Prediction, boot: &Boot) {
-    let quoted = &boot.verified.pcrs;
-    for pcr in PREDICTED_PCRS {
-        assert_eq!(
-            hex::encode(quoted[&pcr]),
-            hex::encode(prediction.pcr(pcr, Phase::EnterInitrd)),
-            "{name}: quoted PCR {pcr} differs from the prediction"
-        );
-    }
-    assert_eq!(
-        boot.verified.pcr11_before_phase,
-        prediction.pcr(11, Phase::Stub),
-        "{name}: PCR 11 before enter-initrd differs from systemd-stub's prediction"
-    );
-    let diagnosis = explain(
-        prediction,
-        &boot.event_log,
-        Some(quoted),
-        &boot.verified.phases_extended,
-    )
-    .expect("explain");
-    assert!(diagnosis.ok(), "{name}:\n{diagnosis}");
-    for p in &diagnosis.pcrs {
-        assert!(
-            p.events.iter().all(|e| !e.is_problem()) && p.in_order,
-            "{name}:\n{diagnosis}"
-        );
-    }
 }
 
 /// The reference file `hawser measurements reference` would write for this image (firmware

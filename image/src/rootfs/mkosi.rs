@@ -1,15 +1,15 @@
 //! mkosi, which builds the Debian tree, and the probe of pkgs.k8s.io that decides whether
 //! Kubernetes comes from there or the stand-ins go in.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::BufRead as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::{
-    KUBERNETES_PACKAGES, PROBE_TIMEOUT_SECS, RootfsError, RootfsOptions, TOOL_PATH, TREE_DIR,
-    find_tool, kubernetes_repository, run_tool,
+    PROBE_TIMEOUT_SECS, RootfsError, TOOL_PATH, TREE_DIR, find_tool, kubernetes_repository,
+    run_tool,
 };
 use crate::tool::{self, ToolError, io_error};
 
@@ -70,14 +70,39 @@ pub(super) fn kubernetes_package_manager_tree(out_dir: &Path) -> Result<PathBuf,
     Ok(tree)
 }
 
+fn read_manifest(manifest: &Path) -> Result<(String, serde_json::Value), RootfsError> {
+    let text = std::fs::read_to_string(manifest).map_err(io_error("read", manifest))?;
+    let json = serde_json::from_str(&text).map_err(|source| RootfsError::Manifest {
+        path: manifest.to_owned(),
+        source,
+    })?;
+    Ok((text, json))
+}
+
+/// Package name → version of every package in mkosi's JSON manifest.
+pub fn manifest_packages(manifest: &Path) -> Result<BTreeMap<String, String>, RootfsError> {
+    let (text, json) = read_manifest(manifest)?;
+    let packages = json["packages"]
+        .as_array()
+        .ok_or_else(|| RootfsError::ToolOutput {
+            tool: "mkosi",
+            what: "package list in its manifest",
+            output: tool::tail(&text, 10),
+        })?;
+    Ok(packages
+        .iter()
+        .filter_map(|p| {
+            Some((
+                p["name"].as_str()?.to_owned(),
+                p["version"].as_str()?.to_owned(),
+            ))
+        })
+        .collect())
+}
+
 /// The kubeadm package version in mkosi's JSON manifest.
 pub(super) fn kubeadm_version_from_manifest(manifest: &Path) -> Result<String, RootfsError> {
-    let text = std::fs::read_to_string(manifest).map_err(io_error("read", manifest))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|source| RootfsError::Manifest {
-            path: manifest.to_owned(),
-            source,
-        })?;
+    let (text, json) = read_manifest(manifest)?;
     json["packages"]
         .as_array()
         .and_then(|packages| packages.iter().find(|p| p["name"] == "kubeadm"))
@@ -109,48 +134,76 @@ fn plain(line: &str) -> String {
 }
 
 /// What usually makes mkosi fail.
-const MKOSI_HINT: &str = "mkosi needs root (or user namespaces), network access to deb.debian.org, \
-                          and its dependencies from bookworm-backports: run scripts/setup-host";
+const MKOSI_HINT: &str = "mkosi needs root (or user namespaces) and its dependencies from \
+                          bookworm-backports (run scripts/setup-host); `hawser image lock` also needs \
+                          deb.debian.org. If apt could not find a package, rootfs.lock lacks it: re-pin \
+                          with `hawser image lock --only rootfs`";
+
+/// One mkosi build of the tree.
+pub(super) struct MkosiRun<'a> {
+    /// Holds `mkosi.conf` and `mkosi.pkgmngr/`.
+    pub workspace: &'a Path,
+    /// Where the tree and mkosi's manifest go.
+    pub out_dir: &'a Path,
+    /// hawser's cache: mkosi's package cache and scratch space go under it.
+    pub cache_dir: &'a Path,
+    pub source_date_epoch: u64,
+    /// A local repository to install from (`--local-mirror`), or `None`: the live archive.
+    pub local_mirror: Option<&'a Path>,
+    /// Package manager trees applied after the workspace's `mkosi.pkgmngr/`, in order (a file
+    /// of a later tree replaces the same file of an earlier one).
+    pub package_manager_trees: Vec<PathBuf>,
+    /// Packages installed besides those of `mkosi.conf`.
+    pub extra_packages: &'a [&'a str],
+}
 
 /// Runs mkosi, streaming its phases to `progress`; returns the tree.
 pub(super) fn run_mkosi(
-    opts: &RootfsOptions,
-    extra_package_manager_tree: Option<&Path>,
+    run: &MkosiRun<'_>,
     progress: &mut dyn FnMut(&str),
 ) -> Result<PathBuf, RootfsError> {
     let mkosi = find_tool("mkosi", "mkosi (bookworm-backports)")?;
-    let package_cache = opts.cache_dir.join("mkosi");
+    let package_cache = run.cache_dir.join("mkosi");
     std::fs::create_dir_all(&package_cache)
         .map_err(io_error("create directory", &package_cache))?;
     // mkosi's scratch space: never inside the source tree (mkosi refuses that, and an output
     // directory under `target/` is), and off tmpfs (the tree is hundreds of MiB).
-    let scratch = opts.cache_dir.join("mkosi-workspace");
+    let scratch = run.cache_dir.join("mkosi-workspace");
     std::fs::create_dir_all(&scratch).map_err(io_error("create directory", &scratch))?;
     let mut cmd = Command::new(&mkosi);
-    cmd.current_dir(&opts.workspace)
+    cmd.current_dir(run.workspace)
         .arg("--directory")
-        .arg(&opts.workspace)
+        .arg(run.workspace)
         .arg("--force")
-        .arg(format!("--source-date-epoch={}", opts.source_date_epoch))
-        .arg(format!("--output-dir={}", opts.out_dir.display()))
+        .arg(format!("--source-date-epoch={}", run.source_date_epoch))
+        .arg(format!("--output-dir={}", run.out_dir.display()))
         .arg(format!("--workspace-dir={}", scratch.display()))
         .arg(format!("--package-cache-dir={}", package_cache.display()));
-    if let Some(tree) = extra_package_manager_tree {
-        cmd.arg(format!("--package-manager-tree={}", tree.display()))
-            .arg(format!("--package={}", KUBERNETES_PACKAGES.join(",")));
+    if let Some(mirror) = run.local_mirror {
+        cmd.arg(format!("--local-mirror=file://{}", mirror.display()));
+    }
+    for tree in &run.package_manager_trees {
+        cmd.arg(format!("--package-manager-tree={}", tree.display()));
+    }
+    if !run.extra_packages.is_empty() {
+        cmd.arg(format!("--package={}", run.extra_packages.join(",")));
     }
     cmd.arg("build")
         .env("PATH", TOOL_PATH)
         .env("PYTHONUNBUFFERED", "1")
-        .env("SOURCE_DATE_EPOCH", opts.source_date_epoch.to_string())
+        .env("SOURCE_DATE_EPOCH", run.source_date_epoch.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     progress(&format!(
-        "rootfs: mkosi build (Debian bookworm, package cache {})",
+        "rootfs: mkosi build (Debian {}, package cache {})",
+        match run.local_mirror {
+            Some(mirror) => format!("packages from {}", mirror.display()),
+            None => "packages from the live archive".to_owned(),
+        },
         package_cache.display()
     ));
-    tracing::info!(workspace = %opts.workspace.display(), "running mkosi");
+    tracing::info!(workspace = %run.workspace.display(), "running mkosi");
     let spawn_error = |source| RootfsError::Step {
         step: "mkosi build",
         hint: MKOSI_HINT,
@@ -229,13 +282,13 @@ pub(super) fn run_mkosi(
             step: "mkosi build",
             hint: MKOSI_HINT,
             source: ToolError::Failed {
-                command: format!("mkosi (in {})", opts.workspace.display()),
+                command: format!("mkosi (in {})", run.workspace.display()),
                 status,
                 output_tail: Vec::from(recent).join("\n"),
             },
         });
     }
-    let tree = opts.out_dir.join(TREE_DIR);
+    let tree = run.out_dir.join(TREE_DIR);
     if !tree.join("usr").is_dir() {
         return Err(RootfsError::NoTree { path: tree });
     }

@@ -2,6 +2,12 @@
 //! a dm-verity hash tree whose root hash goes on the measured kernel command line.
 //!
 //! Why each step is the way it is:
+//! - Every Debian package comes from `rootfs.lock` ([`lock`]): the whole closure mkosi installs,
+//!   pinned by version and sha256. The build downloads the pinned files into hawser's cache,
+//!   verifies them, and hands them to mkosi as a local repository that is its only Debian
+//!   source ([`repo`]); afterwards mkosi's manifest must list exactly the locked packages and
+//!   versions. `hawser image lock` re-pins ([`lock_rootfs`]: one mkosi build from the live
+//!   archive, whose manifest is resolved to archive files).
 //! - mkosi builds a plain directory (`Format=directory`, see `mkosi.conf`) with
 //!   `SourceDateEpoch` (the epoch pinned in `inputs.lock`, passed on the command line here), a
 //!   fixed `Seed` and the run-to-run differences removed; its own archive outputs are not
@@ -16,7 +22,10 @@
 //! - Kubernetes comes from pkgs.k8s.io when this machine can reach it. When it cannot, the build
 //!   says so — on the terminal, in [`Rootfs::kubernetes`] and in the image's
 //!   `/usr/share/hawser/STAND-IN` — and installs hawser's stand-ins for kubeadm and kubelet
-//!   (crate `hawser-standin`), which never pretend to be Kubernetes.
+//!   (crate `hawser-standin`), which never pretend to be Kubernetes. Kubernetes' own packages
+//!   ([`KUBERNETES_PACKAGES`]) are not in `rootfs.lock`: they come from pkgs.k8s.io as it is
+//!   at build time (so such an image is not reproducible), while their Debian dependencies
+//!   must be in the lock (made by `hawser image lock` on a machine that reaches pkgs.k8s.io).
 //!
 //! The contract with the initramfs: the kernel command line carries
 //! `hawser.root_hash=<64 hex>` ([`root_hash_cmdline_arg`]); the GPT data partition's PARTUUID
@@ -24,11 +33,12 @@
 //! ([`hawser_disk_format::gpt::root_partuuids`], systemd's convention). The hash tree's format
 //! (block size, hash) is the one PID 1 accepts, from [`hawser_disk_format::verity`].
 //!
-//! The code: this module has the options, the result and [`build_rootfs`]; `mkosi` runs mkosi
+//! The code: this module has the options, the result, [`build_rootfs`] and [`lock_rootfs`];
+//! `lock` is the lock file, `repo` the local repository made from it, `mkosi` runs mkosi
 //! (and probes pkgs.k8s.io), `standins` installs hawser's binaries into the tree, `tree`
 //! normalises it, `images` makes the erofs image and its verity tree.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -36,16 +46,20 @@ use hawser_disk_format::Guid;
 use hawser_disk_format::verity;
 use sha2::{Digest, Sha256};
 
+use crate::inputs::InputError;
 use crate::tool::{self, IoError, ToolError, io_error};
 
 mod images;
+pub mod lock;
 mod mkosi;
+pub mod repo;
 mod standins;
 mod tree;
 
 pub use images::{TreeImages, image_tree, verify_verity};
-pub use mkosi::probe_kubernetes_repository;
-use mkosi::{kubeadm_version_from_manifest, kubernetes_package_manager_tree, run_mkosi};
+use lock::{MkosiConf, RootfsLock, RootfsLockError};
+use mkosi::{MkosiRun, kubeadm_version_from_manifest, kubernetes_package_manager_tree, run_mkosi};
+pub use mkosi::{manifest_packages, probe_kubernetes_repository};
 pub use standins::{
     JOIND_PATH, compile_rootfs_binaries, install_joind, install_standins, standin_marker_text,
 };
@@ -70,8 +84,15 @@ pub const EROFS_FILE: &str = "rootfs.erofs";
 pub const VERITY_FILE: &str = "rootfs.verity";
 /// The root hash as hex text, next to the images.
 pub const ROOTHASH_FILE: &str = "rootfs.roothash";
-/// What was built: root hash, salt, sizes, and where Kubernetes came from (or that it did not).
+/// What was built: root hash, salt, sizes, the rootfs lock, and where Kubernetes came from (or
+/// that it did not).
 pub const SUMMARY_FILE: &str = "rootfs.json";
+/// mkosi's JSON manifest of the tree (every installed package and version), in the output
+/// directory.
+pub const MANIFEST_FILE: &str = "rootfs.manifest";
+/// The workspace's mkosi configuration and the apt sources a build from the live archive uses.
+pub const MKOSI_CONF: &str = "mkosi.conf";
+pub const MKOSI_SOURCES_DIR: &str = "mkosi.pkgmngr/etc/apt/sources.list.d";
 /// The marker the stand-in build leaves in the image.
 pub const STANDIN_MARKER: &str = "usr/share/hawser/STAND-IN";
 /// dm-verity's block sizes (data and hash), and erofs's block size.
@@ -87,7 +108,7 @@ pub fn kubernetes_repository() -> String {
 /// What to build, and from where.
 #[derive(Debug, Clone)]
 pub struct RootfsOptions {
-    /// The hawser workspace: holds `mkosi.conf` and `mkosi.pkgmngr/`.
+    /// The hawser workspace: holds `mkosi.conf`, `mkosi.pkgmngr/` and `rootfs.lock`.
     pub workspace: PathBuf,
     /// Where the tree, `rootfs.erofs`, `rootfs.verity`, `rootfs.roothash` and `rootfs.json` go
     /// (plus mkosi's `rootfs.manifest`, the package list).
@@ -124,6 +145,8 @@ pub struct Rootfs {
     pub erofs_bytes: u64,
     pub verity_bytes: u64,
     pub kubernetes: KubernetesSource,
+    /// sha256 of the `rootfs.lock` the packages came from ([`RootfsLock::digest`]).
+    pub lock_digest: String,
     /// Wall time of each step.
     pub timings: Vec<(String, Duration)>,
 }
@@ -152,6 +175,12 @@ pub enum RootfsError {
     /// A file or directory of the build could not be read or written.
     #[error(transparent)]
     Io(#[from] IoError),
+    /// The rootfs lock is unusable or does not match the configuration or the build.
+    #[error(transparent)]
+    Lock(#[from] RootfsLockError),
+    /// A locked package could not be downloaded or verified, or apt failed while locking.
+    #[error(transparent)]
+    Inputs(#[from] InputError),
     /// mkosi's package manifest is not JSON.
     #[error("mkosi's manifest {path} is not valid JSON")]
     Manifest {
@@ -227,7 +256,16 @@ pub fn check_tools() -> Result<(), RootfsError> {
     Ok(())
 }
 
-/// Builds the rootfs: mkosi tree, stand-ins if needed, erofs image, verity hash tree.
+/// The workspace's `rootfs.lock`, checked against its `mkosi.conf` (same release, every
+/// configured package pinned).
+pub fn load_rootfs_lock(workspace: &Path) -> Result<RootfsLock, RootfsError> {
+    let lock = RootfsLock::load(&workspace.join(lock::LOCK_FILE))?;
+    MkosiConf::load(&workspace.join(MKOSI_CONF))?.check(&lock)?;
+    Ok(lock)
+}
+
+/// Builds the rootfs: the locked packages into a local repository, the mkosi tree from it
+/// (checked against the lock), stand-ins if needed, erofs image, verity hash tree.
 /// `progress` gets one line per step and keeps the terminal alive during mkosi's minutes.
 pub fn build_rootfs(
     opts: &RootfsOptions,
@@ -236,6 +274,7 @@ pub fn build_rootfs(
     check_tools()?;
     let mut timings = Vec::new();
     std::fs::create_dir_all(&opts.out_dir).map_err(io_error("create directory", &opts.out_dir))?;
+    let lock = load_rootfs_lock(&opts.workspace)?;
 
     let t = Instant::now();
     let kubernetes_reachable = probe_kubernetes_repository();
@@ -269,14 +308,48 @@ pub fn build_rootfs(
     timings.push(("probe pkgs.k8s.io".to_owned(), t.elapsed()));
 
     let t = Instant::now();
-    let tree = run_mkosi(opts, upstream_tree.as_deref(), progress)?;
+    let repository = repo::prepare_repository(&lock, &opts.cache_dir, &opts.out_dir, progress)?;
+    timings.push((format!("fetch {}", lock::LOCK_FILE), t.elapsed()));
+
+    let t = Instant::now();
+    let unlocked: &[&str] = if upstream_tree.is_some() {
+        KUBERNETES_PACKAGES
+    } else {
+        &[]
+    };
+    let tree = run_mkosi(
+        &MkosiRun {
+            workspace: &opts.workspace,
+            out_dir: &opts.out_dir,
+            cache_dir: &opts.cache_dir,
+            source_date_epoch: opts.source_date_epoch,
+            local_mirror: Some(&repository.dir),
+            package_manager_trees: std::iter::once(repository.package_manager_tree.clone())
+                .chain(upstream_tree)
+                .collect(),
+            extra_packages: unlocked,
+        },
+        progress,
+    )?;
+    repository.remove()?;
     timings.push(("mkosi".to_owned(), t.elapsed()));
+    let manifest = opts.out_dir.join(MANIFEST_FILE);
+    lock::verify_installed(&lock, &manifest_packages(&manifest)?, unlocked)?;
+    progress(&format!(
+        "rootfs: mkosi installed exactly the {} packages of {}{}",
+        lock.packages.len(),
+        lock::LOCK_FILE,
+        if unlocked.is_empty() {
+            ""
+        } else {
+            " (and Kubernetes' own from pkgs.k8s.io, not locked)"
+        }
+    ));
     install_joind(&tree, &opts.standin_bin_dir, opts.source_date_epoch)?;
     progress(&format!("rootfs: installed /{JOIND_PATH}"));
 
     let kubernetes = match kubernetes_reachable {
         Ok(()) => {
-            let manifest = opts.out_dir.join(format!("{TREE_DIR}.manifest"));
             let version = kubeadm_version_from_manifest(&manifest)?;
             progress(&format!("rootfs: Kubernetes kubeadm {version} installed"));
             KubernetesSource::Upstream { version }
@@ -314,6 +387,7 @@ pub fn build_rootfs(
         "verity_bytes": images.verity_bytes,
         "tree_digest": hex::encode(images.tree_digest),
         "source_date_epoch": opts.source_date_epoch,
+        "rootfs_lock": { "digest": lock.digest(), "packages": lock.packages.len() },
         "kubernetes": kubernetes_json,
     }))
     .unwrap_or_default();
@@ -328,8 +402,80 @@ pub fn build_rootfs(
         erofs_bytes: images.erofs_bytes,
         verity_bytes: images.verity_bytes,
         kubernetes,
+        lock_digest: lock.digest(),
         timings,
     })
+}
+
+/// Re-pins the rootfs for `hawser image lock`: builds the tree once with mkosi from the live
+/// archive (the sources of `mkosi.pkgmngr/`; with Kubernetes from pkgs.k8s.io when it is
+/// reachable, as a build would), takes every installed package and version from mkosi's
+/// manifest, and resolves each to its archive file with a private apt of the same sources.
+/// Kubernetes' own packages are left out ([`KUBERNETES_PACKAGES`]). The tree is deleted
+/// afterwards; nothing in the workspace is written (the caller writes the lock).
+pub fn lock_rootfs(
+    workspace: &Path,
+    cache_dir: &Path,
+    source_date_epoch: u64,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RootfsLock, RootfsError> {
+    check_tools()?;
+    let conf_path = workspace.join(MKOSI_CONF);
+    let conf = MkosiConf::load(&conf_path)?;
+    let suite = conf.release_or_error(&conf_path)?.to_owned();
+    let out_dir = cache_dir.join("rootfs-lock");
+    if out_dir.exists() {
+        std::fs::remove_dir_all(&out_dir).map_err(io_error("remove", &out_dir))?;
+    }
+    std::fs::create_dir_all(&out_dir).map_err(io_error("create directory", &out_dir))?;
+    let upstream_tree = match probe_kubernetes_repository() {
+        Ok(()) => {
+            progress(&format!(
+                "rootfs lock: {} is reachable: Kubernetes' Debian dependencies are pinned too",
+                kubernetes_repository()
+            ));
+            Some(kubernetes_package_manager_tree(&out_dir)?)
+        }
+        Err(why) => {
+            progress(&format!(
+                "rootfs lock: {} is not reachable ({why}): pinning the packages of an offline \
+                 build (the stand-ins need none of Kubernetes' dependencies)",
+                kubernetes_repository()
+            ));
+            None
+        }
+    };
+    let unlocked: &[&str] = if upstream_tree.is_some() {
+        KUBERNETES_PACKAGES
+    } else {
+        &[]
+    };
+    run_mkosi(
+        &MkosiRun {
+            workspace,
+            out_dir: &out_dir,
+            cache_dir,
+            source_date_epoch,
+            local_mirror: None,
+            package_manager_trees: upstream_tree.into_iter().collect(),
+            extra_packages: unlocked,
+        },
+        progress,
+    )?;
+    let mut installed = manifest_packages(&out_dir.join(MANIFEST_FILE))?;
+    installed.retain(|name, _| !unlocked.contains(&name.as_str()));
+    progress(&format!(
+        "rootfs lock: mkosi installed {} packages from the live {suite} archive; resolving their files",
+        installed.len()
+    ));
+    let lock = lock::resolve(
+        &installed,
+        &suite,
+        &workspace.join(MKOSI_SOURCES_DIR),
+        cache_dir,
+    )?;
+    std::fs::remove_dir_all(&out_dir).map_err(io_error("remove", &out_dir))?;
+    Ok(lock)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use hawser_image::pipeline::{self, NodeImage, PipelineOptions};
 use hawser_joinservice::service::RunningService;
 use hawser_qemu::{TpmConfig, VmConfig};
 
+pub mod quote;
 pub mod toolbox;
 
 /// The hawser workspace this crate lives in.
