@@ -108,14 +108,9 @@ const UCODE: (&str, &str) = (
     ".ucode",
     "is prepended to the initrd the kernel measures; not modelled",
 );
-const DTBAUTO: (&str, &str) = (
-    ".dtbauto",
-    "selects a device tree by the firmware's hardware IDs",
-);
-const HWIDS: (&str, &str) = (
-    ".hwids",
-    "selects a device tree by the firmware's hardware IDs",
-);
+const BY_HARDWARE_ID: &str = "selects a device tree by the firmware's hardware IDs";
+const DTBAUTO: (&str, &str) = (".dtbauto", BY_HARDWARE_ID);
+const HWIDS: (&str, &str) = (".hwids", BY_HARDWARE_ID);
 const EFIFW: (&str, &str) = (
     ".efifw",
     "carries firmware images the stub selects by the firmware's hardware IDs",

@@ -702,6 +702,15 @@ mod tests {
         Sha256::digest(data).into()
     }
 
+    /// The keys of systemd-stub's PCR 11 events, in order.
+    fn stub_pcr11_keys(p: &Prediction) -> Vec<&str> {
+        p.events
+            .iter()
+            .filter(|e| e.pcr == 11 && e.phase.is_none())
+            .map(|e| e.key.as_str())
+            .collect()
+    }
+
     /// A UKI-shaped PE whose .linux is itself a (tiny) PE.
     fn tiny_uki(cmdline: &[u8], initrd: &[u8]) -> Vec<u8> {
         let kernel = tiny_kernel(b"kernel code");
@@ -720,14 +729,8 @@ mod tests {
     fn pcr11_is_name_then_contents_in_stub_order() {
         let uki = tiny_uki(b"console=ttyS0", b"INITRD");
         let p = Prediction::from_uki(&uki, "t").expect("predict");
-        let keys: Vec<&str> = p
-            .events
-            .iter()
-            .filter(|e| e.pcr == 11 && e.phase.is_none())
-            .map(|e| e.key.as_str())
-            .collect();
         assert_eq!(
-            keys,
+            stub_pcr11_keys(&p),
             [
                 "ipl:.linux#1",
                 "ipl:.linux#2",
@@ -890,15 +893,9 @@ mod tests {
         .expect("systemd-stub 252 is modelled");
         assert_eq!(old.stub.version, "252.39-1~deb12u2");
         assert_eq!(old.kernel_release, crate::test_fixtures::KERNEL_RELEASE);
-        let pcr11: Vec<_> = old
-            .events
-            .iter()
-            .filter(|e| e.pcr == 11 && e.phase.is_none())
-            .map(|e| e.key.as_str())
-            .collect();
         // 252 knows neither .uname nor .sbat.
         assert_eq!(
-            pcr11,
+            stub_pcr11_keys(&old),
             [
                 "ipl:.linux#1",
                 "ipl:.linux#2",
