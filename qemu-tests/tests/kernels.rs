@@ -26,6 +26,9 @@ use hawser_measurements::predict::{PREDICTED_PCRS, Phase, Prediction};
 use hawser_qemu::{TpmConfig, Vm, VmConfig};
 
 mod common;
+
+/// The input cache's subdirectory for other distributions' packages.
+const OTHER_DISTRIBUTIONS: &str = "other-distributions";
 use common::quote::BOOT_TIMEOUT;
 use common::workspace;
 
@@ -39,6 +42,9 @@ fn fixture(name: &str) -> Vec<u8> {
 /// (release, vmlinuz) of every kernel: hawser's own, then `measurements/kernels.lock`'s.
 fn kernels() -> (Vec<u8>, Vec<(String, PathBuf)>) {
     let cache = inputs::cache_dir();
+    // Other distributions' packages live apart from the image's inputs: tools that look for
+    // "the" kernel or stub among the cached inputs must never find one of these.
+    let other_distributions = cache.join(OTHER_DISTRIBUTIONS);
     let own = InputLock::load(&workspace().join("inputs.lock")).expect("inputs.lock");
     let fetched = inputs::fetch(&own, &cache).expect("fetch inputs.lock");
     let stub = std::fs::read(&fetched.stub).unwrap();
@@ -47,8 +53,9 @@ fn kernels() -> (Vec<u8>, Vec<(String, PathBuf)>) {
         .expect("measurements/kernels.lock");
     let n = others.packages.len();
     for (i, pkg) in others.packages.iter().enumerate() {
-        let root = inputs::fetch_package(pkg, &cache, &format!("kernel {}/{n}", i + 1))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let root =
+            inputs::fetch_package(pkg, &other_distributions, &format!("kernel {}/{n}", i + 1))
+                .unwrap_or_else(|e| panic!("{e}"));
         let release = pkg
             .name
             .strip_prefix("linux-image-")

@@ -28,6 +28,9 @@ use hawser_measurements::models::STUB_MODELS;
 use hawser_measurements::predict::Prediction;
 
 mod common;
+
+/// The input cache's subdirectory for other distributions' packages.
+const OTHER_DISTRIBUTIONS: &str = "other-distributions";
 use common::quote::{Boot, boot, boot_matches};
 use common::{build_image, workspace};
 
@@ -68,6 +71,9 @@ fn parts(image: &BuildOutput, dir: &Path) -> Parts {
 /// fetched (and verified) into the input cache.
 fn stubs() -> Vec<(String, PathBuf)> {
     let cache = inputs::cache_dir();
+    // Other distributions' packages live apart from the image's inputs: tools that look for
+    // "the" kernel or stub among the cached inputs must never find one of these.
+    let other_distributions = cache.join(OTHER_DISTRIBUTIONS);
     let own = InputLock::load(&workspace().join("inputs.lock")).expect("inputs.lock");
     let fetched = inputs::fetch(&own, &cache).expect("fetch inputs.lock");
     let mut stubs = vec![(
@@ -82,7 +88,7 @@ fn stubs() -> Vec<(String, PathBuf)> {
         .expect("measurements/stubs.lock");
     let n = others.packages.len();
     for (i, pkg) in others.packages.iter().enumerate() {
-        let root = inputs::fetch_package(pkg, &cache, &format!("stub {}/{n}", i + 1))
+        let root = inputs::fetch_package(pkg, &other_distributions, &format!("stub {}/{n}", i + 1))
             .unwrap_or_else(|e| panic!("{e}"));
         stubs.push((pkg.version.clone(), root.join(STUB_IN_PACKAGE)));
     }
