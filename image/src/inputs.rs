@@ -286,11 +286,6 @@ pub struct FetchedInputs {
 /// Makes sure every locked package is downloaded, verified and unpacked under `cache`.
 /// Already unpacked packages are not downloaded again.
 pub fn fetch(lock: &InputLock, cache: &Path) -> Result<FetchedInputs, InputError> {
-    let debs = cache.join("debs");
-    let unpacked = cache.join("inputs");
-    for dir in [&debs, &unpacked] {
-        std::fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
-    }
     let mut roots = Vec::new();
     for (i, pkg) in lock.packages.iter().enumerate() {
         let progress = format!("input {}/{}", i + 1, lock.packages.len());
@@ -308,8 +303,9 @@ pub fn fetch_package(
     cache: &Path,
     progress: &str,
 ) -> Result<PathBuf, InputError> {
-    let debs = cache.join("debs");
-    std::fs::create_dir_all(&debs).map_err(io_error("create directory", &debs))?;
+    for dir in [cache.join("debs"), cache.join("inputs")] {
+        std::fs::create_dir_all(&dir).map_err(io_error("create directory", &dir))?;
+    }
     let root = unpacked_root(cache, pkg);
     if is_unpacked(pkg, &root) {
         tracing::debug!(package = %pkg.name, "input already unpacked");
@@ -321,11 +317,7 @@ pub fn fetch_package(
         pkg.version,
         pkg.size as f64 / 1048576.0
     );
-    let deb = debs.join(format!(
-        "{}_{}.deb",
-        pkg.name,
-        pkg.version.replace(':', "%3a")
-    ));
+    let deb = cached_deb(cache, pkg);
     download_verified(pkg, &deb)?;
     unpack(pkg, &deb, &root)?;
     let stamp = root.join(STAMP);

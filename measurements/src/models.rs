@@ -116,6 +116,25 @@ const EFIFW: (&str, &str) = (
     "carries firmware images the stub selects by the firmware's hardware IDs",
 );
 
+/// PCR 11's sections from systemd 254 on (252's and `.uname .sbat`), in `enum UnifiedSection`
+/// order; 255 has the same enum.
+const SECTIONS_254: &[&str] = &[
+    ".linux", ".osrel", ".cmdline", ".initrd", ".splash", ".dtb", ".uname", ".sbat", ".pcrpkey",
+];
+/// 257's enum: `.ucode` after `.initrd`, `.profile .dtbauto .hwids` after `.pcrpkey`.
+const SECTIONS_257: &[&str] = &[
+    ".linux", ".osrel", ".cmdline", ".initrd", ".ucode", ".splash", ".dtb", ".uname", ".sbat",
+    ".pcrpkey", ".profile", ".dtbauto", ".hwids",
+];
+/// 262's enum: 257's, then `.efifw`. Every earlier enum is a subset of it.
+const SECTIONS_262: &[&str] = &[
+    ".linux", ".osrel", ".cmdline", ".initrd", ".ucode", ".splash", ".dtb", ".uname", ".sbat",
+    ".pcrpkey", ".profile", ".dtbauto", ".hwids", ".efifw",
+];
+
+/// Every section some modelled stub measures into PCR 11.
+pub(crate) const ALL_PCR11_SECTIONS: &[&str] = SECTIONS_262;
+
 /// Every systemd-stub version the predictor models, each proven by a boot; a version whose
 /// measurements are known not to be predictable carries the reason it is refused. The rules per
 /// version are in `docs/research/systemd-stub-versions.md`.
@@ -133,10 +152,7 @@ pub const STUB_MODELS: &[StubModel] = &[
     StubModel {
         major: 254,
         proven_with: "Debian 12 bookworm-backports systemd-boot-efi 254.26-1~bpo12+1",
-        pcr11_sections: &[
-            ".linux", ".osrel", ".cmdline", ".initrd", ".splash", ".dtb", ".uname", ".sbat",
-            ".pcrpkey",
-        ],
+        pcr11_sections: SECTIONS_254,
         osrel_cpio: false,
         refusal: None,
         unmodelled_sections: &[PCRSIG, PCRPKEY],
@@ -144,10 +160,7 @@ pub const STUB_MODELS: &[StubModel] = &[
     StubModel {
         major: 255,
         proven_with: "Ubuntu 24.04 systemd-boot-efi 255.4-1ubuntu8",
-        pcr11_sections: &[
-            ".linux", ".osrel", ".cmdline", ".initrd", ".splash", ".dtb", ".uname", ".sbat",
-            ".pcrpkey",
-        ],
+        pcr11_sections: SECTIONS_254,
         osrel_cpio: false,
         refusal: None,
         unmodelled_sections: &[PCRSIG, PCRPKEY],
@@ -155,10 +168,7 @@ pub const STUB_MODELS: &[StubModel] = &[
     StubModel {
         major: 257,
         proven_with: "Debian 13 systemd-boot-efi 257.13-1~deb13u1 (hawser's own stub)",
-        pcr11_sections: &[
-            ".linux", ".osrel", ".cmdline", ".initrd", ".ucode", ".splash", ".dtb", ".uname",
-            ".sbat", ".pcrpkey", ".profile", ".dtbauto", ".hwids",
-        ],
+        pcr11_sections: SECTIONS_257,
         osrel_cpio: true,
         refusal: None,
         unmodelled_sections: &[PCRSIG, PCRPKEY, PROFILE, UCODE, DTBAUTO, HWIDS],
@@ -166,10 +176,7 @@ pub const STUB_MODELS: &[StubModel] = &[
     StubModel {
         major: 262,
         proven_with: "Debian forky systemd-boot-efi 262-1",
-        pcr11_sections: &[
-            ".linux", ".osrel", ".cmdline", ".initrd", ".ucode", ".splash", ".dtb", ".uname",
-            ".sbat", ".pcrpkey", ".profile", ".dtbauto", ".hwids", ".efifw",
-        ],
+        pcr11_sections: SECTIONS_262,
         osrel_cpio: true,
         refusal: Some(
             "appends a per-machine boot secret (/.extra/boot-secret, derived from an EFI variable it creates and a mixin it writes to the ESP) to the initrd the kernel measures into PCR 9, so PCR 9 differs from machine to machine and cannot be predicted from the UKI (two boots of UKIs with the same kernel, initrd and command line quote different PCR 9 values)",
@@ -332,6 +339,15 @@ mod tests {
 
     fn identity(line: &str) -> StubIdentity {
         StubIdentity::parse(line).unwrap()
+    }
+
+    #[test]
+    fn every_model_measures_a_subset_of_all_pcr11_sections() {
+        for m in STUB_MODELS {
+            for s in m.pcr11_sections {
+                assert!(ALL_PCR11_SECTIONS.contains(s), "{} measures {s}", m.major);
+            }
+        }
     }
 
     #[test]

@@ -923,11 +923,10 @@ mod tests {
 
     #[test]
     fn unknown_stubs_and_kernels_are_refused_by_name() {
+        let refusal = |uki: &[u8]| Prediction::from_uki(uki, "x.efi").unwrap_err().to_string();
         let kernel = tiny_kernel(b"k");
         let no_magic = tiny_pe(&[(".cmdline", b"c"), (".linux", &kernel), (".initrd", b"i")]);
-        let err = Prediction::from_uki(&no_magic, "x.efi")
-            .unwrap_err()
-            .to_string();
+        let err = refusal(&no_magic);
         assert!(
             err.starts_with(
                 "the UKI x.efi does not say which stub it has (it has no .sdmagic section)"
@@ -943,30 +942,22 @@ mod tests {
             (".linux", &kernel),
             (".initrd", b"i"),
         ]);
-        let err = Prediction::from_uki(&old, "x.efi").unwrap_err().to_string();
+        let err = refusal(&old);
         assert!(
             err.starts_with("systemd-stub 249.11-0ubuntu3 in the UKI x.efi is not modelled"),
             "{err}"
         );
+        let with_kernel = |kernel: &[u8]| {
+            tiny_pe_uki(&[(".cmdline", b"c"), (".linux", kernel), (".initrd", b"i")])
+        };
         let mut other_kernel = tiny_kernel(b"k");
         other_kernel[0x300..0x302].copy_from_slice(b"5.");
-        let uki = tiny_pe_uki(&[
-            (".cmdline", b"c"),
-            (".linux", &other_kernel),
-            (".initrd", b"i"),
-        ]);
-        let err = Prediction::from_uki(&uki, "x.efi").unwrap_err().to_string();
+        let err = refusal(&with_kernel(&other_kernel));
         assert!(
             err.starts_with("Linux 5.12.0-test in the UKI x.efi is not modelled"),
             "{err}"
         );
-        let plain_pe_kernel = tiny_pe(&[(".text", b"k")]);
-        let uki = tiny_pe_uki(&[
-            (".cmdline", b"c"),
-            (".linux", &plain_pe_kernel),
-            (".initrd", b"i"),
-        ]);
-        let err = Prediction::from_uki(&uki, "x.efi").unwrap_err().to_string();
+        let err = refusal(&with_kernel(&tiny_pe(&[(".text", b"k")])));
         assert!(
             err.contains("has no readable version (no \"HdrS\" setup header"),
             "{err}"

@@ -404,12 +404,7 @@ impl Diff {
 fn sections_measured_into(pcr: u8) -> &'static [&'static str] {
     match pcr {
         9 => &[".cmdline", ".initrd", ".osrel", ".ucode"],
-        // Every section some modelled stub measures (the longest list holds all the others).
-        11 => crate::models::STUB_MODELS
-            .iter()
-            .map(|m| m.pcr11_sections)
-            .max_by_key(|s| s.len())
-            .unwrap_or(&[]),
+        11 => crate::models::ALL_PCR11_SECTIONS,
         _ => &[],
     }
 }

@@ -21,21 +21,17 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use hawser_image::test_support::require_tool;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport};
 use hawser_disk_format::gpt::{ROOT_X86_64_TYPE, ROOT_X86_64_VERITY_TYPE, root_partuuids};
 use hawser_image::disk::{DiskLayout, build_disk_image};
-use hawser_measurements::eventlog::{self, EventLog};
 use hawser_measurements::predict::{Phase, Prediction};
-use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
-use sha2::{Digest, Sha256};
+use hawser_qemu::VmConfig;
 
 mod common;
 use common::build_image;
+use common::quote::{Boot, boot_with};
 
-/// Generous: TCG on a loaded 2-core CI machine.
-const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 /// `EV_EFI_GPT_EVENT`: the firmware's measurement of the boot disk's GPT (`UEFI_GPT_DATA`).
 const EV_EFI_GPT_EVENT: u32 = 0x8000_0006;
 /// 2026-01-01T00:00:00Z.
@@ -94,11 +90,6 @@ fn synthetic_root(dir: &Path) -> (PathBuf, PathBuf, [u8; 32]) {
     (rootfs, verity, root_hash)
 }
 
-fn nonce() -> [u8; 32] {
-    let uuid = std::fs::read("/proc/sys/kernel/random/uuid").unwrap_or_default();
-    Sha256::digest([uuid.as_slice(), b"disk-image"].concat()).into()
-}
-
 #[test]
 #[ignore = "boots QEMU (~40 s under TCG); run by scripts/test"]
 fn ovmf_boots_the_uki_from_the_disk_image_and_measures_its_gpt() {
@@ -127,36 +118,10 @@ fn ovmf_boots_the_uki_from_the_disk_image_and_measures_its_gpt() {
     );
 
     let disk_bytes = std::fs::read(&disk_path).expect("read disk image");
-    let nonce = nonce();
-    let vm = Vm::start(
-        VmConfig::uefi_disk(&disk_path)
-            .name("disk-image")
-            .tpm(TpmConfig::default())
-            .fw_cfg_string("quote_nonce", hex::encode(nonce)),
-    )
-    .expect("start VM");
-    let line = vm
-        .wait_for_marker("boot report", BOOT_REPORT_MARKER, BOOT_TIMEOUT)
-        .unwrap_or_else(|e| panic!("no boot report from the disk image: {e}"));
-    let report = BootReport::find_in_console(&line)
-        .expect("marker present")
-        .expect("the boot report is valid JSON");
-    let verified = report
-        .verify(Some(&nonce))
-        .unwrap_or_else(|e| panic!("the boot report does not verify: {e}"));
-    let log_line = vm
-        .wait_for_marker(
-            "event log",
-            eventlog::EVENT_LOG_MARKER,
-            Duration::from_secs(60),
-        )
-        .unwrap_or_else(|e| panic!("PID 1 printed no HAWSER_EVENT_LOG line: {e}"));
-    let log_bytes = eventlog::find_in_console(&log_line)
-        .expect("marker present")
-        .unwrap_or_else(|e| panic!("{e}"));
-    let event_log = EventLog::parse(&log_bytes).unwrap_or_else(|e| panic!("{e}"));
-    vm.shutdown(Duration::from_secs(60)).expect("shutdown");
-    eprintln!("timeline:\n{}", format_timeline(&vm.timeline()));
+    let Boot {
+        verified,
+        event_log,
+    } = boot_with("disk-image", VmConfig::uefi_disk(&disk_path));
 
     // Firmware ran exactly this UKI.
     let uki = std::fs::read(&image.uki.path).expect("read UKI");

@@ -1,6 +1,7 @@
 //! One measured boot: start a UKI under OVMF + swtpm, verify the boot report PID 1 prints
 //! against a fresh nonce, read the firmware's event log, and hold both against a prediction.
-//! Shared by the suites that compare predictions with real boots (`measurements`, `stubs`).
+//! Shared by the suites that boot a UKI and hold its quote and event log against a prediction
+//! (`measurements`, `stubs`, `boot_paths`, `disk_image`).
 
 use std::path::Path;
 use std::time::Duration;
