@@ -34,3 +34,13 @@ pub mod guid;
 pub mod verity;
 
 pub use guid::Guid;
+
+/// Paths in the verified rootfs that PID 1 relies on, which the image builder puts there.
+pub mod rootfs {
+    /// Byte-identical copies of PID 1's ELF files from the initramfs (`init` and its library
+    /// closure, at their initramfs paths below this directory, e.g.
+    /// `usr/lib/hawser/initramfs/usr/lib/x86_64-linux-gnu/libc.so.6`). After the pivot PID 1
+    /// maps its code from these instead of the deleted initramfs files, so the initramfs's
+    /// memory is freed (docs/rootfs.md, "PID 1's memory after the pivot").
+    pub const PID1_COPIES: &str = "usr/lib/hawser/initramfs";
+}

@@ -15,15 +15,33 @@ pub fn image_target_dir(workspace: &Path, explicit: Option<&Path>) -> PathBuf {
         .unwrap_or_else(|| workspace.join("target"))
 }
 
-/// `cargo build --locked --profile image -p <package>` for a binary that goes into the image:
-/// `SOURCE_DATE_EPOCH` set, and the workspace, cargo home and target directory remapped so
-/// no build-host path ends up in the binary.
-pub fn image_cargo_build(
-    workspace: &Path,
-    target_dir: &Path,
-    package: &str,
-    epoch: u64,
-) -> Command {
+/// The packages of every binary that goes into an image — PID 1, `hawser-joind`, the
+/// kubeadm/kubelet stand-ins — and of the `hawser` CLI that builds and boots it. They are
+/// always compiled together, in one cargo invocation: cargo unifies the dependencies' features
+/// across the packages it builds at once, so building PID 1 alone and the rest afterwards
+/// compiled the shared dependencies twice (and a PID 1 built alone differs from one built with
+/// the others). With the CLI in the set, `scripts/build-image-binaries` (the quick start's
+/// build) compiles everything once and the CLI's own image build finds it fresh.
+pub const IMAGE_PACKAGES: [&str; 4] = [
+    "hawser-init",
+    "hawser-joinservice",
+    "hawser-standin",
+    "hawser-cli",
+];
+
+/// The command [`image_cargo_build`] runs, for error messages.
+pub fn image_cargo_command() -> String {
+    let packages: Vec<String> = IMAGE_PACKAGES.iter().map(|p| format!("-p {p}")).collect();
+    format!(
+        "cargo build --locked --profile image {}",
+        packages.join(" ")
+    )
+}
+
+/// `cargo build --locked --profile image -p …` of [`IMAGE_PACKAGES`]: `SOURCE_DATE_EPOCH` set,
+/// and the workspace, cargo home and target directory remapped so no build-host path ends up
+/// in a binary. The binaries land in `<target_dir>/image/`.
+pub fn image_cargo_build(workspace: &Path, target_dir: &Path, epoch: u64) -> Command {
     let cargo_home = std::env::var_os("CARGO_HOME").map_or_else(
         || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"),
         PathBuf::from,
@@ -41,11 +59,59 @@ pub fn image_cargo_build(
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace)
-        .args(["build", "--locked", "--profile", "image", "-p", package])
+        .args(["build", "--locked", "--profile", "image"])
+        .args(IMAGE_PACKAGES.iter().flat_map(|package| ["-p", package]))
         .arg("--target-dir")
         .arg(target_dir)
         .env("SOURCE_DATE_EPOCH", epoch.to_string())
         .env("CARGO_ENCODED_RUSTFLAGS", rustflags)
         .env_remove("RUSTFLAGS");
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `scripts/build-image-binaries` (the quick start's one compile) must run the very cargo
+    /// command the image builder runs, or the builder compiles everything a second time.
+    #[test]
+    fn the_quick_start_build_is_the_image_builders_build() {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .unwrap()
+            .canonicalize()
+            .unwrap();
+        let target_dir = image_target_dir(&workspace, None);
+        let lock = crate::inputs::InputLock::load(&workspace.join("inputs.lock")).unwrap();
+        let cmd = image_cargo_build(&workspace, &target_dir, lock.source_date_epoch);
+        let script = std::process::Command::new("bash")
+            .arg(workspace.join("scripts/build-image-binaries"))
+            .arg("--print-env")
+            .env_remove("SOURCE_DATE_EPOCH")
+            .output()
+            .unwrap();
+        assert!(script.status.success(), "{script:?}");
+        let printed = String::from_utf8(script.stdout).unwrap();
+
+        let env = |name: &str| -> String {
+            cmd.get_envs()
+                .find(|(key, _)| *key == name)
+                .and_then(|(_, value)| value)
+                .unwrap()
+                .to_string_lossy()
+                .replace('\x1f', " ")
+        };
+        let args: Vec<String> = cmd
+            .get_args()
+            .map(|arg| arg.to_string_lossy().into_owned())
+            .collect();
+        let expected = format!(
+            "SOURCE_DATE_EPOCH={}\nCARGO_ENCODED_RUSTFLAGS={}\ncargo {}\n",
+            env("SOURCE_DATE_EPOCH"),
+            env("CARGO_ENCODED_RUSTFLAGS"),
+            args.join(" ")
+        );
+        assert_eq!(printed, expected);
+    }
 }

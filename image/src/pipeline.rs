@@ -196,14 +196,20 @@ pub fn build_node_image(
     opts: &PipelineOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(NodeImage, PipelineTimeline), PipelineError> {
-    let (_, epoch) = lock_and_epoch(opts)?;
+    let (lock, epoch) = lock_and_epoch(opts)?;
     let mut timeline = PipelineTimeline::default();
     let t = Instant::now();
-    let standin_bin_dir =
+    // Every binary of the image in one cargo invocation; PID 1's goes into the initramfs and,
+    // as a copy with its libraries, into the rootfs.
+    let bin_dir =
         rootfs::compile_rootfs_binaries(&opts.workspace, opts.target_dir.as_deref(), epoch)?;
-    timeline
-        .steps
-        .push(("compile hawser-joind, stand-ins", t.elapsed()));
+    timeline.steps.push(("compile", t.elapsed()));
+    let init_binary = opts
+        .init_binary
+        .clone()
+        .unwrap_or_else(|| bin_dir.join("hawser-init"));
+    let fetched = inputs::fetch(&lock, &inputs::cache_dir())?;
+    let pid1_files = crate::initramfs::pid1_elf_files(&init_binary, &fetched.lib_roots)?;
     let t = Instant::now();
     let rootfs = rootfs::build_rootfs(
         &RootfsOptions {
@@ -211,7 +217,8 @@ pub fn build_node_image(
             out_dir: opts.out_dir.clone(),
             cache_dir: inputs::cache_dir(),
             source_date_epoch: epoch,
-            standin_bin_dir,
+            standin_bin_dir: bin_dir,
+            pid1_files,
         },
         progress,
     )?;
@@ -224,6 +231,7 @@ pub fn build_node_image(
             rootfs::root_hash_cmdline_arg(&rootfs.root_hash)
         ),
         source_date_epoch: Some(epoch),
+        init_binary: Some(init_binary),
         ..opts.clone()
     };
     progress(&format!("UKI: command line {}", uki_opts.cmdline));
@@ -269,15 +277,17 @@ fn read_provider_ca(path: &Path) -> Result<String, PipelineError> {
     Ok(text)
 }
 
-/// Compiles `hawser-init` with the `image` profile and remapped paths; returns the binary.
+/// Compiles the image's binaries ([`crate::compile::IMAGE_PACKAGES`], one invocation) with the
+/// `image` profile and remapped paths; returns PID 1's binary.
 fn compile_init(opts: &PipelineOptions, epoch: u64) -> Result<PathBuf, PipelineError> {
     let target_dir = image_target_dir(&opts.workspace, opts.target_dir.as_deref());
-    let mut cmd = image_cargo_build(&opts.workspace, &target_dir, "hawser-init", epoch);
-    tracing::info!("compiling the init binary (cargo build --profile image -p hawser-init)");
+    let mut cmd = image_cargo_build(&opts.workspace, &target_dir, epoch);
+    let command = crate::compile::image_cargo_command();
+    tracing::info!("compiling the image's binaries ({command})");
     let status = cmd.status().map_err(PipelineError::Cargo)?;
     if !status.success() {
         return Err(PipelineError::Compile {
-            command: "cargo build --locked --profile image -p hawser-init".into(),
+            command,
             status: status.to_string(),
         });
     }

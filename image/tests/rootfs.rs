@@ -234,6 +234,12 @@ fn the_full_rootfs_build_is_reproducible() {
     let lock = InputLock::load(&workspace.join("inputs.lock")).unwrap();
     let standin_bin_dir = rootfs::compile_rootfs_binaries(&workspace, None, lock.source_date_epoch)
         .unwrap_or_else(|e| panic!("{e}"));
+    let fetched = hawser_image::inputs::fetch(&lock, &hawser_image::inputs::cache_dir()).unwrap();
+    let pid1_files = hawser_image::initramfs::pid1_elf_files(
+        &standin_bin_dir.join("hawser-init"),
+        &fetched.lib_roots,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let scratch = tempfile::tempdir().unwrap();
     let build = |name: &str| {
         let opts = RootfsOptions {
@@ -242,6 +248,7 @@ fn the_full_rootfs_build_is_reproducible() {
             cache_dir: hawser_image::inputs::cache_dir(),
             source_date_epoch: lock.source_date_epoch,
             standin_bin_dir: standin_bin_dir.clone(),
+            pid1_files: pid1_files.clone(),
         };
         let mut lines = Vec::new();
         let rootfs = rootfs::build_rootfs(&opts, &mut |l| {

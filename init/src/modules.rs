@@ -66,6 +66,9 @@ pub enum ModuleError {
         purpose: String,
         dependency: String,
     },
+    /// A thread loading modules panicked.
+    #[error("a thread loading kernel modules panicked")]
+    Poisoned,
     /// The kernel refuses a module for another reason than missing hardware: the image's
     /// module does not fit this kernel, or is damaged.
     #[error("cannot load kernel module {module} (for {purpose}) from {path}")]
@@ -198,16 +201,139 @@ pub fn is_compressed(path: &Path) -> bool {
     !name.ends_with(".ko")
 }
 
-/// Loads `table` and its dependencies from the initramfs's modules of the running kernel.
-/// Blocking (decompression).
-pub fn load_table(sys: &dyn Syscalls, table: &[KernelModule]) -> Result<LoadSummary, ModuleError> {
+/// Where the running kernel's modules are in the initramfs.
+pub fn running_modules_dir() -> PathBuf {
     let release = nix::sys::utsname::uname()
         .map(|uts| uts.release().to_string_lossy().into_owned())
         .unwrap_or_default();
-    let dir = modules_dir(&release);
-    let index = read_index(&dir)?;
-    let plan = plan(&index, &dir, table)?;
-    Ok(summarize(load_all(sys, &dir, &plan)?))
+    modules_dir(&release)
+}
+
+/// Loads `table` and its dependencies from the initramfs's modules of the running kernel, one
+/// at a time. Blocking.
+pub fn load_table(sys: &dyn Syscalls, table: &[KernelModule]) -> Result<LoadSummary, ModuleError> {
+    load_table_in(sys, &running_modules_dir(), table, 1)
+}
+
+/// Loads `table` and its dependencies from the modules directory `dir`, with `threads` loads
+/// in flight at once (a module starts once every module it depends on is done): with more
+/// than one vCPU the kernel checks signatures and runs module inits in parallel. Blocking.
+pub fn load_table_in(
+    sys: &dyn Syscalls,
+    dir: &Path,
+    table: &[KernelModule],
+    threads: usize,
+) -> Result<LoadSummary, ModuleError> {
+    let index = read_index(dir)?;
+    let plan = plan(&index, dir, table)?;
+    Ok(summarize(load_concurrently(sys, dir, &plan, threads)?))
+}
+
+/// The threads for [`load_table_in`]: one per CPU, at most 4.
+pub fn load_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
+/// [`load_all`] with up to `threads` loads at once, dependencies first. The outcomes come back
+/// in plan order; the first fatal failure stops new loads and is returned.
+pub fn load_concurrently(
+    sys: &dyn Syscalls,
+    dir: &Path,
+    plan: &[PlannedModule<'_>],
+    threads: usize,
+) -> Result<Vec<(String, ModuleOutcome)>, ModuleError> {
+    if threads <= 1 || plan.len() <= 1 {
+        return load_all(sys, dir, plan);
+    }
+    struct State {
+        started: Vec<bool>,
+        outcomes: Vec<Option<ModuleOutcome>>,
+        failed: Option<ModuleError>,
+    }
+    let in_plan: BTreeSet<&str> = plan.iter().map(|p| p.name.as_str()).collect();
+    let state = std::sync::Mutex::new(State {
+        started: vec![false; plan.len()],
+        outcomes: vec![None; plan.len()],
+        failed: None,
+    });
+    let changed = std::sync::Condvar::new();
+    let outcome_of = |state: &State, name: &str| -> Option<Option<ModuleOutcome>> {
+        let index = plan.iter().position(|p| p.name == name)?;
+        Some(state.outcomes[index].clone())
+    };
+    let worker = || {
+        let Ok(mut guard) = state.lock() else { return };
+        loop {
+            if guard.failed.is_some() || guard.started.iter().all(|s| *s) {
+                return;
+            }
+            // The first module not started whose dependencies are all done.
+            let ready = (0..plan.len()).find(|&i| {
+                !guard.started[i]
+                    && plan[i].dependencies.iter().all(|dep| {
+                        !in_plan.contains(dep.as_str())
+                            || matches!(outcome_of(&guard, dep), Some(Some(_)))
+                    })
+            });
+            let Some(i) = ready else {
+                guard = match changed.wait(guard) {
+                    Ok(guard) => guard,
+                    Err(_) => return,
+                };
+                continue;
+            };
+            guard.started[i] = true;
+            let planned = &plan[i];
+            let skipped_dependency = planned
+                .dependencies
+                .iter()
+                .find(|dep| {
+                    matches!(
+                        outcome_of(&guard, dep),
+                        Some(Some(ModuleOutcome::Skipped(_)))
+                    )
+                })
+                .cloned();
+            drop(guard);
+            let path = dir.join(&planned.path);
+            let result = match skipped_dependency {
+                Some(dependency) => judge_skipped_dependency(planned, &dependency),
+                None => judge(planned, &path, sys.load_module(&path, is_compressed(&path))),
+            };
+            guard = match state.lock() {
+                Ok(guard) => guard,
+                Err(_) => return,
+            };
+            match result {
+                Ok(outcome) => {
+                    if let ModuleOutcome::Skipped(skip) = &outcome {
+                        tracing::warn!("{skip}");
+                    } else {
+                        tracing::debug!(module = %planned.name, ?outcome, "kernel module");
+                    }
+                    guard.outcomes[i] = Some(outcome);
+                }
+                Err(e) => {
+                    guard.failed.get_or_insert(e);
+                }
+            }
+            changed.notify_all();
+        }
+    };
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(plan.len()) {
+            scope.spawn(worker);
+        }
+    });
+    let state = state.into_inner().map_err(|_| ModuleError::Poisoned)?;
+    if let Some(e) = state.failed {
+        return Err(e);
+    }
+    Ok(plan
+        .iter()
+        .zip(state.outcomes)
+        .filter_map(|(planned, outcome)| Some((planned.name.clone(), outcome?)))
+        .collect())
 }
 
 /// Counts what [`load_all`] loaded and collects what it skipped.
@@ -680,6 +806,57 @@ kernel/dm-crypt.ko:
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn concurrent_loads_keep_dependencies_first_and_outcomes_in_plan_order() {
+        let index = ModuleIndex::parse(DEP, Some(BUILTIN)).unwrap();
+        let table = [
+            required("dm_crypt"),
+            required("virtio_blk"),
+            required("qemu_fw_cfg"),
+        ];
+        let plan = plan(&index, &dir(), &table).unwrap();
+        for threads in [1, 2, 4] {
+            let sys = RecordingSyscalls::new();
+            let outcomes = load_concurrently(&sys, &dir(), &plan, threads).unwrap();
+            let names: Vec<_> = outcomes.iter().map(|(name, _)| name.as_str()).collect();
+            let in_plan: Vec<_> = plan.iter().map(|p| p.name.as_str()).collect();
+            assert_eq!(names, in_plan, "{threads} threads");
+            let order: Vec<String> = loaded(&sys).into_iter().map(|(path, _)| path).collect();
+            assert_eq!(
+                order.len(),
+                plan.len(),
+                "each module once with {threads} threads"
+            );
+            for planned in &plan {
+                let at = |name: &str| order.iter().position(|p| normalize(p) == name);
+                for dependency in &planned.dependencies {
+                    if let Some(dep_at) = at(dependency) {
+                        assert!(dep_at < at(&planned.name).unwrap(), "{dependency} first");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn concurrent_loads_skip_behind_a_skipped_module_and_stop_at_a_fatal_one() {
+        let table = [SIMD_USER, FAST_AES, DM_CRYPT];
+        let plan = plan_for(&table);
+        let sys = RecordingSyscalls::new();
+        fail(&sys, "kernel/simd.ko", Errno::ENODEV);
+        let outcomes = load_concurrently(&sys, &dir(), &plan, 2).unwrap();
+        assert_eq!(skipped(&outcomes).len(), 3, "{outcomes:?}");
+
+        let sys = RecordingSyscalls::new();
+        fail(&sys, "kernel/dm-crypt.ko", Errno::EINVAL);
+        let err = load_concurrently(&sys, &dir(), &plan, 2).unwrap_err();
+        assert!(err.to_string().contains("dm_crypt"), "{err}");
+    }
+
+    fn normalize(path: &str) -> String {
+        hawser_kmod::normalize_name(path)
     }
 
     #[test]

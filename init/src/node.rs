@@ -31,7 +31,7 @@
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hawser_attestation::tpm::Tpm;
 use hawser_kube_types::KubernetesVersion;
@@ -48,6 +48,7 @@ use crate::platform::mounts::SharedMountTable;
 use crate::platform::poll;
 use crate::platform::reaper::ChildRegistry;
 use crate::platform::syscalls::LinuxSyscalls;
+use crate::platform::timings::PhaseTimer;
 use crate::rootfs::{self, RootHash, RootfsPlan, StateBacking};
 use crate::supervisor::retry::{self, KUBEADM_RETRY};
 use crate::supervisor::{self, OneShotJob, OneShotOutcome, SharedSupervisor, Supervisor};
@@ -179,29 +180,18 @@ pub enum PivotError {
 /// Opens the verified rootfs and switches into it (steps 1–2); records the new root's mounts
 /// in `mounts`, PID 1's mount table, for the shutdown. After an error past the measurement the
 /// machine is half-switched: the caller's fatal path must end it.
+///
+/// The Kubernetes networking modules live in the initramfs: after the switch, a thread of
+/// their own loads them from it (through the descriptor the switch kept open), sets
+/// [`KUBERNETES_SYSCTLS`] and then deletes the initramfs, while the caller starts containerd.
+/// [`Pivoted::networking`] is awaited before the kubelet and kubeadm, which need it.
 pub async fn pivot(
     root_hash: RootHash,
     tpm: Arc<Tpm>,
     state_disk: bool,
     mounts: &SharedMountTable,
-) -> Result<Vec<String>, PivotError> {
-    // The initramfs holds the kernel's modules and is freed by the switch: what Kubernetes
-    // networking needs is loaded now. A failure costs the pod network, not the node.
-    match tokio::task::spawn_blocking(prepare_kubernetes_networking).await {
-        Ok(Ok(loaded)) => info!(
-            "loaded {loaded} kernel modules for Kubernetes networking; {}",
-            KUBERNETES_SYSCTLS
-                .iter()
-                .map(|(key, value)| format!("{key}={value}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        ),
-        Ok(Err(e)) => warn!(
-            "Kubernetes networking is not prepared (pods may get no network): {}",
-            error_chain(&e)
-        ),
-        Err(e) => warn!("preparing Kubernetes networking failed: {e}"),
-    }
+    timer: &PhaseTimer,
+) -> Result<Pivoted, PivotError> {
     let device = rootfs::open_verity_root(root_hash, rootfs::PARTITION_WAIT).await?;
     info!(
         "rootfs mapped at {} with dm-verity against root hash {}: every block is checked \
@@ -216,7 +206,7 @@ pub async fn pivot(
     };
     let plan = RootfsPlan::new(device.path.clone(), backing);
     let after_switch = plan.mounts_after_switch();
-    let outcome = tokio::task::spawn_blocking(move || {
+    let mut outcome = tokio::task::spawn_blocking(move || {
         rootfs::plan::switch_root(&LinuxSyscalls, &plan, &mut || {
             tpm.extend_phase(PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD)
                 .map(|_| ())
@@ -234,11 +224,56 @@ pub async fn pivot(
         .mount_all(&LinuxSyscalls, &rootfs::plan::NEW_ROOT_API_MOUNTS)
         .map_err(PivotError::Mounts)?;
     drop(table);
-    info!("measured {PHASE_LEAVE_INITRD} into PCR {PCR_KERNEL_BOOT} and switched into the rootfs");
+    info!(
+        "measured {PHASE_LEAVE_INITRD} into PCR {PCR_KERNEL_BOOT} and switched into the rootfs; \
+         /init → pivot {:.1} ms ({:.3} s after boot)",
+        timer.elapsed_ms(),
+        crate::platform::console::boottime_seconds()
+    );
     for warning in &outcome.warnings {
         warn!("{warning}");
     }
-    Ok(outcome.warnings)
+    let old_root = outcome.old_root.take();
+    let networking = tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        let prepared = old_root
+            .as_ref()
+            .and_then(crate::platform::syscalls::OldRoot::path)
+            .map(|root| prepare_kubernetes_networking(&root))
+            .unwrap_or(Err(NetworkingError::NoInitramfs));
+        match &prepared {
+            Ok(loaded) => info!(
+                "loaded {loaded} kernel modules for Kubernetes networking in {:.1} ms; {}",
+                started.elapsed().as_secs_f64() * 1e3,
+                KUBERNETES_SYSCTLS
+                    .iter()
+                    .map(|(key, value)| format!("{key}={value}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+            Err(e) => warn!(
+                "Kubernetes networking is not prepared (pods may get no network): {}",
+                error_chain(e)
+            ),
+        }
+        if let Some(old_root) = old_root {
+            rootfs::plan::delete_old_root(&LinuxSyscalls, old_root);
+        }
+        prepared.is_ok()
+    });
+    Ok(Pivoted {
+        warnings: outcome.warnings,
+        networking,
+    })
+}
+
+/// The switch done; Kubernetes networking being prepared.
+pub struct Pivoted {
+    /// The switch's warnings.
+    pub warnings: Vec<String>,
+    /// Loads the networking modules and sets the sysctls, then deletes the initramfs: `true`
+    /// when networking is ready.
+    pub networking: tokio::task::JoinHandle<bool>,
 }
 
 /// The sysctls kubeadm's preflight requires and kube-proxy and CNI plugins rely on (systemd's
@@ -256,6 +291,9 @@ pub enum NetworkingError {
     /// which).
     #[error(transparent)]
     Modules(#[from] crate::modules::ModuleError),
+    /// The initramfs, which holds the modules, was not kept open by the switch.
+    #[error("the initramfs is not open after the switch")]
+    NoInitramfs,
     /// A sysctl of [`KUBERNETES_SYSCTLS`] cannot be written.
     #[error("cannot set {key}={value}")]
     Sysctl {
@@ -268,11 +306,22 @@ pub enum NetworkingError {
     },
 }
 
-/// Loads [`hawser_kmod::KUBERNETES_MODULE_TABLE`] and sets [`KUBERNETES_SYSCTLS`]; returns
-/// how many modules are loaded.
-fn prepare_kubernetes_networking() -> Result<usize, NetworkingError> {
-    let loaded =
-        crate::modules::load_table(&LinuxSyscalls, hawser_kmod::KUBERNETES_MODULE_TABLE)?.loaded;
+/// Loads [`hawser_kmod::KUBERNETES_MODULE_TABLE`] from the initramfs at `initramfs` (several
+/// at once with more than one CPU) and sets [`KUBERNETES_SYSCTLS`]; returns how many modules
+/// are loaded.
+fn prepare_kubernetes_networking(initramfs: &Path) -> Result<usize, NetworkingError> {
+    let dir = initramfs.join(
+        crate::modules::running_modules_dir()
+            .strip_prefix("/")
+            .unwrap_or(Path::new("")),
+    );
+    let loaded = crate::modules::load_table_in(
+        &LinuxSyscalls,
+        &dir,
+        hawser_kmod::KUBERNETES_MODULE_TABLE,
+        crate::modules::load_threads(),
+    )?
+    .loaded;
     for (key, value) in KUBERNETES_SYSCTLS {
         let path = Path::new("/proc/sys").join(key.replace('.', "/"));
         std::fs::write(&path, value).map_err(|source| NetworkingError::Sysctl {
@@ -438,6 +487,7 @@ pub async fn run(
     control_plane: ControlPlane,
     registry: &ChildRegistry,
     services: &SharedSupervisor,
+    networking: tokio::task::JoinHandle<bool>,
 ) {
     // The kubelet and kubeadm name the node after the host unless told otherwise.
     match nix::unistd::sethostname(&identity.name) {
@@ -455,6 +505,11 @@ pub async fn run(
     // As systemd's `After=containerd.service` (with containerd's sd_notify) does: the kubelet
     // refuses to start without the runtime's socket. The supervisor restarts it either way.
     wait_for_path(Path::new(CONTAINERD_SOCKET), CONTAINERD_WAIT).await;
+    // The networking modules and sysctls (kubeadm's preflight checks them), prepared while
+    // containerd started. A failure was logged; the node goes on without pod networking.
+    if let Err(e) = networking.await {
+        warn!("preparing Kubernetes networking failed: {e}");
+    }
     started.start(supervisor::kubelet());
     if services.install(started).await.is_err() {
         warn!("the node's services were already started once; not starting them again");

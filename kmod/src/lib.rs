@@ -32,6 +32,18 @@ pub enum Need {
     },
 }
 
+/// When PID 1 loads a module of [`BOOT_MODULE_TABLE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Before the rest of the bring-up: fw_cfg, the network, entropy, the power button.
+    Early,
+    /// On a thread of its own while PID 1 opens the TPM, measures, attests and connects to the
+    /// join service (mostly waiting on the TPM and the network); awaited before the state
+    /// disk, the first thing that needs these (disks, device-mapper, crypto, tun, erofs,
+    /// overlay).
+    Background,
+}
+
 /// A module PID 1 loads, and why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelModule {
@@ -45,6 +57,8 @@ pub struct KernelModule {
     /// a QEMU VM gets it; completes "the VM lacks …". `None` for modules whose init checks for
     /// nothing: drivers that register and wait for their devices, filesystems, crypto templates.
     pub hardware: Option<&'static str>,
+    /// When it is loaded.
+    pub stage: Stage,
 }
 
 impl KernelModule {
@@ -55,6 +69,7 @@ impl KernelModule {
             purpose,
             need: Need::Required,
             hardware: None,
+            stage: Stage::Early,
         }
     }
 
@@ -69,7 +84,14 @@ impl KernelModule {
             purpose,
             need: Need::Optional { without },
             hardware: None,
+            stage: Stage::Early,
         }
+    }
+
+    /// Loaded in the background, before the state disk ([`Stage::Background`]).
+    pub const fn in_background(mut self) -> Self {
+        self.stage = Stage::Background;
+        self
     }
 
     /// The module's init refuses (ENODEV) a machine without `hardware`.
@@ -96,7 +118,8 @@ pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
     KernelModule::required(
         "virtio_blk",
         "the virtio disks (the boot disk with the rootfs, the state disk)",
-    ),
+    )
+    .in_background(),
     KernelModule::required(
         "virtio_net",
         "the virtio NIC (hawser.net: the join service, Kubernetes)",
@@ -116,18 +139,21 @@ pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
     KernelModule::required(
         "dm_mod",
         "device-mapper (the encrypted state disk, the verified rootfs)",
-    ),
-    KernelModule::required("dm_crypt", "the state disk's encryption (dm-crypt)"),
-    KernelModule::required("dm_verity", "the rootfs's verification (dm-verity)"),
+    )
+    .in_background(),
+    KernelModule::required("dm_crypt", "the state disk's encryption (dm-crypt)").in_background(),
+    KernelModule::required("dm_verity", "the rootfs's verification (dm-verity)").in_background(),
     KernelModule::required(
         "dm_integrity",
         "the state disk's integrity mode (hawser.state_disk_integrity=hmac-sha256)",
-    ),
+    )
+    .in_background(),
     KernelModule::required(
         "xts",
         "dm-crypt's aes-xts-plain64 wherever AES-NI is absent (the xts template over aes_generic; \
          the kernel would request_module it, and there is no modprobe)",
-    ),
+    )
+    .in_background(),
     KernelModule::optional(
         "aesni_intel",
         "AES-NI for dm-crypt's aes-xts-plain64",
@@ -137,17 +163,20 @@ pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
     .checks_for(
         "AES-NI in its CPU (QEMU's default qemu64 model has none: give QEMU -cpu max under TCG \
          or -cpu host under KVM)",
-    ),
+    )
+    .in_background(),
     KernelModule::required(
         "authenc",
         "the state disk's integrity mode (dm-crypt's authenc(hmac(sha256),xts(aes)))",
-    ),
+    )
+    .in_background(),
     KernelModule::required(
         "tun",
         "/dev/net/tun for the WireGuard mesh (boringtun runs in PID 1 on a tun interface)",
-    ),
-    KernelModule::required("erofs", "the immutable rootfs (erofs)"),
-    KernelModule::required("overlay", "the rootfs's writable /etc overlay"),
+    )
+    .in_background(),
+    KernelModule::required("erofs", "the immutable rootfs (erofs)").in_background(),
+    KernelModule::required("overlay", "the rootfs's writable /etc overlay").in_background(),
     // The ACPI power button as an input device: PID 1 reads KEY_POWER from it, so that
     // `system_powerdown` and cloud "stop" requests shut the node down in order.
     KernelModule::optional(
@@ -495,15 +524,21 @@ impl ModuleIndex {
 
     /// A `modules.dep` restricted to `paths`, in the order given, for shipping a subset.
     pub fn render_subset(&self, paths: &[String]) -> String {
+        self.render_subset_as(paths, |path| path)
+    }
+
+    /// [`Self::render_subset`] with every path (module and dependency) written as `rename`
+    /// gives it: the initramfs ships `.ko.xz` modules decompressed, under `.ko` names.
+    pub fn render_subset_as(&self, paths: &[String], rename: impl Fn(&str) -> &str) -> String {
         let mut out = String::new();
         for path in paths {
             let name = normalize_name(path);
             let deps = self
                 .modules
                 .get(&name)
-                .map(|(_, deps)| deps.join(" "))
+                .map(|(_, deps)| deps.iter().map(|d| rename(d)).collect::<Vec<_>>().join(" "))
                 .unwrap_or_default();
-            out.push_str(path);
+            out.push_str(rename(path));
             out.push(':');
             if !deps.is_empty() {
                 out.push(' ');
@@ -517,6 +552,8 @@ impl ModuleIndex {
 
 #[cfg(feature = "scan")]
 mod scan;
+#[cfg(feature = "scan")]
+pub use scan::{decompressed_path, read_module};
 
 #[cfg(test)]
 mod tests {

@@ -72,28 +72,38 @@ impl ModuleIndex {
     }
 }
 
+/// A module file's ELF bytes: `.ko` as it is, `.ko.xz` decompressed.
+pub fn read_module(path: &Path) -> Result<Vec<u8>, KmodError> {
+    let raw = std::fs::read(path).map_err(|source| KmodError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    if path.extension().is_none_or(|e| e != "xz") {
+        return Ok(raw);
+    }
+    let mut out = Vec::new();
+    xz2::read::XzDecoder::new(raw.as_slice())
+        .read_to_end(&mut out)
+        .map_err(|source| KmodError::Xz {
+            path: path.display().to_string(),
+            source,
+        })?;
+    Ok(out)
+}
+
+/// The plain module's path for a compressed one: `kernel/fs/erofs/erofs.ko.xz` →
+/// `kernel/fs/erofs/erofs.ko`; a `.ko` path is returned as it is.
+pub fn decompressed_path(path: &str) -> &str {
+    path.strip_suffix(".xz").unwrap_or(path)
+}
+
 /// The `depends=` list of a module file (`.ko` or `.ko.xz`).
 pub fn modinfo_depends(path: &Path) -> Result<Vec<String>, KmodError> {
     let bad = |reason: String| KmodError::BadModule {
         path: path.display().to_string(),
         reason,
     };
-    let raw = std::fs::read(path).map_err(|source| KmodError::Read {
-        path: path.display().to_string(),
-        source,
-    })?;
-    let elf = if path.extension().is_some_and(|e| e == "xz") {
-        let mut out = Vec::new();
-        xz2::read::XzDecoder::new(raw.as_slice())
-            .read_to_end(&mut out)
-            .map_err(|source| KmodError::Xz {
-                path: path.display().to_string(),
-                source,
-            })?;
-        out
-    } else {
-        raw
-    };
+    let elf = read_module(path)?;
     let elf_error = |part: &'static str| {
         move |source| KmodError::Elf {
             path: path.display().to_string(),

@@ -216,10 +216,18 @@ fn fault_power_cut_before_kubeadm_finished(
         .unwrap_or_else(|e| panic!("no power-off after ACPI: {e}\n{}", console(&vm)));
     let text = console(&vm);
     eprintln!("boot 2: {}", format_timeline(&vm.timeline()));
-    // PID 1's memory after the pivot and kubeadm, for docs/rootfs.md.
-    let memory = text.lines().find(|l| l.contains("PID 1 resident memory"));
-    eprintln!("boot 2: {}", memory.unwrap_or("(no memory line)"));
-    assert!(memory.is_some(), "{text}");
+    // PID 1's memory after the pivot and kubeadm, for docs/rootfs.md: its code maps from the
+    // rootfs copies, nothing from the initramfs, and the printed parts add up.
+    let memory = text
+        .lines()
+        .find(|l| l.contains("boot complete; idle; PID 1 resident memory"))
+        .unwrap_or_else(|| panic!("no memory line\n{text}"));
+    eprintln!("boot 2: {memory}");
+    assert!(
+        text.contains("PID 1's code now maps from the rootfs copies"),
+        "{text}"
+    );
+    check_memory_accounting(memory);
     assert!(status.success(), "{status:?}\n{text}");
     // The same disk: the lock of boot 1 holds, nothing was formatted again.
     assert_eq!(rejoin.rpc, "IssueRejoinTicket", "{text}");
@@ -303,6 +311,34 @@ fn with_api_server(mut config: VmConfig, join_port: u16, api_server: &ApiServer)
 }
 
 /// The node name PID 1 derives from the disk UUID (`init::join::client::node_name`).
+/// The memory line's parts: resident = anonymous + files + shared (each printed to 0.1 MiB),
+/// no initramfs file still mapped, nothing resident from it.
+fn check_memory_accounting(line: &str) {
+    let mib = |label: &str| -> f64 {
+        let before = line
+            .split(label)
+            .next()
+            .unwrap_or_else(|| panic!("{label:?} missing in {line}"));
+        let number = before.trim_end().rsplit(' ').nth(1).unwrap_or("");
+        number
+            .parse()
+            .unwrap_or_else(|_| panic!("no number before {label:?} in {line}"))
+    };
+    let rss = line
+        .split("PID 1 resident memory ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no resident figure in {line}"));
+    let (anon, file, shared) = (mib(" anonymous"), mib(" files"), mib(" shared (initramfs)"));
+    assert!(
+        (anon + file + shared - rss).abs() <= 0.15,
+        "{anon} + {file} + {shared} is not {rss}: {line}"
+    );
+    assert!(line.contains(" 0 mappings of initramfs files"), "{line}");
+    assert_eq!(shared, 0.0, "{line}");
+}
+
 fn hawser_init_node_name(disk_uuid: &str) -> String {
     format!("hawser-{}", &disk_uuid[..8])
 }

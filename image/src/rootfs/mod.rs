@@ -61,7 +61,8 @@ use lock::{MkosiConf, RootfsLock, RootfsLockError};
 use mkosi::{MkosiRun, kubeadm_version_from_manifest, kubernetes_package_manager_tree, run_mkosi};
 pub use mkosi::{manifest_packages, probe_kubernetes_repository};
 pub use standins::{
-    JOIND_PATH, compile_rootfs_binaries, install_joind, install_standins, standin_marker_text,
+    JOIND_PATH, compile_rootfs_binaries, install_joind, install_pid1_copies, install_standins,
+    standin_marker_text,
 };
 pub use tree::normalize_tree;
 
@@ -120,6 +121,9 @@ pub struct RootfsOptions {
     /// Where the built binaries `hawser-joind`, `kubeadm` and `kubelet` (stand-ins) are
     /// (`target/<profile>/`).
     pub standin_bin_dir: PathBuf,
+    /// PID 1's ELF files as the initramfs holds them (path in the initramfs, file): copied
+    /// under [`hawser_disk_format::rootfs::PID1_COPIES`] ([`crate::initramfs::pid1_elf_files`]).
+    pub pid1_files: Vec<(String, PathBuf)>,
 }
 
 /// Where the image's kubeadm and kubelet come from.
@@ -190,7 +194,7 @@ pub enum RootfsError {
     },
     /// The stand-in binaries were not built.
     #[error(
-        "the kubeadm/kubelet stand-ins are not at {path}: build them first (cargo build --profile image -p hawser-standin -p hawser-joinservice, or rootfs::compile_rootfs_binaries)"
+        "the kubeadm/kubelet stand-ins are not at {path}: build them first (cargo build --locked --profile image -p hawser-init -p hawser-joinservice -p hawser-standin, or rootfs::compile_rootfs_binaries)"
     )]
     StandInsMissing { path: PathBuf },
     /// mkosi finished without the directory it was configured to make.
@@ -347,6 +351,12 @@ pub fn build_rootfs(
     ));
     install_joind(&tree, &opts.standin_bin_dir, opts.source_date_epoch)?;
     progress(&format!("rootfs: installed /{JOIND_PATH}"));
+    install_pid1_copies(&tree, &opts.pid1_files, opts.source_date_epoch)?;
+    progress(&format!(
+        "rootfs: installed copies of PID 1's {} ELF files under /{}",
+        opts.pid1_files.len(),
+        hawser_disk_format::rootfs::PID1_COPIES
+    ));
 
     let kubernetes = match kubernetes_reachable {
         Ok(()) => {

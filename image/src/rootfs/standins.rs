@@ -72,6 +72,40 @@ pub fn install_joind(tree: &Path, bin_dir: &Path, epoch: u64) -> Result<(), Root
     set_modes_and_epoch(vec![(to, Some(0o755)), (tree.join("usr/bin"), None)], epoch)
 }
 
+/// Copies PID 1's ELF files (`(path in the initramfs, file)`) under
+/// [`hawser_disk_format::rootfs::PID1_COPIES`], byte for byte, mode 0755.
+pub fn install_pid1_copies(
+    tree: &Path,
+    files: &[(String, PathBuf)],
+    epoch: u64,
+) -> Result<(), RootfsError> {
+    let base = tree.join(hawser_disk_format::rootfs::PID1_COPIES);
+    let mut touched = Vec::new();
+    for (dest, source) in files {
+        let to = base.join(dest.trim_start_matches('/'));
+        if let Some(parent) = to.parent() {
+            std::fs::create_dir_all(parent).map_err(io_error("create directory", parent))?;
+        }
+        std::fs::copy(source, &to).map_err(io_error("copy a PID 1 file to", &to))?;
+        touched.push((to, Some(0o755)));
+    }
+    // Directories too: the tree's mtimes are all the epoch.
+    let mut dirs: Vec<PathBuf> = touched
+        .iter()
+        .flat_map(|(path, _)| {
+            path.ancestors()
+                .skip(1)
+                .map(Path::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|dir| dir.starts_with(tree) && dir != tree)
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    touched.extend(dirs.into_iter().rev().map(|dir| (dir, None)));
+    set_modes_and_epoch(touched, epoch)
+}
+
 /// Sets each path's mode (if given) and its mtime to `epoch`.
 fn set_modes_and_epoch(paths: Vec<(PathBuf, Option<u32>)>, epoch: u64) -> Result<(), RootfsError> {
     let epoch_time = SystemTime::UNIX_EPOCH + Duration::from_secs(epoch);
@@ -87,39 +121,31 @@ fn set_modes_and_epoch(paths: Vec<(PathBuf, Option<u32>)>, epoch: u64) -> Result
     Ok(())
 }
 
-/// Compiles the binaries hawser puts into the rootfs — `hawser-joind` and the stand-ins — as
-/// the init binary is compiled (the `image` profile, build paths remapped), and returns the
-/// directory holding `hawser-joind`, `kubeadm` and `kubelet`.
+/// Compiles every binary of the image ([`crate::compile::IMAGE_PACKAGES`]: PID 1,
+/// `hawser-joind`, the stand-ins) in one cargo invocation, and returns the directory holding
+/// them (`hawser-init`, `hawser-joind`, `kubeadm`, `kubelet`).
 pub fn compile_rootfs_binaries(
     workspace: &Path,
     target_dir: Option<&Path>,
     source_date_epoch: u64,
 ) -> Result<PathBuf, RootfsError> {
     let target_dir = crate::compile::image_target_dir(workspace, target_dir);
-    let status = crate::compile::image_cargo_build(
-        workspace,
-        &target_dir,
-        "hawser-standin",
-        source_date_epoch,
-    )
-    .args(["-p", "hawser-joinservice"])
-    .status()
-    .map_err(|source| RootfsError::Step {
-        step: "compiling the rootfs binaries",
-        hint: "",
-        source: ToolError::Spawn {
-            tool: "cargo".into(),
-            source,
-        },
-    })?;
+    let status = crate::compile::image_cargo_build(workspace, &target_dir, source_date_epoch)
+        .status()
+        .map_err(|source| RootfsError::Step {
+            step: "compiling the image's binaries",
+            hint: "",
+            source: ToolError::Spawn {
+                tool: "cargo".into(),
+                source,
+            },
+        })?;
     if !status.success() {
         return Err(RootfsError::Step {
-            step: "compiling the rootfs binaries",
+            step: "compiling the image's binaries",
             hint: "",
             source: ToolError::Failed {
-                command:
-                    "cargo build --locked --profile image -p hawser-standin -p hawser-joinservice"
-                        .into(),
+                command: crate::compile::image_cargo_command(),
                 status,
                 output_tail: "(cargo's own output is above)".into(),
             },

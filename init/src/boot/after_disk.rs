@@ -181,13 +181,17 @@ impl Boot {
             return Ok(());
         };
         let state_disk = config.state_disk.disk.is_some();
-        let pivoted = node::pivot(root_hash, self.tpm()?, state_disk, self.mounts()).await;
-        if let Err(e) = pivoted {
-            if let node::Role::Init { progress, .. } = role {
-                progress.fail(&format!("the pivot into the rootfs: {}", error_chain(&e)));
+        let clock = self.timer().clone();
+        let pivoted = node::pivot(root_hash, self.tpm()?, state_disk, self.mounts(), &clock).await;
+        let networking = match pivoted {
+            Ok(pivoted) => pivoted.networking,
+            Err(e) => {
+                if let node::Role::Init { progress, .. } = role {
+                    progress.fail(&format!("the pivot into the rootfs: {}", error_chain(&e)));
+                }
+                return Err(BootError::Pivot(e));
             }
-            return Err(BootError::Pivot(e));
-        }
+        };
         let identity = match (node_ip, node_name) {
             (Some(ip), Some(name)) => Some(node::NodeIdentity {
                 name,
@@ -203,6 +207,7 @@ impl Boot {
                     control_plane,
                     self.registry(),
                     self.services(),
+                    networking,
                 )
                 .await
             }

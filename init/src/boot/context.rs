@@ -39,7 +39,16 @@ pub struct Boot {
     mounts: SharedMountTable,
     services: SharedSupervisor,
     tpm: Option<Arc<Tpm>>,
+    /// The background module loads ([`hawser_kmod::Stage::Background`]) until awaited.
+    background_modules: Option<BackgroundModules>,
 }
+
+/// Module loads running on their own thread: their start and end (ms since /init) and result.
+pub type BackgroundModules = tokio::task::JoinHandle<(
+    f64,
+    f64,
+    Result<crate::modules::LoadSummary, crate::modules::ModuleError>,
+)>;
 
 impl Boot {
     /// The context at the start of the runtime: the timer started first thing in /init, and the
@@ -59,7 +68,13 @@ impl Boot {
             mounts,
             services: SharedSupervisor::default(),
             tpm: None,
+            background_modules: None,
         }
+    }
+
+    /// Where the background module loads are kept until awaited.
+    pub fn background_modules(&mut self) -> &mut Option<BackgroundModules> {
+        &mut self.background_modules
     }
 
     /// Logs `warning` and keeps it for the boot report.
@@ -123,6 +138,11 @@ impl Boot {
     /// The timer (for the boot report and the last log line).
     pub fn timer(&self) -> &PhaseTimer {
         &self.timer
+    }
+
+    /// The timer, to record a phase that ran elsewhere.
+    pub fn timer_mut(&mut self) -> &mut PhaseTimer {
+        &mut self.timer
     }
 
     /// The registry of children PID 1 waits for itself (mke2fs, the node's services).

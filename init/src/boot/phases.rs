@@ -38,15 +38,52 @@ impl Boot {
         Ok(config)
     }
 
-    /// Kernel modules (decompressing .ko.xz takes a while: off the event loop). An optional
-    /// module the machine cannot use was logged as a warning; the boot report lists it too.
+    /// Kernel modules: the early ones now ([`hawser_kmod::Stage::Early`]: fw_cfg, the
+    /// network, entropy, the power button), the rest on a thread of their own, several at once
+    /// with more than one CPU, while the TPM and the network work
+    /// ([`Self::await_background_modules`]). An optional module the machine cannot use was
+    /// logged as a warning; the boot report lists it too.
     pub(super) async fn load_modules(&mut self) -> Result<(), BootError> {
+        let (early, background): (Vec<_>, Vec<_>) = hawser_kmod::BOOT_MODULE_TABLE
+            .iter()
+            .partition(|module| module.stage == hawser_kmod::Stage::Early);
+        let early: Vec<_> = early.into_iter().copied().collect();
+        let background: Vec<_> = background.into_iter().copied().collect();
+        let clock = self.timer().clone();
+        *self.background_modules() = Some(tokio::task::spawn_blocking(move || {
+            let start = clock.elapsed_ms();
+            let result = modules::load_table_in(
+                &LINUX,
+                &modules::running_modules_dir(),
+                &background,
+                modules::load_threads(),
+            );
+            (start, clock.elapsed_ms(), result)
+        }));
         let kernel_modules = self
-            .time_blocking("modules", || {
-                modules::load_table(&LINUX, hawser_kmod::BOOT_MODULE_TABLE)
-            })
+            .time_blocking("modules", move || modules::load_table(&LINUX, &early))
             .await??;
-        info!("{kernel_modules}");
+        info!("{kernel_modules} (early)");
+        self.keep_warnings(kernel_modules.skipped.iter().map(ToString::to_string));
+        Ok(())
+    }
+
+    /// Waits for the background module loads (the disks, device-mapper, crypto, tun, erofs,
+    /// overlay); recorded as phase `modules-background`. A fatal module error surfaces here.
+    pub(super) async fn await_background_modules(&mut self) -> Result<(), BootError> {
+        let Some(loads) = self.background_modules().take() else {
+            return Ok(());
+        };
+        let waited_from = self.timer().elapsed_ms();
+        let (start, end, result) = loads.await.map_err(BootError::Task)?;
+        self.timer_mut()
+            .record_span("modules-background", start, end);
+        let kernel_modules = result?;
+        info!(
+            "{kernel_modules} (in the background, {} at once; waited {:.1} ms for them)",
+            modules::load_threads(),
+            (end - waited_from).max(0.0)
+        );
         self.keep_warnings(kernel_modules.skipped.iter().map(ToString::to_string));
         Ok(())
     }

@@ -46,6 +46,7 @@ pub mod poll;
 pub mod power_button;
 pub mod random;
 pub mod reaper;
+pub mod rebase;
 pub mod syscalls;
 pub mod timings;
 

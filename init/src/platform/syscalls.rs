@@ -80,6 +80,15 @@ impl OldRoot {
     pub fn detached() -> Self {
         OldRoot { fd: None, dev: 0 }
     }
+
+    /// A path to the old root that works after the switch, when no path from `/` leads to it:
+    /// `/proc/self/fd/<fd>` (a magic link to the directory itself). `None` if detached.
+    pub fn path(&self) -> Option<PathBuf> {
+        use std::os::fd::AsRawFd;
+        self.fd
+            .as_ref()
+            .map(|fd| PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())))
+    }
 }
 
 /// What deleting the initramfs contents came to.

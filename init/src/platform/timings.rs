@@ -60,6 +60,22 @@ impl PhaseTimer {
         });
     }
 
+    /// Records phase `name` that ran from `start_ms` to `end_ms` (on another thread, alongside
+    /// other phases), in start order among the phases.
+    pub fn record_span(&mut self, name: &str, start_ms: f64, end_ms: f64) {
+        let phase = PhaseTiming {
+            name: name.to_owned(),
+            start_ms: round_us(start_ms),
+            duration_ms: round_us(end_ms - start_ms),
+        };
+        let at = self
+            .phases
+            .iter()
+            .position(|p| p.start_ms > phase.start_ms)
+            .unwrap_or(self.phases.len());
+        self.phases.insert(at, phase);
+    }
+
     /// The phases recorded so far, in order.
     pub fn phases(&self) -> &[PhaseTiming] {
         &self.phases

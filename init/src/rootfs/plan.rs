@@ -31,9 +31,11 @@
 //! **The switch** follows systemd's `switch_root`: the API filesystems are moved (not
 //! remounted, so open files and the state disk mount under `/run` carry over), the new root is
 //! moved onto `/` and the process chroots into it; the initramfs root is opened before the
-//! move and emptied through that descriptor afterwards, without crossing mount points.
-//! Deleting it only frees memory, so a failure there is a warning. Last, `/` becomes `rshared`
-//! as under systemd: kubelet and container runtimes rely on mount propagation.
+//! move and emptied through that descriptor afterwards ([`delete_old_root`]), without crossing
+//! mount points — not at once: the Kubernetes networking modules are loaded from it first, on
+//! a thread of their own while containerd starts (`node::pivot`). Deleting it only frees
+//! memory, so a failure there is a warning. Last, `/` becomes `rshared` as under systemd:
+//! kubelet and container runtimes rely on mount propagation.
 //!
 //! PCR 11 ← `leave-initrd` is extended after every mount of the new root succeeded and before
 //! anything is moved: no code running after the switch can unseal what was sealed to the
@@ -115,8 +117,6 @@ pub enum Step {
     OpenOldRoot(PathBuf),
     ChangeDir(PathBuf),
     ChangeRoot(PathBuf),
-    /// Delete the initramfs contents (a failure is only a warning).
-    RemoveOldRoot,
 }
 
 impl fmt::Display for Step {
@@ -131,7 +131,6 @@ impl fmt::Display for Step {
             Step::OpenOldRoot(path) => write!(f, "open the initramfs root {}", path.display()),
             Step::ChangeDir(path) => write!(f, "chdir to {}", path.display()),
             Step::ChangeRoot(path) => write!(f, "chroot to {}", path.display()),
-            Step::RemoveOldRoot => f.write_str("delete the initramfs contents"),
         }
     }
 }
@@ -172,10 +171,11 @@ pub enum SwitchRootError {
 }
 
 /// What the switch came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct SwitchOutcome {
-    /// The initramfs deletion (`None` if it failed as a whole; the reason is in `warnings`).
-    pub removed: Option<RemovalSummary>,
+    /// The initramfs, still open and not yet deleted: the Kubernetes networking modules are
+    /// loaded from it after the switch, then [`delete_old_root`] frees it.
+    pub old_root: Option<OldRoot>,
     /// Things worth a warning line (and the boot report).
     pub warnings: Vec<String>,
 }
@@ -356,7 +356,6 @@ impl RootfsPlan {
             Step::ChangeDir(PathBuf::from(SYSROOT)),
             move_mount(".", PathBuf::from("/")),
             Step::ChangeRoot(PathBuf::from(".")),
-            Step::RemoveOldRoot,
             Step::ChangeDir(PathBuf::from("/")),
             Step::Mount(OwnedMountSpec {
                 source: None,
@@ -439,9 +438,8 @@ pub fn switch_root(
     plan: &RootfsPlan,
     measure_leave_initrd: &mut dyn FnMut() -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
 ) -> Result<SwitchOutcome, SwitchRootError> {
-    let mut old_root: Option<OldRoot> = None;
     let mut outcome = SwitchOutcome {
-        removed: None,
+        old_root: None,
         warnings: Vec::new(),
     };
     for step in plan.steps() {
@@ -454,43 +452,50 @@ pub fn switch_root(
             Step::Mount(spec) => sys.mount_owned(spec).map_err(failed)?,
             Step::Symlink { target, link } => sys.symlink(target, link).map_err(failed)?,
             Step::MeasureLeaveInitrd => measure_leave_initrd().map_err(SwitchRootError::Measure)?,
-            Step::OpenOldRoot(path) => old_root = Some(sys.open_old_root(path).map_err(failed)?),
+            Step::OpenOldRoot(path) => {
+                outcome.old_root = Some(sys.open_old_root(path).map_err(failed)?)
+            }
             Step::ChangeDir(path) => sys.chdir(path).map_err(failed)?,
             Step::ChangeRoot(path) => sys.chroot(path).map_err(failed)?,
-            Step::RemoveOldRoot => {
-                let removal = match old_root.take() {
-                    Some(old_root) => sys.remove_old_root(old_root),
-                    None => Err(io::Error::other("the initramfs root was not opened")),
-                };
-                match removal {
-                    Ok(summary) => {
-                        if let Some(failure) = &summary.first_failure {
-                            outcome.warnings.push(format!(
-                                "{} initramfs entries could not be deleted (first: {failure}); \
-                                 their memory stays in use",
-                                summary.failed
-                            ));
-                        }
-                        outcome.removed = Some(summary);
-                    }
-                    Err(e) => outcome.warnings.push(format!(
-                        "cannot delete the initramfs contents ({e}); its memory stays in use"
-                    )),
-                }
-            }
         }
     }
-    if let Some(summary) = &outcome.removed {
-        info!(
-            "switched to the verified rootfs {}; deleted {} initramfs entries",
-            plan.root_device.display(),
-            summary.removed
-        );
-    }
-    for warning in &outcome.warnings {
+    info!(
+        "switched to the verified rootfs {}",
+        plan.root_device.display()
+    );
+    Ok(outcome)
+}
+
+/// Deletes the initramfs's contents ([`SwitchOutcome::old_root`]) once nothing needs them. A
+/// failure only costs memory: it is a warning (returned, and logged).
+pub fn delete_old_root(
+    sys: &dyn Syscalls,
+    old_root: OldRoot,
+) -> (Option<RemovalSummary>, Vec<String>) {
+    let mut warnings = Vec::new();
+    let removed = match sys.remove_old_root(old_root) {
+        Ok(summary) => {
+            if let Some(failure) = &summary.first_failure {
+                warnings.push(format!(
+                    "{} initramfs entries could not be deleted (first: {failure}); their memory \
+                     stays in use",
+                    summary.failed
+                ));
+            }
+            info!("deleted {} initramfs entries", summary.removed);
+            Some(summary)
+        }
+        Err(e) => {
+            warnings.push(format!(
+                "cannot delete the initramfs contents ({e}); its memory stays in use"
+            ));
+            None
+        }
+    };
+    for warning in &warnings {
         warn!("{warning}");
     }
-    Ok(outcome)
+    (removed, warnings)
 }
 
 #[cfg(test)]
