@@ -263,8 +263,20 @@ impl<S: Subscriber> Layer<S> for ConsoleLayer {
         let mut visitor = LineVisitor::default();
         event.record(&mut visitor);
         visitor.message.push_str(&visitor.fields);
+        if is_interrupted_poll(event.metadata().target(), &visitor.message) {
+            return;
+        }
         emit(Some(*event.metadata().level()), &visitor.message);
     }
+}
+
+/// boringtun's event loop logs an `epoll_wait` that a signal interrupted (EINTR) as an error
+/// and simply waits again: not an error. PID 1 interrupts it on purpose when it parks its
+/// threads (`platform::rebase`), so the line is dropped.
+fn is_interrupted_poll(target: &str, line: &str) -> bool {
+    target.starts_with("boringtun")
+        && line.starts_with("Poll error")
+        && line.contains(&format!("(os error {})", libc::EINTR))
 }
 
 /// Installs the tracing subscriber (level INFO until [`set_level`]).
@@ -289,6 +301,17 @@ pub fn set_level(level: LevelFilter) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_boringtuns_interrupted_polls_are_dropped() {
+        let eintr = "Poll error error=\"Interrupted system call (os error 4)\"";
+        assert!(is_interrupted_poll("boringtun::device", eintr));
+        assert!(!is_interrupted_poll("hawser_init::mesh", eintr));
+        assert!(!is_interrupted_poll(
+            "boringtun::device",
+            "Poll error error=\"Bad file descriptor (os error 9)\""
+        ));
+    }
 
     #[test]
     fn timestamps_look_like_the_kernels() {

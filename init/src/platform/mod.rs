@@ -13,6 +13,9 @@
 //! - [`reaper`]: reaping orphans, and the registry of children PID 1 waits for itself.
 //! - [`power_button`]: the ACPI power button's input device. [`net`]: link-up and an address.
 //! - [`poll`]: the one wait-until-it-is-there helper. [`timings`]: the phase timer.
+//! - [`rebase`]: after the pivot, PID 1's own mappings moved from the deleted initramfs onto
+//!   their byte-identical copies in the rootfs (`mmap`/`mremap` in place, other threads
+//!   parked), which frees the initramfs.
 //! - [`error`]: [`error_chain`], an error and its causes on one line. [`fs`]: the durable
 //!   replace of a file (temporary, fsync, rename, directory fsync).
 //!
@@ -27,7 +30,7 @@
 //!   to the workspace then, rather than writing that call against libc.
 //! - **raw libc** where nix has no wrapper and the call is one of a few already written
 //!   (getrandom, add_key/keyctl, RNDADDENTROPY, the interface ioctls of [`net`], dup2 of the
-//!   console, malloc_trim), each in an `unsafe` block with a `// SAFETY:` comment saying why its
+//!   console, malloc_trim, and [`rebase`]'s mmap/mremap/prctl/futex/tgkill), each in an `unsafe` block with a `// SAFETY:` comment saying why its
 //!   pointers and lengths are valid.
 //! - **devicemapper** (the crate) for device-mapper ioctls, in [`dm`] only.
 //!
