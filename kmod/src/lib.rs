@@ -35,13 +35,29 @@ pub enum Need {
 /// When PID 1 loads a module of [`BOOT_MODULE_TABLE`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stage {
-    /// Before the rest of the bring-up: fw_cfg, the network, entropy, the power button.
+    /// Before the rest of the bring-up (none today: every module of the table can wait).
     Early,
-    /// On a thread of its own while PID 1 opens the TPM, measures, attests and connects to the
-    /// join service (mostly waiting on the TPM and the network); awaited before the state
-    /// disk, the first thing that needs these (disks, device-mapper, crypto, tun, erofs,
-    /// overlay).
+    /// First on a thread of its own while PID 1 opens the TPM, seeds entropy and measures
+    /// (mostly waiting on the TPM); awaited before fw_cfg is read and the network configured
+    /// (fw_cfg, virtio-rng, the NIC).
+    Network,
+    /// On the same thread after the [`Stage::Network`] ones, while PID 1 goes on to the
+    /// network and the join service; awaited before the state disk, the first thing that needs
+    /// these (disks, device-mapper, crypto, tun, erofs, overlay, and the power button, watched
+    /// from then on).
     Background,
+}
+
+/// What a module of [`BOOT_MODULE_TABLE`] is for, so a node whose command line does not ask
+/// for that does not load it (each module costs its signature check and init at every boot).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Use {
+    /// Every boot.
+    Always,
+    /// `hawser.state_disk_integrity=hmac-sha256`: dm-integrity and dm-crypt's `authenc`.
+    Integrity,
+    /// `hawser.root_hash=`: the verified rootfs (dm-verity, erofs, the `/etc` overlay).
+    Rootfs,
 }
 
 /// A module PID 1 loads, and why.
@@ -59,6 +75,8 @@ pub struct KernelModule {
     pub hardware: Option<&'static str>,
     /// When it is loaded.
     pub stage: Stage,
+    /// Which configuration needs it.
+    pub used_for: Use,
 }
 
 impl KernelModule {
@@ -70,6 +88,7 @@ impl KernelModule {
             need: Need::Required,
             hardware: None,
             stage: Stage::Early,
+            used_for: Use::Always,
         }
     }
 
@@ -85,12 +104,25 @@ impl KernelModule {
             need: Need::Optional { without },
             hardware: None,
             stage: Stage::Early,
+            used_for: Use::Always,
         }
     }
 
     /// Loaded in the background, before the state disk ([`Stage::Background`]).
     pub const fn in_background(mut self) -> Self {
         self.stage = Stage::Background;
+        self
+    }
+
+    /// Loaded in the background first, before the network ([`Stage::Network`]).
+    pub const fn before_network(mut self) -> Self {
+        self.stage = Stage::Network;
+        self
+    }
+
+    /// Loaded only when the configuration asks for `used_for`.
+    pub const fn only_for(mut self, used_for: Use) -> Self {
+        self.used_for = used_for;
         self
     }
 
@@ -123,31 +155,37 @@ pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
     KernelModule::required(
         "virtio_net",
         "the virtio NIC (hawser.net: the join service, Kubernetes)",
-    ),
+    )
+    .before_network(),
     KernelModule::optional(
         "virtio_rng",
         "the VMM's entropy source (virtio-rng) for the first getrandom()",
         "the kernel's random pool is seeded from the TPM alone (TPM2_GetRandom), and the kernel \
          may wait for entropy until then",
-    ),
+    )
+    .before_network(),
     KernelModule::optional(
         "qemu_fw_cfg",
         "QEMU's fw_cfg, the unmeasured per-boot settings (quote nonce, join endpoint, role)",
         "no per-boot settings from the VMM: PID 1 quotes with a nonce of its own, takes the \
          join endpoint from the kernel command line only and joins as a worker",
-    ),
+    )
+    .before_network(),
     KernelModule::required(
         "dm_mod",
         "device-mapper (the encrypted state disk, the verified rootfs)",
     )
     .in_background(),
     KernelModule::required("dm_crypt", "the state disk's encryption (dm-crypt)").in_background(),
-    KernelModule::required("dm_verity", "the rootfs's verification (dm-verity)").in_background(),
+    KernelModule::required("dm_verity", "the rootfs's verification (dm-verity)")
+        .in_background()
+        .only_for(Use::Rootfs),
     KernelModule::required(
         "dm_integrity",
         "the state disk's integrity mode (hawser.state_disk_integrity=hmac-sha256)",
     )
-    .in_background(),
+    .in_background()
+    .only_for(Use::Integrity),
     KernelModule::required(
         "xts",
         "dm-crypt's aes-xts-plain64 wherever AES-NI is absent (the xts template over aes_generic; \
@@ -169,26 +207,33 @@ pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
         "authenc",
         "the state disk's integrity mode (dm-crypt's authenc(hmac(sha256),xts(aes)))",
     )
-    .in_background(),
+    .in_background()
+    .only_for(Use::Integrity),
     KernelModule::required(
         "tun",
         "/dev/net/tun for the WireGuard mesh (boringtun runs in PID 1 on a tun interface)",
     )
     .in_background(),
-    KernelModule::required("erofs", "the immutable rootfs (erofs)").in_background(),
-    KernelModule::required("overlay", "the rootfs's writable /etc overlay").in_background(),
+    KernelModule::required("erofs", "the immutable rootfs (erofs)")
+        .in_background()
+        .only_for(Use::Rootfs),
+    KernelModule::required("overlay", "the rootfs's writable /etc overlay")
+        .in_background()
+        .only_for(Use::Rootfs),
     // The ACPI power button as an input device: PID 1 reads KEY_POWER from it, so that
     // `system_powerdown` and cloud "stop" requests shut the node down in order.
     KernelModule::optional(
         "button",
         "the ACPI power button (orderly shutdown on system_powerdown)",
         WITHOUT_POWER_BUTTON,
-    ),
+    )
+    .in_background(),
     KernelModule::optional(
         "evdev",
         "the input device PID 1 reads the power button through",
         WITHOUT_POWER_BUTTON,
-    ),
+    )
+    .in_background(),
 ];
 
 /// Modules a Kubernetes node needs after the pivot, loaded by PID 1 just before it (the

@@ -39,16 +39,24 @@ pub struct Boot {
     mounts: SharedMountTable,
     services: SharedSupervisor,
     tpm: Option<Arc<Tpm>>,
-    /// The background module loads ([`hawser_kmod::Stage::Background`]) until awaited.
-    background_modules: Option<BackgroundModules>,
+    /// The background module loads until awaited.
+    background_modules: BackgroundModules,
 }
 
-/// Module loads running on their own thread: their start and end (ms since /init) and result.
-pub type BackgroundModules = tokio::task::JoinHandle<(
+/// One group of module loads on the background thread: its start and end (ms since /init)
+/// and result.
+pub type TimedLoad = (
     f64,
     f64,
     Result<crate::modules::LoadSummary, crate::modules::ModuleError>,
-)>;
+);
+
+/// The module loads running on a thread of their own: the NIC's first
+/// ([`hawser_kmod::Stage::Network`], reported on `network` when done), then the rest.
+pub struct BackgroundModules {
+    pub network: Option<tokio::sync::oneshot::Receiver<TimedLoad>>,
+    pub rest: Option<tokio::task::JoinHandle<TimedLoad>>,
+}
 
 impl Boot {
     /// The context at the start of the runtime: the timer started first thing in /init, and the
@@ -68,12 +76,15 @@ impl Boot {
             mounts,
             services: SharedSupervisor::default(),
             tpm: None,
-            background_modules: None,
+            background_modules: BackgroundModules {
+                network: None,
+                rest: None,
+            },
         }
     }
 
     /// Where the background module loads are kept until awaited.
-    pub fn background_modules(&mut self) -> &mut Option<BackgroundModules> {
+    pub fn background_modules(&mut self) -> &mut BackgroundModules {
         &mut self.background_modules
     }
 

@@ -385,22 +385,24 @@ fn kib_field(text: &str, name: &str) -> Option<u64> {
 async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     let config = boot.read_config()?;
     let kernel_release = after_disk::kernel_release();
-    boot.load_modules().await?;
-    boot.watch_power_buttons();
+    boot.load_modules(&config).await?;
+    // The TPM steps while fw_cfg's and the NIC's drivers load (they mostly wait on the TPM).
+    boot.open_tpm(&config.tpm_device).await?;
+    boot.seed_entropy().await?;
+    let measurement = boot.measure().await?;
+    boot.await_network_modules().await?;
     let mut fw_cfg = boot.read_fw_cfg()?;
+    let nonce = boot.nonce(fw_cfg.quote_nonce.take()).await?;
     boot.bring_up_net(&config).await?;
     boot.bring_up_lan(&fw_cfg).await?;
     let lan_address = fw_cfg.lan_net.as_ref().map(|lan| lan.address);
-    boot.open_tpm(&config.tpm_device).await?;
-    boot.seed_entropy().await?;
-    let nonce = boot.nonce(fw_cfg.quote_nonce.take()).await?;
-    let measurement = boot.measure().await?;
     // The node's WireGuard key for a first join: its public half goes in the join request.
     let mesh_key = crate::mesh::generate_key()?;
     let enrollment = boot
         .enrollment(&config, &mut fw_cfg, mesh_key.public_key())
         .await?;
     boot.await_background_modules().await?;
+    boot.watch_power_buttons();
     let mut outcome = boot
         .state_disk(&config.state_disk, fw_cfg.state_disk_key.take(), enrollment)
         .await?;

@@ -4,10 +4,11 @@
 use std::path::Path;
 
 use hawser_attestation::tpm::Tpm;
+use hawser_kmod::{KernelModule, Stage, Use};
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
 use tracing::info;
 
-use super::context::{Boot, blocking};
+use super::context::{Boot, TimedLoad, blocking};
 use super::{BootError, ENTROPY_BYTES, GENERATED_NONCE_BYTES, LINUX, ShutdownRequest, TPM_WAIT};
 use crate::attest::{self, Measurement, NonceSource, TpmStepError, step as tpm_step};
 use crate::config::{self, CmdlineConfig, FwCfgConfig, RebootPolicy};
@@ -38,28 +39,47 @@ impl Boot {
         Ok(config)
     }
 
-    /// Kernel modules: the early ones now ([`hawser_kmod::Stage::Early`]: fw_cfg, the
-    /// network, entropy, the power button), the rest on a thread of their own, several at once
-    /// with more than one CPU, while the TPM and the network work
-    /// ([`Self::await_background_modules`]). An optional module the machine cannot use was
-    /// logged as a warning; the boot report lists it too.
-    pub(super) async fn load_modules(&mut self) -> Result<(), BootError> {
-        let (early, background): (Vec<_>, Vec<_>) = hawser_kmod::BOOT_MODULE_TABLE
+    /// Kernel modules the configuration needs: the early ones now
+    /// ([`hawser_kmod::Stage::Early`], none today); on a thread of their own, several at once
+    /// with more than one CPU, first fw_cfg's, virtio-rng's and the NIC's
+    /// ([`Self::await_network_modules`]), then the rest ([`Self::await_background_modules`]),
+    /// while the TPM, the network and the join work. An optional module the machine cannot
+    /// use was logged as a warning; the boot report lists it too.
+    pub(super) async fn load_modules(&mut self, config: &CmdlineConfig) -> Result<(), BootError> {
+        let wanted: Vec<KernelModule> = hawser_kmod::BOOT_MODULE_TABLE
             .iter()
-            .partition(|module| module.stage == hawser_kmod::Stage::Early);
-        let early: Vec<_> = early.into_iter().copied().collect();
-        let background: Vec<_> = background.into_iter().copied().collect();
+            .filter(|module| needed(module, config))
+            .copied()
+            .collect();
+        let stage = |stage: Stage| -> Vec<KernelModule> {
+            wanted
+                .iter()
+                .filter(|m| m.stage == stage)
+                .copied()
+                .collect()
+        };
+        let (early, network, rest) = (
+            stage(Stage::Early),
+            stage(Stage::Network),
+            stage(Stage::Background),
+        );
         let clock = self.timer().clone();
-        *self.background_modules() = Some(tokio::task::spawn_blocking(move || {
-            let start = clock.elapsed_ms();
-            let result = modules::load_table_in(
-                &LINUX,
-                &modules::running_modules_dir(),
-                &background,
-                modules::load_threads(),
-            );
-            (start, clock.elapsed_ms(), result)
+        let (network_done, network_loaded) = tokio::sync::oneshot::channel();
+        self.background_modules().network = Some(network_loaded);
+        self.background_modules().rest = Some(tokio::task::spawn_blocking(move || {
+            let dir = modules::running_modules_dir();
+            let threads = modules::load_threads();
+            let load = |table: &[KernelModule]| {
+                let start = clock.elapsed_ms();
+                let result = modules::load_table_in(&LINUX, &dir, table, threads);
+                (start, clock.elapsed_ms(), result)
+            };
+            let _ = network_done.send(load(&network));
+            load(&rest)
         }));
+        if early.is_empty() {
+            return Ok(());
+        }
         let kernel_modules = self
             .time_blocking("modules", move || modules::load_table(&LINUX, &early))
             .await??;
@@ -68,19 +88,43 @@ impl Boot {
         Ok(())
     }
 
-    /// Waits for the background module loads (the disks, device-mapper, crypto, tun, erofs,
-    /// overlay); recorded as phase `modules-background`. A fatal module error surfaces here.
-    pub(super) async fn await_background_modules(&mut self) -> Result<(), BootError> {
-        let Some(loads) = self.background_modules().take() else {
+    /// Waits for fw_cfg's, virtio-rng's and the NIC's modules; phase `modules-network`.
+    pub(super) async fn await_network_modules(&mut self) -> Result<(), BootError> {
+        let Some(loads) = self.background_modules().network.take() else {
             return Ok(());
         };
         let waited_from = self.timer().elapsed_ms();
-        let (start, end, result) = loads.await.map_err(BootError::Task)?;
-        self.timer_mut()
-            .record_span("modules-background", start, end);
+        let loaded = loads
+            .await
+            .map_err(|_| BootError::Modules(modules::ModuleError::Poisoned))?;
+        self.background_loaded("modules-network", "the network", waited_from, loaded)
+    }
+
+    /// Waits for the rest of the background module loads (the disks, device-mapper, crypto,
+    /// tun, erofs, overlay, the power button); phase `modules-background`. A fatal module
+    /// error surfaces here.
+    pub(super) async fn await_background_modules(&mut self) -> Result<(), BootError> {
+        self.await_network_modules().await?;
+        let Some(loads) = self.background_modules().rest.take() else {
+            return Ok(());
+        };
+        let waited_from = self.timer().elapsed_ms();
+        let loaded = loads.await.map_err(BootError::Task)?;
+        self.background_loaded("modules-background", "the state disk", waited_from, loaded)
+    }
+
+    fn background_loaded(
+        &mut self,
+        phase: &str,
+        before: &str,
+        waited_from: f64,
+        (start, end, result): TimedLoad,
+    ) -> Result<(), BootError> {
+        self.timer_mut().record_span(phase, start, end);
         let kernel_modules = result?;
         info!(
-            "{kernel_modules} (in the background, {} at once; waited {:.1} ms for them)",
+            "{kernel_modules} (in the background for {before}, {} at once; waited {:.1} ms for \
+             them)",
             modules::load_threads(),
             (end - waited_from).max(0.0)
         );
@@ -228,6 +272,15 @@ pub async fn wait_for_device(path: &Path, limit: std::time::Duration) -> Result<
         path: path.to_owned(),
         waited: limit,
     })
+}
+
+/// Whether `config` needs `module` ([`hawser_kmod::Use`]).
+fn needed(module: &KernelModule, config: &CmdlineConfig) -> bool {
+    match module.used_for {
+        Use::Always => true,
+        Use::Integrity => config.state_disk.integrity != hawser_luks2::Integrity::None,
+        Use::Rootfs => config.root_hash.is_some(),
+    }
 }
 
 #[cfg(test)]

@@ -47,9 +47,11 @@ impl Boot {
         let issuer = {
             let tpm = Arc::clone(&tpm);
             Arc::new(
-                super::context::blocking(move || hawser_attestation::TpmIssuer::new(tpm))
-                    .await?
-                    .map_err(BootError::Issuer)?,
+                self.time_blocking("attestation-key", move || {
+                    hawser_attestation::TpmIssuer::new(tpm)
+                })
+                .await?
+                .map_err(BootError::Issuer)?,
             )
         };
         let configured = config.join_endpoint.clone().or(fw_cfg.join_endpoint.take());
