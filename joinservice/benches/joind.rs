@@ -1,45 +1,64 @@
-//! Join throughput and latency of one `hawser-joind` process: many concurrent nodes, each
-//! making a fresh aTLS connection (its swtpm quotes the server's nonce, the server validates
-//! the evidence) and one IssueJoinTicket call (PCR check, HKDF, a bootstrap token from the
-//! service's token cache, registry append + fsync, audit line), at 16, 64 and 256 concurrent
-//! clients.
+//! Join throughput and latency of one `hawser-joind` process, side by side with its floor:
+//! many concurrent nodes, each making a fresh aTLS connection (its swtpm quotes the server's
+//! nonce, the server validates the evidence) and one IssueJoinTicket call as a worker node
+//! (PCR check, HKDF, a bootstrap token from the service's token cache, disk bound to the AK in
+//! the registry: append + fdatasync, audit line), at 16, 64 and 256 concurrent clients.
+//!
+//! The floor, measured in the same run at the same levels with the same load model and the
+//! same client runtime, is what any attested join must at least cost on this stack:
+//!
+//! - **TLS**: a plain TLS 1.3 handshake on a fresh connection, rustls with the same crypto
+//!   provider as aTLS (ring, TLS 1.3 suites only), the server's certificate a self-signed
+//!   ECDSA P-256 one made by the same code as `hawser-joind`'s (`TlsKey`), the client checking
+//!   it as the bench's join clients check the service (the key's CertificateVerify), no
+//!   resumption; then a 32-byte request and a 32-byte response.
+//! - **TLS+verify**: the same plus one ECDSA P-256 SHA-256 verify per operation on the server
+//!   (ring, as the validator checks a quote's signature), over a message the size of a quote.
+//!
+//! Each floor server is this bench binary re-run as a separate process
+//! (`--floor-server tls|tls-verify`) on a default tokio runtime, as `hawser-joind` is, so its
+//! CPU and peak memory are counted as the join service's are.
 //!
 //! Two load models, because they answer different questions:
 //!
-//! - **Closed loop** (default): N clients, each starts its next join when its last one ends.
-//!   This finds the throughput ceiling, but its latency is fixed by Little's law (N in flight /
-//!   throughput) and hides queueing: a slow server also slows the arrivals.
-//! - **Open loop** (`HAWSER_BENCH_RATE=<joins per second>`): joins *arrive* on a fixed schedule
-//!   (arrival i at start + i / rate) whatever the server does; each runs as its own task, at most
-//!   N in flight. An arrival that finds N in flight waits for a slot, and that wait is part of
-//!   its latency: latency runs from the *scheduled* arrival time, so a stalled server or a late
-//!   arrival loop cannot hide queueing (no coordinated omission).
+//! - **Closed loop** (default): N clients, each starts its next operation when its last one
+//!   ends. This finds the throughput ceiling, but its latency is fixed by Little's law (N in
+//!   flight / throughput) and hides queueing: a slow server also slows the arrivals.
+//! - **Open loop** (`HAWSER_BENCH_RATE=<operations per second>`): operations *arrive* on a
+//!   fixed schedule (arrival i at start + i / rate) whatever the server does; each runs as its
+//!   own task, at most N in flight. An arrival that finds N in flight waits for a slot, and
+//!   that wait is part of its latency: latency runs from the *scheduled* arrival time, so a
+//!   stalled server or a late arrival loop cannot hide queueing (no coordinated omission).
 //!
-//! The server is the real binary, started afresh per level, so its peak memory (VmHWM) belongs
-//! to that level; it logs at `info` (the audit lines) to a file. Clients run in this process on
-//! a 2-worker runtime, with their quotes spread over several swtpms; server, clients and swtpms
-//! share the machine. Because the machine may be shared, each row also says how busy it was:
-//! the 1-minute load average before the level, and the CPU that processes other than the
-//! benchmark, its swtpms and `hawser-joind` used during the level (in cores).
+//! Each server is started afresh per level and workload, so its peak memory (VmHWM) belongs
+//! to that measurement; `hawser-joind` logs at `info` (the audit lines) to a file. Clients run
+//! in this process on a 2-worker runtime, with their quotes spread over several swtpms;
+//! servers, clients and swtpms share the machine. Because the machine may be shared, each row
+//! also says how busy it was: the 1-minute load average before the workload, and the CPU that
+//! processes other than the benchmark, its swtpms and the server used during it (in cores).
 //!
-//! `cargo bench -p hawser-joinservice --bench joind` prints a Markdown table. Environment:
-//! - `HAWSER_BENCH_JOINS` (default 1500): joins per level;
+//! `cargo bench -p hawser-joinservice --bench joind` prints two Markdown tables: one row per
+//! level and workload, then the join beside its floor per level. Environment:
+//! - `HAWSER_BENCH_JOINS` (default 1500): operations per level and workload;
 //! - `HAWSER_BENCH_LEVELS` (default `16,64,256`): concurrency levels;
-//! - `HAWSER_BENCH_RATE`: open loop at this many joins per second (unset: closed loop);
+//! - `HAWSER_BENCH_RATE`: open loop at this many operations per second (unset: closed loop);
 //! - `HAWSER_BENCH_SWTPMS` (default 4): swtpms the clients quote on, round robin;
 //! - `HAWSER_BENCH_KUBEADM`: replaces the kubeadm stand-in;
 //! - `HAWSER_BENCH_MAX_LOAD`: before each level, wait while the 1-minute load average is above
 //!   this (polled every 30 s, for at most `HAWSER_BENCH_MAX_WAIT_SECS`, default 600), then run.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
+use std::future::Future;
 use std::io::{BufRead as _, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use hawser_attestation::atls::{AtlsClient, Identity, PeerPolicy};
+use hawser_attestation::atls::{AtlsClient, Identity, PeerPolicy, TlsKey};
 use hawser_attestation::evidence::EvidenceIssuer;
 use hawser_attestation::{Tpm, TpmIssuer};
 use hawser_keys::MasterSecret;
@@ -48,7 +67,16 @@ use hawser_proto::join::IssueJoinTicketRequest;
 use hawser_proto::join::join_service_client::JoinServiceClient;
 use hawser_qemu::provider::ProviderCa;
 use hawser_qemu::{Swtpm, SwtpmOptions};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, WebPkiSupportedAlgorithms};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::server::NoServerSessionStorage;
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
+use rustls::{ClientConfig, DigitallySignedStruct, ServerConfig, SignatureScheme};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tonic::transport::Endpoint;
 
 const DEFAULT_LEVELS: [usize; 3] = [16, 64, 256];
@@ -56,6 +84,44 @@ const DEFAULT_LEVELS: [usize; 3] = [16, 64, 256];
 /// `/proc` reports CPU time in USER_HZ ticks, which the kernel fixes at 100 per second on every
 /// mainstream architecture (it is part of the ABI, independent of CONFIG_HZ).
 const TICKS_PER_SEC: f64 = 100.0;
+
+/// The floor's request and response.
+const FLOOR_REQUEST: [u8; 32] = [0x71; 32];
+const FLOOR_RESPONSE: [u8; 32] = [0x72; 32];
+/// A quote's signed TPMS_ATTEST over one sha256 PCR selection is about this long.
+const QUOTE_ATTEST_LEN: usize = 145;
+
+/// What one level measures, in the order it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Workload {
+    /// aTLS with the client's quote, then IssueJoinTicket, against `hawser-joind`.
+    Join,
+    /// The floor: a plain TLS 1.3 handshake and a 32-byte request and response.
+    Tls,
+    /// The floor plus one ECDSA P-256 verify per operation on the server.
+    TlsVerify,
+}
+
+impl Workload {
+    const ALL: [Workload; 3] = [Workload::Join, Workload::Tls, Workload::TlsVerify];
+
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Join => "join",
+            Workload::Tls => "TLS",
+            Workload::TlsVerify => "TLS+verify",
+        }
+    }
+
+    /// The floor server's `--floor-server` argument.
+    fn floor_arg(self) -> Option<&'static str> {
+        match self {
+            Workload::Join => None,
+            Workload::Tls => Some("tls"),
+            Workload::TlsVerify => Some("tls-verify"),
+        }
+    }
+}
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -77,6 +143,15 @@ fn env_f64(name: &str) -> Option<f64> {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(position) = args.iter().position(|a| a == "--floor-server") {
+        let kind = args
+            .get(position + 1)
+            .expect("--floor-server tls|tls-verify");
+        serve_floor(kind);
+        return;
+    }
+
     let joins = env_usize("HAWSER_BENCH_JOINS", 1500);
     let swtpms = env_usize("HAWSER_BENCH_SWTPMS", 4).max(1);
     let rate = env_f64("HAWSER_BENCH_RATE");
@@ -128,7 +203,7 @@ fn main() {
         })
         .collect();
     let swtpm_pids: Vec<u32> = tpms.iter().map(Swtpm::pid).collect();
-    let clients: Vec<AtlsClient> = tpms
+    let clients: Arc<[AtlsClient]> = tpms
         .iter()
         .map(|swtpm| {
             let tpm = Tpm::open(&swtpm.tcti().expect("tcti")).expect("open");
@@ -149,72 +224,203 @@ fn main() {
 
     let mode = match rate {
         Some(rate) => format!(
-            "open loop: {rate} joins/s arriving, at most <concurrent> in flight, latency from the scheduled arrival"
+            "open loop: {rate} operations/s arriving, at most <concurrent> in flight, latency from the scheduled arrival"
         ),
-        None => "closed loop: <concurrent> clients, each starts its next join when its last ends"
-            .to_owned(),
+        None => {
+            "closed loop: <concurrent> clients, each starts its next operation when its last ends"
+                .to_owned()
+        }
     };
     println!(
-        "hawser-joind, {mode}; {joins} joins per level, each a fresh aTLS connection (client quote on one of {swtpms} swtpms) + IssueJoinTicket; kubeadm = {}",
+        "hawser-joind, {mode}; {joins} operations per level and workload. join = a fresh aTLS connection (client quote on one of {swtpms} swtpms) + IssueJoinTicket (worker); kubeadm = {}. TLS = a fresh TLS 1.3 connection (ECDSA P-256 server certificate) + 32-byte request/response; TLS+verify = TLS + one ECDSA P-256 verify on the server",
         kubeadm.display()
     );
     println!(
-        "| concurrent | offered/s | joins/s | p50 ms | p99 ms | max ms | VmHWM MiB | errors | queued | load1 | other cores | joind CPU ms/join | client CPU ms/join |"
+        "| concurrent | workload | offered/s | ops/s | p50 ms | p99 ms | max ms | server VmHWM MiB | errors | queued | load1 | other cores | server CPU ms/op | client CPU ms/op |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut compared = Vec::new();
     for level in levels {
         let load1 = wait_for_quiet(max_load, max_wait);
-        let state = dir.path().join(format!("state-{level}"));
-        let log = dir.path().join(format!("joind-{level}.log"));
-        let mut joind = start_joind(dir.path(), &state, &kubeadm, &log);
-        let addr = read_listen_addr(&mut joind, &log);
-        let before = CpuSample::take(joind.id(), &swtpm_pids);
-        let result = match rate {
-            Some(rate) => runtime.block_on(run_open_loop(&addr, level, joins, rate, &clients)),
-            None => runtime.block_on(run_closed_loop(&addr, level, joins, &clients)),
-        };
-        let after = CpuSample::take(joind.id(), &swtpm_pids);
-        let hwm = vm_hwm_kib(joind.id());
-        let _ = joind.kill();
-        let _ = joind.wait();
-
-        let mut latencies = result.latencies;
-        latencies.sort_unstable();
-        let pct = |p: f64| {
-            latencies
-                .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-                .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
-        };
-        let done = latencies.len().max(1) as f64;
-        let secs = result.elapsed.as_secs_f64();
-        let machine = after.machine_busy.saturating_sub(before.machine_busy);
-        let joind_cpu = after.joind.saturating_sub(before.joind);
-        let clients_cpu = after.clients.saturating_sub(before.clients);
-        let other = machine.saturating_sub(joind_cpu + clients_cpu);
-        let ms_per_join = |ticks: u64| ticks as f64 / TICKS_PER_SEC * 1e3 / done;
-        println!(
-            "| {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {:.2} | {:.2} | {:.1} | {:.1} |",
-            level,
-            rate.map_or_else(|| "—".to_owned(), |r| format!("{r:.0}")),
-            latencies.len() as f64 / secs,
-            pct(0.50),
-            pct(0.99),
-            pct(1.0),
-            hwm as f64 / 1024.0,
-            result.errors,
-            rate.map_or_else(|| "—".to_owned(), |_| result.queued.to_string()),
-            load1,
-            other as f64 / TICKS_PER_SEC / secs,
-            ms_per_join(joind_cpu),
-            ms_per_join(clients_cpu),
-        );
-        if let Some(e) = result.first_error {
-            println!("    first error: {e}");
+        let mut measured = Vec::new();
+        for workload in Workload::ALL {
+            let (mut server, op) = match workload.floor_arg() {
+                None => {
+                    let state = dir.path().join(format!("state-{level}"));
+                    let log = dir.path().join(format!("joind-{level}.log"));
+                    let mut joind = start_joind(dir.path(), &state, &kubeadm, &log);
+                    let addr = read_stdout_lines(&mut joind, &log, 1)[0]
+                        .strip_prefix("listening on ")
+                        .expect("listening on")
+                        .to_owned();
+                    (joind, join_op(&addr, level, Arc::clone(&clients)))
+                }
+                Some(kind) => {
+                    let log = dir.path().join(format!("floor-{kind}-{level}.log"));
+                    let mut floor = start_floor_server(kind, &log);
+                    let lines = read_stdout_lines(&mut floor, &log, 2);
+                    let addr = lines[0]
+                        .strip_prefix("listening on ")
+                        .expect("listening on")
+                        .parse()
+                        .expect("floor address");
+                    let certificate = hex::decode(
+                        lines[1]
+                            .strip_prefix("certificate ")
+                            .expect("floor certificate"),
+                    )
+                    .expect("floor certificate hex");
+                    (floor, floor_op(addr, floor_connector(certificate)))
+                }
+            };
+            // The first workload of a level waited for a quiet machine; the others follow it.
+            let load1 = if workload == Workload::Join {
+                load1
+            } else {
+                load_average()
+            };
+            let row = measure(
+                &runtime,
+                rate,
+                level,
+                joins,
+                op,
+                &server,
+                &swtpm_pids,
+                load1,
+            );
+            let _ = server.kill();
+            let _ = server.wait();
+            println!(
+                "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                level,
+                workload.name(),
+                rate.map_or_else(|| "—".to_owned(), |r| format!("{r:.0}")),
+                row.ops_per_sec,
+                row.p50_ms,
+                row.p99_ms,
+                row.max_ms,
+                row.hwm_mib,
+                row.errors,
+                rate.map_or_else(|| "—".to_owned(), |_| row.queued.to_string()),
+                row.load1,
+                row.other_cores,
+                row.server_cpu_ms,
+                row.client_cpu_ms,
+            );
+            if let Some(e) = &row.first_error {
+                println!("    first {} error: {e}", workload.name());
+            }
+            measured.push(row);
         }
+        compared.push((level, measured));
     }
     drop(runtime); // its tasks may hold issuers
     drop(clients);
     drop(tpms);
+
+    println!();
+    println!(
+        "Join beside its floor (× = how many times the floor's cost a join is: floor ops/s ÷ joins/s, join p99 ÷ floor p99; CPU in ms per operation, server + client side):"
+    );
+    println!(
+        "| concurrent | offered/s | joins/s | TLS/s | TLS+verify/s | × TLS | × TLS+verify | join p50/p99 ms | TLS p50/p99 ms | TLS+verify p50/p99 ms | p99 × TLS | p99 × TLS+verify | CPU join | CPU TLS | CPU TLS+verify |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (level, measured) in compared {
+        let [join, tls, verify] = &measured[..] else {
+            unreachable!("three workloads per level")
+        };
+        let cpu = |m: &Measured| format!("{:.2} + {:.2}", m.server_cpu_ms, m.client_cpu_ms);
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} / {:.1} | {:.1} | {:.1} | {} | {} | {} |",
+            level,
+            rate.map_or_else(|| "—".to_owned(), |r| format!("{r:.0}")),
+            join.ops_per_sec,
+            tls.ops_per_sec,
+            verify.ops_per_sec,
+            tls.ops_per_sec / join.ops_per_sec,
+            verify.ops_per_sec / join.ops_per_sec,
+            join.p50_ms,
+            join.p99_ms,
+            tls.p50_ms,
+            tls.p99_ms,
+            verify.p50_ms,
+            verify.p99_ms,
+            join.p99_ms / tls.p99_ms,
+            join.p99_ms / verify.p99_ms,
+            cpu(join),
+            cpu(tls),
+            cpu(verify),
+        );
+    }
+}
+
+/// One workload at one level, summarised.
+struct Measured {
+    ops_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    hwm_mib: f64,
+    errors: usize,
+    queued: usize,
+    load1: f64,
+    /// CPU used by everything but the server, the bench process and its swtpms, in cores.
+    other_cores: f64,
+    server_cpu_ms: f64,
+    client_cpu_ms: f64,
+    first_error: Option<String>,
+}
+
+/// Runs `ops` operations of `op` at `level` against `server` and reads what it cost.
+#[allow(clippy::too_many_arguments)] // one call site; a struct would only rename them
+fn measure(
+    runtime: &tokio::runtime::Runtime,
+    rate: Option<f64>,
+    level: usize,
+    ops: usize,
+    op: Op,
+    server: &Child,
+    swtpm_pids: &[u32],
+    load1: f64,
+) -> Measured {
+    let before = CpuSample::take(server.id(), swtpm_pids);
+    let result = match rate {
+        Some(rate) => runtime.block_on(run_open_loop(level, ops, rate, op)),
+        None => runtime.block_on(run_closed_loop(level, ops, op)),
+    };
+    let after = CpuSample::take(server.id(), swtpm_pids);
+    let hwm = vm_hwm_kib(server.id());
+
+    let mut latencies = result.latencies;
+    latencies.sort_unstable();
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+    };
+    let done = latencies.len().max(1) as f64;
+    let secs = result.elapsed.as_secs_f64();
+    let machine = after.machine_busy.saturating_sub(before.machine_busy);
+    let server_cpu = after.server.saturating_sub(before.server);
+    let clients_cpu = after.clients.saturating_sub(before.clients);
+    let other = machine.saturating_sub(server_cpu + clients_cpu);
+    let ms_per_op = |ticks: u64| ticks as f64 / TICKS_PER_SEC * 1e3 / done;
+    Measured {
+        ops_per_sec: latencies.len() as f64 / secs,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        max_ms: pct(1.0),
+        hwm_mib: hwm as f64 / 1024.0,
+        errors: result.errors,
+        queued: result.queued,
+        load1,
+        other_cores: other as f64 / TICKS_PER_SEC / secs,
+        server_cpu_ms: ms_per_op(server_cpu),
+        client_cpu_ms: ms_per_op(clients_cpu),
+        first_error: result.first_error,
+    }
 }
 
 /// The 1-minute load average, after waiting (if `max_load` is set) for it to drop to
@@ -243,16 +449,17 @@ fn load_average() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// CPU time in ticks: the whole machine (busy, all CPUs), `hawser-joind` (with the children it
-/// waited for, i.e. kubeadm), and the client side (this process and the swtpms).
+/// CPU time in ticks: the whole machine (busy, all CPUs), the server (with the children it
+/// waited for, i.e. `hawser-joind`'s kubeadm), and the client side (this process and the
+/// swtpms).
 struct CpuSample {
     machine_busy: u64,
-    joind: u64,
+    server: u64,
     clients: u64,
 }
 
 impl CpuSample {
-    fn take(joind: u32, swtpms: &[u32]) -> Self {
+    fn take(server: u32, swtpms: &[u32]) -> Self {
         let machine_busy = std::fs::read_to_string("/proc/stat")
             .ok()
             .and_then(|s| {
@@ -269,7 +476,7 @@ impl CpuSample {
             .unwrap_or(0);
         Self {
             machine_busy,
-            joind: process_ticks(&joind.to_string(), true).unwrap_or(0),
+            server: process_ticks(&server.to_string(), true).unwrap_or(0),
             clients: process_ticks("self", false).unwrap_or(0)
                 + swtpms
                     .iter()
@@ -320,21 +527,35 @@ fn start_joind(dir: &Path, state: &Path, kubeadm: &Path, log: &Path) -> Child {
         .expect("start hawser-joind")
 }
 
-fn read_listen_addr(joind: &mut Child, log: &Path) -> String {
-    let stdout = joind.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("read joind stdout");
-    line.trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| {
-            panic!(
-                "unexpected joind output {line:?}; its log:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            )
+/// This bench binary again, as the floor server of `kind`.
+fn start_floor_server(kind: &str, log: &Path) -> Child {
+    let log = std::fs::File::create(log).expect("create the floor server's log");
+    Command::new(std::env::current_exe().expect("the bench binary"))
+        .args(["--floor-server", kind])
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("start the floor server")
+}
+
+/// The first `count` lines a server prints (its address, …).
+fn read_stdout_lines(server: &mut Child, log: &Path, count: usize) -> Vec<String> {
+    let mut stdout = BufReader::new(server.stdout.take().expect("stdout"));
+    (0..count)
+        .map(|_| {
+            let mut line = String::new();
+            stdout
+                .read_line(&mut line)
+                .expect("read the server's stdout");
+            if line.is_empty() {
+                panic!(
+                    "the server ended its output early; its log:\n{}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+            line.trim().to_owned()
         })
-        .to_owned()
+        .collect()
 }
 
 fn vm_hwm_kib(pid: u32) -> u64 {
@@ -357,7 +578,22 @@ struct LevelResult {
     first_error: Option<String>,
 }
 
-/// One join: a fresh aTLS connection and one IssueJoinTicket with a new disk UUID.
+type OpFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+/// One operation of a workload, given its number in the level.
+type Op = Arc<dyn Fn(usize) -> OpFuture + Send + Sync>;
+
+/// Joins, each quoting on the next swtpm's client in turn.
+fn join_op(addr: &str, level: usize, clients: Arc<[AtlsClient]>) -> Op {
+    let endpoint = endpoint(addr);
+    Arc::new(move |i| {
+        let endpoint = endpoint.clone();
+        let client = clients[i % clients.len()].clone();
+        Box::pin(async move { join(&endpoint, &client, level, i).await })
+    })
+}
+
+/// One join: a fresh aTLS connection and one IssueJoinTicket with a new disk UUID, as a
+/// worker node (a control-plane join also needs its AK approved and reads the PKI files).
 async fn join(
     endpoint: &Endpoint,
     client: &AtlsClient,
@@ -385,30 +621,254 @@ fn endpoint(addr: &str) -> Endpoint {
     Endpoint::from_shared(format!("http://{addr}")).expect("endpoint")
 }
 
-/// `level` clients, each looping: join, then the next join as soon as the last ended.
-async fn run_closed_loop(
-    addr: &str,
-    level: usize,
-    joins: usize,
-    clients: &[AtlsClient],
-) -> LevelResult {
+/// rustls' ring provider with its TLS 1.3 suites only: aTLS's provider.
+fn floor_provider() -> Arc<CryptoProvider> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    provider
+        .cipher_suites
+        .retain(|suite| suite.version() == &rustls::version::TLS13);
+    Arc::new(provider)
+}
+
+/// The floor's clients: TLS 1.3 without resumption, trusting the floor server's certificate.
+fn floor_connector(certificate: Vec<u8>) -> TlsConnector {
+    let provider = floor_provider();
+    let verifier = PinnedCertificate {
+        certificate,
+        algorithms: provider.signature_verification_algorithms,
+    };
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("TLS 1.3")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    config.resumption = rustls::client::Resumption::disabled();
+    TlsConnector::from(Arc::new(config))
+}
+
+/// Floor operations: a fresh TLS connection each.
+fn floor_op(addr: SocketAddr, connector: TlsConnector) -> Op {
+    Arc::new(move |_| Box::pin(floor_round_trip(addr, connector.clone())))
+}
+
+/// One floor operation: connect, handshake, 32 bytes each way.
+async fn floor_round_trip(addr: SocketAddr, connector: TlsConnector) -> Result<(), String> {
+    let tcp = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    tcp.set_nodelay(true)
+        .map_err(|e| format!("TCP_NODELAY: {e}"))?;
+    let name = ServerName::try_from("floor.hawser.invalid").expect("a DNS name");
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    tls.write_all(&FLOOR_REQUEST)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    tls.flush().await.map_err(|e| format!("request: {e}"))?;
+    let mut response = [0u8; FLOOR_RESPONSE.len()];
+    tls.read_exact(&mut response)
+        .await
+        .map_err(|e| format!("response: {e}"))?;
+    if response != FLOOR_RESPONSE {
+        return Err("unexpected response".to_owned());
+    }
+    Ok(())
+}
+
+/// A plain TLS client's check of a server it knows: the certificate is the one expected, and
+/// the handshake's CertificateVerify verifies with its key.
+#[derive(Debug)]
+struct PinnedCertificate {
+    certificate: Vec<u8>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for PinnedCertificate {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if end_entity.as_ref() == self.certificate.as_slice() {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::UnknownIssuer,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::PeerIncompatible::Tls12NotOffered.into())
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+/// What checking a quote's signature costs: a message the size of a quote's TPMS_ATTEST, its
+/// ECDSA P-256 SHA-256 signature and the signer's public point, verified with ring as the
+/// validator does (`verify_p256_sha256`).
+struct SignedQuote {
+    message: Vec<u8>,
+    signature: Vec<u8>,
+    public_point: Vec<u8>,
+}
+
+impl SignedQuote {
+    fn new() -> Self {
+        use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair as _};
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 =
+            EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).expect("key");
+        let key = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+            .expect("key");
+        let message = vec![0x5a; QUOTE_ATTEST_LEN];
+        let signature = key.sign(&rng, &message).expect("sign").as_ref().to_vec();
+        Self {
+            message,
+            signature,
+            public_point: key.public_key().as_ref().to_vec(),
+        }
+    }
+
+    fn verify(&self) -> bool {
+        ring::signature::UnparsedPublicKey::new(
+            &ring::signature::ECDSA_P256_SHA256_FIXED,
+            &self.public_point,
+        )
+        .verify(&self.message, &self.signature)
+        .is_ok()
+    }
+}
+
+/// The floor server (`--floor-server tls|tls-verify`): prints `listening on <addr>` and
+/// `certificate <hex DER>`, then serves until killed.
+fn serve_floor(kind: &str) {
+    let quote = match kind {
+        "tls" => None,
+        "tls-verify" => Some(Arc::new(SignedQuote::new())),
+        other => panic!("--floor-server {other:?}: expected tls or tls-verify"),
+    };
+    // As `hawser-joind`: a multi-threaded runtime with one worker per CPU.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let key = TlsKey::generate().expect("TLS key");
+        let certificate = key.self_signed_certificate(None).expect("certificate");
+        let certified = CertifiedKey::new(
+            vec![CertificateDer::from(certificate.clone())],
+            Arc::clone(key.signing_key()),
+        );
+        let mut config = ServerConfig::builder_with_provider(floor_provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .expect("TLS 1.3")
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
+        // As aTLS: every connection a full handshake.
+        config.session_storage = Arc::new(NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        // `hawser-joind`'s listener, with its backlog.
+        let listener =
+            hawser_joinservice::service::bind_listener(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .expect("bind");
+        println!("listening on {}", listener.local_addr().expect("address"));
+        println!("certificate {}", hex::encode(&certificate));
+        loop {
+            let (tcp, _) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    eprintln!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let acceptor = acceptor.clone();
+            let quote = quote.clone();
+            tokio::spawn(async move {
+                if let Err(e) = serve_floor_connection(acceptor, tcp, quote.as_deref()).await {
+                    eprintln!("floor connection: {e}");
+                }
+            });
+        }
+    });
+}
+
+async fn serve_floor_connection(
+    acceptor: TlsAcceptor,
+    tcp: TcpStream,
+    quote: Option<&SignedQuote>,
+) -> Result<(), String> {
+    tcp.set_nodelay(true)
+        .map_err(|e| format!("TCP_NODELAY: {e}"))?;
+    let mut tls = acceptor
+        .accept(tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let mut request = [0u8; FLOOR_REQUEST.len()];
+    tls.read_exact(&mut request)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    if request != FLOOR_REQUEST {
+        return Err("unexpected request".to_owned());
+    }
+    if let Some(quote) = quote
+        && !quote.verify()
+    {
+        return Err("the quote signature does not verify".to_owned());
+    }
+    tls.write_all(&FLOOR_RESPONSE)
+        .await
+        .map_err(|e| format!("response: {e}"))?;
+    tls.flush().await.map_err(|e| format!("response: {e}"))?;
+    // The client closes, as a node does after its join; it sends no close_notify.
+    let mut rest = [0u8; 1];
+    let _ = tls.read(&mut rest).await;
+    Ok(())
+}
+
+/// `level` clients, each looping: an operation, then the next as soon as the last ended.
+async fn run_closed_loop(level: usize, ops: usize, op: Op) -> LevelResult {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for worker in 0..level {
-        let client = clients[worker % clients.len()].clone();
+    for _ in 0..level {
+        let op = Arc::clone(&op);
         let next = Arc::clone(&next);
-        let endpoint = endpoint(addr);
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut errors = Vec::new();
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= joins {
+                if i >= ops {
                     break;
                 }
                 let t = Instant::now();
-                match join(&endpoint, &client, level, i).await {
+                match op(i).await {
                     Ok(()) => latencies.push(t.elapsed()),
                     Err(e) => errors.push(e),
                 }
@@ -436,21 +896,14 @@ async fn run_closed_loop(
 }
 
 /// Arrivals at `rate` per second on a fixed schedule, each its own task, at most `level` in
-/// flight; latency from the scheduled arrival to the end of the call. `elapsed` runs from the
-/// first scheduled arrival to the last completion, so joins/s is the achieved rate.
-async fn run_open_loop(
-    addr: &str,
-    level: usize,
-    joins: usize,
-    rate: f64,
-    clients: &[AtlsClient],
-) -> LevelResult {
+/// flight; latency from the scheduled arrival to the end of the operation. `elapsed` runs from
+/// the first scheduled arrival to the last completion, so ops/s is the achieved rate.
+async fn run_open_loop(level: usize, ops: usize, rate: f64, op: Op) -> LevelResult {
     let slots = Arc::new(Semaphore::new(level));
-    let endpoint = endpoint(addr);
     let start = tokio::time::Instant::now();
     let mut queued = 0;
-    let mut tasks = Vec::with_capacity(joins);
-    for i in 0..joins {
+    let mut tasks = Vec::with_capacity(ops);
+    for i in 0..ops {
         // From the start, not from the last tick, so that a late loop does not drift.
         let scheduled = start + Duration::from_secs_f64(i as f64 / rate);
         tokio::time::sleep_until(scheduled).await;
@@ -464,17 +917,16 @@ async fn run_open_loop(
                     .expect("the semaphore is never closed")
             }
         };
-        let client = clients[i % clients.len()].clone();
-        let endpoint = endpoint.clone();
+        let op = Arc::clone(&op);
         tasks.push(tokio::spawn(async move {
-            let outcome = join(&endpoint, &client, level, i).await;
+            let outcome = op(i).await;
             let done = tokio::time::Instant::now();
             drop(permit);
             (outcome.map(|()| done - scheduled), done)
         }));
     }
     let mut result = LevelResult {
-        latencies: Vec::with_capacity(joins),
+        latencies: Vec::with_capacity(ops),
         elapsed: Duration::ZERO,
         errors: 0,
         queued,
@@ -482,7 +934,7 @@ async fn run_open_loop(
     };
     let mut last = start;
     for task in tasks {
-        let (outcome, done) = task.await.expect("join task");
+        let (outcome, done) = task.await.expect("operation task");
         last = last.max(done);
         match outcome {
             Ok(latency) => result.latencies.push(latency),

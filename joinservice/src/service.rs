@@ -15,6 +15,7 @@
 //! - **Handshakes are isolated**: each runs in its own task under
 //!   [`ServiceConfig::handshake_timeout`]; at most [`MAX_PENDING_HANDSHAKES`] run at once. A
 //!   client that never finishes its handshake holds one slot until its timeout, nothing more.
+//!   The kernel queues up to [`LISTEN_BACKLOG`] connections the acceptor has not taken yet.
 //! - **Per call**: a per-peer token bucket (`RESOURCE_EXHAUSTED` with a retry hint, also as
 //!   `retry-after-ms` metadata), then a deadline ([`ServiceConfig::call_timeout`],
 //!   `DEADLINE_EXCEEDED`) around waiting for one of [`ServiceConfig::max_concurrent_calls`]
@@ -40,7 +41,7 @@ use hawser_proto::join::{
     ClusterMasterSecret, ControlPlaneFile, IssueJoinTicketRequest, IssueJoinTicketResponse,
     IssueRejoinTicketRequest, IssueRejoinTicketResponse, VpnConfig,
 };
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{Semaphore, oneshot};
 use tonic::{Code, Request, Response, Status};
 use tracing::Instrument as _;
@@ -55,6 +56,11 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// aTLS handshakes in progress at once. Each costs a task, a socket and a rustls state; a slow
 /// or silent client holds one until [`ServiceConfig::handshake_timeout`].
 pub const MAX_PENDING_HANDSHAKES: usize = 1024;
+/// Connections the kernel queues until the acceptor takes them (`listen(2)`'s backlog, capped
+/// by `net.core.somaxconn`). `TcpListener::bind` uses std's 128: a burst of more joining nodes
+/// than that while the acceptor is busy loses SYNs, and each node whose SYN was lost waits
+/// for its retransmission (1 s, then 3 s, …).
+pub const LISTEN_BACKLOG: u32 = 1024;
 
 /// How `hawser-joind` serves. Build with [`ServiceConfig::new`] and adjust fields.
 pub struct ServiceConfig {
@@ -186,12 +192,10 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
     // Fails now if the policy in force cannot make a validator (nothing enforced).
     acceptor.server()?;
 
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServiceError::Bind {
-            addr: config.listen,
-            source,
-        })?;
+    let listener = bind_listener(config.listen).map_err(|source| ServiceError::Bind {
+        addr: config.listen,
+        source,
+    })?;
     let local_addr = listener.local_addr().map_err(|source| ServiceError::Bind {
         addr: config.listen,
         source,
@@ -248,6 +252,18 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
         shutdown,
         task,
     })
+}
+
+/// A listening socket on `addr` with [`LISTEN_BACKLOG`] and `SO_REUSEADDR` (as
+/// `TcpListener::bind` sets it). Must be called within a tokio runtime.
+pub fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// Makes the aTLS server for the policy in force, rebuilding it when the policy changed.
@@ -487,5 +503,30 @@ impl JoinService for Service {
             measurement_salt: ticket.measurement_salt.clone(),
             vpn: ticket.vpn.as_ref().map(vpn_config),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// More nodes than std's backlog of 128 connect while the acceptor takes none: every
+    /// connection is queued (with a backlog of 128 the 130th SYN is dropped and its connect
+    /// hangs in retransmissions).
+    #[tokio::test]
+    async fn a_burst_of_200_connections_waits_in_the_backlog() {
+        let listener = bind_listener(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut connected = Vec::new();
+        for i in 0..200 {
+            let stream = tokio::time::timeout(
+                Duration::from_secs(10),
+                tokio::net::TcpStream::connect(addr),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("connection {i} was not queued"))
+            .unwrap();
+            connected.push(stream);
+        }
     }
 }

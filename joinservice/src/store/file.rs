@@ -168,7 +168,9 @@ impl ClusterStore for FileStore {
                     .append(true)
                     .open(&self.registry_file)
                     .map_err(|e| self.io(e))?;
-                writeln!(file, "{uuid} {ak_name}")
+                // One write call (`writeln!` on a File makes one per formatted piece): the line
+                // goes to the file whole, never interleaved with another appender's.
+                file.write_all(format!("{uuid} {ak_name}\n").as_bytes())
                     .and_then(|()| file.sync_data())
                     .map_err(|e| self.io(e))?;
                 joined.insert(uuid.to_owned(), Some(ak_name.to_owned()));
