@@ -6,9 +6,9 @@
 //! assembled with hawser's systemd-stub 257 around the event-log fixture's freestanding `/init`
 //! (`measurements/tests/fixtures/ovmf-boot`: it needs no modules, prints the PCRs it reads from
 //! sysfs and the firmware's event log, and powers off), and its awkward `.cmdline` (leading
-//! blanks, a tab, non-ASCII, a trailing newline). Every UKI is booted under OVMF + swtpm; PCRs 4,
-//! 9 and 11 (there is no hawser phase) and 12, 13, 15 must equal the prediction, and the event
-//! log must line up with it.
+//! blanks, a tab, non-ASCII, a trailing newline; `loglevel=1` added, see [`quiet_cmdline`]).
+//! Every UKI is booted under OVMF + swtpm; PCRs 4, 9 and 11 (there is no hawser phase) and 12,
+//! 13, 15 must equal the prediction, and the event log must line up with it.
 //!
 //! `#[ignore]`d in plain `cargo test`; run with
 //! `cargo test -p hawser-qemu --test kernels -- --ignored --test-threads=1 --nocapture`.
@@ -37,6 +37,17 @@ fn fixture(name: &str) -> Vec<u8> {
         .join("measurements/tests/fixtures/ovmf-boot")
         .join(name);
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The fixture's awkward command line with `loglevel=1` added before its trailing newline: the
+/// fixture prints its PCRs and the base64 event log on the console, and a kernel message printed
+/// meanwhile (under TCG, the clocksource watchdog marking the TSC unstable, `random: crng init
+/// done`, a late probe) would land inside those lines. Panics (`KERN_EMERG`) still print.
+fn quiet_cmdline() -> Vec<u8> {
+    let mut cmdline = fixture("cmdline");
+    let end = cmdline.len() - usize::from(cmdline.ends_with(b"\n"));
+    cmdline.splice(end..end, *b" loglevel=1");
+    cmdline
 }
 
 /// (release, vmlinuz) of every kernel: hawser's own, then `measurements/kernels.lock`'s.
@@ -112,7 +123,7 @@ fn ukis_around_other_distributions_kernels_boot_to_exactly_the_predicted_pcrs() 
             &stub,
             &UkiSections {
                 osrel: fixture("osrel"),
-                cmdline: fixture("cmdline"),
+                cmdline: quiet_cmdline(),
                 uname: release.as_bytes().to_vec(),
                 linux: std::fs::read(vmlinuz).unwrap(),
                 initrd: fixture("initrd.cpio.zst"),

@@ -10,7 +10,6 @@
 //! the test's script.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use hawser_image::closure;
 use hawser_image::cpio::CpioArchive;
@@ -82,15 +81,20 @@ impl Toolbox {
     /// decompressed, with a line each for `@LOAD_MODULES@`.
     pub fn modules(&mut self, modules_dir: &Path, paths: &[String]) -> &mut Self {
         for module in paths {
-            let out = Command::new("xz")
-                .arg("-dc")
-                .arg(modules_dir.join(module))
-                .output()
-                .expect("xz: install xz-utils (scripts/setup-host)");
-            assert!(out.status.success(), "xz -dc {module}");
+            // The image lists modules under the names it ships (`.ko`, decompressed); the
+            // kernel package may hold them as `.ko` or `.ko.xz`.
+            let plain = modules_dir.join(module);
+            let path = if plain.exists() {
+                plain
+            } else {
+                modules_dir.join(format!("{module}.xz"))
+            };
+            let bytes = hawser_kmod::read_module(&path).unwrap_or_else(|e| {
+                panic!("module {module}: {e} (install the kernel's modules: scripts/setup-host)")
+            });
             let name = format!("toolbox/modules/{:03}.ko", self.modules);
             self.modules += 1;
-            self.file(&name, 0o644, out.stdout);
+            self.file(&name, 0o644, bytes);
             self.load_modules.push_str(&format!(
                 "/bin/busybox insmod /{name} || echo \"TOOLBOX insmod {module} failed\"\n"
             ));
