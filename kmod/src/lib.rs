@@ -43,9 +43,13 @@ pub enum Stage {
     Network,
     /// On the same thread after the [`Stage::Network`] ones, while PID 1 goes on to the
     /// network and the join service; awaited before the state disk, the first thing that needs
-    /// these (disks, device-mapper, crypto, tun, erofs, overlay, and the power button, watched
-    /// from then on).
+    /// these (the disks, device-mapper, dm-crypt's cipher, and the power button, watched from
+    /// then on).
     Background,
+    /// On the same thread after the [`Stage::Background`] ones, while PID 1 opens the state
+    /// disk (mostly waiting on the join service); awaited after it, before the mesh and the
+    /// rootfs that need these (tun, dm-verity, erofs, overlay).
+    AfterStateDisk,
 }
 
 /// What a module of [`BOOT_MODULE_TABLE`] is for, so a node whose command line does not ask
@@ -114,6 +118,12 @@ impl KernelModule {
         self
     }
 
+    /// Loaded in the background while the state disk opens ([`Stage::AfterStateDisk`]).
+    pub const fn after_state_disk(mut self) -> Self {
+        self.stage = Stage::AfterStateDisk;
+        self
+    }
+
     /// Loaded in the background first, before the network ([`Stage::Network`]).
     pub const fn before_network(mut self) -> Self {
         self.stage = Stage::Network;
@@ -178,7 +188,7 @@ pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
     .in_background(),
     KernelModule::required("dm_crypt", "the state disk's encryption (dm-crypt)").in_background(),
     KernelModule::required("dm_verity", "the rootfs's verification (dm-verity)")
-        .in_background()
+        .after_state_disk()
         .only_for(Use::Rootfs),
     KernelModule::required(
         "dm_integrity",
@@ -213,12 +223,12 @@ pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
         "tun",
         "/dev/net/tun for the WireGuard mesh (boringtun runs in PID 1 on a tun interface)",
     )
-    .in_background(),
+    .after_state_disk(),
     KernelModule::required("erofs", "the immutable rootfs (erofs)")
-        .in_background()
+        .after_state_disk()
         .only_for(Use::Rootfs),
     KernelModule::required("overlay", "the rootfs's writable /etc overlay")
-        .in_background()
+        .after_state_disk()
         .only_for(Use::Rootfs),
     // The ACPI power button as an input device: PID 1 reads KEY_POWER from it, so that
     // `system_powerdown` and cloud "stop" requests shut the node down in order.

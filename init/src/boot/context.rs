@@ -51,11 +51,14 @@ pub type TimedLoad = (
     Result<crate::modules::LoadSummary, crate::modules::ModuleError>,
 );
 
-/// The module loads running on a thread of their own: the NIC's first
-/// ([`hawser_kmod::Stage::Network`], reported on `network` when done), then the rest.
+/// The module loads running on a thread of their own, one stage after the other: the NIC's
+/// ([`hawser_kmod::Stage::Network`]), the state disk's ([`hawser_kmod::Stage::Background`]),
+/// each reported on its channel when done, then the mesh's and the rootfs's
+/// ([`hawser_kmod::Stage::AfterStateDisk`]), the thread's result.
 pub struct BackgroundModules {
     pub network: Option<tokio::sync::oneshot::Receiver<TimedLoad>>,
-    pub rest: Option<tokio::task::JoinHandle<TimedLoad>>,
+    pub state_disk: Option<tokio::sync::oneshot::Receiver<TimedLoad>>,
+    pub after_state_disk: Option<tokio::task::JoinHandle<TimedLoad>>,
 }
 
 impl Boot {
@@ -78,7 +81,8 @@ impl Boot {
             tpm: None,
             background_modules: BackgroundModules {
                 network: None,
-                rest: None,
+                state_disk: None,
+                after_state_disk: None,
             },
         }
     }

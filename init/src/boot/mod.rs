@@ -6,16 +6,21 @@
 //!       ─ mounts (/proc first, before the runtime)              [mounts]
 //!       ─ tokio current_thread runtime; reaper; SIGTERM/SIGINT/SIGPWR
 //!       ─ /proc/cmdline → hawser.* keys, reboot policy, log level [cmdline]
-//!       ─ kernel modules in modules.dep order                    [modules]
-//!       ─ power button watcher; fw_cfg keys                      [fw-cfg]
-//!       ─ network (hawser.net)                                   [net]
+//!       ─ kernel modules in modules.dep order, on a thread of their own, in three stages
+//!         awaited where they are needed: the NIC's, the state disk's, the mesh's and the
+//!         rootfs's                  [modules-network, modules-background, modules-after-state-disk]
 //!       ─ wait for the TPM node; open it                         [tpm-wait, tpm-open]
 //!       ─ seed the kernel pool from TPM2_GetRandom               [entropy]
 //!       ─ PCR 11 before; extend "enter-initrd"; read PCRs 0-23   [measure]
+//!       ─ (the NIC's modules) fw_cfg keys                        [fw-cfg]
+//!       ─ network (hawser.net)                                   [net]
+//!       ─ the attestation key and its provider certificate       [attestation-key]
+//!       ─ (the state disk's modules) power button watcher
 //!       ─ state disk: find, format or open, map, mount           [state-disk-*]
 //!         (join-service key: join client races init server, node lock → PCR 15)
+//!       ─ (the mesh's and the rootfs's modules)
 //!       ─ the WireGuard mesh, when the ticket has one: key, tunnel [mesh]
-//!       ─ AK; quote PCRs 0-23 with the nonce                     [attest]
+//!       ─ quote PCRs 0-23 with the nonce                         [attest]
 //!       ─ boot report line; firmware event log line
 //!       ─ hawser.root_hash: pivot into the rootfs (PCR 11 ← "leave-initrd"), then
 //!         containerd, kubelet, kubeadm once (node.rs)
@@ -401,11 +406,12 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     let enrollment = boot
         .enrollment(&config, &mut fw_cfg, mesh_key.public_key())
         .await?;
-    boot.await_background_modules().await?;
+    boot.await_state_disk_modules().await?;
     boot.watch_power_buttons();
     let mut outcome = boot
         .state_disk(&config.state_disk, fw_cfg.state_disk_key.take(), enrollment)
         .await?;
+    boot.await_late_modules().await?;
     let grant = outcome.as_mut().and_then(|o| o.mesh.take());
     let mesh = boot.mesh(grant, mesh_key).await?;
     let (role, node_name, control_plane) = after_disk::role(&config, outcome, &measurement);

@@ -42,9 +42,11 @@ impl Boot {
     /// Kernel modules the configuration needs: the early ones now
     /// ([`hawser_kmod::Stage::Early`], none today); on a thread of their own, several at once
     /// with more than one CPU, first fw_cfg's, virtio-rng's and the NIC's
-    /// ([`Self::await_network_modules`]), then the rest ([`Self::await_background_modules`]),
-    /// while the TPM, the network and the join work. An optional module the machine cannot
-    /// use was logged as a warning; the boot report lists it too.
+    /// ([`Self::await_network_modules`]), then the state disk's
+    /// ([`Self::await_state_disk_modules`]), then the mesh's and the rootfs's
+    /// ([`Self::await_late_modules`]), while the TPM, the network, the join and the state disk
+    /// work. An optional module the machine cannot use was logged as a warning; the boot report
+    /// lists it too.
     pub(super) async fn load_modules(&mut self, config: &CmdlineConfig) -> Result<(), BootError> {
         let wanted: Vec<KernelModule> = hawser_kmod::BOOT_MODULE_TABLE
             .iter()
@@ -58,15 +60,19 @@ impl Boot {
                 .copied()
                 .collect()
         };
-        let (early, network, rest) = (
+        let (early, network, state_disk, late) = (
             stage(Stage::Early),
             stage(Stage::Network),
             stage(Stage::Background),
+            stage(Stage::AfterStateDisk),
         );
         let clock = self.timer().clone();
         let (network_done, network_loaded) = tokio::sync::oneshot::channel();
-        self.background_modules().network = Some(network_loaded);
-        self.background_modules().rest = Some(tokio::task::spawn_blocking(move || {
+        let (state_disk_done, state_disk_loaded) = tokio::sync::oneshot::channel();
+        let modules = self.background_modules();
+        modules.network = Some(network_loaded);
+        modules.state_disk = Some(state_disk_loaded);
+        modules.after_state_disk = Some(tokio::task::spawn_blocking(move || {
             let dir = modules::running_modules_dir();
             let threads = modules::load_threads();
             let load = |table: &[KernelModule]| {
@@ -75,7 +81,8 @@ impl Boot {
                 (start, clock.elapsed_ms(), result)
             };
             let _ = network_done.send(load(&network));
-            load(&rest)
+            let _ = state_disk_done.send(load(&state_disk));
+            load(&late)
         }));
         if early.is_empty() {
             return Ok(());
@@ -100,17 +107,35 @@ impl Boot {
         self.background_loaded("modules-network", "the network", waited_from, loaded)
     }
 
-    /// Waits for the rest of the background module loads (the disks, device-mapper, crypto,
-    /// tun, erofs, overlay, the power button); phase `modules-background`. A fatal module
-    /// error surfaces here.
-    pub(super) async fn await_background_modules(&mut self) -> Result<(), BootError> {
+    /// Waits for the state disk's modules (the disks, device-mapper, dm-crypt's cipher, the
+    /// power button); phase `modules-background`. A fatal module error surfaces here.
+    pub(super) async fn await_state_disk_modules(&mut self) -> Result<(), BootError> {
         self.await_network_modules().await?;
-        let Some(loads) = self.background_modules().rest.take() else {
+        let Some(loads) = self.background_modules().state_disk.take() else {
+            return Ok(());
+        };
+        let waited_from = self.timer().elapsed_ms();
+        let loaded = loads
+            .await
+            .map_err(|_| BootError::Modules(modules::ModuleError::Poisoned))?;
+        self.background_loaded("modules-background", "the state disk", waited_from, loaded)
+    }
+
+    /// Waits for the rest, loaded while the state disk opened (tun, dm-verity, erofs,
+    /// overlay); phase `modules-after-state-disk`.
+    pub(super) async fn await_late_modules(&mut self) -> Result<(), BootError> {
+        self.await_state_disk_modules().await?;
+        let Some(loads) = self.background_modules().after_state_disk.take() else {
             return Ok(());
         };
         let waited_from = self.timer().elapsed_ms();
         let loaded = loads.await.map_err(BootError::Task)?;
-        self.background_loaded("modules-background", "the state disk", waited_from, loaded)
+        self.background_loaded(
+            "modules-after-state-disk",
+            "the mesh and the rootfs",
+            waited_from,
+            loaded,
+        )
     }
 
     fn background_loaded(
