@@ -1,0 +1,16 @@
+//! Confidential-computing platforms' own evidence: what a cloud or a CPU signs about a guest,
+//! verified offline against the vendor's pinned root at an explicit time.
+//!
+//! hawser's validator ([`crate::validator`]) verifies a TPM quote by an AK that chains to a
+//! provider CA. On a confidential VM the hardware adds a report of its own that binds the
+//! guest's launch measurement (and, on Azure, the vTPM's AK) to the CPU vendor's keys. This
+//! module verifies those reports; `docs/platforms.md` says per platform what is verified, what
+//! is trusted, and what cannot be checked offline (freshness beyond a nonce, revocation).
+//!
+//! - [`snp`]: AMD SEV-SNP attestation reports, VCEK or VLEK → ASK/ASVK → ARK.
+//! - [`chain`]: the certificate walk every platform shares.
+
+pub mod chain;
+pub mod snp;
+
+pub use chain::{ChainError, VerificationTime};
