@@ -3,9 +3,11 @@
 //! each tampering is refused with the reason named.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use hawser_attestation::platform::VerificationTime;
+use hawser_attestation::platform::gce::{self, GceError, GceEvidence, VtpmQuote};
 use hawser_attestation::platform::snp::{
     self, AttestationReport, Product, SigningKey, SnpEndorsement, SnpError, SnpPolicy, TcbVersion,
 };
@@ -322,6 +324,195 @@ fn a_vlek_signed_report_verifies_and_names_its_cloud_and_vmpl() {
                 endorsement: SigningKey::Vcek
             }
         ),
+        "{err}"
+    );
+}
+
+/// go-tpm-tools' `attest.Attestation` (proto/attest.proto), the fields its GCE vectors carry.
+#[derive(Clone, PartialEq, prost::Message)]
+struct GoTpmAttestation {
+    #[prost(bytes = "vec", tag = "1")]
+    ak_pub: Vec<u8>,
+    #[prost(message, repeated, tag = "2")]
+    quotes: Vec<GoTpmQuote>,
+    #[prost(bytes = "vec", tag = "3")]
+    event_log: Vec<u8>,
+    #[prost(bytes = "vec", tag = "6")]
+    ak_cert: Vec<u8>,
+}
+
+/// `tpm.Quote`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct GoTpmQuote {
+    #[prost(bytes = "vec", tag = "1")]
+    quote: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    raw_sig: Vec<u8>,
+    #[prost(message, optional, tag = "3")]
+    pcrs: Option<GoTpmPcrs>,
+}
+
+/// `tpm.PCRs`: the bank (a TPM_ALG_ID) and its values.
+#[derive(Clone, PartialEq, prost::Message)]
+struct GoTpmPcrs {
+    #[prost(int32, tag = "1")]
+    hash: i32,
+    #[prost(btree_map = "uint32, bytes", tag = "2")]
+    pcrs: BTreeMap<u32, Vec<u8>>,
+}
+
+/// 2024-01-01T00:00:00Z: Google's AK certificate is valid 2021-08-31 to 2051-08-24.
+const GCE_AT: VerificationTime = VerificationTime(1_704_067_200);
+/// The vector's nonce (its name: `nonce9009`).
+const GCE_NONCE: [u8; 2] = [0x90, 0x09];
+
+struct GceVector {
+    attestation: GoTpmAttestation,
+    /// The SHA-256 bank's quote and values.
+    quote: GoTpmQuote,
+    pcrs: BTreeMap<u8, Vec<u8>>,
+    intermediate: Vec<u8>,
+    root: Vec<u8>,
+}
+
+impl GceVector {
+    fn load() -> Self {
+        use prost::Message as _;
+        let attestation =
+            GoTpmAttestation::decode(vector("gce/gce-cos-85-nonce9009.pb").as_slice()).unwrap();
+        assert!(
+            !attestation.event_log.is_empty(),
+            "the vector has an event log"
+        );
+        let quote = attestation
+            .quotes
+            .iter()
+            .find(|q| q.pcrs.as_ref().is_some_and(|p| p.hash == 0x000b))
+            .expect("a SHA-256 quote")
+            .clone();
+        let pcrs = quote
+            .pcrs
+            .as_ref()
+            .unwrap()
+            .pcrs
+            .iter()
+            .map(|(k, v)| (u8::try_from(*k).unwrap(), v.clone()))
+            .collect();
+        Self {
+            attestation,
+            quote,
+            pcrs,
+            intermediate: vector("gce/tpm_ek_intermediate_2.crt"),
+            root: vector("gce/tpm_ek_root_1.cer"),
+        }
+    }
+
+    fn verify(
+        &self,
+        pcrs: &BTreeMap<u8, Vec<u8>>,
+        nonce: &[u8],
+        at: VerificationTime,
+    ) -> Result<gce::VerifiedGce, GceError> {
+        let intermediates = [self.intermediate.as_slice()];
+        gce::verify(
+            &GceEvidence {
+                ak_public: &self.attestation.ak_pub,
+                ak_certificate: &self.attestation.ak_cert,
+                intermediates: &intermediates,
+                quote: VtpmQuote {
+                    attest: &self.quote.quote,
+                    signature: &self.quote.raw_sig,
+                    pcrs,
+                },
+            },
+            &[&self.root],
+            nonce,
+            at,
+        )
+    }
+}
+
+#[test]
+fn a_genuine_gce_vtpm_quote_verifies_to_googles_root() {
+    let v = GceVector::load();
+    let verified = v.verify(&v.pcrs, &GCE_NONCE, GCE_AT).unwrap();
+    assert_eq!(verified.pcrs.len(), 24);
+    let instance = verified
+        .instance
+        .expect("the instance-information extension");
+    assert_eq!(instance.zone, "us-central1-a");
+    assert_eq!(instance.instance_name, "cos-test");
+    assert_eq!(instance.is_production, Some(true));
+}
+
+#[test]
+fn gce_evidence_tampered_is_refused_naming_the_reason() {
+    let v = GceVector::load();
+    // A wrong nonce (a replayed quote).
+    let err = v.verify(&v.pcrs, &[0x90, 0x0a], GCE_AT).unwrap_err();
+    assert!(
+        matches!(err, GceError::Nonce { ref quoted, .. } if quoted == "9009"),
+        "{err}"
+    );
+    // A PCR value changed after the quote.
+    let mut pcrs = v.pcrs.clone();
+    pcrs.get_mut(&4).unwrap()[0] ^= 1;
+    let err = v.verify(&pcrs, &GCE_NONCE, GCE_AT).unwrap_err();
+    assert!(matches!(err, GceError::PcrDigest { .. }), "{err}");
+    // A PCR left out.
+    let mut pcrs = v.pcrs.clone();
+    pcrs.remove(&23);
+    let err = v.verify(&pcrs, &GCE_NONCE, GCE_AT).unwrap_err();
+    assert!(matches!(err, GceError::PcrSet { .. }), "{err}");
+    // A flipped byte of the quote.
+    let mut tampered = GceVector::load();
+    let last = tampered.quote.quote.len() - 1;
+    tampered.quote.quote[last] ^= 1;
+    let err = tampered.verify(&v.pcrs, &GCE_NONCE, GCE_AT).unwrap_err();
+    assert!(matches!(err, GceError::Signature), "{err}");
+    // Another AK in the certificate's place: the SNP vector's VCEK is no Google certificate.
+    let mut other = GceVector::load();
+    other.attestation.ak_cert = vector("sev-snp/virtee-sev/vcek_milan.der");
+    let err = other.verify(&v.pcrs, &GCE_NONCE, GCE_AT).unwrap_err();
+    assert!(matches!(err, GceError::NoIntermediate(1)), "{err}");
+    // The quoting AK is not the certified one: one byte of its modulus changed.
+    let mut swapped_ak = GceVector::load();
+    let at = swapped_ak.attestation.ak_pub.len() - 10;
+    swapped_ak.attestation.ak_pub[at] ^= 1;
+    let err = swapped_ak.verify(&v.pcrs, &GCE_NONCE, GCE_AT).unwrap_err();
+    assert!(
+        matches!(err, GceError::AkMismatch("the modulus differs")),
+        "{err}"
+    );
+    // A root that is not Google's (AMD's ARK): none issued the intermediate.
+    let amd = pem_chain("sev-snp/go-sev-guest/ask_ark_milan.pem")
+        .pop()
+        .unwrap();
+    let intermediates = [v.intermediate.as_slice()];
+    let err = gce::verify(
+        &GceEvidence {
+            ak_public: &v.attestation.ak_pub,
+            ak_certificate: &v.attestation.ak_cert,
+            intermediates: &intermediates,
+            quote: VtpmQuote {
+                attest: &v.quote.quote,
+                signature: &v.quote.raw_sig,
+                pcrs: &v.pcrs,
+            },
+        },
+        &[&amd],
+        &GCE_NONCE,
+        GCE_AT,
+    )
+    .unwrap_err();
+    assert!(matches!(err, GceError::NoRoot(1)), "{err}");
+    // After the AK certificate's notAfter (2051-08-24).
+    let err = v
+        .verify(&v.pcrs, &GCE_NONCE, VerificationTime(2_629_584_000))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("the AK certificate is not valid at the verification time 2053-"),
         "{err}"
     );
 }

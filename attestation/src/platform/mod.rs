@@ -7,10 +7,12 @@
 //! module verifies those reports; `docs/platforms.md` says per platform what is verified, what
 //! is trusted, and what cannot be checked offline (freshness beyond a nonce, revocation).
 //!
+//! - [`gce`]: Google Compute Engine's vTPM: an RSA AK certified by Google, its quote.
 //! - [`snp`]: AMD SEV-SNP attestation reports, VCEK or VLEK → ASK/ASVK → ARK.
 //! - [`chain`]: the certificate walk every platform shares.
 
 pub mod chain;
+pub mod gce;
 pub mod snp;
 
 pub use chain::{ChainError, VerificationTime};
