@@ -34,7 +34,6 @@ pub mod evidence;
 #[cfg(feature = "tpm")]
 pub mod issuer;
 pub mod measurements;
-pub mod platform;
 pub mod report;
 #[cfg(test)]
 mod test_fixtures;

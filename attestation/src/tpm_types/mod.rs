@@ -18,10 +18,8 @@
 use sha2::{Digest, Sha256, Sha384, Sha512};
 
 mod reader;
-mod rsa;
 
 pub use reader::{ParseError, Reader};
-pub use rsa::{RsaPublic, RsaSignature, TPM_ALG_RSA, TPM_ALG_RSAPSS, TPM_ALG_RSASSA};
 
 /// `TPM_GENERATED_VALUE`: the TPM only signs structures starting with this magic with a
 /// restricted key, which is what makes a quote unforgeable by the key's user.

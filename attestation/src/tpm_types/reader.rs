@@ -127,7 +127,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Reads a `u16` and checks it against one allowed value.
-    pub(super) fn expect_u16(
+    pub fn expect_u16(
         &mut self,
         field: &'static str,
         value: u16,
@@ -182,7 +182,8 @@ impl<'a> Reader<'a> {
         }
     }
 
-    pub(super) fn unexpected(
+    /// The error for a field whose value is not the one expected.
+    pub fn unexpected(
         &self,
         field: &'static str,
         offset: usize,

@@ -1,7 +1,9 @@
 //! RSA attestation keys and their signatures, as cloud vTPMs make them (GCE's and Azure's AKs
-//! are RSA-2048 restricted signing keys; hawser's own AK is ECC, see [`super::EccPublic`]).
+//! are RSA-2048 restricted signing keys; hawser's own AK is ECC, see
+//! [`hawser_attestation::tpm_types::EccPublic`]), read with the attestation crate's
+//! bounds-checked [`Reader`].
 
-use super::{ParseError, Reader, TPM_ALG_NULL, TPM_ALG_SHA256, hash};
+use hawser_attestation::tpm_types::{ParseError, Reader, TPM_ALG_NULL, TPM_ALG_SHA256, hash};
 
 /// `TPM_ALG_RSA`.
 pub const TPM_ALG_RSA: u16 = 0x0001;

@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use hawser_attestation::platform::VerificationTime;
-use hawser_attestation::platform::gce::{self, GceError, GceEvidence, VtpmQuote};
-use hawser_attestation::platform::snp::{
+use hawser_platforms::VerificationTime;
+use hawser_platforms::gce::{self, GceError, GceEvidence, VtpmQuote};
+use hawser_platforms::snp::{
     self, AttestationReport, Product, SigningKey, SnpEndorsement, SnpError, SnpPolicy, TcbVersion,
 };
 

@@ -18,10 +18,9 @@ use sha2::{Digest as _, Sha256};
 use x509_parser::der_parser::asn1_rs::{Any, Class, FromDer as _, Tag};
 use x509_parser::public_key::PublicKey;
 
-use super::chain::{Cert, ChainError, VerificationTime, verify_chain};
-use crate::tpm_types::{
-    Attest, ParseError, RsaPublic, RsaSignature, TPM_ALG_SHA256, object_attributes,
-};
+use crate::chain::{Cert, ChainError, VerificationTime, verify_chain};
+use crate::tpm_rsa::{RsaPublic, RsaSignature};
+use hawser_attestation::tpm_types::{Attest, ParseError, TPM_ALG_SHA256, object_attributes};
 
 /// GCE's NV index of the RSA AK's certificate.
 pub const AK_CERT_NV_INDEX_RSA: u32 = 0x01c1_0000;

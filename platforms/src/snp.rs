@@ -22,7 +22,7 @@
 //! microcode) is the one every vector here has. Turin's differs (an FMC SPL first) and no
 //! genuine Turin report was at hand to prove a parser on, so Turin is refused by name.
 
-use super::chain::{Cert, ChainError, VerificationTime, verify_chain};
+use crate::chain::{Cert, ChainError, VerificationTime, verify_chain};
 
 /// The size of an `ATTESTATION_REPORT`.
 pub const REPORT_LEN: usize = 0x4A0;

@@ -1,0 +1,20 @@
+//! hawser-platforms: confidential-computing platforms' own evidence, what a cloud or a CPU
+//! signs about a guest, verified offline against the vendor's pinned root at an explicit time.
+//!
+//! hawser's validator ([`hawser_attestation::validator`]) verifies a TPM quote by an AK that
+//! chains to a provider CA. On a confidential VM the hardware adds a report of its own that
+//! binds the guest's launch measurement (and, on Azure, the vTPM's AK) to the CPU vendor's
+//! keys. This crate verifies those reports, and a cloud vTPM's own AK certificates; `docs/platforms.md` says per platform what is verified, what
+//! is trusted, and what cannot be checked offline (freshness beyond a nonce, revocation).
+//!
+//! - [`gce`]: Google Compute Engine's vTPM: an RSA AK certified by Google, its quote.
+//! - [`snp`]: AMD SEV-SNP attestation reports, VCEK or VLEK → ASK/ASVK → ARK.
+//! - [`chain`]: the certificate walk every platform shares; [`tpm_rsa`]: RSA AKs and their
+//!   quote signatures (cloud vTPMs' AKs are RSA).
+
+pub mod chain;
+pub mod gce;
+pub mod snp;
+pub mod tpm_rsa;
+
+pub use chain::{ChainError, VerificationTime};
