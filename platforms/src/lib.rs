@@ -9,12 +9,14 @@
 //!
 //! - [`gce`]: Google Compute Engine's vTPM: an RSA AK certified by Google, its quote.
 //! - [`snp`]: AMD SEV-SNP attestation reports, VCEK or VLEK → ASK/ASVK → ARK.
+//! - [`tdx`]: Intel TDX quotes with Intel's DCAP collateral (dcap-qvl), and a TD policy.
 //! - [`chain`]: the certificate walk every platform shares; [`tpm_rsa`]: RSA AKs and their
 //!   quote signatures (cloud vTPMs' AKs are RSA).
 
 pub mod chain;
 pub mod gce;
 pub mod snp;
+pub mod tdx;
 pub mod tpm_rsa;
 
 pub use chain::{ChainError, VerificationTime};

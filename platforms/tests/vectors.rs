@@ -11,6 +11,7 @@ use hawser_platforms::gce::{self, GceError, GceEvidence, VtpmQuote};
 use hawser_platforms::snp::{
     self, AttestationReport, Product, SigningKey, SnpEndorsement, SnpError, SnpPolicy, TcbVersion,
 };
+use hawser_platforms::tdx::{self, TdxError, TdxPolicy};
 
 /// 2024-01-01T00:00:00Z: inside the virtee Milan VCEK's validity.
 const VIRTEE_AT: VerificationTime = VerificationTime(1_704_067_200);
@@ -514,5 +515,119 @@ fn gce_evidence_tampered_is_refused_naming_the_reason() {
         err.to_string()
             .contains("the AK certificate is not valid at the verification time 2053-"),
         "{err}"
+    );
+}
+
+/// 2025-07-01T00:00:00Z: inside the dcap-qvl sample's collateral window (2025-06-19 to
+/// 2025-07-19: TCB info, QE identity and both CRLs all current).
+const TDX_AT: VerificationTime = VerificationTime(1_751_328_000);
+/// 2026-03-01T00:00:00Z: inside the outdated sample's collateral window.
+const TDX_OUTDATED_AT: VerificationTime = VerificationTime(1_772_323_200);
+
+fn tdx_collateral(path: &str) -> dcap_qvl::QuoteCollateralV3 {
+    serde_json::from_slice(&vector(path)).unwrap()
+}
+
+#[test]
+fn a_genuine_tdx_quote_verifies_with_intels_collateral() {
+    let quote = vector("tdx/tdx_quote");
+    let collateral = tdx_collateral("tdx/tdx_quote_collateral.json");
+    let verified = tdx::verify(&quote, &collateral, &TdxPolicy::default(), TDX_AT).unwrap();
+    assert_eq!(verified.status, "UpToDate");
+    assert!(verified.advisory_ids.is_empty());
+    assert_eq!(verified.report.td_attributes[0] & 1, 0, "not a debug TD");
+    // A policy that names the TD's MRTD and REPORTDATA accepts it.
+    let pinned = TdxPolicy {
+        mr_td: Some(verified.report.mr_td),
+        report_data: Some(verified.report.report_data),
+        rtmrs: [Some(verified.report.rt_mr0), None, None, None],
+        ..TdxPolicy::default()
+    };
+    tdx::verify(&quote, &collateral, &pinned, TDX_AT).unwrap();
+    // The collateral's chains end in Intel's SGX Root CA, the pinned one.
+    let root = x509_parser::pem::Pem::iter_from_buffer(collateral.tcb_info_issuer_chain.as_bytes())
+        .last()
+        .unwrap()
+        .unwrap()
+        .contents;
+    assert_eq!(
+        hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&root)),
+        tdx::INTEL_SGX_ROOT_CA
+    );
+}
+
+#[test]
+fn tdx_evidence_tampered_or_stale_is_refused_naming_the_reason() {
+    let quote = vector("tdx/tdx_quote");
+    let collateral = tdx_collateral("tdx/tdx_quote_collateral.json");
+    let policy = TdxPolicy::default();
+    // A flipped byte of the TD report (its MRTD, at 48 + 136).
+    let mut tampered = quote.clone();
+    tampered[48 + 136] ^= 1;
+    let err = tdx::verify(&tampered, &collateral, &policy, TDX_AT).unwrap_err();
+    assert!(matches!(err, TdxError::Dcap { .. }), "{err}");
+    // The collateral at today's date: expired (Intel reissues it monthly).
+    let err = tdx::verify(&quote, &collateral, &policy, VerificationTime::now()).unwrap_err();
+    assert!(
+        matches!(err, TdxError::Dcap { ref reason, .. } if reason.contains("Expired")),
+        "{err}"
+    );
+    // TCB info edited (another status): its signature no longer holds.
+    let mut forged = collateral.clone();
+    forged.tcb_info = forged.tcb_info.replacen("OutOfDate", "UpToDate", 1);
+    assert_ne!(
+        forged.tcb_info, collateral.tcb_info,
+        "the fixture has an OutOfDate level"
+    );
+    let err = tdx::verify(&quote, &forged, &policy, TDX_AT).unwrap_err();
+    assert!(matches!(err, TdxError::Dcap { .. }), "{err}");
+    // A wrong nonce, and another MRTD.
+    let nonce = TdxPolicy {
+        report_data: Some([0x55; 64]),
+        ..TdxPolicy::default()
+    };
+    let err = tdx::verify(&quote, &collateral, &nonce, TDX_AT).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            TdxError::Field {
+                field: "REPORTDATA",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mr_td = TdxPolicy {
+        mr_td: Some([0; 48]),
+        ..TdxPolicy::default()
+    };
+    let err = tdx::verify(&quote, &collateral, &mr_td, TDX_AT).unwrap_err();
+    assert!(
+        matches!(err, TdxError::Field { field: "MRTD", .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_platform_below_intels_tcb_levels_or_the_policys_statuses_is_refused() {
+    // An Azure TDX host's quote whose TEE TCB SVN is below every level of its TCB info.
+    let quote = vector("tdx/tdx_quote_outdated");
+    let collateral = tdx_collateral("tdx/tdx_quote_outdated_collateral.json");
+    let err = tdx::verify(&quote, &collateral, &TdxPolicy::default(), TDX_OUTDATED_AT).unwrap_err();
+    assert!(
+        matches!(err, TdxError::Dcap { ref reason, .. } if reason.contains("No matching TCB level")),
+        "{err}"
+    );
+    // A policy that accepts only another status refuses an UpToDate platform, naming both.
+    let quote = vector("tdx/tdx_quote");
+    let collateral = tdx_collateral("tdx/tdx_quote_collateral.json");
+    let strict = TdxPolicy {
+        accepted_statuses: vec!["SWHardeningNeeded".into()],
+        ..TdxPolicy::default()
+    };
+    let err = tdx::verify(&quote, &collateral, &strict, TDX_AT).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the platform's TCB status is UpToDate (advisories: none); the policy accepts SWHardeningNeeded"
     );
 }
