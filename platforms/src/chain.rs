@@ -164,6 +164,12 @@ impl<'a> Cert<'a> {
     }
 }
 
+/// A big-endian integer without leading zero bytes.
+pub(crate) fn trim(bytes: &[u8]) -> &[u8] {
+    let first = bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len());
+    &bytes[first..]
+}
+
 /// Checks `chain` (leaf first, the root last): every certificate valid at `at`, each signed by
 /// the next, the root self-signed and pinned by fingerprint.
 pub fn verify_chain(

@@ -18,7 +18,7 @@ use sha2::{Digest as _, Sha256};
 use x509_parser::der_parser::asn1_rs::{Any, Class, FromDer as _, Tag};
 use x509_parser::public_key::PublicKey;
 
-use crate::chain::{Cert, ChainError, VerificationTime, verify_chain};
+use crate::chain::{Cert, ChainError, VerificationTime, trim, verify_chain};
 use crate::tpm_rsa::{RsaPublic, RsaSignature};
 use hawser_attestation::tpm_types::{Attest, ParseError, TPM_ALG_SHA256, object_attributes};
 
@@ -228,12 +228,6 @@ pub fn verify(
         instance,
         reset_count: attest.clock_info.reset_count,
     })
-}
-
-/// A big-endian integer without leading zero bytes.
-fn trim(bytes: &[u8]) -> &[u8] {
-    let first = bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len());
-    &bytes[first..]
 }
 
 /// The next DER element of `input`.

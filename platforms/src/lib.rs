@@ -7,12 +7,15 @@
 //! keys. This crate verifies those reports, and a cloud vTPM's own AK certificates; `docs/platforms.md` says per platform what is verified, what
 //! is trusted, and what cannot be checked offline (freshness beyond a nonce, revocation).
 //!
+//! - [`azure`]: Azure confidential VMs: the HCL report ties the vTPM's AK to an SNP report or a
+//!   TD quote; the AK's quote and certificate.
 //! - [`gce`]: Google Compute Engine's vTPM: an RSA AK certified by Google, its quote.
 //! - [`snp`]: AMD SEV-SNP attestation reports, VCEK or VLEK → ASK/ASVK → ARK.
 //! - [`tdx`]: Intel TDX quotes with Intel's DCAP collateral (dcap-qvl), and a TD policy.
 //! - [`chain`]: the certificate walk every platform shares; [`tpm_rsa`]: RSA AKs and their
 //!   quote signatures (cloud vTPMs' AKs are RSA).
 
+pub mod azure;
 pub mod chain;
 pub mod gce;
 pub mod snp;

@@ -96,21 +96,27 @@ impl RsaPublic {
     /// Whether `signature` is this key's RSASSA-PKCS1-v1_5 or RSA-PSS signature (SHA-256) over
     /// `message`.
     pub fn verify(&self, message: &[u8], signature: &RsaSignature) -> bool {
-        let parameters: &'static ring::signature::RsaParameters =
-            match (signature.sig_alg, signature.hash_alg) {
-                (TPM_ALG_RSASSA, TPM_ALG_SHA256) => &ring::signature::RSA_PKCS1_2048_8192_SHA256,
-                (TPM_ALG_RSAPSS, TPM_ALG_SHA256) => &ring::signature::RSA_PSS_2048_8192_SHA256,
-                _ => return false,
-            };
-        let exponent = self.exponent.to_be_bytes();
-        let first = exponent.iter().position(|b| *b != 0).unwrap_or(3);
-        ring::signature::RsaPublicKeyComponents {
-            n: self.modulus.as_slice(),
-            e: &exponent[first..],
-        }
-        .verify(parameters, message, &signature.signature)
-        .is_ok()
+        verify_rsa(&self.modulus, self.exponent, message, signature)
     }
+}
+
+/// Whether `signature` (RSASSA-PKCS1-v1_5 or RSA-PSS, SHA-256) over `message` verifies with the
+/// RSA key (`modulus`, `exponent`).
+pub fn verify_rsa(modulus: &[u8], exponent: u32, message: &[u8], signature: &RsaSignature) -> bool {
+    let parameters: &'static ring::signature::RsaParameters =
+        match (signature.sig_alg, signature.hash_alg) {
+            (TPM_ALG_RSASSA, TPM_ALG_SHA256) => &ring::signature::RSA_PKCS1_2048_8192_SHA256,
+            (TPM_ALG_RSAPSS, TPM_ALG_SHA256) => &ring::signature::RSA_PSS_2048_8192_SHA256,
+            _ => return false,
+        };
+    let exponent = exponent.to_be_bytes();
+    let first = exponent.iter().position(|b| *b != 0).unwrap_or(3);
+    ring::signature::RsaPublicKeyComponents {
+        n: modulus,
+        e: &exponent[first..],
+    }
+    .verify(parameters, message, &signature.signature)
+    .is_ok()
 }
 
 /// A parsed `TPMT_SIGNATURE` of the RSA family.

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use hawser_platforms::VerificationTime;
+use hawser_platforms::azure::{self, AzureError, AzureEvidence, AzureHardware, HclReport};
 use hawser_platforms::gce::{self, GceError, GceEvidence, VtpmQuote};
 use hawser_platforms::snp::{
     self, AttestationReport, Product, SigningKey, SnpEndorsement, SnpError, SnpPolicy, TcbVersion,
@@ -630,4 +631,482 @@ fn a_platform_below_intels_tcb_levels_or_the_policys_statuses_is_refused() {
         err.to_string(),
         "the platform's TCB status is UpToDate (advisories: none); the policy accepts SWHardeningNeeded"
     );
+}
+
+/// 1780922561 = 2026-06-08T12:42:41Z: flashbots' capture time, inside the collateral's window
+/// (2026-06-08T12:24:22Z to 2026-07-08T11:28:48Z) and the AK certificate's (from 2026-06-08).
+const AZURE_TDX_AT: VerificationTime = VerificationTime(1_780_922_561);
+
+/// flashbots/attested-tls's Azure TDX capture: a TD quote, the HCL report, the vTPM's AK
+/// certificate with its intermediates, a TPM quote and the 24 PCRs, and Intel's collateral.
+struct AzureTdxVector {
+    td_quote: Vec<u8>,
+    hcl_report: Vec<u8>,
+    ak_certificate: Vec<u8>,
+    intermediates: Vec<Vec<u8>>,
+    attest: Vec<u8>,
+    signature: Vec<u8>,
+    pcrs: BTreeMap<u8, Vec<u8>>,
+    collateral: dcap_qvl::QuoteCollateralV3,
+    root: Vec<u8>,
+}
+
+fn yaml(path: &str) -> serde_norway::Value {
+    serde_norway::from_slice(&vector(path)).unwrap()
+}
+
+fn yaml_bytes(value: &serde_norway::Value) -> Vec<u8> {
+    value
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|b| u8::try_from(b.as_u64().unwrap()).unwrap())
+        .collect()
+}
+
+fn pem_ders(text: &str) -> Vec<Vec<u8>> {
+    x509_parser::pem::Pem::iter_from_buffer(text.as_bytes())
+        .map(|pem| pem.unwrap().contents)
+        .collect()
+}
+
+impl AzureTdxVector {
+    fn load() -> Self {
+        use base64::Engine as _;
+        let evidence = yaml("azure/azure-tdx-with-ak-intermediates-1780922561.yaml");
+        let url = |key: &str| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(evidence[key].as_str().unwrap().trim().trim_end_matches('='))
+                .unwrap()
+        };
+        let tpm = &evidence["tpm_attestation"];
+        let quote = &tpm["quote"];
+        let pcrs = quote["pcrs"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (u8::try_from(i).unwrap(), yaml_bytes(v)))
+            .collect();
+        let collateral = yaml("azure/azure-collateral-with-ak-intermediates-1780922561.yaml");
+        let text = |key: &str| collateral[key].as_str().unwrap().to_owned();
+        let bytes = |key: &str| hex::decode(text(key).trim()).unwrap();
+        Self {
+            td_quote: url("tdx_quote_base64"),
+            hcl_report: url("hcl_report_base64"),
+            ak_certificate: pem_ders(tpm["ak_certificate_pem"].as_str().unwrap()).remove(0),
+            intermediates: tpm["ak_intermediate_certificates_pem"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .flat_map(|pem| pem_ders(pem.as_str().unwrap()))
+                .collect(),
+            attest: yaml_bytes(&quote["message"]),
+            signature: yaml_bytes(&quote["signature"]),
+            pcrs,
+            collateral: dcap_qvl::QuoteCollateralV3 {
+                pck_crl_issuer_chain: text("pck_crl_issuer_chain"),
+                root_ca_crl: bytes("root_ca_crl"),
+                pck_crl: bytes("pck_crl"),
+                tcb_info_issuer_chain: text("tcb_info_issuer_chain"),
+                tcb_info: text("tcb_info"),
+                tcb_info_signature: bytes("tcb_info_signature"),
+                qe_identity_issuer_chain: text("qe_identity_issuer_chain"),
+                qe_identity: text("qe_identity"),
+                qe_identity_signature: bytes("qe_identity_signature"),
+                pck_certificate_chain: None,
+            },
+            root: pem_ders(
+                std::str::from_utf8(&vector("azure/azure-virtual-tpm-root-2023.pem")).unwrap(),
+            )
+            .remove(0),
+        }
+    }
+
+    fn verify(
+        &self,
+        policy: &hawser_platforms::tdx::TdxPolicy,
+        with_certificate: bool,
+        nonce: &[u8],
+        at: VerificationTime,
+    ) -> Result<azure::VerifiedAzure, AzureError> {
+        let signature = tpmt_rsassa_sha256(&self.signature);
+        let intermediates: Vec<&[u8]> = self.intermediates.iter().map(Vec::as_slice).collect();
+        azure::verify(
+            &AzureEvidence {
+                hcl_report: &self.hcl_report,
+                hardware: AzureHardware::Tdx {
+                    quote: &self.td_quote,
+                    collateral: &self.collateral,
+                    policy,
+                },
+                quote: VtpmQuote {
+                    attest: &self.attest,
+                    signature: &signature,
+                    pcrs: &self.pcrs,
+                },
+                ak_certificate: with_certificate
+                    .then_some((self.ak_certificate.as_slice(), intermediates.as_slice())),
+            },
+            &[&self.root],
+            nonce,
+            at,
+        )
+    }
+}
+
+/// A TPMT_SIGNATURE (RSASSA, SHA-256) around raw RSA signature bytes, as the captures hold them.
+fn tpmt_rsassa_sha256(signature: &[u8]) -> Vec<u8> {
+    let mut tpmt = vec![0x00, 0x14, 0x00, 0x0b];
+    tpmt.extend_from_slice(&u16::try_from(signature.len()).unwrap().to_be_bytes());
+    tpmt.extend_from_slice(signature);
+    tpmt
+}
+
+/// The TPM quote's extraData in the capture: 32 zero bytes.
+const AZURE_NONCE: [u8; 32] = [0; 32];
+
+#[test]
+fn a_genuine_azure_tdx_cvm_verifies_from_intel_to_the_vtpm_quote() {
+    let v = AzureTdxVector::load();
+    let hcl = HclReport::parse(&v.hcl_report).unwrap();
+    assert_eq!(hcl.kind, azure::HardwareReport::Tdx);
+    let verified = v
+        .verify(&TdxPolicy::default(), true, &AZURE_NONCE, AZURE_TDX_AT)
+        .unwrap();
+    assert!(verified.ak_certificate_verified);
+    assert_eq!(verified.pcrs.len(), 24);
+    assert!(
+        verified.hcl.vm_configuration.is_object(),
+        "{}",
+        verified.hcl.vm_configuration
+    );
+}
+
+#[test]
+fn azure_evidence_tampered_is_refused_naming_the_link() {
+    let v = AzureTdxVector::load();
+    let policy = TdxPolicy::default();
+    // The runtime data changed (another AK): REPORT_DATA no longer binds it.
+    let mut runtime = AzureTdxVector::load();
+    // (The runtime data starts at 1236: header 32, hardware report 1184, IGVM request 20.)
+    runtime.hcl_report[1236 + 10] ^= 1;
+    let err = runtime
+        .verify(&policy, false, &AZURE_NONCE, AZURE_TDX_AT)
+        .unwrap_err();
+    assert!(matches!(err, AzureError::Binding { .. }), "{err}");
+    // The TDREPORT's REPORTDATA changed: the TD quote is not of this report.
+    let mut report = AzureTdxVector::load();
+    report.hcl_report[32 + 128] ^= 1;
+    let err = report
+        .verify(&policy, false, &AZURE_NONCE, AZURE_TDX_AT)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AzureError::Tdx(hawser_platforms::tdx::TdxError::Field {
+                field: "REPORTDATA",
+                ..
+            })
+        ),
+        "{err}"
+    );
+    // A wrong nonce, and a PCR changed after the quote.
+    let err = v
+        .verify(&policy, false, &[1; 32], AZURE_TDX_AT)
+        .unwrap_err();
+    assert!(matches!(err, AzureError::Nonce { .. }), "{err}");
+    let mut pcr = AzureTdxVector::load();
+    pcr.pcrs.get_mut(&7).unwrap()[0] ^= 1;
+    let err = pcr
+        .verify(&policy, false, &AZURE_NONCE, AZURE_TDX_AT)
+        .unwrap_err();
+    assert!(matches!(err, AzureError::Pcrs), "{err}");
+    // A flipped byte of the TPM quote.
+    let mut quote = AzureTdxVector::load();
+    quote.attest[20] ^= 1;
+    let err = quote
+        .verify(&policy, false, &AZURE_NONCE, AZURE_TDX_AT)
+        .unwrap_err();
+    assert!(matches!(err, AzureError::Signature), "{err}");
+    // The AK certificate without its intermediates: no issuer for it.
+    let mut bare = AzureTdxVector::load();
+    bare.intermediates.clear();
+    let err = bare
+        .verify(&policy, true, &AZURE_NONCE, AZURE_TDX_AT)
+        .unwrap_err();
+    assert!(matches!(err, AzureError::NoIssuer(_)), "{err}");
+    // Another key's certificate: GCE's AK certificate is no Azure certificate.
+    let mut other = AzureTdxVector::load();
+    other.ak_certificate = GoTpmAttestationBytes::ak_cert();
+    let err = other
+        .verify(&policy, true, &AZURE_NONCE, AZURE_TDX_AT)
+        .unwrap_err();
+    assert!(matches!(err, AzureError::NoIssuer(_)), "{err}");
+    // A year on, the AK certificate (valid to 2027-06-07) and the collateral have expired.
+    let err = v
+        .verify(&policy, true, &AZURE_NONCE, VerificationTime::now())
+        .unwrap_err();
+    assert!(matches!(err, AzureError::Tdx(_)), "{err}");
+}
+
+/// The GCE vector's AK certificate, as a certificate of another cloud.
+struct GoTpmAttestationBytes;
+
+impl GoTpmAttestationBytes {
+    fn ak_cert() -> Vec<u8> {
+        use prost::Message as _;
+        GoTpmAttestation::decode(vector("gce/gce-cos-85-nonce9009.pb").as_slice())
+            .unwrap()
+            .ak_cert
+    }
+}
+
+/// 2026-02-20T00:00:00Z: the day trustee committed the capture, inside the VCEK's validity
+/// (2025-01-24 to 2032-01-24).
+const AZURE_SNP_AT: VerificationTime = VerificationTime(1_771_545_600);
+
+/// confidential-containers/trustee's capture from an Azure DCasv6 VM (Genoa): the HCL report,
+/// a TPM quote by the AK it names with the 24 SHA-256 PCRs, and the chip's VCEK (the ASK and
+/// ARK are AMD's Genoa chain, from go-sev-guest).
+struct AzureSnpVector {
+    hcl_report: Vec<u8>,
+    attest: Vec<u8>,
+    signature: Vec<u8>,
+    pcrs: BTreeMap<u8, Vec<u8>>,
+    chain: Chain,
+}
+
+/// The capture's TPM quote extraData: the verifier's 48-byte nonce.
+const AZURE_SNP_NONCE: &str = "0218488bae25d2509232bf676f1a66a30d7372add909109b36016ef136f2938ca05475f8b46094de6b64270ea35d950f";
+
+impl AzureSnpVector {
+    fn load() -> Self {
+        let evidence: serde_json::Value =
+            serde_json::from_slice(&vector("azure/evidence-genoa.json")).unwrap();
+        let bytes = |value: &serde_json::Value| -> Vec<u8> {
+            value
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| u8::try_from(b.as_u64().unwrap()).unwrap())
+                .collect()
+        };
+        let quote = &evidence["quote"];
+        let genoa = Chain::new(
+            "sev-snp/go-sev-guest/vcek.testcer",
+            "sev-snp/go-sev-guest/ask_ark_genoa.pem",
+        );
+        Self {
+            hcl_report: bytes(&evidence["report"]),
+            attest: bytes(&quote["message"]),
+            signature: bytes(&quote["signature"]),
+            pcrs: quote["pcrs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (u8::try_from(i).unwrap(), bytes(v)))
+                .collect(),
+            chain: Chain {
+                key: pem_chain("azure/vcek-genoa.pem").remove(0),
+                ..genoa
+            },
+        }
+    }
+
+    fn verify_hcl(
+        &self,
+        policy: &SnpPolicy,
+        at: VerificationTime,
+    ) -> Result<azure::VerifiedHcl, AzureError> {
+        azure::verify_hcl(
+            &self.hcl_report,
+            &AzureHardware::SevSnp {
+                endorsement: self.chain.endorsement(),
+                policy,
+            },
+            at,
+        )
+    }
+
+    fn verify(&self, policy: &SnpPolicy, nonce: &[u8]) -> Result<azure::VerifiedAzure, AzureError> {
+        let signature = tpmt_rsassa_sha256(&self.signature);
+        azure::verify(
+            &AzureEvidence {
+                hcl_report: &self.hcl_report,
+                hardware: AzureHardware::SevSnp {
+                    endorsement: self.chain.endorsement(),
+                    policy,
+                },
+                quote: VtpmQuote {
+                    attest: &self.attest,
+                    signature: &signature,
+                    pcrs: &self.pcrs,
+                },
+                ak_certificate: None,
+            },
+            &[],
+            nonce,
+            AZURE_SNP_AT,
+        )
+    }
+}
+
+/// What Azure's paravisor runs at: VMPL 0, no debugging, no migration agent.
+fn azure_snp_policy() -> SnpPolicy {
+    SnpPolicy {
+        vmpl: Some(0),
+        ..SnpPolicy::default()
+    }
+}
+
+#[test]
+fn a_genuine_azure_snp_cvm_verifies_from_amd_to_the_vtpm_quote() {
+    let v = AzureSnpVector::load();
+    let hcl = HclReport::parse(&v.hcl_report).unwrap();
+    assert_eq!(hcl.kind, azure::HardwareReport::SevSnp);
+    let nonce = hex::decode(AZURE_SNP_NONCE).unwrap();
+    let verified = v.verify(&azure_snp_policy(), &nonce).unwrap();
+    let snp = verified.hcl.snp.as_ref().unwrap();
+    assert_eq!(snp.product, Product::Genoa);
+    assert_eq!(snp.signing_key, SigningKey::Vcek);
+    assert_eq!(snp.report.vmpl, 0);
+    assert!(!snp.report.debug_allowed());
+    assert_eq!(verified.hcl.ak_modulus.len(), 256, "an RSA-2048 AK");
+    assert_eq!(verified.hcl.ak_exponent, 65537);
+    assert_eq!(verified.hcl.vm_configuration["secure-boot"], true);
+    assert_eq!(verified.pcrs.len(), 24);
+    // trustee's own expectation of this capture's PCR 0.
+    assert_eq!(
+        hex::encode(&verified.pcrs[&0]),
+        "afd689d0bb1c5f36f023fbaf574135f555a28a10c1f6b938d2a25e70c7783338"
+    );
+    // The launch measurement, pinned: a policy that names it accepts the report.
+    let policy = SnpPolicy {
+        measurement: Some(snp.report.measurement),
+        ..azure_snp_policy()
+    };
+    v.verify_hcl(&policy, AZURE_SNP_AT).unwrap();
+}
+
+#[test]
+fn azure_snp_evidence_tampered_is_refused_naming_the_link() {
+    let v = AzureSnpVector::load();
+    let policy = azure_snp_policy();
+    let nonce = hex::decode(AZURE_SNP_NONCE).unwrap();
+    // A byte of the SNP report (its measurement): AMD's signature fails.
+    let mut report = AzureSnpVector::load();
+    report.hcl_report[32 + 0x90] ^= 1;
+    let err = report.verify(&policy, &nonce).unwrap_err();
+    assert!(
+        matches!(err, AzureError::Snp(SnpError::Signature(SigningKey::Vcek))),
+        "{err}"
+    );
+    // Another AK in the runtime data: REPORT_DATA no longer binds it.
+    let mut runtime = AzureSnpVector::load();
+    let n = runtime.hcl_report[1236..]
+        .windows(4)
+        .position(|w| w == b"\"n\":")
+        .unwrap();
+    runtime.hcl_report[1236 + n + 10] ^= 1;
+    let err = runtime.verify(&policy, &nonce).unwrap_err();
+    assert!(matches!(err, AzureError::Binding { .. }), "{err}");
+    // A wrong nonce; a PCR changed after the quote; a flipped byte of the TPM quote.
+    let err = v.verify(&policy, &[1; 48]).unwrap_err();
+    assert!(matches!(err, AzureError::Nonce { .. }), "{err}");
+    let mut pcr = AzureSnpVector::load();
+    pcr.pcrs.get_mut(&11).unwrap()[0] ^= 1;
+    let err = pcr.verify(&policy, &nonce).unwrap_err();
+    assert!(matches!(err, AzureError::Pcrs), "{err}");
+    let mut quote = AzureSnpVector::load();
+    quote.attest[40] ^= 1;
+    let err = quote.verify(&policy, &nonce).unwrap_err();
+    assert!(matches!(err, AzureError::Signature), "{err}");
+    // Milan's ASK and ARK under this Genoa VCEK: a wrong chain.
+    let mut milan = AzureSnpVector::load();
+    let mut pems = pem_chain("sev-snp/go-sev-guest/ask_ark_milan.pem");
+    milan.chain.root = pems.pop().unwrap();
+    milan.chain.intermediate = pems.pop().unwrap();
+    let err = milan.verify(&policy, &nonce).unwrap_err();
+    assert!(matches!(err, AzureError::Snp(_)), "{err}");
+    // Another chip's VCEK: the report's signature fails or its product differs.
+    let mut other = AzureSnpVector::load();
+    other.chain.key = vector("sev-snp/virtee-sev/vcek_milan.der");
+    let err = other.verify(&policy, &nonce).unwrap_err();
+    assert!(matches!(err, AzureError::Snp(_)), "{err}");
+    // Before the VCEK was issued, and after it expires.
+    for at in [
+        VerificationTime(1_704_067_200),
+        VerificationTime(1_988_150_400),
+    ] {
+        let err = v.verify_hcl(&policy, at).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("the VCEK is not valid at the verification time"),
+            "{err}"
+        );
+    }
+    // Policy: another launch measurement, a VMPL other than the paravisor's, a TCB above the
+    // platform's.
+    let err = v
+        .verify_hcl(
+            &SnpPolicy {
+                measurement: Some([7; 48]),
+                ..azure_snp_policy()
+            },
+            AZURE_SNP_AT,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("measurement"), "{err}");
+    let err = v
+        .verify_hcl(
+            &SnpPolicy {
+                vmpl: Some(1),
+                ..azure_snp_policy()
+            },
+            AZURE_SNP_AT,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, AzureError::Snp(SnpError::Vmpl { .. })),
+        "{err}"
+    );
+    let err = v
+        .verify_hcl(
+            &SnpPolicy {
+                minimum_tcb: TcbVersion {
+                    bootloader: 0,
+                    tee: 0,
+                    snp: 255,
+                    microcode: 0,
+                },
+                ..azure_snp_policy()
+            },
+            AZURE_SNP_AT,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("SNP firmware SPL is 23"), "{err}");
+    // An HCL report of the other kind: the TDX capture where SNP is expected.
+    let tdx = AzureTdxVector::load();
+    let err = azure::verify_hcl(
+        &tdx.hcl_report,
+        &AzureHardware::SevSnp {
+            endorsement: v.chain.endorsement(),
+            policy: &policy,
+        },
+        AZURE_SNP_AT,
+    )
+    .unwrap_err();
+    assert!(matches!(err, AzureError::Kind { .. }), "{err}");
+    // A truncated or foreign HCL report.
+    let err = HclReport::parse(&v.hcl_report[..1000]).unwrap_err();
+    assert!(
+        err.to_string().contains("shorter than its fixed part"),
+        "{err}"
+    );
+    let mut foreign = v.hcl_report.clone();
+    foreign[0] = b'X';
+    let err = HclReport::parse(&foreign).unwrap_err();
+    assert!(err.to_string().contains("not \"HCLA\""), "{err}");
 }
