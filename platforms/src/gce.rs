@@ -26,6 +26,9 @@ use hawser_attestation::tpm_types::{Attest, ParseError, TPM_ALG_SHA256, object_a
 pub const AK_CERT_NV_INDEX_RSA: u32 = 0x01c1_0000;
 /// GCE's NV index of the ECC AK's certificate (the index hawser's QEMU provider uses too).
 pub const AK_CERT_NV_INDEX_ECC: u32 = 0x01c1_0002;
+/// GCE's NV index of the RSA AK's template (`TPMT_PUBLIC`): the node creates its AK from it
+/// under the endorsement hierarchy, and Google certified the key that template gives.
+pub const AK_TEMPLATE_NV_INDEX_RSA: u32 = 0x01c1_0001;
 /// The instance-information extension of GCE AK certificates.
 pub const INSTANCE_INFO_OID: &str = "1.3.6.1.4.1.11129.2.1.21";
 

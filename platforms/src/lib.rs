@@ -12,12 +12,18 @@
 //! - [`gce`]: Google Compute Engine's vTPM: an RSA AK certified by Google, its quote.
 //! - [`snp`]: AMD SEV-SNP attestation reports, VCEK or VLEK → ASK/ASVK → ARK.
 //! - [`tdx`]: Intel TDX quotes with Intel's DCAP collateral (dcap-qvl), and a TD policy.
+//! - [`profile`]: the platform profiles a cluster's measurements file selects, what each node
+//!   reads, and one `verify` over them all.
+//! - [`node`]: the node side, reading a platform's evidence from the vTPM's NV indices or
+//!   configfs-tsm.
 //! - [`chain`]: the certificate walk every platform shares; [`tpm_rsa`]: RSA AKs and their
 //!   quote signatures (cloud vTPMs' AKs are RSA).
 
 pub mod azure;
 pub mod chain;
 pub mod gce;
+pub mod node;
+pub mod profile;
 pub mod snp;
 pub mod tdx;
 pub mod tpm_rsa;

@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use hawser_platforms::VerificationTime;
 use hawser_platforms::azure::{self, AzureError, AzureEvidence, AzureHardware, HclReport};
@@ -14,19 +13,15 @@ use hawser_platforms::snp::{
 };
 use hawser_platforms::tdx::{self, TdxError, TdxPolicy};
 
+mod common;
+use common::*;
+
 /// 2024-01-01T00:00:00Z: inside the virtee Milan VCEK's validity.
 const VIRTEE_AT: VerificationTime = VerificationTime(1_704_067_200);
 /// 2022-09-24T01:00:00Z: go-sev-guest's own verification time for its vector.
 const GO_SEV_GUEST_AT: VerificationTime = VerificationTime(1_663_981_200);
 /// 2025-06-01T00:00:00Z: inside the trustee VLEK's one-year validity.
 const VLEK_AT: VerificationTime = VerificationTime(1_748_736_000);
-
-fn vector(path: &str) -> Vec<u8> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/vectors")
-        .join(path);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
 
 /// The DER certificates of a PEM file, in order.
 fn pem_chain(path: &str) -> Vec<Vec<u8>> {
@@ -330,110 +325,6 @@ fn a_vlek_signed_report_verifies_and_names_its_cloud_and_vmpl() {
     );
 }
 
-/// go-tpm-tools' `attest.Attestation` (proto/attest.proto), the fields its GCE vectors carry.
-#[derive(Clone, PartialEq, prost::Message)]
-struct GoTpmAttestation {
-    #[prost(bytes = "vec", tag = "1")]
-    ak_pub: Vec<u8>,
-    #[prost(message, repeated, tag = "2")]
-    quotes: Vec<GoTpmQuote>,
-    #[prost(bytes = "vec", tag = "3")]
-    event_log: Vec<u8>,
-    #[prost(bytes = "vec", tag = "6")]
-    ak_cert: Vec<u8>,
-}
-
-/// `tpm.Quote`.
-#[derive(Clone, PartialEq, prost::Message)]
-struct GoTpmQuote {
-    #[prost(bytes = "vec", tag = "1")]
-    quote: Vec<u8>,
-    #[prost(bytes = "vec", tag = "2")]
-    raw_sig: Vec<u8>,
-    #[prost(message, optional, tag = "3")]
-    pcrs: Option<GoTpmPcrs>,
-}
-
-/// `tpm.PCRs`: the bank (a TPM_ALG_ID) and its values.
-#[derive(Clone, PartialEq, prost::Message)]
-struct GoTpmPcrs {
-    #[prost(int32, tag = "1")]
-    hash: i32,
-    #[prost(btree_map = "uint32, bytes", tag = "2")]
-    pcrs: BTreeMap<u32, Vec<u8>>,
-}
-
-/// 2024-01-01T00:00:00Z: Google's AK certificate is valid 2021-08-31 to 2051-08-24.
-const GCE_AT: VerificationTime = VerificationTime(1_704_067_200);
-/// The vector's nonce (its name: `nonce9009`).
-const GCE_NONCE: [u8; 2] = [0x90, 0x09];
-
-struct GceVector {
-    attestation: GoTpmAttestation,
-    /// The SHA-256 bank's quote and values.
-    quote: GoTpmQuote,
-    pcrs: BTreeMap<u8, Vec<u8>>,
-    intermediate: Vec<u8>,
-    root: Vec<u8>,
-}
-
-impl GceVector {
-    fn load() -> Self {
-        use prost::Message as _;
-        let attestation =
-            GoTpmAttestation::decode(vector("gce/gce-cos-85-nonce9009.pb").as_slice()).unwrap();
-        assert!(
-            !attestation.event_log.is_empty(),
-            "the vector has an event log"
-        );
-        let quote = attestation
-            .quotes
-            .iter()
-            .find(|q| q.pcrs.as_ref().is_some_and(|p| p.hash == 0x000b))
-            .expect("a SHA-256 quote")
-            .clone();
-        let pcrs = quote
-            .pcrs
-            .as_ref()
-            .unwrap()
-            .pcrs
-            .iter()
-            .map(|(k, v)| (u8::try_from(*k).unwrap(), v.clone()))
-            .collect();
-        Self {
-            attestation,
-            quote,
-            pcrs,
-            intermediate: vector("gce/tpm_ek_intermediate_2.crt"),
-            root: vector("gce/tpm_ek_root_1.cer"),
-        }
-    }
-
-    fn verify(
-        &self,
-        pcrs: &BTreeMap<u8, Vec<u8>>,
-        nonce: &[u8],
-        at: VerificationTime,
-    ) -> Result<gce::VerifiedGce, GceError> {
-        let intermediates = [self.intermediate.as_slice()];
-        gce::verify(
-            &GceEvidence {
-                ak_public: &self.attestation.ak_pub,
-                ak_certificate: &self.attestation.ak_cert,
-                intermediates: &intermediates,
-                quote: VtpmQuote {
-                    attest: &self.quote.quote,
-                    signature: &self.quote.raw_sig,
-                    pcrs,
-                },
-            },
-            &[&self.root],
-            nonce,
-            at,
-        )
-    }
-}
-
 #[test]
 fn a_genuine_gce_vtpm_quote_verifies_to_googles_root() {
     let v = GceVector::load();
@@ -649,25 +540,6 @@ struct AzureTdxVector {
     pcrs: BTreeMap<u8, Vec<u8>>,
     collateral: dcap_qvl::QuoteCollateralV3,
     root: Vec<u8>,
-}
-
-fn yaml(path: &str) -> serde_norway::Value {
-    serde_norway::from_slice(&vector(path)).unwrap()
-}
-
-fn yaml_bytes(value: &serde_norway::Value) -> Vec<u8> {
-    value
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|b| u8::try_from(b.as_u64().unwrap()).unwrap())
-        .collect()
-}
-
-fn pem_ders(text: &str) -> Vec<Vec<u8>> {
-    x509_parser::pem::Pem::iter_from_buffer(text.as_bytes())
-        .map(|pem| pem.unwrap().contents)
-        .collect()
 }
 
 impl AzureTdxVector {
@@ -1109,4 +981,126 @@ fn azure_snp_evidence_tampered_is_refused_naming_the_link() {
     foreign[0] = b'X';
     let err = HclReport::parse(&foreign).unwrap_err();
     assert!(err.to_string().contains("not \"HCLA\""), "{err}");
+}
+
+/// Each profile's genuine vector through the one entry point the cluster's measurements file
+/// selects; the same evidence under another profile is refused naming both.
+#[test]
+fn each_profile_verifies_its_genuine_vector_and_refuses_another_platforms() {
+    use hawser_platforms::profile::{self, Platform, PlatformEvidence, ProfileError};
+    // gce
+    let gce_vector = GceVector::load();
+    let intermediates = [gce_vector.intermediate.as_slice()];
+    let roots = [gce_vector.root.as_slice()];
+    let gce_evidence = PlatformEvidence::Gce {
+        evidence: GceEvidence {
+            ak_public: &gce_vector.attestation.ak_pub,
+            ak_certificate: &gce_vector.attestation.ak_cert,
+            intermediates: &intermediates,
+            quote: VtpmQuote {
+                attest: &gce_vector.quote.quote,
+                signature: &gce_vector.quote.raw_sig,
+                pcrs: &gce_vector.pcrs,
+            },
+        },
+        roots: &roots,
+    };
+    let verified = profile::verify(Platform::Gce, &gce_evidence, &GCE_NONCE, GCE_AT).unwrap();
+    assert_eq!(verified.platform, Platform::Gce);
+    assert!(!verified.pcrs.is_empty());
+    // azure-snp
+    let snp_vector = AzureSnpVector::load();
+    let snp_signature = tpmt_rsassa_sha256(&snp_vector.signature);
+    let snp_policy = azure_snp_policy();
+    let azure_snp = PlatformEvidence::Azure {
+        evidence: AzureEvidence {
+            hcl_report: &snp_vector.hcl_report,
+            hardware: AzureHardware::SevSnp {
+                endorsement: snp_vector.chain.endorsement(),
+                policy: &snp_policy,
+            },
+            quote: VtpmQuote {
+                attest: &snp_vector.attest,
+                signature: &snp_signature,
+                pcrs: &snp_vector.pcrs,
+            },
+            ak_certificate: None,
+        },
+        roots: &[],
+    };
+    let nonce = hex::decode(AZURE_SNP_NONCE).unwrap();
+    let verified = profile::verify(Platform::AzureSnp, &azure_snp, &nonce, AZURE_SNP_AT).unwrap();
+    assert_eq!(verified.launch_measurement.as_ref().map(Vec::len), Some(48));
+    // azure-tdx
+    let tdx_vector = AzureTdxVector::load();
+    let tdx_signature = tpmt_rsassa_sha256(&tdx_vector.signature);
+    let tdx_policy = TdxPolicy::default();
+    let tdx_intermediates: Vec<&[u8]> =
+        tdx_vector.intermediates.iter().map(Vec::as_slice).collect();
+    let azure_roots = [tdx_vector.root.as_slice()];
+    let azure_tdx = PlatformEvidence::Azure {
+        evidence: AzureEvidence {
+            hcl_report: &tdx_vector.hcl_report,
+            hardware: AzureHardware::Tdx {
+                quote: &tdx_vector.td_quote,
+                collateral: &tdx_vector.collateral,
+                policy: &tdx_policy,
+            },
+            quote: VtpmQuote {
+                attest: &tdx_vector.attest,
+                signature: &tdx_signature,
+                pcrs: &tdx_vector.pcrs,
+            },
+            ak_certificate: Some((&tdx_vector.ak_certificate, &tdx_intermediates)),
+        },
+        roots: &azure_roots,
+    };
+    let verified =
+        profile::verify(Platform::AzureTdx, &azure_tdx, &AZURE_NONCE, AZURE_TDX_AT).unwrap();
+    assert_eq!(verified.pcrs.len(), 24);
+    // sev-snp (bare)
+    let report = virtee_report();
+    let chain = virtee_chain();
+    let policy = virtee_policy(&report);
+    let bare_snp = PlatformEvidence::SevSnp {
+        report: &report,
+        endorsement: chain.endorsement(),
+        policy: &policy,
+    };
+    let verified = profile::verify(Platform::SevSnp, &bare_snp, &[], VIRTEE_AT).unwrap();
+    assert!(verified.pcrs.is_empty() && verified.launch_measurement.is_some());
+    // tdx (bare)
+    let quote = vector("tdx/tdx_quote");
+    let collateral = tdx_collateral("tdx/tdx_quote_collateral.json");
+    let bare_tdx = PlatformEvidence::Tdx {
+        quote: &quote,
+        collateral: &collateral,
+        policy: &tdx_policy,
+    };
+    let verified = profile::verify(Platform::Tdx, &bare_tdx, &[], TDX_AT).unwrap();
+    assert!(verified.launch_measurement.is_some());
+
+    // Under another profile than the cluster's, each is refused before any check.
+    for (evidence, expected) in [
+        (&gce_evidence, Platform::AzureTdx),
+        (&azure_snp, Platform::SevSnp),
+        (&azure_tdx, Platform::AzureSnp),
+        (&bare_snp, Platform::AzureSnp),
+        (&bare_tdx, Platform::AzureTdx),
+    ] {
+        let err = profile::verify(expected, evidence, &[], GCE_AT).unwrap_err();
+        assert!(matches!(err, ProfileError::Mismatch { .. }), "{err}");
+        assert!(
+            err.to_string().contains(&format!(
+                "select the {expected} profile; the node presented {}",
+                evidence.platform()
+            )),
+            "{err}"
+        );
+    }
+    let err = profile::verify(Platform::Qemu, &gce_evidence, &[], GCE_AT).unwrap_err();
+    assert!(
+        matches!(err, ProfileError::NotHere(Platform::Qemu)),
+        "{err}"
+    );
 }
