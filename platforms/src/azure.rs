@@ -26,9 +26,7 @@ use sha2::{Digest as _, Sha256};
 use x509_parser::public_key::PublicKey;
 
 use crate::chain::{Cert, ChainError, VerificationTime, trim, verify_chain};
-use crate::gce::VtpmQuote;
-use crate::tpm_rsa::{RsaSignature, verify_rsa};
-use hawser_attestation::tpm_types::{Attest, ParseError, TPM_ALG_SHA256};
+use crate::tpm_rsa::{QuoteError, VtpmQuote, verify_quote};
 
 /// Where the HCL writes its report.
 pub const HCL_REPORT_NV_INDEX: u32 = 0x0140_0001;
@@ -98,14 +96,8 @@ pub enum AzureError {
     NoIssuer(String),
     #[error("the AK certificate's key is not the HCL's attestation key HCLAkPub")]
     AkCertificate,
-    #[error("the TPM quote is malformed")]
-    Quote(#[source] ParseError),
-    #[error("the TPM quote's signature does not verify with HCLAkPub")]
-    Signature,
-    #[error("the TPM quote's extraData is {quoted}, not the verifier's nonce {expected}")]
-    Nonce { expected: String, quoted: String },
-    #[error("the TPM quote's PCR selection or digest does not match the values presented")]
-    Pcrs,
+    #[error("the TPM quote by HCLAkPub: {0}")]
+    Quote(#[from] QuoteError),
 }
 
 impl HclReport {
@@ -330,36 +322,7 @@ pub fn verify(
 ) -> Result<VerifiedAzure, AzureError> {
     let hcl = verify_hcl(evidence.hcl_report, &evidence.hardware, at)?;
     // 3. HCLAkPub signed the TPM quote.
-    let signature = RsaSignature::parse(evidence.quote.signature).map_err(AzureError::Quote)?;
-    if !verify_rsa(
-        &hcl.ak_modulus,
-        hcl.ak_exponent,
-        evidence.quote.attest,
-        &signature,
-    ) {
-        return Err(AzureError::Signature);
-    }
-    let attest = Attest::parse(evidence.quote.attest).map_err(AzureError::Quote)?;
-    if attest.extra_data != nonce {
-        return Err(AzureError::Nonce {
-            expected: hex::encode(nonce),
-            quoted: hex::encode(&attest.extra_data),
-        });
-    }
-    let pcrs_match = match attest.pcr_selections.as_slice() {
-        [selection] if selection.hash_alg == TPM_ALG_SHA256 => {
-            let presented: Vec<u8> = evidence.quote.pcrs.keys().copied().collect();
-            let mut hasher = Sha256::new();
-            for value in evidence.quote.pcrs.values() {
-                hasher.update(value);
-            }
-            selection.indices() == presented && hasher.finalize()[..] == attest.pcr_digest[..]
-        }
-        _ => false,
-    };
-    if !pcrs_match {
-        return Err(AzureError::Pcrs);
-    }
+    verify_quote(&hcl.ak_modulus, hcl.ak_exponent, &evidence.quote, nonce)?;
     // 4. The AK certificate, if sent.
     let ak_certificate_verified = match evidence.ak_certificate {
         Some((leaf, intermediates)) => {

@@ -14,13 +14,12 @@
 
 use std::collections::BTreeMap;
 
-use sha2::{Digest as _, Sha256};
 use x509_parser::der_parser::asn1_rs::{Any, Class, FromDer as _, Tag};
 use x509_parser::public_key::PublicKey;
 
 use crate::chain::{Cert, ChainError, VerificationTime, trim, verify_chain};
-use crate::tpm_rsa::{RsaPublic, RsaSignature};
-use hawser_attestation::tpm_types::{Attest, ParseError, TPM_ALG_SHA256, object_attributes};
+use crate::tpm_rsa::{QuoteError, RsaPublic, verify_quote};
+use hawser_attestation::tpm_types::{ParseError, object_attributes};
 
 /// GCE's NV index of the RSA AK's certificate.
 pub const AK_CERT_NV_INDEX_RSA: u32 = 0x01c1_0000;
@@ -41,16 +40,7 @@ pub const GOOGLE_ROOTS: [&str; 2] = [
     "594759594b9b61524f6c8ef668f7177f7b9066bc0674f2f49fe9e052be78beb2",
 ];
 
-/// A TPM quote as the vTPM returned it, with the values of the PCRs it covers.
-#[derive(Debug, Clone)]
-pub struct VtpmQuote<'a> {
-    /// The marshalled `TPMS_ATTEST`.
-    pub attest: &'a [u8],
-    /// The marshalled `TPMT_SIGNATURE`.
-    pub signature: &'a [u8],
-    /// The quoted bank's PCR values, by index.
-    pub pcrs: &'a BTreeMap<u8, Vec<u8>>,
-}
+pub use crate::tpm_rsa::VtpmQuote;
 
 /// What a GCE VM presents.
 #[derive(Debug, Clone)]
@@ -107,23 +97,8 @@ pub enum GceError {
         "the AK is not a restricted signing key bound to its TPM (object attributes {0:#010x})"
     )]
     AkAttributes(u32),
-    #[error("the quote is malformed")]
-    Quote(#[source] ParseError),
-    #[error("the quote's signature is malformed")]
-    SignatureFormat(#[source] ParseError),
-    #[error("the quote's signature does not verify with the AK")]
-    Signature,
-    #[error("the quote's extraData is {quoted}, not the verifier's nonce {expected}")]
-    Nonce { expected: String, quoted: String },
-    #[error("the quote covers the {0:#06x} bank, not SHA-256")]
-    Bank(u16),
-    #[error("the quote selects PCRs {selected:?}; values were presented for {presented:?}")]
-    PcrSet {
-        selected: Vec<u8>,
-        presented: Vec<u8>,
-    },
-    #[error("the presented PCR values do not hash to the quoted digest {quoted}")]
-    PcrDigest { quoted: String },
+    #[error(transparent)]
+    Quote(#[from] QuoteError),
     #[error("the AK certificate's instance-information extension is malformed: {0}")]
     InstanceInfo(String),
 }
@@ -183,41 +158,7 @@ pub fn verify(
 
     // The quote: signed by the AK, over the nonce and the presented PCR values.
     let quote = &evidence.quote;
-    let signature = RsaSignature::parse(quote.signature).map_err(GceError::SignatureFormat)?;
-    if !ak.verify(quote.attest, &signature) {
-        return Err(GceError::Signature);
-    }
-    let attest = Attest::parse(quote.attest).map_err(GceError::Quote)?;
-    if attest.extra_data != nonce {
-        return Err(GceError::Nonce {
-            expected: hex::encode(nonce),
-            quoted: hex::encode(&attest.extra_data),
-        });
-    }
-    let [selection] = attest.pcr_selections.as_slice() else {
-        return Err(GceError::Bank(0));
-    };
-    if selection.hash_alg != TPM_ALG_SHA256 {
-        return Err(GceError::Bank(selection.hash_alg));
-    }
-    let selected = selection.indices();
-    let presented: Vec<u8> = quote.pcrs.keys().copied().collect();
-    if selected != presented {
-        return Err(GceError::PcrSet {
-            selected,
-            presented,
-        });
-    }
-    // The digest is over the values in selection order, with the signing scheme's hash.
-    let mut hasher = Sha256::new();
-    for value in quote.pcrs.values() {
-        hasher.update(value);
-    }
-    if hasher.finalize()[..] != attest.pcr_digest[..] {
-        return Err(GceError::PcrDigest {
-            quoted: hex::encode(&attest.pcr_digest),
-        });
-    }
+    let attest = verify_quote(&ak.modulus, ak.exponent, quote, nonce)?;
 
     let instance = ak_cert
         .x509

@@ -3,7 +3,12 @@
 //! [`hawser_attestation::tpm_types::EccPublic`]), read with the attestation crate's
 //! bounds-checked [`Reader`].
 
-use hawser_attestation::tpm_types::{ParseError, Reader, TPM_ALG_NULL, TPM_ALG_SHA256, hash};
+use std::collections::BTreeMap;
+
+use hawser_attestation::tpm_types::{
+    Attest, ParseError, Reader, TPM_ALG_NULL, TPM_ALG_SHA256, hash,
+};
+use sha2::{Digest as _, Sha256};
 
 /// `TPM_ALG_RSA`.
 pub const TPM_ALG_RSA: u16 = 0x0001;
@@ -152,4 +157,84 @@ impl RsaSignature {
             signature,
         })
     }
+}
+
+/// A TPM quote as the vTPM returned it, with the values of the PCRs it covers.
+#[derive(Debug, Clone)]
+pub struct VtpmQuote<'a> {
+    /// The marshalled `TPMS_ATTEST`.
+    pub attest: &'a [u8],
+    /// The marshalled `TPMT_SIGNATURE`.
+    pub signature: &'a [u8],
+    /// The quoted bank's PCR values, by index.
+    pub pcrs: &'a BTreeMap<u8, Vec<u8>>,
+}
+
+/// Why a vTPM quote is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum QuoteError {
+    #[error("the quote is malformed")]
+    Attest(#[source] ParseError),
+    #[error("the quote's signature is malformed")]
+    SignatureFormat(#[source] ParseError),
+    #[error("the quote's signature does not verify with the AK")]
+    Signature,
+    #[error("the quote's extraData is {quoted}, not the verifier's nonce {expected}")]
+    Nonce { expected: String, quoted: String },
+    #[error("the quote covers the {0:#06x} bank, not SHA-256")]
+    Bank(u16),
+    #[error("the quote selects PCRs {selected:?}; values were presented for {presented:?}")]
+    PcrSet {
+        selected: Vec<u8>,
+        presented: Vec<u8>,
+    },
+    #[error("the presented PCR values do not hash to the quoted digest {quoted}")]
+    PcrDigest { quoted: String },
+}
+
+/// Verifies a quote by the RSA AK (`modulus`, `exponent`): its signature, its `extraData`
+/// equal to `nonce`, one SHA-256 selection whose digest covers exactly the PCR values
+/// presented. Returns the parsed quote.
+pub fn verify_quote(
+    modulus: &[u8],
+    exponent: u32,
+    quote: &VtpmQuote<'_>,
+    nonce: &[u8],
+) -> Result<Attest, QuoteError> {
+    let signature = RsaSignature::parse(quote.signature).map_err(QuoteError::SignatureFormat)?;
+    if !verify_rsa(modulus, exponent, quote.attest, &signature) {
+        return Err(QuoteError::Signature);
+    }
+    let attest = Attest::parse(quote.attest).map_err(QuoteError::Attest)?;
+    if attest.extra_data != nonce {
+        return Err(QuoteError::Nonce {
+            expected: hex::encode(nonce),
+            quoted: hex::encode(&attest.extra_data),
+        });
+    }
+    let [selection] = attest.pcr_selections.as_slice() else {
+        return Err(QuoteError::Bank(0));
+    };
+    if selection.hash_alg != TPM_ALG_SHA256 {
+        return Err(QuoteError::Bank(selection.hash_alg));
+    }
+    let selected = selection.indices();
+    let presented: Vec<u8> = quote.pcrs.keys().copied().collect();
+    if selected != presented {
+        return Err(QuoteError::PcrSet {
+            selected,
+            presented,
+        });
+    }
+    // The digest is over the values in selection order, with the signing scheme's hash.
+    let mut hasher = Sha256::new();
+    for value in quote.pcrs.values() {
+        hasher.update(value);
+    }
+    if hasher.finalize()[..] != attest.pcr_digest[..] {
+        return Err(QuoteError::PcrDigest {
+            quoted: hex::encode(&attest.pcr_digest),
+        });
+    }
+    Ok(attest)
 }

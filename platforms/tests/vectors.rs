@@ -12,6 +12,7 @@ use hawser_platforms::snp::{
     self, AttestationReport, Product, SigningKey, SnpEndorsement, SnpError, SnpPolicy, TcbVersion,
 };
 use hawser_platforms::tdx::{self, TdxError, TdxPolicy};
+use hawser_platforms::tpm_rsa::QuoteError;
 
 mod common;
 use common::*;
@@ -344,25 +345,34 @@ fn gce_evidence_tampered_is_refused_naming_the_reason() {
     // A wrong nonce (a replayed quote).
     let err = v.verify(&v.pcrs, &[0x90, 0x0a], GCE_AT).unwrap_err();
     assert!(
-        matches!(err, GceError::Nonce { ref quoted, .. } if quoted == "9009"),
+        matches!(err, GceError::Quote(QuoteError::Nonce { ref quoted, .. }) if quoted == "9009"),
         "{err}"
     );
     // A PCR value changed after the quote.
     let mut pcrs = v.pcrs.clone();
     pcrs.get_mut(&4).unwrap()[0] ^= 1;
     let err = v.verify(&pcrs, &GCE_NONCE, GCE_AT).unwrap_err();
-    assert!(matches!(err, GceError::PcrDigest { .. }), "{err}");
+    assert!(
+        matches!(err, GceError::Quote(QuoteError::PcrDigest { .. })),
+        "{err}"
+    );
     // A PCR left out.
     let mut pcrs = v.pcrs.clone();
     pcrs.remove(&23);
     let err = v.verify(&pcrs, &GCE_NONCE, GCE_AT).unwrap_err();
-    assert!(matches!(err, GceError::PcrSet { .. }), "{err}");
+    assert!(
+        matches!(err, GceError::Quote(QuoteError::PcrSet { .. })),
+        "{err}"
+    );
     // A flipped byte of the quote.
     let mut tampered = GceVector::load();
     let last = tampered.quote.quote.len() - 1;
     tampered.quote.quote[last] ^= 1;
     let err = tampered.verify(&v.pcrs, &GCE_NONCE, GCE_AT).unwrap_err();
-    assert!(matches!(err, GceError::Signature), "{err}");
+    assert!(
+        matches!(err, GceError::Quote(QuoteError::Signature)),
+        "{err}"
+    );
     // Another AK in the certificate's place: the SNP vector's VCEK is no Google certificate.
     let mut other = GceVector::load();
     other.attestation.ak_cert = vector("sev-snp/virtee-sev/vcek_milan.der");
@@ -687,20 +697,29 @@ fn azure_evidence_tampered_is_refused_naming_the_link() {
     let err = v
         .verify(&policy, false, &[1; 32], AZURE_TDX_AT)
         .unwrap_err();
-    assert!(matches!(err, AzureError::Nonce { .. }), "{err}");
+    assert!(
+        matches!(err, AzureError::Quote(QuoteError::Nonce { .. })),
+        "{err}"
+    );
     let mut pcr = AzureTdxVector::load();
     pcr.pcrs.get_mut(&7).unwrap()[0] ^= 1;
     let err = pcr
         .verify(&policy, false, &AZURE_NONCE, AZURE_TDX_AT)
         .unwrap_err();
-    assert!(matches!(err, AzureError::Pcrs), "{err}");
+    assert!(
+        matches!(err, AzureError::Quote(QuoteError::PcrDigest { .. })),
+        "{err}"
+    );
     // A flipped byte of the TPM quote.
     let mut quote = AzureTdxVector::load();
     quote.attest[20] ^= 1;
     let err = quote
         .verify(&policy, false, &AZURE_NONCE, AZURE_TDX_AT)
         .unwrap_err();
-    assert!(matches!(err, AzureError::Signature), "{err}");
+    assert!(
+        matches!(err, AzureError::Quote(QuoteError::Signature)),
+        "{err}"
+    );
     // The AK certificate without its intermediates: no issuer for it.
     let mut bare = AzureTdxVector::load();
     bare.intermediates.clear();
@@ -886,15 +905,24 @@ fn azure_snp_evidence_tampered_is_refused_naming_the_link() {
     assert!(matches!(err, AzureError::Binding { .. }), "{err}");
     // A wrong nonce; a PCR changed after the quote; a flipped byte of the TPM quote.
     let err = v.verify(&policy, &[1; 48]).unwrap_err();
-    assert!(matches!(err, AzureError::Nonce { .. }), "{err}");
+    assert!(
+        matches!(err, AzureError::Quote(QuoteError::Nonce { .. })),
+        "{err}"
+    );
     let mut pcr = AzureSnpVector::load();
     pcr.pcrs.get_mut(&11).unwrap()[0] ^= 1;
     let err = pcr.verify(&policy, &nonce).unwrap_err();
-    assert!(matches!(err, AzureError::Pcrs), "{err}");
+    assert!(
+        matches!(err, AzureError::Quote(QuoteError::PcrDigest { .. })),
+        "{err}"
+    );
     let mut quote = AzureSnpVector::load();
     quote.attest[40] ^= 1;
     let err = quote.verify(&policy, &nonce).unwrap_err();
-    assert!(matches!(err, AzureError::Signature), "{err}");
+    assert!(
+        matches!(err, AzureError::Quote(QuoteError::Signature)),
+        "{err}"
+    );
     // Milan's ASK and ARK under this Genoa VCEK: a wrong chain.
     let mut milan = AzureSnpVector::load();
     let mut pems = pem_chain("sev-snp/go-sev-guest/ask_ark_milan.pem");
