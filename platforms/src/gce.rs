@@ -69,6 +69,18 @@ pub struct GceInstance {
     pub is_production: Option<bool>,
 }
 
+/// What a GCE VM's AK certificate must say about its instance, beyond Google's signature.
+#[derive(Debug, Clone, Default)]
+pub struct GcePolicy {
+    /// The projects the cluster's VMs run in, by ID (empty: any project). Anyone can make a GCE
+    /// VM, so a cluster names its projects: Google's root alone only says "some GCE VM".
+    pub project_ids: Vec<String>,
+    /// Accept a VM on a host Google marks as not production (`isProduction` false).
+    pub allow_non_production: bool,
+    /// The lowest `securityVersion` of the host's vTPM firmware.
+    pub minimum_security_version: u64,
+}
+
 /// Evidence that passed every check.
 #[derive(Debug, Clone)]
 pub struct VerifiedGce {
@@ -99,6 +111,17 @@ pub enum GceError {
     AkAttributes(u32),
     #[error(transparent)]
     Quote(#[from] QuoteError),
+    #[error("the AK certificate names no instance; the policy requires {0}")]
+    NoInstance(&'static str),
+    #[error("the VM runs in project {found}; the policy accepts {accepted:?}")]
+    Project {
+        found: String,
+        accepted: Vec<String>,
+    },
+    #[error("the VM runs on a host Google marks as not production; the policy requires one")]
+    NotProduction,
+    #[error("the vTPM's security version is {found:?}, below the policy's minimum {minimum}")]
+    SecurityVersion { found: Option<u64>, minimum: u64 },
     #[error("the AK certificate's instance-information extension is malformed: {0}")]
     InstanceInfo(String),
 }
@@ -172,6 +195,42 @@ pub fn verify(
         instance,
         reset_count: attest.clock_info.reset_count,
     })
+}
+
+/// Judges verified evidence's instance by `policy`.
+pub fn judge(verified: &VerifiedGce, policy: &GcePolicy) -> Result<(), GceError> {
+    let needs_instance = !policy.project_ids.is_empty()
+        || !policy.allow_non_production
+        || policy.minimum_security_version > 0;
+    let Some(instance) = &verified.instance else {
+        return if needs_instance {
+            Err(GceError::NoInstance(
+                "a project, a production host or a security version",
+            ))
+        } else {
+            Ok(())
+        };
+    };
+    if !policy.project_ids.is_empty() && !policy.project_ids.contains(&instance.project_id) {
+        return Err(GceError::Project {
+            found: instance.project_id.clone(),
+            accepted: policy.project_ids.clone(),
+        });
+    }
+    if !policy.allow_non_production && instance.is_production != Some(true) {
+        return Err(GceError::NotProduction);
+    }
+    if policy.minimum_security_version > 0
+        && instance
+            .security_version
+            .is_none_or(|v| v < policy.minimum_security_version)
+    {
+        return Err(GceError::SecurityVersion {
+            found: instance.security_version,
+            minimum: policy.minimum_security_version,
+        });
+    }
+    Ok(())
 }
 
 /// The next DER element of `input`.

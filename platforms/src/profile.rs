@@ -239,6 +239,7 @@ pub enum PlatformEvidence<'a> {
     Gce {
         evidence: crate::gce::GceEvidence<'a>,
         roots: &'a [&'a [u8]],
+        policy: &'a crate::gce::GcePolicy,
     },
     Azure {
         evidence: crate::azure::AzureEvidence<'a>,
@@ -301,8 +302,13 @@ pub fn verify(
         return Err(ProfileError::Mismatch { expected, found });
     }
     let verified = match evidence {
-        PlatformEvidence::Gce { evidence, roots } => {
+        PlatformEvidence::Gce {
+            evidence,
+            roots,
+            policy,
+        } => {
             let verified = crate::gce::verify(evidence, roots, nonce, at)?;
+            crate::gce::judge(&verified, policy)?;
             VerifiedPlatform {
                 platform: found,
                 pcrs: verified.pcrs,

@@ -409,6 +409,39 @@ fn gce_evidence_tampered_is_refused_naming_the_reason() {
     )
     .unwrap_err();
     assert!(matches!(err, GceError::NoRoot(1)), "{err}");
+    // Policy: another project; a newer vTPM firmware than the host's.
+    let verified = v.verify(&v.pcrs, &GCE_NONCE, GCE_AT).unwrap();
+    gce::judge(&verified, &gce::GcePolicy::default()).unwrap();
+    let err = gce::judge(
+        &verified,
+        &gce::GcePolicy {
+            project_ids: vec!["my-cluster-project".into()],
+            ..gce::GcePolicy::default()
+        },
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the VM runs in project google.com:wuale-gcp-testing; the policy accepts [\"my-cluster-project\"]"
+    );
+    let err = gce::judge(
+        &verified,
+        &gce::GcePolicy {
+            minimum_security_version: 1,
+            ..gce::GcePolicy::default()
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GceError::SecurityVersion {
+                found: Some(0),
+                minimum: 1
+            }
+        ),
+        "{err}"
+    );
     // After the AK certificate's notAfter (2051-08-24).
     let err = v
         .verify(&v.pcrs, &GCE_NONCE, VerificationTime(2_629_584_000))
@@ -734,6 +767,26 @@ fn azure_evidence_tampered_is_refused_naming_the_link() {
         .verify(&policy, true, &AZURE_NONCE, AZURE_TDX_AT)
         .unwrap_err();
     assert!(matches!(err, AzureError::NoIssuer(_)), "{err}");
+    // Policy: another MRTD (the paravisor's firmware), a platform status Intel does not give.
+    let other_firmware = TdxPolicy {
+        mr_td: Some([7; 48]),
+        ..TdxPolicy::default()
+    };
+    let err = v
+        .verify(&other_firmware, false, &AZURE_NONCE, AZURE_TDX_AT)
+        .unwrap_err();
+    assert!(
+        matches!(err, AzureError::Tdx(TdxError::Field { field: "MRTD", .. })),
+        "{err}"
+    );
+    let no_status = TdxPolicy {
+        accepted_statuses: vec![],
+        ..TdxPolicy::default()
+    };
+    let err = v
+        .verify(&no_status, false, &AZURE_NONCE, AZURE_TDX_AT)
+        .unwrap_err();
+    assert!(matches!(err, AzureError::Tdx(_)), "{err}");
     // A year on, the AK certificate (valid to 2027-06-07) and the collateral have expired.
     let err = v
         .verify(&policy, true, &AZURE_NONCE, VerificationTime::now())
@@ -1032,6 +1085,10 @@ fn each_profile_verifies_its_genuine_vector_and_refuses_another_platforms() {
             },
         },
         roots: &roots,
+        policy: &gce::GcePolicy {
+            project_ids: vec!["google.com:wuale-gcp-testing".into()],
+            ..gce::GcePolicy::default()
+        },
     };
     let verified = profile::verify(Platform::Gce, &gce_evidence, &GCE_NONCE, GCE_AT).unwrap();
     assert_eq!(verified.platform, Platform::Gce);
