@@ -810,9 +810,9 @@ impl GoTpmAttestationBytes {
 /// (2025-01-24 to 2032-01-24).
 const AZURE_SNP_AT: VerificationTime = VerificationTime(1_771_545_600);
 
-/// confidential-containers/trustee's capture from an Azure SEV-SNP confidential VM on Genoa: the HCL report,
-/// a TPM quote by the AK it names with the 24 SHA-256 PCRs, and the chip's VCEK (the ASK and
-/// ARK are AMD's Genoa chain, from go-sev-guest).
+/// confidential-containers/trustee's capture from an Azure SEV-SNP confidential VM on Genoa:
+/// the HCL report, a TPM quote by the AK it names with the 24 SHA-256 PCRs, and the chip's VCEK
+/// (the ASK and ARK are AMD's Genoa chain, from go-sev-guest).
 struct AzureSnpVector {
     hcl_report: Vec<u8>,
     attest: Vec<u8>,
