@@ -26,50 +26,20 @@ struct CachedInputs {
     stub: PathBuf,
 }
 
-fn cache_root() -> PathBuf {
-    hawser_image::inputs::cache_dir().join("inputs")
-}
-
-/// Finds the unpacked packages; `Err` says what is missing.
+/// The unpacked packages `inputs.lock` pins (never another version left in the cache, nor
+/// another distribution's package); `Err` says what is missing.
 fn find_inputs() -> Result<CachedInputs, String> {
-    let root = cache_root();
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .map_err(|e| format!("cannot read the input cache {}: {e}", root.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
-    let name = |p: &Path| p.file_name().unwrap().to_string_lossy().into_owned();
-    let kernel_pkg = dirs
-        .iter()
-        .find(|p| name(p).starts_with("linux-image-"))
-        .ok_or_else(|| format!("no linux-image-* package in {}", root.display()))?;
-    let modules_dir = std::fs::read_dir(kernel_pkg.join("usr/lib/modules"))
-        .map_err(|e| format!("{}: {e}", kernel_pkg.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .next()
-        .ok_or_else(|| format!("no modules directory in {}", kernel_pkg.display()))?;
-    let kernel_release = name(&modules_dir);
-    let stub_pkg = dirs
-        .iter()
-        .find(|p| name(p).starts_with("systemd-boot-efi_"))
-        .ok_or_else(|| format!("no systemd-boot-efi package in {}", root.display()))?;
-    let lib_roots: Vec<PathBuf> = dirs
-        .iter()
-        .filter(|p| {
-            let n = name(p);
-            !n.starts_with("linux-image-") && !n.starts_with("systemd-boot-efi_")
-        })
-        .cloned()
-        .collect();
+    let lock_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../inputs.lock");
+    let lock = hawser_image::inputs::InputLock::load(&lock_path)
+        .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+    let fetched = hawser_image::inputs::cached(&lock, &hawser_image::inputs::cache_dir())
+        .map_err(|e| e.to_string())?;
     Ok(CachedInputs {
-        kernel_image: kernel_pkg.join(format!("boot/vmlinuz-{kernel_release}")),
-        kernel_release,
-        modules_dir,
-        lib_roots,
-        stub: stub_pkg.join("usr/lib/systemd/boot/efi/linuxx64.efi.stub"),
+        kernel_image: fetched.kernel_image,
+        kernel_release: fetched.kernel_release,
+        modules_dir: fetched.modules_dir,
+        lib_roots: fetched.lib_roots,
+        stub: fetched.stub,
     })
 }
 

@@ -28,57 +28,26 @@ use hawser_qemu::{
 /// Generous: two TCG guests may boot at once on two host cores.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 
-fn inputs_dir() -> PathBuf {
-    hawser_image::inputs::cache_dir().join("inputs")
-}
-
-/// The first file matching `<inputs>/<package_prefix>*/<relative_dir>/<file_prefix>*`.
-fn input_file(package_prefix: &str, relative_dir: &str, file_prefix: &str) -> PathBuf {
-    let inputs = inputs_dir();
-    let entries = std::fs::read_dir(&inputs).unwrap_or_else(|e| {
+/// The image's inputs as `inputs.lock` pins them and `hawser image fetch` unpacked them
+/// (never another version left in the cache, nor another distribution's package).
+fn inputs() -> hawser_image::inputs::FetchedInputs {
+    let lock_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../inputs.lock");
+    let lock = hawser_image::inputs::InputLock::load(&lock_path)
+        .unwrap_or_else(|e| panic!("{}: {e}", lock_path.display()));
+    hawser_image::inputs::cached(&lock, &hawser_image::inputs::cache_dir()).unwrap_or_else(|e| {
         panic!(
-            "cannot read the image inputs {} ({e}): {}",
-            inputs.display(),
-            test_support::FETCH_INPUTS
-        )
-    });
-    let mut found: Vec<PathBuf> = entries
-        .flatten()
-        .filter(|entry| {
-            entry
-                .file_name()
-                .to_string_lossy()
-                .starts_with(package_prefix)
-        })
-        .flat_map(|entry| {
-            std::fs::read_dir(entry.path().join(relative_dir))
-                .into_iter()
-                .flatten()
-        })
-        .flatten()
-        .filter(|entry| entry.file_name().to_string_lossy().starts_with(file_prefix))
-        .map(|entry| entry.path())
-        .collect();
-    found.sort();
-    found.pop().unwrap_or_else(|| {
-        panic!(
-            "no {package_prefix}*/{relative_dir}/{file_prefix}* under {}: {}",
-            inputs.display(),
+            "the image inputs of inputs.lock: {e}: {}",
             test_support::FETCH_INPUTS
         )
     })
 }
 
 fn kernel() -> PathBuf {
-    input_file("linux-image-", "boot", "vmlinuz-")
+    inputs().kernel_image
 }
 
 fn systemd_boot() -> PathBuf {
-    input_file(
-        "systemd-boot-efi_",
-        "usr/lib/systemd/boot/efi",
-        "systemd-bootx64.efi",
-    )
+    inputs().stub.with_file_name("systemd-bootx64.efi")
 }
 
 /// An ESP on which systemd-boot boots the kernel with `options` at once (timeout 0).
