@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use hawser_platforms::azure::{AzureEvidence, AzureHardware};
-use hawser_platforms::gce::{GceEvidence, VtpmQuote};
+use hawser_platforms::gce::VtpmQuote;
 use hawser_platforms::profile::{self, Platform, PlatformEvidence};
 use hawser_platforms::tdx::TdxPolicy;
 
@@ -34,16 +34,7 @@ fn main() {
     let gce_roots = [gce.root.as_slice()];
     let gce_policy = hawser_platforms::gce::GcePolicy::default();
     let gce_evidence = PlatformEvidence::Gce {
-        evidence: GceEvidence {
-            ak_public: &gce.attestation.ak_pub,
-            ak_certificate: &gce.attestation.ak_cert,
-            intermediates: &gce_intermediates,
-            quote: VtpmQuote {
-                attest: &gce.quote.quote,
-                signature: &gce.quote.raw_sig,
-                pcrs: &gce.pcrs,
-            },
-        },
+        evidence: gce.evidence(&gce_intermediates, &gce.pcrs),
         roots: &gce_roots,
         policy: &gce_policy,
     };

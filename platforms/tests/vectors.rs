@@ -5,7 +5,7 @@
 
 use hawser_platforms::VerificationTime;
 use hawser_platforms::azure::{self, AzureError, AzureEvidence, AzureHardware, HclReport};
-use hawser_platforms::gce::{self, GceError, GceEvidence, VtpmQuote};
+use hawser_platforms::gce::{self, GceError, VtpmQuote};
 use hawser_platforms::snp::{self, Product, SigningKey, SnpError, SnpPolicy, TcbVersion};
 use hawser_platforms::tdx::{self, TdxError, TdxPolicy};
 use hawser_platforms::tpm_rsa::QuoteError;
@@ -322,16 +322,7 @@ fn gce_evidence_tampered_is_refused_naming_the_reason() {
         .unwrap();
     let intermediates = [v.intermediate.as_slice()];
     let err = gce::verify(
-        &GceEvidence {
-            ak_public: &v.attestation.ak_pub,
-            ak_certificate: &v.attestation.ak_cert,
-            intermediates: &intermediates,
-            quote: VtpmQuote {
-                attest: &v.quote.quote,
-                signature: &v.quote.raw_sig,
-                pcrs: &v.pcrs,
-            },
-        },
+        &v.evidence(&intermediates, &v.pcrs),
         &[&amd],
         &GCE_NONCE,
         GCE_AT,
@@ -780,16 +771,7 @@ fn each_profile_verifies_its_genuine_vector_and_refuses_another_platforms() {
     let intermediates = [gce_vector.intermediate.as_slice()];
     let roots = [gce_vector.root.as_slice()];
     let gce_evidence = PlatformEvidence::Gce {
-        evidence: GceEvidence {
-            ak_public: &gce_vector.attestation.ak_pub,
-            ak_certificate: &gce_vector.attestation.ak_cert,
-            intermediates: &intermediates,
-            quote: VtpmQuote {
-                attest: &gce_vector.quote.quote,
-                signature: &gce_vector.quote.raw_sig,
-                pcrs: &gce_vector.pcrs,
-            },
-        },
+        evidence: gce_vector.evidence(&intermediates, &gce_vector.pcrs),
         roots: &roots,
         policy: &gce::GcePolicy {
             project_ids: vec!["google.com:wuale-gcp-testing".into()],

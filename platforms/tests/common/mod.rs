@@ -102,6 +102,25 @@ impl GceVector {
         }
     }
 
+    /// The vector as evidence, with `pcrs` presented and `intermediates` (its intermediate,
+    /// or others) sent along.
+    pub fn evidence<'a>(
+        &'a self,
+        intermediates: &'a [&'a [u8]],
+        pcrs: &'a BTreeMap<u8, Vec<u8>>,
+    ) -> GceEvidence<'a> {
+        GceEvidence {
+            ak_public: &self.attestation.ak_pub,
+            ak_certificate: &self.attestation.ak_cert,
+            intermediates,
+            quote: VtpmQuote {
+                attest: &self.quote.quote,
+                signature: &self.quote.raw_sig,
+                pcrs,
+            },
+        }
+    }
+
     pub fn verify(
         &self,
         pcrs: &BTreeMap<u8, Vec<u8>>,
@@ -110,16 +129,7 @@ impl GceVector {
     ) -> Result<gce::VerifiedGce, GceError> {
         let intermediates = [self.intermediate.as_slice()];
         gce::verify(
-            &GceEvidence {
-                ak_public: &self.attestation.ak_pub,
-                ak_certificate: &self.attestation.ak_cert,
-                intermediates: &intermediates,
-                quote: VtpmQuote {
-                    attest: &self.quote.quote,
-                    signature: &self.quote.raw_sig,
-                    pcrs,
-                },
-            },
+            &self.evidence(&intermediates, pcrs),
             &[&self.root],
             nonce,
             at,
