@@ -58,6 +58,16 @@ pub fn image_cargo_build(workspace: &Path, target_dir: &Path, epoch: u64) -> Com
     .join("\x1f");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
+    // When this runs under `cargo test` or `cargo run`, cargo has set the running crate's own
+    // variables (CARGO_MANIFEST_DIR = the test's crate, ...). Some build scripts rerun when one
+    // of them changes (ring's watches CARGO_MANIFEST_DIR), so an image build from the image
+    // tests, then from the CLI, then from the QEMU tests recompiled ring and everything above it
+    // each time (5 to 9 minutes in CI). Every caller gets the environment of a plain shell.
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(is_running_crates_variable) {
+            cmd.env_remove(&name);
+        }
+    }
     cmd.current_dir(workspace)
         .args(["build", "--locked", "--profile", "image"])
         .args(IMAGE_PACKAGES.iter().flat_map(|package| ["-p", package]))
@@ -69,9 +79,55 @@ pub fn image_cargo_build(workspace: &Path, target_dir: &Path, epoch: u64) -> Com
     cmd
 }
 
+/// Whether `name` is one of the variables cargo sets for the crate it runs (a test, a
+/// `cargo run` binary, a build script), not a setting of the user's.
+fn is_running_crates_variable(name: &str) -> bool {
+    const PREFIXES: [&str; 4] = [
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_BIN_",
+        "CARGO_CRATE_",
+    ];
+    const NAMES: [&str; 4] = [
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
+    PREFIXES.iter().any(|prefix| name.starts_with(prefix)) || NAMES.contains(&name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This test runs under `cargo test`, with CARGO_MANIFEST_DIR and CARGO_PKG_NAME set for
+    /// it: the image build must not see them, or the build from here and the one from the CLI
+    /// dirty each other's dependencies.
+    #[test]
+    fn the_image_build_does_not_inherit_the_running_crates_variables() {
+        assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+        let cmd = image_cargo_build(Path::new("/nonexistent"), Path::new("/t"), 1);
+        let removed: Vec<String> = cmd
+            .get_envs()
+            .filter(|(_, value)| value.is_none())
+            .map(|(key, _)| key.to_string_lossy().into_owned())
+            .collect();
+        for name in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_MANIFEST_PATH",
+            "CARGO_PKG_NAME",
+        ] {
+            assert!(
+                removed.iter().any(|r| r == name),
+                "{name} not removed: {removed:?}"
+            );
+        }
+        assert!(!is_running_crates_variable("CARGO_HOME"));
+        assert!(!is_running_crates_variable("CARGO_TARGET_DIR"));
+        assert!(!is_running_crates_variable("CARGO_INCREMENTAL"));
+        assert!(!is_running_crates_variable("CARGO_NET_OFFLINE"));
+    }
 
     /// `scripts/build-image-binaries` (the quick start's one compile) must run the very cargo
     /// command the image builder runs, or the builder compiles everything a second time.

@@ -3,21 +3,22 @@
 //! They take minutes under TCG, so they are `#[ignore]`d in plain `cargo test` and run by
 //! `scripts/test` (`cargo test -p hawser-qemu --test e2e -- --ignored --test-threads=1`).
 //! The image is built once per run and shared by every boot; each boot costs ~10 s (direct
-//! kernel) or ~25 s (OVMF + UKI) of wall time.
+//! kernel) or ~25 s (OVMF + UKI) of wall time. That the same tree built in another directory
+//! gives the same bytes is `scripts/check-reproducible-node`'s (the node image's UKI carries
+//! this one's initramfs and PID 1).
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport};
 use hawser_image::build::BuildOutput;
-use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
 use sha2::{Digest, Sha256};
 
 mod common;
-use common::{build_image, workspace};
+use common::build_image;
 
 fn scratch(name: &str) -> PathBuf {
     common::scratch("e2e", name)
@@ -38,10 +39,6 @@ fn random_nonce() -> [u8; 32] {
     let seed = Sha256::digest([bytes.as_slice(), &std::process::id().to_le_bytes()].concat());
     nonce.copy_from_slice(&seed);
     nonce
-}
-
-fn sha256_file(path: &Path) -> String {
-    hex::encode(Sha256::digest(std::fs::read(path).expect("read artifact")))
 }
 
 /// The whole measured chain: OVMF → UKI → Linux → hawser PID 1 with a TPM, the boot report's
@@ -192,60 +189,4 @@ fn malformed_value_is_fatal_then_reboots_by_policy() {
         .wait_for_exit(Duration::from_secs(60))
         .expect("the VM reboots after the delay (QEMU -no-reboot exits)");
     assert!(status.success(), "QEMU exit status {status}");
-}
-
-/// Same source and inputs, another directory, another target directory, another time: the
-/// same `hawser.efi` bytes.
-#[test]
-#[ignore = "builds the image twice; run by scripts/test"]
-fn image_is_reproducible_across_build_directories() {
-    let first = image();
-    // A second checkout of the same tree, elsewhere.
-    let copy = tempfile::Builder::new()
-        .prefix("hawser-repro-")
-        .tempdir()
-        .expect("tempdir");
-    let src = copy.path().join("src-elsewhere");
-    let files = std::process::Command::new("git")
-        .arg("-C")
-        .arg(workspace())
-        .args([
-            "ls-files",
-            "-z",
-            "--cached",
-            "--others",
-            "--exclude-standard",
-        ])
-        .output()
-        .expect("git ls-files");
-    for file in files.stdout.split(|b| *b == 0).filter(|f| !f.is_empty()) {
-        let rel = Path::new(std::str::from_utf8(file).expect("utf-8 path"));
-        let from = workspace().join(rel);
-        if !from.is_file() {
-            continue;
-        }
-        let to = src.join(rel);
-        std::fs::create_dir_all(to.parent().expect("file has a parent")).expect("mkdir");
-        std::fs::copy(&from, &to).expect("copy source file");
-    }
-    let opts = PipelineOptions {
-        target_dir: Some(copy.path().join("another-target")),
-        ..PipelineOptions::new(&src, &copy.path().join("out"))
-    };
-    let (second, _) =
-        pipeline::build_image(&opts).unwrap_or_else(|e| panic!("second build failed: {e}"));
-
-    let pairs = [
-        ("initrd", &first.initrd.path, &second.initrd.path),
-        ("hawser.efi", &first.uki.path, &second.uki.path),
-    ];
-    for (what, a, b) in pairs {
-        assert_eq!(
-            sha256_file(a),
-            sha256_file(b),
-            "{what} differs between {} and {}; compare their manifest.json files",
-            a.display(),
-            b.display()
-        );
-    }
 }
