@@ -9,8 +9,6 @@
 
 use std::time::Instant;
 
-use hawser_platforms::azure::{AzureEvidence, AzureHardware};
-use hawser_platforms::gce::VtpmQuote;
 use hawser_platforms::profile::{self, Platform, PlatformEvidence};
 use hawser_platforms::tdx::TdxPolicy;
 
@@ -40,46 +38,19 @@ fn main() {
     };
 
     let snp = AzureSnpVector::load();
-    let snp_signature = tpmt_rsassa_sha256(&snp.signature);
     let snp_policy = azure_snp_policy();
     let snp_nonce = hex::decode(AZURE_SNP_NONCE).unwrap();
     let azure_snp = PlatformEvidence::Azure {
-        evidence: AzureEvidence {
-            hcl_report: &snp.hcl_report,
-            hardware: AzureHardware::SevSnp {
-                endorsement: snp.chain.endorsement(),
-                policy: &snp_policy,
-            },
-            quote: VtpmQuote {
-                attest: &snp.attest,
-                signature: &snp_signature,
-                pcrs: &snp.pcrs,
-            },
-            ak_certificate: None,
-        },
+        evidence: snp.evidence(&snp_policy),
         roots: &[],
     };
 
     let tdx = AzureTdxVector::load();
-    let tdx_signature = tpmt_rsassa_sha256(&tdx.signature);
     let tdx_policy = TdxPolicy::default();
-    let tdx_intermediates: Vec<&[u8]> = tdx.intermediates.iter().map(Vec::as_slice).collect();
+    let tdx_intermediates = tdx.intermediates();
     let azure_roots = [tdx.root.as_slice()];
     let azure_tdx = PlatformEvidence::Azure {
-        evidence: AzureEvidence {
-            hcl_report: &tdx.hcl_report,
-            hardware: AzureHardware::Tdx {
-                quote: &tdx.td_quote,
-                collateral: &tdx.collateral,
-                policy: &tdx_policy,
-            },
-            quote: VtpmQuote {
-                attest: &tdx.attest,
-                signature: &tdx_signature,
-                pcrs: &tdx.pcrs,
-            },
-            ak_certificate: Some((&tdx.ak_certificate, &tdx_intermediates)),
-        },
+        evidence: tdx.evidence(&tdx_policy, Some(&tdx_intermediates)),
         roots: &azure_roots,
     };
 

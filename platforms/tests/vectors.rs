@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
 use hawser_platforms::VerificationTime;
-use hawser_platforms::azure::{self, AzureError, AzureEvidence, AzureHardware, HclReport};
-use hawser_platforms::gce::{self, GceError, VtpmQuote};
+use hawser_platforms::azure::{self, AzureError, AzureHardware, HclReport};
+use hawser_platforms::gce::{self, GceError};
 use hawser_platforms::snp::{self, Product, SigningKey, SnpError, SnpPolicy, TcbVersion};
 use hawser_platforms::tdx::{self, TdxError, TdxPolicy};
 use hawser_platforms::tpm_rsa::QuoteError;
@@ -783,22 +783,9 @@ fn each_profile_verifies_its_genuine_vector_and_refuses_another_platforms() {
     assert!(!verified.pcrs.is_empty());
     // azure-snp
     let snp_vector = AzureSnpVector::load();
-    let snp_signature = tpmt_rsassa_sha256(&snp_vector.signature);
     let snp_policy = azure_snp_policy();
     let azure_snp = PlatformEvidence::Azure {
-        evidence: AzureEvidence {
-            hcl_report: &snp_vector.hcl_report,
-            hardware: AzureHardware::SevSnp {
-                endorsement: snp_vector.chain.endorsement(),
-                policy: &snp_policy,
-            },
-            quote: VtpmQuote {
-                attest: &snp_vector.attest,
-                signature: &snp_signature,
-                pcrs: &snp_vector.pcrs,
-            },
-            ak_certificate: None,
-        },
+        evidence: snp_vector.evidence(&snp_policy),
         roots: &[],
     };
     let nonce = hex::decode(AZURE_SNP_NONCE).unwrap();
@@ -806,26 +793,11 @@ fn each_profile_verifies_its_genuine_vector_and_refuses_another_platforms() {
     assert_eq!(verified.launch_measurement.as_ref().map(Vec::len), Some(48));
     // azure-tdx
     let tdx_vector = AzureTdxVector::load();
-    let tdx_signature = tpmt_rsassa_sha256(&tdx_vector.signature);
     let tdx_policy = TdxPolicy::default();
-    let tdx_intermediates: Vec<&[u8]> =
-        tdx_vector.intermediates.iter().map(Vec::as_slice).collect();
+    let tdx_intermediates = tdx_vector.intermediates();
     let azure_roots = [tdx_vector.root.as_slice()];
     let azure_tdx = PlatformEvidence::Azure {
-        evidence: AzureEvidence {
-            hcl_report: &tdx_vector.hcl_report,
-            hardware: AzureHardware::Tdx {
-                quote: &tdx_vector.td_quote,
-                collateral: &tdx_vector.collateral,
-                policy: &tdx_policy,
-            },
-            quote: VtpmQuote {
-                attest: &tdx_vector.attest,
-                signature: &tdx_signature,
-                pcrs: &tdx_vector.pcrs,
-            },
-            ak_certificate: Some((&tdx_vector.ak_certificate, &tdx_intermediates)),
-        },
+        evidence: tdx_vector.evidence(&tdx_policy, Some(&tdx_intermediates)),
         roots: &azure_roots,
     };
     let verified =

@@ -239,6 +239,7 @@ pub struct AzureTdxVector {
     pub ak_certificate: Vec<u8>,
     pub intermediates: Vec<Vec<u8>>,
     pub attest: Vec<u8>,
+    /// The quote's signature as a TPMT_SIGNATURE (the capture holds the raw RSA bytes).
     pub signature: Vec<u8>,
     pub pcrs: BTreeMap<u8, Vec<u8>>,
     pub collateral: dcap_qvl::QuoteCollateralV3,
@@ -277,7 +278,7 @@ impl AzureTdxVector {
                 .flat_map(|pem| pem_ders(pem.as_str().unwrap()))
                 .collect(),
             attest: yaml_bytes(&quote["message"]),
-            signature: yaml_bytes(&quote["signature"]),
+            signature: tpmt_rsassa_sha256(&yaml_bytes(&quote["signature"])),
             pcrs,
             collateral: dcap_qvl::QuoteCollateralV3 {
                 pck_crl_issuer_chain: text("pck_crl_issuer_chain"),
@@ -298,6 +299,35 @@ impl AzureTdxVector {
         }
     }
 
+    /// The AK certificate's intermediates, as [`Self::evidence`] takes them.
+    pub fn intermediates(&self) -> Vec<&[u8]> {
+        self.intermediates.iter().map(Vec::as_slice).collect()
+    }
+
+    /// The vector as evidence under `policy`, with its AK certificate and `intermediates`
+    /// (from [`Self::intermediates`]) if given.
+    pub fn evidence<'a>(
+        &'a self,
+        policy: &'a hawser_platforms::tdx::TdxPolicy,
+        intermediates: Option<&'a [&'a [u8]]>,
+    ) -> AzureEvidence<'a> {
+        AzureEvidence {
+            hcl_report: &self.hcl_report,
+            hardware: AzureHardware::Tdx {
+                quote: &self.td_quote,
+                collateral: &self.collateral,
+                policy,
+            },
+            quote: VtpmQuote {
+                attest: &self.attest,
+                signature: &self.signature,
+                pcrs: &self.pcrs,
+            },
+            ak_certificate: intermediates
+                .map(|intermediates| (self.ak_certificate.as_slice(), intermediates)),
+        }
+    }
+
     pub fn verify(
         &self,
         policy: &hawser_platforms::tdx::TdxPolicy,
@@ -305,24 +335,9 @@ impl AzureTdxVector {
         nonce: &[u8],
         at: VerificationTime,
     ) -> Result<azure::VerifiedAzure, AzureError> {
-        let signature = tpmt_rsassa_sha256(&self.signature);
-        let intermediates: Vec<&[u8]> = self.intermediates.iter().map(Vec::as_slice).collect();
+        let intermediates = self.intermediates();
         azure::verify(
-            &AzureEvidence {
-                hcl_report: &self.hcl_report,
-                hardware: AzureHardware::Tdx {
-                    quote: &self.td_quote,
-                    collateral: &self.collateral,
-                    policy,
-                },
-                quote: VtpmQuote {
-                    attest: &self.attest,
-                    signature: &signature,
-                    pcrs: &self.pcrs,
-                },
-                ak_certificate: with_certificate
-                    .then_some((self.ak_certificate.as_slice(), intermediates.as_slice())),
-            },
+            &self.evidence(policy, with_certificate.then_some(intermediates.as_slice())),
             &[&self.root],
             nonce,
             at,
@@ -351,6 +366,7 @@ pub const AZURE_SNP_AT: VerificationTime = VerificationTime(1_771_545_600);
 pub struct AzureSnpVector {
     pub hcl_report: Vec<u8>,
     pub attest: Vec<u8>,
+    /// The quote's signature as a TPMT_SIGNATURE (the capture holds the raw RSA bytes).
     pub signature: Vec<u8>,
     pub pcrs: BTreeMap<u8, Vec<u8>>,
     pub chain: Chain,
@@ -379,7 +395,7 @@ impl AzureSnpVector {
         Self {
             hcl_report: bytes(&evidence["report"]),
             attest: bytes(&quote["message"]),
-            signature: bytes(&quote["signature"]),
+            signature: tpmt_rsassa_sha256(&bytes(&quote["signature"])),
             pcrs: quote["pcrs"]
                 .as_array()
                 .unwrap()
@@ -409,30 +425,30 @@ impl AzureSnpVector {
         )
     }
 
+    /// The vector as evidence under `policy` (the capture has no AK certificate: the HCL
+    /// report's runtime data names the AK).
+    pub fn evidence<'a>(&'a self, policy: &'a SnpPolicy) -> AzureEvidence<'a> {
+        AzureEvidence {
+            hcl_report: &self.hcl_report,
+            hardware: AzureHardware::SevSnp {
+                endorsement: self.chain.endorsement(),
+                policy,
+            },
+            quote: VtpmQuote {
+                attest: &self.attest,
+                signature: &self.signature,
+                pcrs: &self.pcrs,
+            },
+            ak_certificate: None,
+        }
+    }
+
     pub fn verify(
         &self,
         policy: &SnpPolicy,
         nonce: &[u8],
     ) -> Result<azure::VerifiedAzure, AzureError> {
-        let signature = tpmt_rsassa_sha256(&self.signature);
-        azure::verify(
-            &AzureEvidence {
-                hcl_report: &self.hcl_report,
-                hardware: AzureHardware::SevSnp {
-                    endorsement: self.chain.endorsement(),
-                    policy,
-                },
-                quote: VtpmQuote {
-                    attest: &self.attest,
-                    signature: &signature,
-                    pcrs: &self.pcrs,
-                },
-                ak_certificate: None,
-            },
-            &[],
-            nonce,
-            AZURE_SNP_AT,
-        )
+        azure::verify(&self.evidence(policy), &[], nonce, AZURE_SNP_AT)
     }
 }
 
