@@ -18,6 +18,7 @@ use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hawser_attestation::atls::PeerPolicy;
@@ -227,14 +228,20 @@ enum Link {
 }
 
 /// A TCP proxy on loopback between the node and the service, whose link the test controls.
-async fn proxy(to: SocketAddr, link: watch::Receiver<Link>) -> SocketAddr {
+/// Returns its address and how many connections it has closed because the link was cut: the
+/// test waits for that count, not for a time, before it brings the link up again (a proxy task
+/// that ran only after the link was up again would otherwise pass the lost answer on).
+async fn proxy(to: SocketAddr, link: watch::Receiver<Link>) -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
+    let cut_connections = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&cut_connections);
     tokio::spawn(async move {
         while let Ok((node_side, _)) = listener.accept().await {
             let link = link.clone();
+            let counted = Arc::clone(&counted);
             tokio::spawn(async move {
                 let Ok(service_side) = tokio::net::TcpStream::connect(to).await else {
                     return;
@@ -253,7 +260,9 @@ async fn proxy(to: SocketAddr, link: watch::Receiver<Link>) -> SocketAddr {
                 let down = async move {
                     let mut buf = vec![0; 16 * 1024];
                     while let Ok(n @ 1..) = service_read.read(&mut buf).await {
-                        if *link.borrow() == Link::AnswersLost {
+                        // Only an up link carries answers: bytes read once the link is
+                        // cut (before this connection's cut branch ran) are lost too.
+                        if *link.borrow() != Link::Up {
                             continue;
                         }
                         if node_write.write_all(&buf[..n]).await.is_err() {
@@ -265,12 +274,14 @@ async fn proxy(to: SocketAddr, link: watch::Receiver<Link>) -> SocketAddr {
                 tokio::select! {
                     _ = up => {}
                     _ = down => {}
-                    _ = cut.wait_for(|l| *l == Link::Cut) => {}
+                    _ = cut.wait_for(|l| *l == Link::Cut) => {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                    }
                 }
             });
         }
     });
-    addr
+    (addr, cut_connections)
 }
 
 /// Starts the node's join for a new disk through the join services on `ports` (loopback, in
@@ -361,7 +372,7 @@ fn fault_network_cut_mid_join() {
     service.start();
     let (link, link_rx) = watch::channel(Link::Up);
     let to = SocketAddr::from(([127, 0, 0, 1], service.port));
-    let via = runtime.block_on(proxy(to, link_rx));
+    let (via, cut_connections) = runtime.block_on(proxy(to, link_rx));
     let joining = join(&runtime, &node, &[via.port()]);
 
     wait_for("the join inside the service", || {
@@ -374,7 +385,9 @@ fn fault_network_cut_mid_join() {
     });
     assert_eq!(service.registry().len(), 1, "{}", service.log());
     link.send_replace(Link::Cut);
-    std::thread::sleep(Duration::from_millis(200));
+    wait_for("the proxy to cut the node's connection", || {
+        cut_connections.load(Ordering::SeqCst) >= 1
+    });
     link.send_replace(Link::Up);
 
     let (secrets, attempts) = runtime
