@@ -61,10 +61,18 @@ pub struct JoinReport {
     /// Join attempts (1 for the admin's calls).
     pub attempts: u32,
     pub key_fingerprint: String,
+    /// The key's length in bytes: 64 (AES-XTS), 96 (with HMAC-SHA256 integrity). Reports of
+    /// nodes before lengths were reported read as 64.
+    #[serde(default = "xts_key_bytes")]
+    pub key_bytes: usize,
     /// Hex.
     pub cluster_id: String,
     /// Hex: PCR 15 after the node lock.
     pub pcr15: String,
+}
+
+fn xts_key_bytes() -> usize {
+    64
 }
 
 impl JoinReport {

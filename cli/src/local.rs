@@ -28,6 +28,7 @@ use hawser_attestation::report::{
 use hawser_cli::localhost::{self, LocalCluster};
 use hawser_image::inputs;
 use hawser_image::pipeline::{self, PipelineOptions};
+use hawser_image::profile::ImageProfile;
 use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
 
 mod cluster;
@@ -248,6 +249,11 @@ pub struct UpOptions {
     /// Where to build the image.
     #[arg(long, default_value = "out")]
     out: PathBuf,
+    /// Build the image users ship: a production image, whose state disks have HMAC-SHA256
+    /// integrity (`hawser image build`'s default; 96-byte disk keys, a first-boot wipe of each
+    /// disk). Without it `local up` builds a development image (AES-XTS only), the fast path.
+    #[arg(long, conflicts_with = "image")]
+    production: bool,
     /// QEMU accelerator (tcg, kvm); default: $HAWSER_QEMU_ACCEL or tcg.
     #[arg(long)]
     accel: Option<String>,
@@ -268,6 +274,17 @@ pub struct UpOptions {
     /// The host port forwarded to the node's init server (port 9000 in the guest).
     #[arg(long, default_value_t = 9000)]
     init_port: u16,
+}
+
+impl UpOptions {
+    /// The image profile `--production` asks for.
+    fn profile(&self) -> ImageProfile {
+        if self.production {
+            ImageProfile::Production
+        } else {
+            ImageProfile::Development
+        }
+    }
 }
 
 fn up(opts: UpOptions) -> anyhow::Result<()> {
@@ -319,7 +336,10 @@ fn up_single(opts: UpOptions, stop: &AtomicBool) -> anyhow::Result<()> {
         None => {
             let ws = crate::image::workspace()?;
             let mut build = PipelineOptions::new(&ws, &opts.out);
-            build.cmdline = localhost::node_cmdline(pipeline::DEFAULT_CMDLINE, !opts.init);
+            build.cmdline = opts.profile().cmdline(&localhost::node_cmdline(
+                pipeline::DEFAULT_CMDLINE,
+                !opts.init,
+            ))?;
             if opts.init {
                 build.provider_ca = Some(cluster.provider_ca_path());
             }
@@ -450,7 +470,7 @@ fn up_single(opts: UpOptions, stop: &AtomicBool) -> anyhow::Result<()> {
     let Some(line) = wait_or_stop(&vm, JOIN_REPORT_MARKER, Duration::from_secs(3600), stop)? else {
         return power_off(&vm, "interrupted before the node got its key");
     };
-    let joined = print_join(&line, &cluster)?;
+    let joined = print_join(&line, &cluster, localhost::state_disk_key_length(&uki)?)?;
 
     let line = wait_or_stop(&vm, BOOT_REPORT_MARKER, Duration::from_secs(600), stop)?;
     let Some(line) = line else {
@@ -514,7 +534,11 @@ fn up_single(opts: UpOptions, stop: &AtomicBool) -> anyhow::Result<()> {
 /// Size of a local node's (sparse) state disk.
 const STATE_DISK_BYTES: u64 = 256 << 20;
 /// Prints how the node got its key, checked against the host's own derivation.
-fn print_join(line: &str, cluster: &LocalCluster) -> anyhow::Result<JoinReport> {
+fn print_join(
+    line: &str,
+    cluster: &LocalCluster,
+    key_length: hawser_keys::StateDiskKeyLength,
+) -> anyhow::Result<JoinReport> {
     let report = JoinReport::find_in_console(line)
         .context("join report marker without a report")?
         .context("the node's join report is not valid JSON")?;
@@ -522,7 +546,7 @@ fn print_join(line: &str, cluster: &LocalCluster) -> anyhow::Result<JoinReport> 
     let expected = hawser_keys::fingerprint(
         cluster
             .master_secret()
-            .state_disk_key(&report.disk_uuid)?
+            .state_disk_key(&report.disk_uuid, key_length)?
             .as_slice(),
     );
     let mut out = std::io::stdout().lock();

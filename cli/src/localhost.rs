@@ -18,13 +18,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use hawser_image::profile;
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::member;
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, RunningService, ServiceConfig};
 use hawser_joinservice::tokens::{BootstrapTokenIssuer, JoinCredentials, TokenError};
 use hawser_joinservice::vpn::JoinServiceAddress;
-use hawser_keys::MasterSecret;
+use hawser_keys::{MasterSecret, StateDiskKeyLength};
 use hawser_kube_types::CaCertHash;
 use hawser_measurements::predict::{Phase, Prediction};
 use hawser_qemu::ProviderCa;
@@ -154,6 +155,28 @@ pub fn write_expected_measurements(uki: &Path, out: &Path) -> anyhow::Result<()>
     let json = prediction.expected_measurements_json(Phase::EnterInitrd);
     std::fs::write(out, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", out.display()))
+}
+
+/// The state-disk key length a node booted from `uki` asks for: 96 bytes when its measured
+/// command line turns on `hmac-sha256` integrity (a production image), else 64.
+pub fn state_disk_key_length(uki: &Path) -> anyhow::Result<StateDiskKeyLength> {
+    let bytes = std::fs::read(uki).with_context(|| format!("reading {}", uki.display()))?;
+    let prediction = Prediction::from_uki(&bytes, &uki.display().to_string())?;
+    Ok(key_length_of_cmdline(&prediction.cmdline))
+}
+
+/// [`state_disk_key_length`] of a command line (PID 1 takes the last value of a key).
+fn key_length_of_cmdline(cmdline: &str) -> StateDiskKeyLength {
+    let prefix = format!("{}=", profile::INTEGRITY_KEY);
+    let integrity = cmdline
+        .split_ascii_whitespace()
+        .filter_map(|word| word.strip_prefix(&prefix))
+        .next_back();
+    if integrity == Some(profile::PRODUCTION_INTEGRITY) {
+        StateDiskKeyLength::XtsHmacSha256
+    } else {
+        StateDiskKeyLength::Xts
+    }
 }
 
 /// There is no Kubernetes control plane on the host of a local cluster (kubeadm comes with the
@@ -340,6 +363,26 @@ pub fn luks_uuid(disk: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_production_command_line_asks_for_the_96_byte_key() {
+        let production = hawser_image::profile::ImageProfile::Production
+            .cmdline(hawser_image::pipeline::DEFAULT_CMDLINE)
+            .unwrap();
+        assert_eq!(
+            key_length_of_cmdline(&production),
+            StateDiskKeyLength::XtsHmacSha256
+        );
+        assert_eq!(
+            key_length_of_cmdline(hawser_image::pipeline::DEFAULT_CMDLINE),
+            StateDiskKeyLength::Xts
+        );
+        // The last value counts, as in PID 1.
+        assert_eq!(
+            key_length_of_cmdline(&format!("{production} hawser.state_disk_integrity=none")),
+            StateDiskKeyLength::Xts
+        );
+    }
 
     #[test]
     fn the_placeholder_credentials_are_well_formed_and_say_what_they_are() {

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hawser_attestation::measurements::{ExpectedMeasurements, MeasurementMismatch};
-use hawser_keys::{MasterSecret, STATE_DISK_KEY_LEN};
+use hawser_keys::{MasterSecret, StateDiskKeyLength};
 use hawser_kube_types::{DnsSubdomain, DnsSubdomainError};
 use hawser_mesh::{MeshError, PeerStats, PeerUpdate, PublicKey, Registry};
 use zeroize::Zeroizing;
@@ -51,6 +51,18 @@ pub struct JoinRequest {
     pub vpn_public_key: Vec<u8>,
     /// `ip:port` where the node's tunnel listens on the underlay network; empty if unknown.
     pub vpn_endpoint: String,
+    /// The state-disk key's length in bytes, as the node asked (0: did not say, 64).
+    pub state_disk_key_length: usize,
+}
+
+/// A rejoin request, as the service received it.
+#[derive(Debug, Clone, Default)]
+pub struct RejoinRequest {
+    pub disk_uuid: String,
+    /// `ip:port` where the node's tunnel listens now; empty if unknown.
+    pub vpn_endpoint: String,
+    /// The state-disk key's length in bytes, as the node asked (0: did not say, 64).
+    pub state_disk_key_length: usize,
 }
 
 /// The verified facts about the peer the aTLS handshake established.
@@ -68,7 +80,7 @@ pub type ControlPlaneFile = (String, Zeroizing<Vec<u8>>);
 
 /// What a joining node receives. Debug never shows a secret.
 pub struct JoinTicket {
-    pub state_disk_key: Zeroizing<[u8; STATE_DISK_KEY_LEN]>,
+    pub state_disk_key: Zeroizing<Vec<u8>>,
     pub measurement_secret: Zeroizing<[u8; 32]>,
     pub measurement_salt: Vec<u8>,
     pub credentials: JoinCredentials,
@@ -87,7 +99,7 @@ impl std::fmt::Debug for JoinTicket {
         f.debug_struct("JoinTicket")
             .field(
                 "state_disk_key",
-                &hawser_keys::fingerprint(&*self.state_disk_key),
+                &hawser_keys::fingerprint(&self.state_disk_key),
             )
             .field("credentials", &self.credentials)
             .field("kubernetes_version", &self.kubernetes_version)
@@ -105,7 +117,7 @@ impl std::fmt::Debug for JoinTicket {
 
 /// What a rebooting node receives.
 pub struct RejoinTicket {
-    pub state_disk_key: Zeroizing<[u8; STATE_DISK_KEY_LEN]>,
+    pub state_disk_key: Zeroizing<Vec<u8>>,
     pub measurement_secret: Zeroizing<[u8; 32]>,
     pub measurement_salt: Vec<u8>,
     /// The disk's place in the WireGuard mesh, if it has one.
@@ -117,7 +129,7 @@ impl std::fmt::Debug for RejoinTicket {
         f.debug_struct("RejoinTicket")
             .field(
                 "state_disk_key",
-                &hawser_keys::fingerprint(&*self.state_disk_key),
+                &hawser_keys::fingerprint(&self.state_disk_key),
             )
             .finish_non_exhaustive()
     }
@@ -133,6 +145,9 @@ pub enum JoinError {
     /// The request's disk UUID is not a UUID.
     #[error("malformed request: the disk UUID is unusable")]
     DiskUuid(#[source] hawser_keys::KeyError),
+    /// The request asks for a state-disk key of a length no state disk uses.
+    #[error("malformed request: the state disk key length is unusable")]
+    DiskKeyLength(#[source] hawser_keys::KeyError),
     /// The request's node name is not a Kubernetes node name.
     #[error("malformed request: node name {name:?} is not a DNS subdomain")]
     NodeName {
@@ -344,7 +359,7 @@ impl JoinCore {
             |ticket| {
                 format!(
                     "key {} issued{suffix}",
-                    hawser_keys::fingerprint(&*ticket.state_disk_key)
+                    hawser_keys::fingerprint(&ticket.state_disk_key)
                 )
             },
         )
@@ -388,6 +403,8 @@ impl JoinCore {
         expected: &ExpectedMeasurements,
     ) -> Result<JoinTicket, JoinError> {
         let uuid = hawser_keys::canonical_uuid(&req.disk_uuid).map_err(JoinError::DiskUuid)?;
+        // Before anything is recorded: a key the node cannot use must not bind its disk.
+        let key_length = key_length(req.state_disk_key_length)?;
         validate_node_name(&req.node_name)?;
         let vpn_request = self.vpn_request(req)?;
         check_measurements(peer, expected)?;
@@ -404,7 +421,7 @@ impl JoinCore {
             check_same_ak(&uuid, &registered, &ak_name, "join")?;
         }
         let credentials = self.tokens.issue(self.config.token_ttl)?;
-        let state_disk_key = self.state_disk_key(&uuid)?;
+        let state_disk_key = self.state_disk_key(&uuid, key_length)?;
         self.bind(&uuid, &ak_name, "join")?;
         // Last: a refused join takes no address.
         let vpn = match (&self.mesh, vpn_request) {
@@ -433,25 +450,32 @@ impl JoinCore {
         peer: &VerifiedPeer,
         disk_uuid: &str,
     ) -> Result<RejoinTicket, JoinError> {
-        self.issue_rejoin_ticket_at(peer, disk_uuid, "")
+        self.issue_rejoin_ticket_at(
+            peer,
+            &RejoinRequest {
+                disk_uuid: disk_uuid.to_owned(),
+                ..RejoinRequest::default()
+            },
+        )
     }
 
-    /// [`JoinCore::issue_rejoin_ticket`] for a node whose tunnel listens at `vpn_endpoint`
-    /// (`ip:port`; empty if unknown), recorded in the mesh if the disk is a member.
+    /// [`JoinCore::issue_rejoin_ticket`] as the node asked: its key's length, and the
+    /// `ip:port` its tunnel listens at, recorded in the mesh if the disk is a member.
     pub fn issue_rejoin_ticket_at(
         &self,
         peer: &VerifiedPeer,
-        disk_uuid: &str,
-        vpn_endpoint: &str,
+        req: &RejoinRequest,
     ) -> Result<RejoinTicket, JoinError> {
         self.audited(
             "IssueRejoinTicket",
             peer,
             "",
-            disk_uuid,
+            &req.disk_uuid,
             |expected| {
-                let uuid = hawser_keys::canonical_uuid(disk_uuid).map_err(JoinError::DiskUuid)?;
-                let endpoint = parse_endpoint(vpn_endpoint)?;
+                let uuid =
+                    hawser_keys::canonical_uuid(&req.disk_uuid).map_err(JoinError::DiskUuid)?;
+                let key_length = key_length(req.state_disk_key_length)?;
+                let endpoint = parse_endpoint(&req.vpn_endpoint)?;
                 check_measurements(peer, expected)?;
                 let ak_name = hex::encode(&peer.ak_name);
                 // A rejoin only reads its disk's binding: it works while etcd has lost quorum.
@@ -470,7 +494,7 @@ impl JoinCore {
                     None => None,
                 };
                 Ok(RejoinTicket {
-                    state_disk_key: self.state_disk_key(&uuid)?,
+                    state_disk_key: self.state_disk_key(&uuid, key_length)?,
                     measurement_secret: self.config.master_secret.measurement_secret(),
                     measurement_salt: self.config.measurement_salt.clone(),
                     vpn,
@@ -479,7 +503,7 @@ impl JoinCore {
             |ticket| {
                 format!(
                     "key {} issued",
-                    hawser_keys::fingerprint(&*ticket.state_disk_key)
+                    hawser_keys::fingerprint(&ticket.state_disk_key)
                 )
             },
         )
@@ -609,10 +633,14 @@ impl JoinCore {
         Ok(update)
     }
 
-    fn state_disk_key(&self, uuid: &str) -> Result<Zeroizing<[u8; STATE_DISK_KEY_LEN]>, JoinError> {
+    fn state_disk_key(
+        &self,
+        uuid: &str,
+        length: StateDiskKeyLength,
+    ) -> Result<Zeroizing<Vec<u8>>, JoinError> {
         self.config
             .master_secret
-            .state_disk_key(uuid)
+            .state_disk_key(uuid, length)
             .map_err(JoinError::DiskKey)
     }
 
@@ -734,6 +762,11 @@ fn check_measurements(
         }
         Err(mismatch) => Err(JoinError::Measurements(mismatch)),
     }
+}
+
+/// The key length a node asked for (0: it did not say, 64 bytes).
+fn key_length(requested: usize) -> Result<StateDiskKeyLength, JoinError> {
+    StateDiskKeyLength::from_requested(requested).map_err(JoinError::DiskKeyLength)
 }
 
 /// A Kubernetes node name: a DNS subdomain (RFC 1123), at most 253 characters.
@@ -867,6 +900,68 @@ mod tests {
     }
 
     #[test]
+    fn a_node_with_integrity_gets_a_96_byte_key_and_a_length_no_disk_uses_records_nothing() {
+        let f = fixture(false);
+        let integrity = JoinRequest {
+            state_disk_key_length: 96,
+            ..request(false)
+        };
+        let ticket = f.core.issue_join_ticket(&peer(0x99), &integrity).unwrap();
+        assert_eq!(
+            *ticket.state_disk_key,
+            *f.master
+                .state_disk_key(UUID, StateDiskKeyLength::XtsHmacSha256)
+                .unwrap()
+        );
+        let rejoin = f
+            .core
+            .issue_rejoin_ticket_at(
+                &peer(0x99),
+                &RejoinRequest {
+                    disk_uuid: UUID.into(),
+                    state_disk_key_length: 96,
+                    ..RejoinRequest::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(*rejoin.state_disk_key, *ticket.state_disk_key);
+        // An XTS-only disk (or a node that does not say) keeps its 64-byte key: the prefix.
+        let xts = f.core.issue_rejoin_ticket(&peer(0x99), UUID).unwrap();
+        assert_eq!(&xts.state_disk_key[..], &ticket.state_disk_key[..64]);
+
+        // A length no disk uses is refused by name, before the disk is bound to the AK.
+        let other = "0f8a41cf-4c2e-4e76-9a3b-5d1e2f3a4b5c";
+        for bad in [32, 65, 128] {
+            let err = f
+                .core
+                .issue_join_ticket(
+                    &peer(0x98),
+                    &JoinRequest {
+                        disk_uuid: other.into(),
+                        state_disk_key_length: bad,
+                        ..request(false)
+                    },
+                )
+                .unwrap_err();
+            assert!(matches!(err, JoinError::DiskKeyLength(_)), "{err}");
+            let chain = hawser_attestation::error_chain(&err);
+            assert!(chain.contains(&format!("{bad}-byte key")), "{chain}");
+            assert_eq!(
+                crate::service::status_of(&err).code(),
+                tonic::Code::InvalidArgument
+            );
+        }
+        assert!(
+            f.core
+                .store()
+                .disk_binding(other, ReadConsistency::Latest)
+                .unwrap()
+                .is_none(),
+            "a refused length recorded the disk"
+        );
+    }
+
+    #[test]
     fn a_genuine_node_gets_the_key_of_its_disk_and_can_rejoin() {
         let f = fixture(false);
         let ticket = f
@@ -875,7 +970,9 @@ mod tests {
             .unwrap();
         assert_eq!(
             *ticket.state_disk_key,
-            *f.master.state_disk_key(UUID).unwrap()
+            *f.master
+                .state_disk_key(UUID, StateDiskKeyLength::Xts)
+                .unwrap()
         );
         assert_eq!(*ticket.measurement_secret, *f.master.measurement_secret());
         assert!(
@@ -1169,6 +1266,7 @@ mod tests {
                 is_control_plane: false,
                 vpn_public_key: vpn_key(key).as_bytes().to_vec(),
                 vpn_endpoint: endpoint.into(),
+                state_disk_key_length: 0,
             }
         }
 
@@ -1211,7 +1309,14 @@ mod tests {
             // mesh as it is now.
             let rejoin = f
                 .core
-                .issue_rejoin_ticket_at(&peer(0x99), UUID, "198.51.100.7:51820")
+                .issue_rejoin_ticket_at(
+                    &peer(0x99),
+                    &RejoinRequest {
+                        disk_uuid: UUID.to_string(),
+                        vpn_endpoint: "198.51.100.7:51820".into(),
+                        ..RejoinRequest::default()
+                    },
+                )
                 .unwrap()
                 .vpn
                 .unwrap();
@@ -1276,7 +1381,14 @@ mod tests {
             join(&f, &join_request(UUID, "worker-1", 1, "")).unwrap();
             let error = f
                 .core
-                .issue_rejoin_ticket_at(&peer(0x99), UUID, "nowhere")
+                .issue_rejoin_ticket_at(
+                    &peer(0x99),
+                    &RejoinRequest {
+                        disk_uuid: UUID.to_string(),
+                        vpn_endpoint: "nowhere".into(),
+                        ..RejoinRequest::default()
+                    },
+                )
                 .unwrap_err();
             assert!(matches!(error, JoinError::VpnEndpoint { .. }), "{error}");
         }
@@ -1352,7 +1464,14 @@ mod tests {
             assert!(ticket.vpn.is_none());
             let rejoin = f
                 .core
-                .issue_rejoin_ticket_at(&peer(0x99), UUID, "192.0.2.9:51820")
+                .issue_rejoin_ticket_at(
+                    &peer(0x99),
+                    &RejoinRequest {
+                        disk_uuid: UUID.to_string(),
+                        vpn_endpoint: "192.0.2.9:51820".into(),
+                        ..RejoinRequest::default()
+                    },
+                )
                 .unwrap();
             assert!(rejoin.vpn.is_none());
             assert_eq!(registry(&f).unwrap().members().count(), 1);

@@ -46,7 +46,7 @@ use tokio::sync::{Semaphore, oneshot};
 use tonic::{Code, Request, Response, Status};
 use tracing::Instrument as _;
 
-use crate::core::{JoinCore, JoinError, JoinRequest, VerifiedPeer};
+use crate::core::{JoinCore, JoinError, JoinRequest, RejoinRequest, VerifiedPeer};
 use crate::ratelimit::RateLimiter;
 use crate::vpn::VpnTicket;
 
@@ -339,6 +339,7 @@ pub fn status_of(err: &JoinError) -> Status {
     let code = match err {
         JoinError::BadRequest(_)
         | JoinError::DiskUuid(_)
+        | JoinError::DiskKeyLength(_)
         | JoinError::NodeName { .. }
         | JoinError::VpnPublicKey(_)
         | JoinError::VpnEndpoint { .. } => Code::InvalidArgument,
@@ -440,6 +441,7 @@ impl JoinService for Service {
             is_control_plane: msg.is_control_plane,
             vpn_public_key: msg.vpn_public_key,
             vpn_endpoint: msg.vpn_endpoint,
+            state_disk_key_length: msg.state_disk_key_length as usize,
         };
         let decided_peer = peer.clone();
         let ticket = self
@@ -491,10 +493,15 @@ impl JoinService for Service {
     ) -> Result<Response<IssueRejoinTicketResponse>, Status> {
         let peer = Self::peer(&request)?;
         let msg = request.into_inner();
+        let req = RejoinRequest {
+            disk_uuid: msg.disk_uuid,
+            vpn_endpoint: msg.vpn_endpoint,
+            state_disk_key_length: msg.state_disk_key_length as usize,
+        };
         let decided_peer = peer.clone();
         let ticket = self
             .run("IssueRejoinTicket", &peer, move |core| {
-                core.issue_rejoin_ticket_at(&decided_peer, &msg.disk_uuid, &msg.vpn_endpoint)
+                core.issue_rejoin_ticket_at(&decided_peer, &req)
             })
             .await?;
         Ok(Response::new(IssueRejoinTicketResponse {

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 
 use hawser_joinservice::approvals::ApprovalStore;
 use hawser_joinservice::core::{
-    CONTROL_PLANE_FILES, JoinCore, JoinCoreConfig, JoinError, JoinRequest, VerifiedPeer,
+    CONTROL_PLANE_FILES, JoinCore, JoinCoreConfig, JoinError, JoinRequest, RejoinRequest,
+    VerifiedPeer,
 };
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::store::{
@@ -21,7 +22,7 @@ use hawser_joinservice::store::{
     StoreError, approval_key,
 };
 use hawser_joinservice::tokens::KubeadmTokenIssuer;
-use hawser_keys::MasterSecret;
+use hawser_keys::{MasterSecret, StateDiskKeyLength};
 use rcgen::{
     BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, SanType,
 };
@@ -610,7 +611,10 @@ fn fault_etcd_quorum_lost_rejoin_still_works() {
     let rejoin = node.core.issue_rejoin_ticket(&peer(&AK), &uuid(1)).unwrap();
     assert_eq!(
         *rejoin.state_disk_key,
-        *files.master.state_disk_key(&uuid(1)).unwrap()
+        *files
+            .master
+            .state_disk_key(&uuid(1), StateDiskKeyLength::Xts)
+            .unwrap()
     );
     // Still no clone gets through, and an unknown disk stays unknown.
     assert!(matches!(
@@ -953,7 +957,14 @@ fn fault_etcd_quorum_lost_a_rejoin_keeps_its_vpn_address_and_polls_fail_unavaila
     // The rejoin gets its mesh from the member left; its new endpoint cannot be recorded now.
     let rejoin = node
         .core
-        .issue_rejoin_ticket_at(&peer(&AK), &uuid(1), "192.0.2.99:51820")
+        .issue_rejoin_ticket_at(
+            &peer(&AK),
+            &RejoinRequest {
+                disk_uuid: uuid(1),
+                vpn_endpoint: "192.0.2.99:51820".into(),
+                ..RejoinRequest::default()
+            },
+        )
         .unwrap()
         .vpn
         .unwrap();

@@ -297,7 +297,7 @@ fn join(
         PeerPolicy::Unauthenticated,
         Arc::clone(&node.issuer),
     );
-    runtime.spawn(async move { client.fetch(UUID, DiskStatus::New).await })
+    runtime.spawn(async move { client.fetch(UUID, 64, DiskStatus::New).await })
 }
 
 /// The node got its disk's key, and the disk is bound once, to the node's AK.
@@ -307,7 +307,10 @@ fn assert_recovered(service: &Service, node: &Node, secrets: &Secrets, attempts:
         attempts >= 2,
         "the fault cost no attempt ({attempts}):\n{log}"
     );
-    let key = service.master.state_disk_key(UUID).expect("key");
+    let key = service
+        .master
+        .state_disk_key(UUID, hawser_keys::StateDiskKeyLength::Xts)
+        .expect("key");
     assert_eq!(*secrets.state_disk_key, key.to_vec(), "{log}");
     assert!(secrets.ticket.is_some(), "a new disk gets a join ticket");
     assert_eq!(
@@ -316,7 +319,7 @@ fn assert_recovered(service: &Service, node: &Node, secrets: &Secrets, attempts:
         "{log}"
     );
     // No secret reaches the service's log.
-    assert!(!log.contains(&hex::encode(*key)), "{log}");
+    assert!(!log.contains(&hex::encode(&*key)), "{log}");
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -502,7 +505,7 @@ fn tamper_fake_join_service_advert_only_costs_an_attempt() {
                 PeerPolicy::Unauthenticated,
                 Arc::clone(&issuer),
             );
-            let fresh = tokio::time::timeout(STEP, fresh.fetch(UUID, DiskStatus::New))
+            let fresh = tokio::time::timeout(STEP, fresh.fetch(UUID, 64, DiskStatus::New))
                 .await
                 .expect("the fresh node joins through the real advert");
             let pinned = JoinClient::new(
@@ -511,14 +514,18 @@ fn tamper_fake_join_service_advert_only_costs_an_attempt() {
                 issuer,
             )
             .disk_cluster(Some(real_cluster));
-            let pinned = tokio::time::timeout(STEP, pinned.fetch(UUID, DiskStatus::Initialized))
-                .await
-                .expect("the joined node rejoins through the real advert");
+            let pinned =
+                tokio::time::timeout(STEP, pinned.fetch(UUID, 64, DiskStatus::Initialized))
+                    .await
+                    .expect("the joined node rejoins through the real advert");
             (fresh, pinned)
         })
     });
     let (secrets, attempts) = fresh;
-    let key = service.master.state_disk_key(UUID).expect("key");
+    let key = service
+        .master
+        .state_disk_key(UUID, hawser_keys::StateDiskKeyLength::Xts)
+        .expect("key");
     assert_eq!(*secrets.state_disk_key, key.to_vec(), "{}", service.log());
     assert_eq!(attempts, 2, "the fake costs one attempt, no more");
     let (secrets, attempts) = pinned;

@@ -240,7 +240,9 @@ async fn a_genuine_node_joins_and_bad_requests_get_clear_statuses() {
         .into_inner();
     assert_eq!(
         ticket.state_disk_key,
-        &f.master.state_disk_key(UUID).unwrap()[..]
+        &f.master
+            .state_disk_key(UUID, hawser_keys::StateDiskKeyLength::Xts)
+            .unwrap()[..]
     );
     assert_eq!(
         ticket.measurement_secret,
@@ -757,7 +759,9 @@ async fn tamper_cloned_disk_on_another_tpm() {
         .into_inner();
     assert_eq!(
         rejoin.state_disk_key,
-        &f.master.state_disk_key(UUID).unwrap()[..]
+        &f.master
+            .state_disk_key(UUID, hawser_keys::StateDiskKeyLength::Xts)
+            .unwrap()[..]
     );
     f.stop().await;
 }
@@ -858,6 +862,7 @@ async fn two_nodes_tickets_carry_each_other_in_the_mesh_and_a_rejoin_keeps_the_a
         .issue_rejoin_ticket(IssueRejoinTicketRequest {
             disk_uuid: UUID.into(),
             vpn_endpoint: "192.0.2.11:51820".into(),
+            ..Default::default()
         })
         .await
         .expect("rejoin granted")

@@ -7,7 +7,7 @@
 //! | what | secret | salt | info | length |
 //! |---|---|---|---|---|
 //! | data key for `id` | master key | master salt | `key-<id>` | as needed |
-//! | state-disk key | master key | master salt | `key-<lowercase LUKS2 UUID>` | 64 (AES-XTS-512) |
+//! | state-disk key | master key | master salt | `key-<lowercase LUKS2 UUID>` | 64 (AES-XTS-512) or 96 (and HMAC-SHA256 integrity) |
 //! | measurement secret | master key | master salt | `key-measurementSecret` | 32 |
 //! | cluster ID | measurement secret | measurement salt | `key-clusterID` | 32 |
 //!
@@ -26,8 +26,44 @@ use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 pub const MASTER_SECRET_LEN: usize = 32;
 /// The shortest master secret a user may bring.
 pub const MASTER_SECRET_MIN_LEN: usize = 16;
-/// AES-XTS with two 256-bit keys.
+/// AES-XTS with two 256-bit keys: the state-disk key of a disk without integrity.
 pub const STATE_DISK_KEY_LEN: usize = 64;
+/// AES-XTS-512 then an HMAC-SHA256 key for dm-integrity: the state-disk key of a production disk.
+pub const STATE_DISK_INTEGRITY_KEY_LEN: usize = 96;
+
+/// How long a state disk's key is: what its dm-crypt mapping (and dm-integrity, if any) needs.
+/// The node's measured `hawser.state_disk_integrity` decides it. HKDF-Expand's output is a prefix
+/// stream, so the 96-byte key's first 64 bytes are the 64-byte key: a disk made without
+/// integrity keeps its key whichever length a deriver computed first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum StateDiskKeyLength {
+    /// [`STATE_DISK_KEY_LEN`] bytes: AES-XTS-512 only (development images, and every disk
+    /// whose node did not say).
+    #[default]
+    Xts,
+    /// [`STATE_DISK_INTEGRITY_KEY_LEN`] bytes: AES-XTS-512 and HMAC-SHA256 (production images).
+    XtsHmacSha256,
+}
+
+impl StateDiskKeyLength {
+    /// The key's length in bytes.
+    pub const fn bytes(self) -> usize {
+        match self {
+            StateDiskKeyLength::Xts => STATE_DISK_KEY_LEN,
+            StateDiskKeyLength::XtsHmacSha256 => STATE_DISK_INTEGRITY_KEY_LEN,
+        }
+    }
+
+    /// The length a node asks for; 0 is a node that does not say (before key lengths were
+    /// asked): [`StateDiskKeyLength::Xts`]. Any other length is refused by name.
+    pub fn from_requested(bytes: usize) -> Result<Self, KeyError> {
+        match bytes {
+            0 | STATE_DISK_KEY_LEN => Ok(StateDiskKeyLength::Xts),
+            STATE_DISK_INTEGRITY_KEY_LEN => Ok(StateDiskKeyLength::XtsHmacSha256),
+            other => Err(KeyError::DiskKeyLength(other)),
+        }
+    }
+}
 /// The prefix of every HKDF info string.
 pub const INFO_PREFIX: &str = "key-";
 /// Length of a cluster's measurement salt (the cluster ID's HKDF salt).
@@ -42,6 +78,12 @@ pub enum KeyError {
     /// A master secret shorter than [`MASTER_SECRET_MIN_LEN`].
     #[error("the master secret is {0} bytes; at least {MASTER_SECRET_MIN_LEN} are required")]
     MasterSecretTooShort(usize),
+    /// A state-disk key length no state disk uses.
+    #[error(
+        "no state disk takes a {0}-byte key ({STATE_DISK_KEY_LEN}: AES-XTS-512; \
+         {STATE_DISK_INTEGRITY_KEY_LEN}: AES-XTS-512 with HMAC-SHA256 integrity)"
+    )]
+    DiskKeyLength(usize),
     /// A disk UUID that is not a canonical UUID.
     #[error("{0:?} is not a UUID (expected 8-4-4-4-12 hex digits)")]
     BadUuid(String),
@@ -144,16 +186,13 @@ impl MasterSecret {
         )
     }
 
-    /// The state-disk key of the disk whose LUKS2 UUID is `disk_uuid` (any case).
+    /// The state-disk key of the disk whose LUKS2 UUID is `disk_uuid` (any case), `length` long.
     pub fn state_disk_key(
         &self,
         disk_uuid: &str,
-    ) -> Result<Zeroizing<[u8; STATE_DISK_KEY_LEN]>, KeyError> {
-        let uuid = canonical_uuid(disk_uuid)?;
-        let key = self.data_key(&uuid, STATE_DISK_KEY_LEN)?;
-        let mut out = Zeroizing::new([0u8; STATE_DISK_KEY_LEN]);
-        out.copy_from_slice(&key);
-        Ok(out)
+        length: StateDiskKeyLength,
+    ) -> Result<Zeroizing<Vec<u8>>, KeyError> {
+        self.data_key(&canonical_uuid(disk_uuid)?, length.bytes())
     }
 
     /// The secret the cluster ID is derived from.
@@ -339,11 +378,18 @@ mod tests {
     fn state_disk_key_is_the_64_byte_data_key_of_the_lowercase_uuid() {
         let master = MasterSecret::new(vec![7; 32], vec![9; 32]).unwrap();
         let upper = master
-            .state_disk_key("0A1B2C3D-0000-4000-8000-00000000ABCD")
+            .state_disk_key(
+                "0A1B2C3D-0000-4000-8000-00000000ABCD",
+                StateDiskKeyLength::Xts,
+            )
             .unwrap();
         let lower = master
-            .state_disk_key("0a1b2c3d-0000-4000-8000-00000000abcd")
+            .state_disk_key(
+                "0a1b2c3d-0000-4000-8000-00000000abcd",
+                StateDiskKeyLength::Xts,
+            )
             .unwrap();
+        assert_eq!(upper.len(), 64);
         assert_eq!(*upper, *lower);
         let data = master
             .data_key("0a1b2c3d-0000-4000-8000-00000000abcd", 64)
@@ -355,13 +401,47 @@ mod tests {
             .unwrap();
         assert_eq!(&upper[..32], &short[..]);
         assert!(matches!(
-            master.state_disk_key("not-a-uuid"),
+            master.state_disk_key("not-a-uuid", StateDiskKeyLength::Xts),
             Err(KeyError::BadUuid(_))
         ));
         assert!(matches!(
-            master.state_disk_key("0a1b2c3d-0000-4000-8000-00000000abcz"),
+            master.state_disk_key(
+                "0a1b2c3d-0000-4000-8000-00000000abcz",
+                StateDiskKeyLength::XtsHmacSha256
+            ),
             Err(KeyError::BadUuid(_))
         ));
+    }
+
+    #[test]
+    fn an_integrity_disks_key_is_96_bytes_and_begins_with_the_xts_key() {
+        let master = MasterSecret::new(vec![7; 32], vec![9; 32]).unwrap();
+        let uuid = "0a1b2c3d-0000-4000-8000-00000000abcd";
+        let xts = master
+            .state_disk_key(uuid, StateDiskKeyLength::Xts)
+            .unwrap();
+        let integrity = master
+            .state_disk_key(uuid, StateDiskKeyLength::XtsHmacSha256)
+            .unwrap();
+        assert_eq!(integrity.len(), 96);
+        // Every disk made before lengths were asked keeps its key.
+        assert_eq!(&integrity[..64], &xts[..]);
+        assert_eq!(&integrity[..], &master.data_key(uuid, 96).unwrap()[..]);
+        assert_eq!(
+            StateDiskKeyLength::from_requested(0).unwrap(),
+            StateDiskKeyLength::Xts
+        );
+        assert_eq!(
+            StateDiskKeyLength::from_requested(96).unwrap(),
+            StateDiskKeyLength::XtsHmacSha256
+        );
+        for bad in [1, 32, 63, 65, 128, 8160] {
+            let err = StateDiskKeyLength::from_requested(bad).unwrap_err();
+            assert!(
+                err.to_string().contains(&format!("{bad}-byte key")),
+                "{err}"
+            );
+        }
     }
 
     #[test]

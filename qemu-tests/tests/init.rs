@@ -288,10 +288,12 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
     assert_eq!(join.disk_uuid, uuid.as_str());
     assert_eq!(join.rpc, "Init");
     assert_eq!(join.via, "admin");
-    let key = master.state_disk_key(&uuid).unwrap();
+    let key = master
+        .state_disk_key(&uuid, hawser_keys::StateDiskKeyLength::Xts)
+        .unwrap();
     assert_eq!(
         join.key_fingerprint,
-        hawser_keys::fingerprint(&*key).as_str()
+        hawser_keys::fingerprint(&key).as_str()
     );
     assert_eq!(cluster_file.cluster_id, hex::encode(done.cluster_id));
     assert_eq!(
@@ -349,7 +351,7 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
     );
     let text = console(&vm);
     assert!(
-        !text.contains(&hex::encode(*key)),
+        !text.contains(&hex::encode(&*key)),
         "the key reached the console"
     );
     assert!(!text.contains("FATAL"), "{text}");
@@ -570,10 +572,12 @@ fn second_node_joins(
     // The service derived the key from the admin's master secret, for this disk.
     let uuid = luks_uuid(&disk).expect("the second node formatted its state disk");
     assert_eq!(join.disk_uuid, uuid.as_str());
-    let key = master.state_disk_key(&uuid).unwrap();
+    let key = master
+        .state_disk_key(&uuid, hawser_keys::StateDiskKeyLength::Xts)
+        .unwrap();
     assert_eq!(
         join.key_fingerprint,
-        hawser_keys::fingerprint(&*key).as_str()
+        hawser_keys::fingerprint(&key).as_str()
     );
     // Same cluster, locked.
     assert_eq!(join.cluster_id, hex::encode(cluster_id).as_str());

@@ -38,7 +38,7 @@ use hawser_cli::cluster::{self, ClusterFile, InitOptions, RecoverOptions};
 use hawser_cli::local_cluster::{Layout, NodeSpec, NodeStatus, Role, Stage, StatusFile, observe};
 use hawser_cli::{lan, localhost};
 use hawser_image::pipeline::{self, PipelineOptions};
-use hawser_keys::MasterSecret;
+use hawser_keys::{MasterSecret, StateDiskKeyLength};
 use hawser_qemu::{ProviderCa, TpmConfig, Vm, VmConfig};
 
 use super::{UpOptions, wait_or_stop};
@@ -188,13 +188,19 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
             let ws = crate::image::workspace()?;
             let mut build = PipelineOptions::new(&ws, &opts.out);
             // Nodes given no join endpoint look for the join service on the LAN (mDNS).
-            build.cmdline = format!(
+            build.cmdline = opts.profile().cmdline(&format!(
                 "{} hawser.join_discovery=mdns",
                 localhost::node_cmdline(pipeline::DEFAULT_CMDLINE, false)
-            );
+            ))?;
             build.provider_ca = Some(dir.join(PROVIDER_CA));
             events.say(format!(
-                "building the node image into {} (it carries this cluster's provider CA) …",
+                "building the {} node image into {} (it carries this cluster's provider CA) …",
+                if opts.production {
+                    "production (state disks with HMAC-SHA256 integrity)"
+                } else {
+                    "development (state disks without integrity; --production for the image \
+                     users ship)"
+                },
                 opts.out.display()
             ));
             let (node, timeline) =
@@ -220,6 +226,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
     }
     let measurements = dir.join(MEASUREMENTS);
     localhost::write_expected_measurements(&uki, &measurements)?;
+    let key_length = localhost::state_disk_key_length(&uki)?;
 
     let ports: Vec<Ports> = layout
         .nodes
@@ -235,6 +242,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
         layout: &layout,
         disk_image: &disk_image,
         measurements: &measurements,
+        key_length,
         ports: &ports,
         lan: &hub.ports,
         events: &events,
@@ -330,6 +338,8 @@ struct Formation<'a> {
     layout: &'a Layout,
     disk_image: &'a Path,
     measurements: &'a Path,
+    /// The state-disk key length the image's measured integrity mode asks for.
+    key_length: StateDiskKeyLength,
     ports: &'a [Ports],
     lan: &'a [lan::Port],
     events: &'a Events,
@@ -479,6 +489,7 @@ fn form(
         &first,
         &first_nonce,
         &master,
+        f.key_length,
         &established.cluster_id,
         stop,
         f.events,
@@ -524,6 +535,7 @@ fn form(
             node,
             nonce,
             &master,
+            f.key_length,
             &established.cluster_id,
             stop,
             f.events,
@@ -636,11 +648,12 @@ const API_SERVER_PORT: u16 = 6443;
 
 /// Waits for the node's join report and signed boot report; verifies the quote (this run's
 /// nonce), that PCR 15 is the lock for `cluster_id`, and that the node's disk key derives from
-/// the admin's master secret.
+/// the admin's master secret at the length of the image's integrity mode.
 fn check_reports(
     node: &Node,
     nonce: &[u8],
     master: &MasterSecret,
+    key_length: StateDiskKeyLength,
     cluster_id: &[u8; 32],
     stop: &AtomicBool,
     events: &Events,
@@ -650,7 +663,19 @@ fn check_reports(
     let join = JoinReport::find_in_console(&line)
         .context("join report marker without a report")?
         .context("the node's join report is not valid JSON")?;
-    let expected_key = hawser_keys::fingerprint(master.state_disk_key(&join.disk_uuid)?.as_slice());
+    let expected_key = hawser_keys::fingerprint(
+        master
+            .state_disk_key(&join.disk_uuid, key_length)?
+            .as_slice(),
+    );
+    if join.key_bytes != key_length.bytes() {
+        bail!(
+            "{name} got a {}-byte key for disk {}; its image's integrity mode needs {}",
+            join.key_bytes,
+            join.disk_uuid,
+            key_length.bytes()
+        );
+    }
     if join.key_fingerprint != expected_key {
         bail!(
             "{name} got key {} for disk {}, but the cluster's master secret derives {expected_key}",

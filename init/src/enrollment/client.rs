@@ -256,9 +256,15 @@ impl JoinClient {
         self
     }
 
-    /// Asks the join services in turn until one answers with secrets of the disk's cluster.
-    /// Returns the secrets and the number of attempts.
-    pub async fn fetch(&self, disk_uuid: &str, status: DiskStatus) -> (Secrets, u32) {
+    /// Asks the join services in turn until one answers with secrets of the disk's cluster and
+    /// a key of `key_length` bytes (what the measured integrity mode needs). Returns the
+    /// secrets and the number of attempts.
+    pub async fn fetch(
+        &self,
+        disk_uuid: &str,
+        key_length: usize,
+        status: DiskStatus,
+    ) -> (Secrets, u32) {
         let retry = Retry {
             endpoints: &self.endpoints,
             backoff: &self.backoff,
@@ -266,7 +272,7 @@ impl JoinClient {
             status,
         };
         retry
-            .run(|endpoint| self.attempt(endpoint, disk_uuid, status))
+            .run(|endpoint| self.attempt(endpoint, disk_uuid, key_length, status))
             .await
     }
 
@@ -274,8 +280,31 @@ impl JoinClient {
         &self,
         endpoint: JoinEndpoint,
         disk_uuid: &str,
+        key_length: usize,
         status: DiskStatus,
     ) -> Result<Secrets, String> {
+        let secrets = self.ask(endpoint, disk_uuid, key_length, status).await?;
+        // A key this disk cannot use costs an attempt, named, never the boot: another join
+        // service (or this one, upgraded) may answer right.
+        if secrets.state_disk_key.len() != key_length {
+            return Err(format!(
+                "the join service sent a {}-byte state disk key; this node's disk needs {key_length} \
+                 (hawser.state_disk_integrity): a join service that predates integrity disks?",
+                secrets.state_disk_key.len()
+            ));
+        }
+        Ok(secrets)
+    }
+
+    async fn ask(
+        &self,
+        endpoint: JoinEndpoint,
+        disk_uuid: &str,
+        key_length: usize,
+        status: DiskStatus,
+    ) -> Result<Secrets, String> {
+        // Both fit a u32: the configured lengths are 64 and 96.
+        let state_disk_key_length = u32::try_from(key_length).unwrap_or(u32::MAX);
         let channel = tonic::transport::Endpoint::from_shared(endpoint.uri())
             .map_err(|e| format!("bad endpoint: {}", error_chain(&e)))?
             .connect_timeout(ATTEMPT_TIMEOUT)
@@ -296,6 +325,7 @@ impl JoinClient {
                         .map(|(key, _)| key.as_bytes().to_vec())
                         .unwrap_or_default(),
                     vpn_endpoint: self.mesh_endpoint(),
+                    state_disk_key_length,
                 };
                 let mut response = client
                     .issue_join_ticket(request)
@@ -346,6 +376,7 @@ impl JoinClient {
                     .issue_rejoin_ticket(IssueRejoinTicketRequest {
                         disk_uuid: disk_uuid.to_owned(),
                         vpn_endpoint: self.mesh_endpoint(),
+                        state_disk_key_length,
                     })
                     .await
                     .map_err(status_text)?
@@ -522,8 +553,10 @@ fn checked_master_secret(
         .map_err(|e| format!("the join service sent an unusable master secret: {e}"))?;
     let uuid = hawser_keys::canonical_uuid(disk_uuid)
         .map_err(|e| format!("the disk UUID {disk_uuid:?}: {e}"))?;
+    let length = hawser_keys::StateDiskKeyLength::from_requested(state_disk_key.len())
+        .map_err(|e| format!("the join service sent an unusable disk key: {e}"))?;
     let derived_key = master
-        .state_disk_key(&uuid)
+        .state_disk_key(&uuid, length)
         .map_err(|e| format!("cannot derive the disk key from the master secret sent: {e}"))?;
     let consistent = bool::from(subtle::ConstantTimeEq::ct_eq(
         &derived_key[..],
@@ -782,14 +815,18 @@ mod tests {
     fn a_control_planes_master_secret_must_derive_the_rest_of_the_answer() {
         let master = MasterSecret::new(vec![1; 32], vec![2; 32]).unwrap();
         let uuid = "6a0e4c1f-2b3d-4e5f-8a9b-0c1d2e3f4a5b";
-        let key = master.state_disk_key(uuid).unwrap();
+        let key = master
+            .state_disk_key(uuid, hawser_keys::StateDiskKeyLength::Xts)
+            .unwrap();
         let measurement = master.measurement_secret();
         let taken =
             checked_master_secret(&[1; 32], &[2; 32], uuid, &key[..], &measurement[..]).unwrap();
         assert_eq!(taken.key_bytes(), master.key_bytes());
 
         let other = MasterSecret::new(vec![3; 32], vec![2; 32]).unwrap();
-        let other_key = other.state_disk_key(uuid).unwrap();
+        let other_key = other
+            .state_disk_key(uuid, hawser_keys::StateDiskKeyLength::Xts)
+            .unwrap();
         for (key, measurement) in [
             (&other_key[..], &measurement[..]),
             (&key[..], &other.measurement_secret()[..]),

@@ -164,6 +164,7 @@ impl KeyGrant {
             .to_owned(),
             attempts: self.attempts,
             key_fingerprint: hawser_keys::fingerprint(self.key.as_bytes()),
+            key_bytes: self.key.as_bytes().len(),
             cluster_id: hex::encode(self.cluster_id),
             pcr15: hex::encode(cluster_lock_pcr(&self.cluster_id)),
         };
@@ -263,7 +264,7 @@ impl Enrollment {
                 self.init_port
             ),
         }
-        match self.first_with_secrets(luks_uuid, status).await? {
+        match self.first_with_secrets(luks_uuid, len, status).await? {
             Winner::Join(secrets, attempts) => {
                 let cluster_id =
                     hawser_keys::cluster_id(&secrets.measurement_secret, &secrets.measurement_salt);
@@ -374,6 +375,7 @@ impl Enrollment {
     async fn first_with_secrets(
         &mut self,
         luks_uuid: &str,
+        len: usize,
         status: DiskStatus,
     ) -> Result<Winner, EnrollmentError> {
         self.start_init_server(status).await;
@@ -381,7 +383,7 @@ impl Enrollment {
         let winner = match (&self.join, grants) {
             (None, None) => Err(EnrollmentError::NoContestant),
             (Some(client), None) => {
-                let (secrets, attempts) = client.fetch(luks_uuid, status).await;
+                let (secrets, attempts) = client.fetch(luks_uuid, len, status).await;
                 Ok(Winner::Join(secrets, attempts))
             }
             (None, Some(grants)) => grants
@@ -391,7 +393,7 @@ impl Enrollment {
                 .ok_or(EnrollmentError::InitServerStopped),
             (Some(client), Some(grants)) => {
                 tokio::select! {
-                    (secrets, attempts) = client.fetch(luks_uuid, status) => {
+                    (secrets, attempts) = client.fetch(luks_uuid, len, status) => {
                         Ok(Winner::Join(secrets, attempts))
                     }
                     Some(grant) = grants.recv() => Ok(Winner::Admin(grant)),

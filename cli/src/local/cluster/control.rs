@@ -265,7 +265,15 @@ fn act(
             "{name} asks for a join service; none runs until a control plane is started"
         )),
     }
-    check_reports(&node, &nonce, &master, &cluster_id, stop, f.events)?;
+    check_reports(
+        &node,
+        &nonce,
+        &master,
+        f.key_length,
+        &cluster_id,
+        stop,
+        f.events,
+    )?;
     wait_for_kubeadm(&node, stop)?;
     f.events
         .say(format!("{name}: back in the cluster, kubeadm done"));
