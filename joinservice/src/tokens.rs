@@ -1,5 +1,10 @@
 //! Bootstrap tokens for `kubeadm join`, through a pluggable issuer.
 //!
+//! One token per join, never shared: a token is what lets its holder register a kubelet, and a
+//! node keeps its ticket on its state disk until kubeadm succeeded, so a shared token would let
+//! any one node (or whoever reads its disk's ticket) join further machines for the token's whole
+//! life. The join service asks for a short lifetime (`--token-ttl-secs`, 30 minutes).
+//!
 //! The real issuer runs `kubeadm token create --print-join-command` with the admin kubeconfig
 //! on a control-plane node, and takes the API server endpoint, token and CA-cert hash from the
 //! join command kubeadm prints, checking each against kubeadm's formats. Tests use the same
@@ -84,45 +89,6 @@ impl BootstrapTokenIssuer for KubeadmTokenIssuer {
             });
         }
         parse_join_command(&String::from_utf8_lossy(&output.stdout))
-    }
-}
-
-/// Reuses one token for half its lifetime before asking the inner issuer for a new one.
-///
-/// A kubeadm bootstrap token is reusable until it expires; issuing one per join costs a
-/// `kubeadm token create` (an API-server round trip) on every join and caps the join rate (see
-/// docs/joinservice.md). Every node still gets a token with at least half its TTL left.
-pub struct CachingTokenIssuer<I> {
-    inner: I,
-    cached: std::sync::Mutex<Option<(JoinCredentials, std::time::Instant, Duration)>>,
-}
-
-impl<I: BootstrapTokenIssuer> CachingTokenIssuer<I> {
-    pub fn new(inner: I) -> Self {
-        Self {
-            inner,
-            cached: std::sync::Mutex::new(None),
-        }
-    }
-}
-
-impl<I: BootstrapTokenIssuer> BootstrapTokenIssuer for CachingTokenIssuer<I> {
-    fn issue(&self, ttl: Duration) -> Result<JoinCredentials, TokenError> {
-        // Held across the inner call on purpose: concurrent joins wait for one token instead
-        // of each starting a kubeadm process.
-        let mut cached = match self.cached.lock() {
-            Ok(guard) => guard,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if let Some((creds, issued, issued_ttl)) = cached.as_ref()
-            && *issued_ttl >= ttl
-            && issued.elapsed() < *issued_ttl / 2
-        {
-            return Ok(creds.clone());
-        }
-        let creds = self.inner.issue(ttl)?;
-        *cached = Some((creds.clone(), std::time::Instant::now(), ttl));
-        Ok(creds)
     }
 }
 
@@ -278,34 +244,6 @@ mod tests {
         let creds = parse_join_command(&out).unwrap();
         assert_eq!(creds.api_server_endpoint.to_string(), "[fd00::1]:6443");
         assert_eq!(creds.discovery_ca_cert_hashes.len(), 2);
-    }
-
-    struct Counting(std::sync::atomic::AtomicU32);
-
-    impl BootstrapTokenIssuer for Counting {
-        fn issue(&self, _ttl: Duration) -> Result<JoinCredentials, TokenError> {
-            let n = self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Ok(JoinCredentials {
-                api_server_endpoint: "h:1".parse().unwrap(),
-                bootstrap_token: format!("abcde{n}.0123456789abcdef").parse().unwrap(),
-                discovery_ca_cert_hashes: vec![HASH.parse().unwrap()],
-            })
-        }
-    }
-
-    #[test]
-    fn the_cache_reuses_a_token_for_half_its_ttl_only() {
-        let issuer = CachingTokenIssuer::new(Counting(Default::default()));
-        let a = issuer.issue(Duration::from_secs(3600)).unwrap();
-        assert_eq!(issuer.issue(Duration::from_secs(3600)).unwrap(), a);
-        assert_eq!(issuer.inner.0.load(std::sync::atomic::Ordering::SeqCst), 1);
-        // A longer TTL than the cached token's is a new token.
-        assert_ne!(issuer.issue(Duration::from_secs(7200)).unwrap(), a);
-        // A token past half its life is replaced.
-        let short = CachingTokenIssuer::new(Counting(Default::default()));
-        let first = short.issue(Duration::from_millis(20)).unwrap();
-        std::thread::sleep(Duration::from_millis(15));
-        assert_ne!(short.issue(Duration::from_millis(20)).unwrap(), first);
     }
 
     #[test]

@@ -110,6 +110,7 @@ impl Service {
             format!(
                 "#!/bin/sh\n# The test's gate in front of the kubeadm stand-in (see the module docs).\n\
                  touch '{dir}/token-requested'\n\
+                 echo \"$*\" >>'{dir}/kubeadm-calls'\n\
                  while [ ! -e '{dir}/go' ]; do sleep 0.05; done\n\
                  exec '{standin}' \"$@\"\n",
                 dir = d.display(),
@@ -540,4 +541,46 @@ fn tamper_fake_join_service_advert_only_costs_an_attempt() {
         "{}",
         service.log()
     );
+}
+
+/// Tamper row: a bootstrap token read from one node (its disk's ticket, or a pod on it). Every
+/// join gets a token of its own, asked of kubeadm with the short lifetime: a token admits the
+/// node it was issued to, for 30 minutes, and never another node's join.
+#[test]
+fn tamper_a_bootstrap_token_belongs_to_one_join_and_is_short_lived() {
+    let runtime = runtime();
+    let ca = ProviderCa::generate("test provider").expect("CA");
+    let mut service = Service::new(&ca);
+    std::fs::write(service.path("go"), "").expect("write");
+    service.start();
+    let endpoints =
+        JoinEndpoints::parse(&format!("127.0.0.1:{}", service.port)).expect("endpoints");
+    let mut tokens = Vec::new();
+    for uuid in [UUID, "0b1c2d3e-4f50-4612-8a9b-0c1d2e3f4a5b"] {
+        let node = node(&ca);
+        let client = JoinClient::new(
+            endpoints.clone(),
+            PeerPolicy::Unauthenticated,
+            Arc::clone(&node.issuer),
+        );
+        let (secrets, _) = runtime
+            .block_on(async {
+                tokio::time::timeout(STEP, client.fetch(uuid, 64, DiskStatus::New)).await
+            })
+            .expect("the node joins");
+        let ticket = secrets.ticket.expect("a new disk gets a join ticket");
+        tokens.push(ticket.token.expose_secret().to_owned());
+    }
+    let calls = std::fs::read_to_string(service.path("kubeadm-calls")).expect("kubeadm ran");
+    assert_ne!(tokens[0], tokens[1], "two joins shared one token:\n{calls}");
+    let creates: Vec<&str> = calls
+        .lines()
+        .filter(|l| l.starts_with("token create"))
+        .collect();
+    assert_eq!(
+        creates.len(),
+        2,
+        "one `kubeadm token create` per join:\n{calls}"
+    );
+    assert!(creates.iter().all(|l| l.contains("--ttl 1800s")), "{calls}");
 }

@@ -20,7 +20,7 @@ use hawser_joinservice::member;
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
 use hawser_joinservice::store::{ClusterStore, EtcdFlags, EtcdStore, ReadConsistency, StoreError};
-use hawser_joinservice::tokens::{CachingTokenIssuer, KubeadmTokenIssuer};
+use hawser_joinservice::tokens::KubeadmTokenIssuer;
 use hawser_joinservice::vpn::{self, JoinServiceAddress};
 use hawser_keys::MasterSecret;
 use hawser_mesh::Ipv4Net;
@@ -70,8 +70,10 @@ struct Args {
     /// The Kubernetes version joining nodes install, e.g. v1.33.4.
     #[arg(long)]
     kubernetes_version: hawser_kube_types::KubernetesVersion,
-    /// Lifetime of issued bootstrap tokens, in seconds.
-    #[arg(long, default_value_t = 3600)]
+    /// Lifetime of each join's bootstrap token, in seconds: long enough for a control plane's
+    /// `kubeadm join` under TCG (minutes), short enough that a token left on a disk soon
+    /// admits nothing.
+    #[arg(long, default_value_t = 1800)]
     token_ttl_secs: u64,
     /// Calls running at once.
     #[arg(long, default_value_t = 64)]
@@ -204,10 +206,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
             args.measurements.display()
         )
     })?);
-    let tokens = Arc::new(CachingTokenIssuer::new(KubeadmTokenIssuer {
+    // A token per join (docs/security.md): never one shared by every node.
+    let tokens = Arc::new(KubeadmTokenIssuer {
         kubeadm: args.kubeadm.clone(),
         kubeconfig: args.kubeconfig.clone(),
-    }));
+    });
     // Public: what every node of the cluster extends into PCR 15.
     let cluster_id = hawser_keys::cluster_id(
         master_secret.measurement_secret().as_slice(),
