@@ -147,18 +147,20 @@ async fn genuine_call(addr: SocketAddr, deadline: Duration) -> Option<Duration> 
     None
 }
 
-/// 200 attacker loops on four addresses flood a listener whose total bounds are as generous as
-/// the join service's (1024 there): each address gets 4 handshakes in flight, so the genuine
-/// client waits behind at most 16 quotes (≈ 0.8 s), not behind 200 (10 s: its handshake
-/// timeout). Without the per-source bound, it does not get through within the bound.
+/// 200 attacker loops on four addresses flood a listener whose handshake bounds are as
+/// generous as the join service's (1024 there): each address gets 2 places in the quote
+/// queue, so the genuine client waits behind at most 8 quotes (≈ 0.4 s), not behind 200 (10 s:
+/// its handshake timeout). Without the per-source share of the queue, it does not get through
+/// within the bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tamper_handshake_flood_from_several_addresses() {
     let limits = ConnectionLimits {
         max_handshakes: 512,
-        max_handshakes_per_source: 4,
+        max_handshakes_per_source: 128,
         quotes_per_sec: 100.0,
         quote_burst: 10,
         max_queued_quotes: 512,
+        max_queued_quotes_per_source: 2,
         idle_timeout: Duration::from_secs(60),
     };
     let listener = listen(limits).await;
@@ -194,6 +196,7 @@ async fn tamper_quote_rate_under_flood() {
         quotes_per_sec: 5.0,
         quote_burst: 2,
         max_queued_quotes: 8,
+        max_queued_quotes_per_source: 4,
         idle_timeout: Duration::from_secs(60),
     };
     let listener = listen(limits).await;

@@ -14,9 +14,14 @@
 //!   take more than its share; IPv6 sources count per /64 (one host gets a whole /64).
 //! - **Quote rate** ([`QuotePacer`]): the handshakes of one listener take their quote in
 //!   arrival order (first come, first served), at most [`ConnectionLimits::quotes_per_sec`]
-//!   sustained; at most [`ConnectionLimits::max_queued_quotes`] wait or quote at once, and the
-//!   next is refused at once. With the per-source bound this caps how long a genuine client
-//!   waits behind an attacker with `S` addresses: about `S × per_source / quotes_per_sec`.
+//!   sustained; at most [`ConnectionLimits::max_queued_quotes_per_source`] from one source
+//!   and [`ConnectionLimits::max_queued_quotes`] in all wait or quote at once, and the next is
+//!   refused at once (after its ClientHello, before the TPM). A genuine client therefore waits
+//!   behind an attacker with `S` addresses for at most about
+//!   `S × max_queued_quotes_per_source / quotes_per_sec` (0.8 s for 4 addresses with the
+//!   defaults). Only an attacker with more than `max_queued_quotes / per_source` addresses (32
+//!   with the defaults) can keep the queue full, and then the genuine client's retries compete
+//!   with its connections for the freed places.
 //! - **Idle connections** ([`ConnectionLimits::idle_timeout`]): an established connection with
 //!   no call in progress for this long is closed (see `CallTracking` in the `tonic` feature).
 //!   Established connections therefore number at most about
@@ -32,7 +37,6 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -50,8 +54,11 @@ pub const DEFAULT_QUOTES_PER_SEC: f64 = 10.0;
 /// Default of [`ConnectionLimits::quote_burst`].
 pub const DEFAULT_QUOTE_BURST: u32 = 10;
 /// Default of [`ConnectionLimits::max_queued_quotes`]: at the default rate, the last of them
-/// gets its quote after ≈ 3.2 s, well inside the default handshake timeout of 10 s.
-pub const DEFAULT_MAX_QUEUED_QUOTES: usize = 32;
+/// gets its quote after ≈ 6.4 s, inside the default handshake timeout of 10 s.
+pub const DEFAULT_MAX_QUEUED_QUOTES: usize = 64;
+/// Default of [`ConnectionLimits::max_queued_quotes_per_source`]: a genuine client quotes once
+/// per handshake; the second is a retry overlapping its abandoned attempt.
+pub const DEFAULT_MAX_QUEUED_QUOTES_PER_SOURCE: usize = 2;
 /// Default of [`ConnectionLimits::idle_timeout`]: a client connects to make a call; a minute
 /// without one is not a client.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -72,6 +79,9 @@ pub struct ConnectionLimits {
     pub quote_burst: u32,
     /// Handshakes waiting for their quote or quoting, at most; the next is refused at once.
     pub max_queued_quotes: usize,
+    /// Handshakes from one source address (IPv6: one /64) waiting for their quote or quoting,
+    /// at most: what keeps the first-come-first-served queue fair between addresses.
+    pub max_queued_quotes_per_source: usize,
     /// An established connection with no call in progress for this long is closed.
     pub idle_timeout: Duration,
 }
@@ -84,6 +94,7 @@ impl Default for ConnectionLimits {
             quotes_per_sec: DEFAULT_QUOTES_PER_SEC,
             quote_burst: DEFAULT_QUOTE_BURST,
             max_queued_quotes: DEFAULT_MAX_QUEUED_QUOTES,
+            max_queued_quotes_per_source: DEFAULT_MAX_QUEUED_QUOTES_PER_SOURCE,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
         }
     }
@@ -190,6 +201,8 @@ pub(crate) enum Refused {
     ListenerBusy,
     /// The most handshakes already wait for a quote.
     QuoteQueueFull,
+    /// The most handshakes from its source already wait for a quote.
+    SourceQuotesQueued,
 }
 
 impl Refused {
@@ -202,6 +215,9 @@ impl Refused {
                 format!("the listener already has {limit} handshakes in progress")
             }
             Refused::QuoteQueueFull => format!("{limit} handshakes already wait for a TPM quote"),
+            Refused::SourceQuotesQueued => {
+                format!("{limit} handshakes from its source address already wait for a TPM quote")
+            }
         }
     }
 }
@@ -339,20 +355,34 @@ impl Drop for Admitted {
 pub struct QuotePacer {
     /// tokio's mutex queues its waiters in order: the pacing is first come, first served.
     bucket: tokio::sync::Mutex<TokenBucket>,
-    queued: AtomicUsize,
+    /// Waiting or quoting: in total, and per source.
+    queued: Mutex<(usize, HashMap<IpAddr, usize>)>,
     max_queued: usize,
-    refusals: RefusalLog,
+    max_per_source: usize,
+    queue_full: RefusalLog,
+    source_queued: RefusalLog,
 }
 
-/// A handshake's turn to quote; the queue slot is held until it is dropped (after the quote).
+/// A handshake's turn to quote; the queue place is held until it is dropped (after the quote).
 #[derive(Debug)]
 pub struct QuotePermit {
     pacer: Arc<QuotePacer>,
+    source: Option<IpAddr>,
 }
 
 impl Drop for QuotePermit {
     fn drop(&mut self) {
-        self.pacer.queued.fetch_sub(1, Ordering::AcqRel);
+        let mut queued = lock(&self.pacer.queued);
+        let (total, per_source) = &mut *queued;
+        *total = total.saturating_sub(1);
+        if let Some(source) = self.source
+            && let Some(count) = per_source.get_mut(&source)
+        {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                per_source.remove(&source);
+            }
+        }
     }
 }
 
@@ -360,31 +390,54 @@ impl QuotePacer {
     /// A pacer for `limits`' quote rate, burst and queue.
     pub fn new(limits: &ConnectionLimits) -> Self {
         let max_queued = limits.max_queued_quotes.max(1);
+        let max_per_source = limits.max_queued_quotes_per_source.max(1);
         Self {
             bucket: tokio::sync::Mutex::new(TokenBucket::new(
                 limits.quotes_per_sec,
                 limits.quote_burst,
                 tokio::time::Instant::now().into_std(),
             )),
-            queued: AtomicUsize::new(0),
+            queued: Mutex::new((0, HashMap::new())),
             max_queued,
-            refusals: RefusalLog::new(Refused::QuoteQueueFull, max_queued),
+            max_per_source,
+            queue_full: RefusalLog::new(Refused::QuoteQueueFull, max_queued),
+            source_queued: RefusalLog::new(Refused::SourceQuotesQueued, max_per_source),
         }
     }
 
-    /// Waits for this handshake's turn to quote, or refuses at once when the queue is full.
+    /// Waits for this handshake's turn to quote, or refuses at once when the queue, or the
+    /// share of it that `peer`'s source may take, is full.
     pub async fn admit(self: &Arc<Self>, peer: Option<IpAddr>) -> Result<QuotePermit, AtlsError> {
-        let ahead = self.queued.fetch_add(1, Ordering::AcqRel);
+        let source = peer.map(source_key);
+        {
+            let mut queued = lock(&self.queued);
+            let (total, per_source) = &mut *queued;
+            let of_source = source
+                .and_then(|s| per_source.get(&s).copied())
+                .unwrap_or(0);
+            if *total >= self.max_queued {
+                drop(queued);
+                self.queue_full.refused(peer);
+                return Err(AtlsError::QuoteQueueFull {
+                    queued: self.max_queued,
+                });
+            }
+            if of_source >= self.max_per_source {
+                drop(queued);
+                self.source_queued.refused(peer);
+                return Err(AtlsError::QuoteQueueFull {
+                    queued: self.max_per_source,
+                });
+            }
+            *total += 1;
+            if let Some(source) = source {
+                *per_source.entry(source).or_insert(0) += 1;
+            }
+        }
         let permit = QuotePermit {
             pacer: Arc::clone(self),
+            source,
         };
-        if ahead >= self.max_queued {
-            drop(permit);
-            self.refusals.refused(peer);
-            return Err(AtlsError::QuoteQueueFull {
-                queued: self.max_queued,
-            });
-        }
         let mut bucket = self.bucket.lock().await;
         // tokio's clock, so that tests with paused time see the pacing.
         while let Err(wait) = bucket.take(tokio::time::Instant::now().into_std()) {
@@ -395,7 +448,7 @@ impl QuotePacer {
 
     /// Handshakes waiting for their quote or quoting now.
     pub fn queued(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
+        lock(&self.queued).0
     }
 }
 
@@ -469,20 +522,30 @@ mod tests {
         let pacer = Arc::new(QuotePacer::new(&ConnectionLimits {
             quotes_per_sec: 10.0,
             quote_burst: 1,
-            max_queued_quotes: 2,
+            max_queued_quotes: 3,
+            max_queued_quotes_per_source: 2,
             ..ConnectionLimits::default()
         }));
-        let first = pacer.admit(None).await.unwrap();
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = pacer.admit(Some(a)).await.unwrap();
         // The second waits for the bucket's next token (100 ms at 10/s).
         let started = tokio::time::Instant::now();
-        let second = pacer.admit(None).await.unwrap();
+        let second = pacer.admit(Some(a)).await.unwrap();
         assert!(started.elapsed() >= Duration::from_millis(90));
-        // Two hold the queue: the third is refused at once.
+        // Its source's share is taken: a third from it is refused at once, another source's
+        // is not.
         assert!(matches!(
-            pacer.admit(None).await,
+            pacer.admit(Some(a)).await,
             Err(AtlsError::QuoteQueueFull { queued: 2 })
         ));
-        drop((first, second));
+        let third = pacer.admit(Some(b)).await.unwrap();
+        // Three hold the queue: the next is refused at once, whatever its source.
+        assert!(matches!(
+            pacer.admit(None).await,
+            Err(AtlsError::QuoteQueueFull { queued: 3 })
+        ));
+        drop((first, second, third));
         assert_eq!(pacer.queued(), 0);
     }
 }
