@@ -12,10 +12,16 @@
 //!   connection, so a new connection is always judged by the current file; the core re-checks
 //!   the PCRs with the policy current at each call, so a connection accepted under an old
 //!   policy gets `PERMISSION_DENIED` once the policy no longer admits it.
-//! - **Handshakes are isolated**: each runs in its own task under
-//!   [`ServiceConfig::handshake_timeout`]; at most [`MAX_PENDING_HANDSHAKES`] run at once. A
-//!   client that never finishes its handshake holds one slot until its timeout, nothing more.
-//!   The kernel queues up to [`LISTEN_BACKLOG`] connections the acceptor has not taken yet.
+//! - **Handshakes are isolated and bounded before authentication**: each runs in its own task
+//!   under [`ServiceConfig::handshake_timeout`]; at most [`MAX_PENDING_HANDSHAKES`] run at once
+//!   and [`MAX_PENDING_HANDSHAKES_PER_SOURCE`] from one address, and the excess is closed as
+//!   soon as it is accepted. A client that never finishes its handshake holds one slot until
+//!   its timeout, nothing more. When the service attests (on a control plane), its quotes are
+//!   paced first come, first served ([`ServiceConfig::connection_limits`],
+//!   [`hawser_attestation::atls::limits`]), so a flood cannot queue TPM work beyond the
+//!   handshake timeout; an established connection with no call for
+//!   [`IDLE_TIMEOUT`] is closed. The kernel queues up to [`LISTEN_BACKLOG`] connections the
+//!   acceptor has not taken yet.
 //! - **Per call**: a per-peer token bucket (`RESOURCE_EXHAUSTED` with a retry hint, also as
 //!   `retry-after-ms` metadata), then a deadline ([`ServiceConfig::call_timeout`],
 //!   `DEADLINE_EXCEEDED`) around waiting for one of [`ServiceConfig::max_concurrent_calls`]
@@ -33,7 +39,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hawser_attestation::atls::{AtlsConnectInfo, AtlsServer, Identity, PeerPolicy, incoming_from};
+use hawser_attestation::atls::{
+    AtlsConnectInfo, AtlsServer, CallTracking, ConnectionLimits, Identity, PeerPolicy,
+    incoming_from,
+};
 use hawser_attestation::validator::{AkTrust, AkTrustError, Validator, ValidatorError};
 use hawser_mesh::MeshError;
 use hawser_proto::join::join_service_server::{JoinService, JoinServiceServer};
@@ -56,6 +65,12 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// aTLS handshakes in progress at once. Each costs a task, a socket and a rustls state; a slow
 /// or silent client holds one until [`ServiceConfig::handshake_timeout`].
 pub const MAX_PENDING_HANDSHAKES: usize = 1024;
+/// aTLS handshakes in progress at once from one address (IPv6: one /64). A node runs one at a
+/// time; the rest is room for nodes behind one NAT. The excess is closed on accept.
+pub const MAX_PENDING_HANDSHAKES_PER_SOURCE: usize = 16;
+/// An established connection with no call in progress for this long is closed (a node
+/// connects to call; a reconnecting channel attests afresh).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Connections the kernel queues until the acceptor takes them (`listen(2)`'s backlog, capped
 /// by `net.core.somaxconn`). `TcpListener::bind` uses std's 128: a burst of more joining nodes
 /// than that while the acceptor is busy loses SYNs, and each node whose SYN was lost waits
@@ -83,6 +98,12 @@ pub struct ServiceConfig {
     pub call_timeout: Duration,
     /// Deadline of every aTLS handshake, quotes included (default 10 s).
     pub handshake_timeout: Duration,
+    /// What clients that have not attested yet may make the listener do: handshakes in
+    /// flight ([`MAX_PENDING_HANDSHAKES`] in total, [`MAX_PENDING_HANDSHAKES_PER_SOURCE`] per
+    /// address), the quote rate when the service attests (the defaults of
+    /// [`hawser_attestation::atls::limits`]: 10/s, 32 waiting), the idle timeout
+    /// ([`IDLE_TIMEOUT`]).
+    pub connection_limits: ConnectionLimits,
     /// How often the expected-measurements and control-plane approvals files are checked for
     /// changes (default 2 s).
     pub policy_poll: Duration,
@@ -98,6 +119,7 @@ impl std::fmt::Debug for ServiceConfig {
             .field("burst", &self.burst)
             .field("call_timeout", &self.call_timeout)
             .field("handshake_timeout", &self.handshake_timeout)
+            .field("connection_limits", &self.connection_limits)
             .field("policy_poll", &self.policy_poll)
             .finish_non_exhaustive()
     }
@@ -117,6 +139,12 @@ impl ServiceConfig {
             burst: 20,
             call_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
+            connection_limits: ConnectionLimits {
+                max_handshakes: MAX_PENDING_HANDSHAKES,
+                max_handshakes_per_source: MAX_PENDING_HANDSHAKES_PER_SOURCE,
+                idle_timeout: IDLE_TIMEOUT,
+                ..ConnectionLimits::default()
+            },
             policy_poll: Duration::from_secs(2),
         }
     }
@@ -219,7 +247,7 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
     );
     // The validator follows policy reloads: each new connection gets the server for the
     // policy in force. `None` (a reloaded policy that enforces nothing) refuses, loudly.
-    let incoming = incoming_from(listener, MAX_PENDING_HANDSHAKES, move || {
+    let incoming = incoming_from(listener, config.connection_limits.clone(), move || {
         acceptor
             .server()
             .inspect_err(|err| {
@@ -233,6 +261,8 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
     let (shutdown, shutdown_rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
+            // The idle timeout must see the calls in progress.
+            .layer(CallTracking)
             .add_service(
                 JoinServiceServer::new(service).max_decoding_message_size(MAX_REQUEST_BYTES),
             )

@@ -12,6 +12,7 @@ use rustls::{AlertDescription, ClientConfig, InvalidMessage, ServerConfig};
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio_rustls::{LazyConfigAcceptor, TlsConnector};
 
+use super::limits::QuotePacer;
 use super::verify::{ClientAuthOutcome, ClientResolver, FixedCertificate, PeerVerifier};
 use super::verify::{OutcomeSlot, outcome_slot, take_outcome};
 use super::{
@@ -35,6 +36,8 @@ pub struct AtlsServer {
     attests: bool,
     policy: PeerPolicy,
     timeout: Duration,
+    /// Shared by the handshakes of one listener: quotes wait their turn here.
+    pacer: Option<Arc<QuotePacer>>,
 }
 
 impl std::fmt::Debug for AtlsServer {
@@ -68,6 +71,9 @@ impl std::fmt::Debug for AtlsClient {
 pub struct AtlsStream<IO> {
     tls: tokio_rustls::TlsStream<IO>,
     peer: Arc<PeerAttestation>,
+    /// Set on connections a listener accepted: closes the connection once it is idle.
+    #[cfg(feature = "tonic")]
+    pub(crate) idle: Option<super::net::IdleWatch>,
 }
 
 impl<IO> std::fmt::Debug for AtlsStream<IO> {
@@ -104,6 +110,13 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for AtlsStream<IO> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        // A server connection always has a read pending: this is where its idle time ends it.
+        #[cfg(feature = "tonic")]
+        if let Some(idle) = self.idle.as_mut()
+            && let Poll::Ready(err) = idle.poll_expired(cx)
+        {
+            return Poll::Ready(Err(err));
+        }
         Pin::new(&mut self.tls).poll_read(cx, buf)
     }
 }
@@ -157,6 +170,10 @@ fn log_result<IO>(side: Role, result: &Result<AtlsStream<IO>, AtlsError>) {
             ),
             None => tracing::debug!(%side, "aTLS connection established; peer not attested"),
         },
+        // Counted and reported, rate-limited, by the pacer.
+        Err(err @ AtlsError::QuoteQueueFull { .. }) => {
+            tracing::debug!(%side, error = crate::error_chain(err), "aTLS connection refused")
+        }
         Err(err @ (AtlsError::PeerRefused { .. } | AtlsError::RefusedByPeer { .. })) => {
             tracing::warn!(%side, error = crate::error_chain(err), "aTLS connection refused")
         }
@@ -174,6 +191,7 @@ impl AtlsServer {
             attests: identity.attests(),
             policy,
             timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            pacer: None,
         }
     }
 
@@ -184,19 +202,43 @@ impl AtlsServer {
         self
     }
 
+    /// The handshake's quote waits its turn in `pacer` (shared by the handshakes of one
+    /// listener), or is refused when too many already wait; without one it quotes at once.
+    /// [`AtlsServer::incoming`] and [`super::incoming_from`] set one per listener.
+    pub fn with_quote_pacer(mut self, pacer: Arc<QuotePacer>) -> Self {
+        self.pacer = Some(pacer);
+        self
+    }
+
     /// Runs the server side of an aTLS handshake on `io`.
     pub async fn accept<IO>(&self, io: IO) -> Result<AtlsStream<IO>, AtlsError>
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
-        let result = tokio::time::timeout(self.timeout, self.accept_inner(io))
+        self.accept_from(io, None).await
+    }
+
+    /// [`AtlsServer::accept`] for a connection from `peer` (named in refusals).
+    pub(crate) async fn accept_from<IO>(
+        &self,
+        io: IO,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<AtlsStream<IO>, AtlsError>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin,
+    {
+        let result = tokio::time::timeout(self.timeout, self.accept_inner(io, peer))
             .await
             .unwrap_or(Err(AtlsError::Timeout(self.timeout)));
         log_result(Role::Server, &result);
         result
     }
 
-    async fn accept_inner<IO>(&self, io: IO) -> Result<AtlsStream<IO>, AtlsError>
+    async fn accept_inner<IO>(
+        &self,
+        io: IO,
+        peer: Option<std::net::IpAddr>,
+    ) -> Result<AtlsStream<IO>, AtlsError>
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
@@ -210,11 +252,20 @@ impl AtlsServer {
             return Err(AtlsError::NoClientNonce { sni });
         }
 
+        // The TPM's turn, before any work on it: the permit lives until the quote has ended,
+        // even if this handshake times out meanwhile.
+        let permit = match (&self.pacer, self.attests) {
+            (Some(pacer), true) => Some(pacer.admit(peer).await?),
+            _ => None,
+        };
         let minter = Arc::clone(&self.minter);
-        let minted =
-            tokio::task::spawn_blocking(move || minter.mint(Role::Server, client_nonce.as_ref()))
-                .await
-                .map_err(AtlsError::Task)??;
+        let minted = tokio::task::spawn_blocking(move || {
+            let minted = minter.mint(Role::Server, client_nonce.as_ref());
+            drop(permit);
+            minted
+        })
+        .await
+        .map_err(AtlsError::Task)??;
 
         let builder = ServerConfig::builder_with_provider(Arc::clone(&PROVIDER))
             .with_protocol_versions(&[&rustls::version::TLS13])
@@ -284,6 +335,8 @@ impl AtlsServer {
         Ok(AtlsStream {
             tls: tokio_rustls::TlsStream::Server(tls),
             peer: Arc::new(peer),
+            #[cfg(feature = "tonic")]
+            idle: None,
         })
     }
 }
@@ -417,6 +470,8 @@ impl AtlsClient {
         Ok(AtlsStream {
             tls: tokio_rustls::TlsStream::Client(tls),
             peer: Arc::new(peer),
+            #[cfg(feature = "tonic")]
+            idle: None,
         })
     }
 }

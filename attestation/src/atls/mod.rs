@@ -42,10 +42,12 @@
 //! checks that the peer holds its certificate's key, and nothing else.
 //!
 //! With feature `tonic`, [`AtlsServer::incoming`] and [`AtlsClient::connector`] make these
-//! connections the transport of a tonic server and channel.
+//! connections the transport of a tonic server and channel, within the pre-authentication
+//! [`limits`] (handshakes per source and in total, quote rate, idle connections).
 
 pub mod cert;
 mod handshake;
+pub mod limits;
 #[cfg(feature = "tonic")]
 mod net;
 pub mod nonce;
@@ -63,8 +65,12 @@ pub use cert::{
     ParsedCertificate, TlsKey, encode_evidence_extension, parse_certificate,
 };
 pub use handshake::{AtlsClient, AtlsServer, AtlsStream};
+pub use limits::{ConnectionLimits, QuotePacer};
 #[cfg(feature = "tonic")]
-pub use net::{AtlsConnectInfo, AtlsConnector, AtlsIncoming, incoming_from};
+pub use net::{
+    AtlsConnectInfo, AtlsConnector, AtlsIncoming, CallTracking, CallTrackingService, TrackedBody,
+    incoming_from,
+};
 
 use crate::evidence::{EvidenceIssuer, MAX_EVIDENCE_LEN, Nonce, Role};
 use crate::validator::{EvidenceError, ValidatedEvidence, Validator};
@@ -146,6 +152,11 @@ pub enum AtlsError {
         #[source]
         source: std::io::Error,
     },
+    /// Too many handshakes already wait for a quote: refused before any TPM work.
+    #[error(
+        "refused before quoting: {queued} handshakes already wait for a TPM quote (the client may retry later)"
+    )]
+    QuoteQueueFull { queued: usize },
     /// The handshake (with quote and verdicts) took too long.
     #[error("the aTLS handshake did not complete within {0:?}")]
     Timeout(Duration),

@@ -19,23 +19,29 @@
 //! Every socket gets `TCP_NODELAY` (without it each RPC waits ≈ 40 ms for delayed ACKs).
 //! A gRPC handler reads what the client proved from the request:
 //! `request.extensions().get::<AtlsConnectInfo>()`.
+//!
+//! A listener applies its [`ConnectionLimits`] (see [`super::limits`]): connections over the
+//! per-source or total handshake bound are closed as soon as they are accepted, quotes are
+//! paced, and an established connection with no call in progress for the idle timeout is
+//! closed. Which calls are in progress is seen by [`CallTracking`], a tower layer every server
+//! on these connections must add (`Server::builder().layer(CallTracking)`): without it every
+//! connection counts as idle, and is closed at the idle timeout even during a call.
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tracing::Instrument as _;
 
+use super::limits::{Admission, ConnectionLimits, QuotePacer};
 use super::{AtlsClient, AtlsError, AtlsServer, AtlsStream, PeerAttestation};
 
-/// Handshakes in progress at once per listener (each may wait for a TPM quote).
-const MAX_CONCURRENT_HANDSHAKES: usize = 64;
 /// Accepted connections waiting for tonic to take them.
 const ACCEPTED_QUEUE: usize = 16;
 
@@ -49,6 +55,8 @@ pub struct AtlsConnectInfo {
     pub local_addr: Option<SocketAddr>,
     /// What the client proved.
     pub peer: Arc<PeerAttestation>,
+    /// The connection's calls in progress, for its idle timeout ([`CallTracking`]).
+    activity: Option<Arc<ConnectionActivity>>,
 }
 
 impl tonic::transport::server::Connected for AtlsStream<TcpStream> {
@@ -59,7 +67,199 @@ impl tonic::transport::server::Connected for AtlsStream<TcpStream> {
             remote_addr: self.get_ref().peer_addr().ok(),
             local_addr: self.get_ref().local_addr().ok(),
             peer: self.peer_attestation_arc(),
+            activity: self.idle.as_ref().map(|idle| Arc::clone(&idle.activity)),
         }
+    }
+}
+
+/// The calls in progress on one connection, and since when it has had none.
+#[derive(Debug)]
+pub(crate) struct ConnectionActivity {
+    state: Mutex<ActivityState>,
+}
+
+#[derive(Debug)]
+struct ActivityState {
+    calls: usize,
+    idle_since: tokio::time::Instant,
+    /// The connection's reader, woken when its last call ends (its idle timer starts then).
+    reader: Option<Waker>,
+}
+
+impl ConnectionActivity {
+    fn new() -> Self {
+        Self {
+            state: Mutex::new(ActivityState {
+                calls: 0,
+                idle_since: tokio::time::Instant::now(),
+                reader: None,
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ActivityState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn begin_call(self: &Arc<Self>) -> CallInProgress {
+        self.state().calls += 1;
+        CallInProgress(Arc::clone(self))
+    }
+}
+
+/// One call in progress; dropped when its response has been sent (or abandoned).
+#[derive(Debug)]
+struct CallInProgress(Arc<ConnectionActivity>);
+
+impl Drop for CallInProgress {
+    fn drop(&mut self) {
+        let reader = {
+            let mut state = self.0.state();
+            state.calls = state.calls.saturating_sub(1);
+            if state.calls > 0 {
+                return;
+            }
+            state.idle_since = tokio::time::Instant::now();
+            state.reader.take()
+        };
+        if let Some(reader) = reader {
+            reader.wake();
+        }
+    }
+}
+
+/// The idle timer of one accepted connection (polled from its reads).
+pub(crate) struct IdleWatch {
+    activity: Arc<ConnectionActivity>,
+    timeout: Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl IdleWatch {
+    fn new(timeout: Duration) -> Self {
+        let activity = Arc::new(ConnectionActivity::new());
+        let deadline = activity.state().idle_since + timeout;
+        Self {
+            activity,
+            timeout,
+            timer: Box::pin(tokio::time::sleep_until(deadline)),
+        }
+    }
+
+    /// Ready with the error that ends the connection once it has been idle for the timeout.
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Error> {
+        let deadline = {
+            let mut state = self.activity.state();
+            if state.calls > 0 {
+                if !state
+                    .reader
+                    .as_ref()
+                    .is_some_and(|w| w.will_wake(cx.waker()))
+                {
+                    state.reader = Some(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
+            state.idle_since + self.timeout
+        };
+        if self.timer.deadline() != deadline {
+            self.timer.as_mut().reset(deadline);
+        }
+        match self.timer.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                tracing::debug!(timeout = ?self.timeout, "closing a connection idle for its timeout");
+                Poll::Ready(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no call for {:?}: idle connection closed", self.timeout),
+                ))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// A tower layer that tells each aTLS connection's idle timer which calls are in progress: a
+/// call counts from its request until its response body has ended (a streaming response
+/// keeps its connection open). Every tonic server on [`AtlsServer::incoming`] connections adds
+/// it: `Server::builder().layer(CallTracking)`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallTracking;
+
+impl<S> tower_layer::Layer<S> for CallTracking {
+    type Service = CallTrackingService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        CallTrackingService { inner }
+    }
+}
+
+/// [`CallTracking`]'s service.
+#[derive(Debug, Clone)]
+pub struct CallTrackingService<S> {
+    inner: S,
+}
+
+impl<S, ReqBody, ResBody> tower_service::Service<http::Request<ReqBody>> for CallTrackingService<S>
+where
+    S: tower_service::Service<http::Request<ReqBody>, Response = http::Response<ResBody>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<TrackedBody<ResBody>>;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let call = request
+            .extensions()
+            .get::<AtlsConnectInfo>()
+            .and_then(|info| info.activity.as_ref())
+            .map(ConnectionActivity::begin_call);
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            Ok(response.map(|body| TrackedBody {
+                inner: Box::pin(body),
+                _call: call,
+            }))
+        })
+    }
+}
+
+/// A response body that holds its call in progress until it ends or is dropped.
+pub struct TrackedBody<B> {
+    inner: Pin<Box<B>>,
+    _call: Option<CallInProgress>,
+}
+
+impl<B> std::fmt::Debug for TrackedBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrackedBody").finish_non_exhaustive()
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for TrackedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        self.inner.as_mut().poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -93,11 +293,11 @@ impl Drop for AtlsIncoming {
 }
 
 impl AtlsServer {
-    /// Accepts TCP connections from `listener` and runs the aTLS handshake on each (must be
-    /// called within a tokio runtime).
+    /// Accepts TCP connections from `listener` and runs the aTLS handshake on each, within the
+    /// default [`ConnectionLimits`] (must be called within a tokio runtime).
     pub fn incoming(&self, listener: TcpListener) -> AtlsIncoming {
         let server = self.clone();
-        incoming_from(listener, MAX_CONCURRENT_HANDSHAKES, move || {
+        incoming_from(listener, ConnectionLimits::default(), move || {
             Some(server.clone())
         })
     }
@@ -106,21 +306,20 @@ impl AtlsServer {
 /// Like [`AtlsServer::incoming`], for a server whose configuration changes while it listens:
 /// `server_for_connection` is asked for the server to run each new connection's handshake
 /// with (e.g. one rebuilt after the expected measurements were reloaded); `None` drops the
-/// connection (the closure logs why). At most `max_handshakes` run at once; further
-/// connections wait in the kernel's backlog, not in memory. Must be called within a tokio
-/// runtime.
+/// connection (the closure logs why). `limits` bound what unauthenticated clients can make
+/// the listener do (see [`super::limits`]); a connection over a handshake bound is closed
+/// when it is accepted, before the closure is asked. Must be called within a tokio runtime.
 pub fn incoming_from(
     listener: TcpListener,
-    max_handshakes: usize,
+    limits: ConnectionLimits,
     server_for_connection: impl Fn() -> Option<AtlsServer> + Send + 'static,
 ) -> AtlsIncoming {
     let (sender, accepted) = mpsc::channel(ACCEPTED_QUEUE);
-    let limit = Arc::new(Semaphore::new(max_handshakes.max(1)));
+    let admission = Arc::new(Admission::new(&limits));
+    let pacer = Arc::new(QuotePacer::new(&limits));
+    let idle_timeout = limits.idle_timeout;
     let acceptor = tokio::spawn(async move {
         loop {
-            let Ok(permit) = Arc::clone(&limit).acquire_owned().await else {
-                break;
-            };
             let (tcp, peer) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(err) => {
@@ -133,17 +332,24 @@ pub fn incoming_from(
             if sender.is_closed() {
                 break;
             }
+            // Over a bound: dropping the socket closes it, before any TLS or TPM work.
+            let Ok(admitted) = admission.admit(peer.ip()) else {
+                continue;
+            };
             if let Err(err) = tcp.set_nodelay(true) {
                 tracing::debug!(%peer, %err, "cannot set TCP_NODELAY");
             }
             let Some(server) = server_for_connection() else {
                 continue;
             };
+            let server = server.with_quote_pacer(Arc::clone(&pacer));
             let sender = sender.clone();
             tokio::spawn(
                 async move {
-                    let _permit = permit;
-                    if let Ok(stream) = server.accept(tcp).await {
+                    let result = server.accept_from(tcp, Some(peer.ip())).await;
+                    drop(admitted);
+                    if let Ok(mut stream) = result {
+                        stream.idle = Some(IdleWatch::new(idle_timeout));
                         // A closed receiver means the server is shutting down.
                         let _ = sender.send(stream).await;
                     }

@@ -199,6 +199,14 @@ pub fn run() -> ! {
         ));
     }
 
+    // Before any listener or child exists: all of them inherit it.
+    match crate::platform::rlimit::raise_nofile() {
+        Ok((soft, hard)) => info!("open-file limit {soft} (hard {hard})"),
+        Err(e) => warnings.warn(format!(
+            "PID 1 keeps the kernel's open-file limit: {}",
+            error_chain(&e)
+        )),
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -24,6 +24,11 @@
 //! secret) is refused through its own call; the server then takes requests again. Once the node
 //! lock is taken the server refuses everything, and it stops listening when the winning admin's
 //! call has ended (the CLI keeps it open for its confirming quote, at most [`CONFIRM_WINDOW`]).
+//!
+//! Anyone on the network can connect, and the node quotes for every handshake before the
+//! client has proved anything: [`CONNECTION_LIMITS`] bound that work (handshakes in flight per
+//! address and in total, quotes paced at [`QUOTES_PER_SEC`], connections without a call closed
+//! after [`IDLE_TIMEOUT`]), so a flood neither starves the admin nor exhausts PID 1's files.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
@@ -32,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hawser_attestation::TpmIssuer;
-use hawser_attestation::atls::{AtlsServer, Identity, PeerPolicy};
+use hawser_attestation::atls::{AtlsServer, CallTracking, ConnectionLimits, Identity, PeerPolicy};
 use hawser_keys::MasterSecret;
 use hawser_kube_types::{
     DnsSubdomain, Endpoint, KubernetesVersion, KubernetesVersionError, ServiceCidr,
@@ -56,8 +61,30 @@ pub const INIT_PORT: u16 = 9000;
 pub use hawser_keys::MEASUREMENT_SALT_LEN;
 /// Requests are small; anything bigger is refused before decoding.
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
-/// At most this many aTLS handshakes (each a TPM quote) at once.
-const MAX_PENDING_HANDSHAKES: usize = 4;
+/// At most this many aTLS handshakes (each a TPM quote) in flight at once: one admin at a time
+/// is served, the rest is room for a retry and a few flooding addresses.
+pub const MAX_PENDING_HANDSHAKES: usize = 16;
+/// At most this many of them from one address: an admin's CLI runs one at a time (and a
+/// second for its confirming quote).
+pub const MAX_PENDING_HANDSHAKES_PER_SOURCE: usize = 4;
+/// Quotes per second for handshakes, sustained: about one quote's time on a vTPM under TCG
+/// (≈ 100 ms), so a flood keeps PID 1's TPM busy at most this often, and the admin's handshake
+/// waits at most about `addresses × MAX_PENDING_HANDSHAKES_PER_SOURCE / QUOTES_PER_SEC`.
+pub const QUOTES_PER_SEC: f64 = 10.0;
+/// An established connection with no call in progress for this long is closed: the CLI calls
+/// right after its handshake, and its call keeps the connection open while the node boots.
+/// With [`QUOTES_PER_SEC`] this bounds idle connections to about 300.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The init server's pre-authentication limits (see [`hawser_attestation::atls::limits`]).
+pub const CONNECTION_LIMITS: ConnectionLimits = ConnectionLimits {
+    max_handshakes: MAX_PENDING_HANDSHAKES,
+    max_handshakes_per_source: MAX_PENDING_HANDSHAKES_PER_SOURCE,
+    quotes_per_sec: QUOTES_PER_SEC,
+    quote_burst: 4,
+    max_queued_quotes: MAX_PENDING_HANDSHAKES,
+    max_queued_quotes_per_source: 2,
+    idle_timeout: IDLE_TIMEOUT,
+};
 /// Buffered responses per call before the node's log lines wait for a slow admin.
 const STREAM_BUFFER: usize = 64;
 /// After the outcome, how long the winning admin's call may stay open (the CLI re-attests the
@@ -580,7 +607,7 @@ pub async fn spawn(
         .map_err(|source| InitServerError::Listen { address, source })?;
     let atls = AtlsServer::new(Identity::attested(issuer), PeerPolicy::Unauthenticated);
     let incoming =
-        hawser_attestation::atls::incoming_from(listener, MAX_PENDING_HANDSHAKES, move || {
+        hawser_attestation::atls::incoming_from(listener, CONNECTION_LIMITS, move || {
             Some(atls.clone())
         });
     info!(
@@ -588,6 +615,8 @@ pub async fn spawn(
     );
     Ok(tokio::spawn(async move {
         let result = tonic::transport::Server::builder()
+            // The idle timeout must see the admin's call in progress.
+            .layer(CallTracking)
             .add_service(
                 InitServiceServer::new(server).max_decoding_message_size(MAX_REQUEST_BYTES),
             )

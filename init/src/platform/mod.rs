@@ -13,6 +13,7 @@
 //! - [`reaper`]: reaping orphans, and the registry of children PID 1 waits for itself.
 //! - [`power_button`]: the ACPI power button's input device. [`net`]: link-up and an address.
 //! - [`poll`]: the one wait-until-it-is-there helper. [`timings`]: the phase timer.
+//! - [`rlimit`]: PID 1's open-file limit, raised at startup (and why to which values).
 //! - [`rebase`]: after the pivot, PID 1's own mappings moved from the deleted initramfs onto
 //!   their byte-identical copies in the rootfs (`mmap`/`mremap` in place, other threads
 //!   parked), which frees the initramfs.
@@ -50,6 +51,7 @@ pub mod power_button;
 pub mod random;
 pub mod reaper;
 pub mod rebase;
+pub mod rlimit;
 pub mod syscalls;
 pub mod timings;
 
