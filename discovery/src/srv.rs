@@ -58,6 +58,8 @@ impl SrvEndpoint {
             api_port: None,
             source: Source::DnsSrv,
             last_seen: now,
+            failures: 0,
+            leaving: false,
         }
     }
 }
