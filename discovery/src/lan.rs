@@ -6,11 +6,13 @@
 //! hundreds of adverts did during one 30 s join attempt, and every advert, answering or not,
 //! cost a whole join attempt. So:
 //!
-//! - a thread (`hawser-mdns-browse`) takes in mdns-sd's events as they come, and publishes what
-//!   it heard for the rounds to read; the browser subscribes again if mdns-sd still drops it;
-//! - [`LanBrowser::round`] ranks what was heard ([`crate::rank`]: random order, the failed and
-//!   departing last), probes every endpoint's TCP port at once ([`crate::probe`]), tells the
-//!   sightings which answered, and hands out only those, in rank order.
+//! - a thread (`hawser-mdns-browse`) takes in mdns-sd's events as they come, and answers the
+//!   rounds' questions; the browser subscribes again if mdns-sd still drops it;
+//! - [`LanBrowser::round`] ranks what was heard ([`crate::rank`]: random order, those that
+//!   answered before first, the failed and departing last), probes the first [`PROBE_BUDGET`]
+//!   endpoints' TCP ports at once ([`crate::probe`]), tells the sightings which answered, and
+//!   hands out only those, in rank order. The next round probes the next ones: those not
+//!   probed yet rank before those that failed.
 //!
 //! The bound this gives is in `docs/discovery.md` ("How long a flood can delay a node").
 
@@ -26,8 +28,11 @@ use crate::mdns::{Browser, MdnsError};
 use crate::probe::{PROBE_TIMEOUT, probe};
 use crate::{Candidate, rank};
 
-/// How long the browsing thread waits for an event before it publishes what it has (and
-/// looks at its stop flag).
+/// How many endpoints a round probes at most: a flood of adverts costs a round of
+/// [`PROBE_TIMEOUT`] per this many fakes.
+pub const PROBE_BUDGET: usize = 256;
+/// How long the browsing thread waits for an event before it answers the rounds (and looks at
+/// its stop flag).
 const DRAIN_WAIT: Duration = Duration::from_millis(100);
 /// How often a round looks again while it waits for a first advert.
 const POLL: Duration = Duration::from_millis(100);
@@ -37,21 +42,21 @@ enum Command {
     Probed(SocketAddr, bool),
     AttemptFailed(SocketAddr),
     Reserve(Option<String>),
+    Report(tokio::sync::oneshot::Sender<Heard>),
 }
 
-/// What the browsing thread last published.
+/// What the browser heard, as the browsing thread reports it.
 #[derive(Default)]
 struct Heard {
     seen: Vec<Candidate>,
     restarts: u64,
     refused: u64,
-    /// The browsing thread ended: the daemon shut down.
-    ended: bool,
 }
 
 struct Shared {
-    heard: Mutex<Heard>,
     stop: AtomicBool,
+    /// The browsing thread ended: the daemon shut down.
+    ended: AtomicBool,
 }
 
 /// One round's candidates.
@@ -61,6 +66,8 @@ pub struct Round {
     pub answered: Vec<Candidate>,
     /// Those that did not answer within [`PROBE_TIMEOUT`] (or refused the connection).
     pub silent: Vec<Candidate>,
+    /// How many more were heard, left for later rounds ([`PROBE_BUDGET`]).
+    pub unprobed: usize,
     /// How often mdns-sd ended the subscription so far (and the browser browsed again).
     pub restarts: u64,
     /// How many adverts were left out so far because the table was full of live ones.
@@ -83,8 +90,8 @@ impl LanBrowser {
     ) -> Result<Self, MdnsError> {
         let browser = Browser::start(daemon, cluster_filter)?;
         let shared = Arc::new(Shared {
-            heard: Mutex::new(Heard::default()),
             stop: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
         });
         let (commands, received) = mpsc::channel();
         let thread_shared = Arc::clone(&shared);
@@ -99,14 +106,14 @@ impl LanBrowser {
         })
     }
 
-    /// Every advert heard (any cluster), as the browsing thread last published it.
-    pub fn seen(&self) -> Vec<Candidate> {
-        self.heard(|heard| heard.seen.clone())
+    /// Every advert heard (any cluster).
+    pub async fn seen(&self) -> Vec<Candidate> {
+        self.heard().await.seen
     }
 
     /// How often mdns-sd ended the subscription and the browser browsed again.
-    pub fn restarts(&self) -> u64 {
-        self.heard(|heard| heard.restarts)
+    pub async fn restarts(&self) -> u64 {
+        self.heard().await.restarts
     }
 
     /// Join attempts at `endpoints` failed: they are offered after the others from now on
@@ -125,18 +132,24 @@ impl LanBrowser {
     pub async fn round(&self, own_cluster: Option<&str>, wait: Duration) -> Round {
         self.send(Command::Reserve(own_cluster.map(str::to_owned)));
         let deadline = Instant::now() + wait;
-        let ranked = loop {
-            let ranked = rank(self.seen(), own_cluster);
-            if !ranked.is_empty() || Instant::now() >= deadline || self.heard(|h| h.ended) {
-                break ranked;
+        let (mut ranked, heard) = loop {
+            let heard = self.heard().await;
+            let ranked = rank(heard.seen.clone(), own_cluster);
+            if !ranked.is_empty()
+                || Instant::now() >= deadline
+                || self.shared.ended.load(Ordering::Relaxed)
+            {
+                break (ranked, heard);
             }
             tokio::time::sleep(POLL).await;
         };
+        let unprobed = ranked.split_off(ranked.len().min(PROBE_BUDGET)).len();
         let endpoints: Vec<SocketAddr> = ranked.iter().map(|c| c.endpoint).collect();
         let answers = probe(&endpoints, PROBE_TIMEOUT).await;
         let mut round = Round {
-            restarts: self.restarts(),
-            refused: self.heard(|heard| heard.refused),
+            restarts: heard.restarts,
+            refused: heard.refused,
+            unprobed,
             ..Round::default()
         };
         for (candidate, answered) in ranked.into_iter().zip(answers) {
@@ -150,14 +163,11 @@ impl LanBrowser {
         round
     }
 
-    fn heard<T>(&self, read: impl FnOnce(&Heard) -> T) -> T {
-        read(
-            &self
-                .shared
-                .heard
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner),
-        )
+    /// What the browser heard, from its thread (an empty report once the thread has ended).
+    async fn heard(&self) -> Heard {
+        let (report, reported) = tokio::sync::oneshot::channel();
+        self.send(Command::Report(report));
+        reported.await.unwrap_or_default()
     }
 
     fn send(&self, command: Command) {
@@ -180,22 +190,25 @@ impl Drop for LanBrowser {
 /// publishes what it heard, until told to stop or the daemon shuts down.
 fn drain(mut browser: Browser, shared: &Shared, commands: &mpsc::Receiver<Command>) {
     while !shared.stop.load(Ordering::Relaxed) {
+        if let Err(error) = browser.update(DRAIN_WAIT) {
+            tracing::warn!(error = %error, "stopped browsing for the join service");
+            shared.ended.store(true, Ordering::Relaxed);
+            // Dropping the receiver answers every waiting report with an empty one.
+            return;
+        }
         while let Ok(command) = commands.try_recv() {
             match command {
                 Command::Probed(endpoint, answered) => browser.probed(endpoint, answered),
                 Command::AttemptFailed(endpoint) => browser.attempt_failed(endpoint),
                 Command::Reserve(cluster_id) => browser.reserve_for(cluster_id),
+                Command::Report(report) => {
+                    let _ = report.send(Heard {
+                        seen: browser.seen(),
+                        restarts: browser.restarts(),
+                        refused: browser.refused(),
+                    });
+                }
             }
-        }
-        let result = browser.update(DRAIN_WAIT);
-        let mut heard = shared.heard.lock().unwrap_or_else(PoisonError::into_inner);
-        heard.seen = browser.seen();
-        heard.restarts = browser.restarts();
-        heard.refused = browser.refused();
-        if let Err(error) = result {
-            tracing::warn!(error = %error, "stopped browsing for the join service");
-            heard.ended = true;
-            return;
         }
     }
 }

@@ -79,8 +79,12 @@ pub struct Candidate {
     pub source: Source,
     /// When it was last heard of.
     pub last_seen: Instant,
-    /// Probes of this endpoint that failed since it last answered one.
+    /// Probes of this endpoint that failed since it last answered one, and join attempts
+    /// that failed there.
     pub failures: u32,
+    /// Its last probe answered and no join attempt failed there: a live join service, perhaps
+    /// not up yet.
+    pub answered: bool,
     /// It said goodbye since its last announcement (a goodbye can be forged: it is still
     /// offered, last, until it fails a probe).
     pub leaving: bool,
@@ -97,8 +101,9 @@ impl Candidate {
 /// drops mDNS adverts of other clusters, which it could never join, and tries its own
 /// cluster's first; then come the other mDNS adverts, then the SRV endpoints (which claim no
 /// cluster, in their RFC 2782 order). Within the mDNS groups the order is random, so that no
-/// advert can sort itself first (by its instance name, say), except that endpoints which
-/// failed their last probes and adverts that said goodbye come last. An endpoint listed twice
+/// advert can sort itself first (by its instance name, say), except that endpoints whose
+/// last probe answered come first, and those that failed (a probe or a join attempt) and
+/// adverts that said goodbye come last. An endpoint listed twice
 /// (two adverts naming it) is kept once, where it first comes.
 pub fn rank(candidates: Vec<Candidate>, own_cluster: Option<&str>) -> Vec<Candidate> {
     rank_with(candidates, own_cluster, &mut fastrand::Rng::new())
@@ -128,6 +133,7 @@ pub fn rank_with(
             candidate.source,
             mdns && candidate.leaving,
             if mdns { candidate.failures } else { 0 },
+            mdns && !candidate.answered,
         )
     });
     let mut listed = std::collections::HashSet::new();
@@ -149,6 +155,7 @@ mod tests {
             source,
             last_seen: Instant::now(),
             failures: 0,
+            answered: false,
             leaving: false,
         }
     }

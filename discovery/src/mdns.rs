@@ -26,6 +26,9 @@ use crate::{Candidate, MDNS_SERVICE_TYPE};
 /// The announcement interval of an advert that names none.
 pub const DEFAULT_ANNOUNCE_INTERVAL: Duration = crate::sightings::DEFAULT_INTERVAL;
 
+/// The most events one [`Browser::update`] takes in.
+const EVENTS_PER_UPDATE: usize = 1000;
+
 /// TXT key: the announcement's sequence number (see the module's note).
 const KEY_SEQUENCE: &str = "seq";
 
@@ -260,7 +263,9 @@ impl Browser {
             Err(mdns_sd::RecvTimeoutError::Timeout) => {}
             Err(mdns_sd::RecvTimeoutError::Disconnected) => self.browse_again()?,
         }
-        loop {
+        // A bounded batch, so that a caller between batches (the rounds' questions) is not
+        // starved by a flood that never lets the queue run empty.
+        for _ in 0..EVENTS_PER_UPDATE {
             match self.events.try_recv() {
                 Ok(event) => self.take(event),
                 Err(mdns_sd::TryRecvError::Empty) => break,

@@ -19,8 +19,9 @@ use tokio::task::JoinSet;
 /// one never answers: both are cut short here.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// How many probes run at once (each holds a socket while it waits).
-pub const PROBE_CONCURRENCY: usize = 128;
+/// How many probes run at once (each holds a socket while it waits): a round's whole budget
+/// ([`crate::lan::PROBE_BUDGET`]).
+pub const PROBE_CONCURRENCY: usize = 256;
 
 /// Connects to each of `endpoints` (at most [`PROBE_CONCURRENCY`] at a time, `timeout` each)
 /// and reports, in their order, whether it accepted. Must be called within a tokio runtime.

@@ -37,7 +37,7 @@
 //! This is kept apart from mdns-sd's record cache, whose TTLs (75 minutes for TXT) are for
 //! another purpose.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
@@ -49,11 +49,12 @@ pub const MISSED_ANNOUNCEMENTS: u32 = 3;
 /// The announcement interval assumed for an advert that states none (Avahi's, or a forger's):
 /// hawser-joind's default.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
-/// The most entries kept: bounds memory and the probes of a round.
-pub const MAX_INSTANCES: usize = 512;
-/// The most entries claiming one cluster ID (a joined node tries only its own cluster's: this
-/// bounds its rounds whatever other clusters claim).
-pub const MAX_PER_CLUSTER: usize = 256;
+/// The most entries kept: bounds memory (a few MiB) and the rounds a flood of adverts with
+/// fixed names can cost (a round probes [`crate::lan::PROBE_BUDGET`] of them).
+pub const MAX_INSTANCES: usize = 8192;
+/// The most entries claiming one cluster ID, and the places a joined node keeps for its own
+/// cluster whatever other clusters claim.
+pub const MAX_PER_CLUSTER: usize = MAX_INSTANCES / 2;
 /// The most addresses kept per entry.
 pub const MAX_ADDRESSES: usize = 8;
 
@@ -81,6 +82,8 @@ struct Address {
     probe_failures: u32,
     /// Join attempts that failed there.
     attempt_failures: u32,
+    /// Its last probe answered.
+    answered: bool,
 }
 
 impl Address {
@@ -89,6 +92,7 @@ impl Address {
             last_seen: now,
             probe_failures: 0,
             attempt_failures: 0,
+            answered: false,
         }
     }
 
@@ -108,6 +112,8 @@ struct Entry {
     last_seen: Instant,
     /// A goodbye was heard since the last announcement.
     leaving: bool,
+    /// Where it is in [`Census::dead`]: its `last_seen` when it was last found dead.
+    dead_as_of: Option<Instant>,
 }
 
 impl Entry {
@@ -126,10 +132,64 @@ impl Entry {
     }
 }
 
+/// Who claims which cluster and which entries are dead, kept up to date with every change,
+/// so that a full table chooses whose place a newcomer takes without searching (a flood
+/// brings thousands of newcomers a second).
+#[derive(Debug, Default, Clone)]
+struct Census {
+    /// Instance names by the cluster they claim.
+    members: HashMap<String, BTreeSet<String>>,
+    /// The dead entries, heard of longest ago first.
+    dead: BTreeSet<(Instant, String)>,
+    /// The same, by the cluster they claim.
+    dead_in: HashMap<String, BTreeSet<(Instant, String)>>,
+}
+
+impl Census {
+    fn count(&self, cluster_id: &str) -> usize {
+        self.members.get(cluster_id).map_or(0, BTreeSet::len)
+    }
+
+    fn join(&mut self, cluster_id: &str, instance: &str) {
+        self.members
+            .entry(cluster_id.to_owned())
+            .or_default()
+            .insert(instance.to_owned());
+    }
+
+    fn leave(&mut self, cluster_id: &str, instance: &str) {
+        if let Some(members) = self.members.get_mut(cluster_id) {
+            members.remove(instance);
+            if members.is_empty() {
+                self.members.remove(cluster_id);
+            }
+        }
+    }
+
+    fn mark_dead(&mut self, cluster_id: &str, key: (Instant, String)) {
+        self.dead_in
+            .entry(cluster_id.to_owned())
+            .or_default()
+            .insert(key.clone());
+        self.dead.insert(key);
+    }
+
+    fn unmark_dead(&mut self, cluster_id: &str, key: &(Instant, String)) {
+        self.dead.remove(key);
+        if let Some(dead) = self.dead_in.get_mut(cluster_id) {
+            dead.remove(key);
+            if dead.is_empty() {
+                self.dead_in.remove(cluster_id);
+            }
+        }
+    }
+}
+
 /// The adverts heard, by instance name.
 #[derive(Debug, Default, Clone)]
 pub struct Sightings {
     entries: BTreeMap<String, Entry>,
+    census: Census,
     refused: u64,
     /// The cluster a joined node belongs to: [`MAX_PER_CLUSTER`] places are kept for it.
     reserved: Option<String>,
@@ -155,6 +215,14 @@ impl Sightings {
         }
         let port = advert.port;
         let instance = advert.instance.clone();
+        // An instance that now claims another cluster is a new advert, admitted as one.
+        if self
+            .entries
+            .get(&instance)
+            .is_some_and(|entry| entry.advert.cluster_id != advert.cluster_id)
+        {
+            self.remove(&instance);
+        }
         if let Some(entry) = self.entries.get_mut(&instance) {
             entry.advert = advert;
             entry.last_seen = now;
@@ -168,6 +236,7 @@ impl Sightings {
                     added.get_or_insert(SocketAddr::new(ip, port));
                 }
             }
+            self.reindex(&instance);
             return added.map_or(Change::Refreshed, Change::AddressAdded);
         }
         if !self.room_for(&advert.cluster_id) {
@@ -180,6 +249,7 @@ impl Sightings {
             .map(|&ip| (ip, Address::new(now)))
             .collect();
         let first = addresses.keys().next().copied();
+        self.census.join(&advert.cluster_id, &instance);
         self.entries.insert(
             instance,
             Entry {
@@ -187,6 +257,7 @@ impl Sightings {
                 addresses,
                 last_seen: now,
                 leaving: false,
+                dead_as_of: None,
             },
         );
         first.map_or(Change::Unreachable, |ip| {
@@ -203,55 +274,95 @@ impl Sightings {
 
     /// Whether a new entry claiming `cluster_id` fits, evicting one if a cap is reached: a dead
     /// entry of the share that is full (the one heard of longest ago), or for the reserved
-    /// cluster, when the whole table is full, any entry of another cluster.
+    /// cluster, when the whole table is full, a dead entry or else another cluster's.
     fn room_for(&mut self, cluster_id: &str) -> bool {
+        let census = &self.census;
         let reserved = self.reserved.as_deref();
-        let same_cluster = self
-            .entries
-            .values()
-            .filter(|entry| entry.advert.cluster_id == cluster_id)
-            .count();
+        let cluster_full = census.count(cluster_id) >= MAX_PER_CLUSTER;
         let others_full = reserved.is_some_and(|own| {
             own != cluster_id
-                && self
-                    .entries
-                    .values()
-                    .filter(|entry| entry.advert.cluster_id != own)
-                    .count()
-                    >= MAX_INSTANCES - MAX_PER_CLUSTER
+                && self.entries.len() - census.count(own) >= MAX_INSTANCES - MAX_PER_CLUSTER
         });
         let table_full = self.entries.len() >= MAX_INSTANCES;
-        let cluster_full = same_cluster >= MAX_PER_CLUSTER;
-        if !cluster_full && !table_full && !others_full {
+        if !cluster_full && !others_full && !table_full {
             return true;
         }
-        // Whose place a newcomer may take.
-        let evictable = |entry: &Entry| {
-            let theirs = &entry.advert.cluster_id;
-            if cluster_full {
-                entry.dead() && theirs == cluster_id
-            } else if others_full {
-                entry.dead() && Some(theirs.as_str()) != reserved
-            } else if reserved == Some(cluster_id) {
-                theirs != cluster_id || entry.dead()
-            } else {
-                entry.dead()
-            }
+        let cluster_of = |instance: &str| {
+            self.entries
+                .get(instance)
+                .map(|entry| entry.advert.cluster_id.as_str())
         };
-        let victim = self
-            .entries
-            .iter()
-            .filter(|(_, entry)| evictable(entry))
-            .min_by_key(|(_, entry)| (!entry.dead(), entry.last_seen))
-            .map(|(instance, _)| instance.clone());
-        match victim {
+        let victim = if cluster_full {
+            census
+                .dead_in
+                .get(cluster_id)
+                .and_then(BTreeSet::first)
+                .map(|(_, instance)| instance)
+        } else if others_full {
+            census
+                .dead
+                .iter()
+                .map(|(_, instance)| instance)
+                .find(|instance| cluster_of(instance) != reserved)
+        } else if reserved == Some(cluster_id) {
+            // Only the reserved cluster takes the place of a live entry (another cluster's,
+            // which a joined node never tries).
+            census
+                .dead
+                .first()
+                .map(|(_, instance)| instance)
+                .or_else(|| {
+                    census
+                        .members
+                        .iter()
+                        .find(|(cluster, _)| cluster.as_str() != cluster_id)
+                        .and_then(|(_, members)| members.first())
+                })
+        } else {
+            census.dead.first().map(|(_, instance)| instance)
+        };
+        match victim.cloned() {
             Some(victim) => {
                 tracing::debug!(%victim, "a join service advert makes room for a new one");
-                self.entries.remove(&victim);
+                self.remove(&victim);
                 true
             }
             None => false,
         }
+    }
+
+    /// Removes an entry, from the census too.
+    fn remove(&mut self, instance: &str) {
+        let Some(entry) = self.entries.remove(instance) else {
+            return;
+        };
+        let cluster_id = &entry.advert.cluster_id;
+        self.census.leave(cluster_id, instance);
+        if let Some(as_of) = entry.dead_as_of {
+            self.census
+                .unmark_dead(cluster_id, &(as_of, instance.to_owned()));
+        }
+    }
+
+    /// Brings the census up to date after a change to `instance`'s entry.
+    fn reindex(&mut self, instance: &str) {
+        let Some(entry) = self.entries.get_mut(instance) else {
+            return;
+        };
+        let now_dead = entry.dead().then_some(entry.last_seen);
+        if now_dead == entry.dead_as_of {
+            return;
+        }
+        let cluster_id = &entry.advert.cluster_id;
+        if let Some(as_of) = entry.dead_as_of {
+            self.census
+                .unmark_dead(cluster_id, &(as_of, instance.to_owned()));
+        }
+        if let Some(as_of) = now_dead {
+            self.census
+                .mark_dead(cluster_id, (as_of, instance.to_owned()));
+        }
+        entry.dead_as_of = now_dead;
     }
 
     /// A goodbye (records with TTL 0) for `instance`: it is offered last from now on, and goes
@@ -261,6 +372,7 @@ impl Sightings {
         match self.entries.get_mut(instance) {
             Some(entry) => {
                 entry.leaving = true;
+                self.reindex(instance);
                 true
             }
             None => false,
@@ -271,6 +383,7 @@ impl Sightings {
     /// probes of every entry's address there, a failure counts one more.
     pub fn probed(&mut self, endpoint: SocketAddr, answered: bool) {
         self.failed_or_not(endpoint, |address| {
+            address.answered = answered;
             if answered {
                 address.probe_failures = 0;
             } else {
@@ -298,6 +411,7 @@ impl Sightings {
     ) {
         let ip = endpoint.ip();
         let mut gone = Vec::new();
+        let mut touched = Vec::new();
         for (instance, entry) in &mut self.entries {
             if entry.advert.port != endpoint.port() {
                 continue;
@@ -305,16 +419,21 @@ impl Sightings {
             let Some(address) = entry.addresses.get_mut(&ip) else {
                 continue;
             };
-            if update(address) && entry.leaving {
+            let failed = update(address);
+            touched.push(instance.clone());
+            if failed && entry.leaving {
                 entry.addresses.remove(&ip);
                 if entry.addresses.is_empty() {
                     gone.push(instance.clone());
                 }
             }
         }
+        for instance in touched {
+            self.reindex(&instance);
+        }
         for instance in gone {
             tracing::info!(%instance, "a join service that said goodbye does not answer: gone");
-            self.entries.remove(&instance);
+            self.remove(&instance);
         }
     }
 
@@ -322,17 +441,24 @@ impl Sightings {
     /// addresses no announcement listed for as long; returns the instance names dropped.
     pub fn expire(&mut self, now: Instant) -> Vec<String> {
         let mut expired = Vec::new();
+        let mut touched = Vec::new();
         for (instance, entry) in &mut self.entries {
             let lifetime = entry.lifetime();
+            let before = entry.addresses.len();
             entry
                 .addresses
                 .retain(|_, address| now <= address.last_seen + lifetime);
             if now > entry.expires_after() || entry.addresses.is_empty() {
                 expired.push(instance.clone());
+            } else if entry.addresses.len() != before {
+                touched.push(instance.clone());
             }
         }
         for instance in &expired {
-            self.entries.remove(instance);
+            self.remove(instance);
+        }
+        for instance in &touched {
+            self.reindex(instance);
         }
         expired
     }
@@ -356,6 +482,7 @@ impl Sightings {
                     source: Source::Mdns,
                     last_seen: address.last_seen,
                     failures: address.failures(),
+                    answered: address.answered && address.attempt_failures == 0,
                     leaving: entry.leaving,
                 })
             })

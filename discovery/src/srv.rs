@@ -59,6 +59,7 @@ impl SrvEndpoint {
             source: Source::DnsSrv,
             last_seen: now,
             failures: 0,
+            answered: false,
             leaving: false,
         }
     }
