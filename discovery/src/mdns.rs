@@ -311,7 +311,7 @@ impl Browser {
 
     /// A probe of `endpoint` answered or not (see [`Sightings::probed`]).
     pub fn probed(&mut self, endpoint: std::net::SocketAddr, answered: bool) {
-        self.sightings.probed(endpoint, answered);
+        self.sightings.probed(endpoint, answered, Instant::now());
     }
 
     /// A join attempt at `endpoint` failed (see [`Sightings::attempt_failed`]).

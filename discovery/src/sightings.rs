@@ -84,6 +84,9 @@ struct Address {
     attempt_failures: u32,
     /// Its last probe answered.
     answered: bool,
+    /// When a probe last answered: a join service that answers is alive, announced or not
+    /// (an attacker can keep mDNS from resolving it for a while).
+    last_answered: Option<Instant>,
 }
 
 impl Address {
@@ -93,6 +96,7 @@ impl Address {
             probe_failures: 0,
             attempt_failures: 0,
             answered: false,
+            last_answered: None,
         }
     }
 
@@ -102,6 +106,12 @@ impl Address {
 
     fn failures(&self) -> u32 {
         self.probe_failures.saturating_add(self.attempt_failures)
+    }
+
+    /// The last sign of life: its last announcement, or its last answer to a probe.
+    fn alive_at(&self) -> Instant {
+        self.last_answered
+            .map_or(self.last_seen, |answered| answered.max(self.last_seen))
     }
 }
 
@@ -121,8 +131,15 @@ impl Entry {
         lifetime(self.advert.interval.unwrap_or(DEFAULT_INTERVAL))
     }
 
+    /// Three and a half intervals after its last announcement, or after an address last
+    /// answered a probe.
     fn expires_after(&self) -> Instant {
-        self.last_seen + self.lifetime()
+        let answered = self
+            .addresses
+            .values()
+            .filter_map(|a| a.last_answered)
+            .max();
+        answered.map_or(self.last_seen, |answered| answered.max(self.last_seen)) + self.lifetime()
     }
 
     /// Said goodbye, or every address failed its last probe or a join attempt: its place can
@@ -379,13 +396,15 @@ impl Sightings {
         }
     }
 
-    /// The outcome of a probe of `endpoint` (a TCP connection): an answer clears the failed
-    /// probes of every entry's address there, a failure counts one more.
-    pub fn probed(&mut self, endpoint: SocketAddr, answered: bool) {
+    /// The outcome at `now` of a probe of `endpoint` (a TCP connection): an answer clears the
+    /// failed probes of every entry's address there and keeps it alive as an announcement
+    /// would, a failure counts one more.
+    pub fn probed(&mut self, endpoint: SocketAddr, answered: bool, now: Instant) {
         self.failed_or_not(endpoint, |address| {
             address.answered = answered;
             if answered {
                 address.probe_failures = 0;
+                address.last_answered = Some(now);
             } else {
                 address.probe_failures = address.probe_failures.saturating_add(1);
             }
@@ -447,7 +466,7 @@ impl Sightings {
             let before = entry.addresses.len();
             entry
                 .addresses
-                .retain(|_, address| now <= address.last_seen + lifetime);
+                .retain(|_, address| now <= address.alive_at() + lifetime);
             if now > entry.expires_after() || entry.addresses.is_empty() {
                 expired.push(instance.clone());
             } else if entry.addresses.len() != before {

@@ -130,14 +130,14 @@ fn a_goodbye_keeps_the_entry_offered_until_it_fails_a_probe() {
     // A forged goodbye: still offered (marked), and a probe that answers keeps it.
     let leaving: Vec<bool> = sightings.candidates().iter().map(|c| c.leaving).collect();
     assert_eq!(leaving, [true, false]);
-    sightings.probed(endpoint(10), true);
+    sightings.probed(endpoint(10), true, t0);
     assert_eq!(instances(&sightings), ["cp-0", "cp-1"]);
     // Its next announcement makes it live again.
     sightings.observe(advert("cp-0", Some(10 * SECOND)), &[ip(10)], t0 + SECOND);
     assert!(!sightings.candidates()[0].leaving);
     // A real goodbye: the port is closed, one failed probe and it is gone.
     assert!(sightings.goodbye("cp-0"));
-    sightings.probed(endpoint(10), false);
+    sightings.probed(endpoint(10), false, t0);
     assert_eq!(instances(&sightings), ["cp-1"]);
 }
 
@@ -151,7 +151,7 @@ fn a_forged_address_is_added_beside_the_real_one_never_in_its_place() {
     assert_eq!(change, Change::AddressAdded(endpoint(66)));
     assert_eq!(endpoints(&sightings), [endpoint(10), endpoint(66)]);
     // The forged address fails its probe: the real one is still offered, and first in rank.
-    sightings.probed(endpoint(66), false);
+    sightings.probed(endpoint(66), false, t0);
     let candidates = crate::rank(sightings.candidates(), None);
     assert_eq!(candidates[0].endpoint, endpoint(10));
     assert_eq!(candidates[1].failures, 1);
@@ -219,9 +219,9 @@ fn a_cluster_s_share_is_capped_and_a_live_entry_never_evicted() {
     // Every fake fails its probe and the real one answers: newcomers take the fakes' places,
     // never the real one's.
     for n in 1..MAX_PER_CLUSTER {
-        sightings.probed(SocketAddr::new(ip_n(n), 9090), false);
+        sightings.probed(SocketAddr::new(ip_n(n), 9090), false, t0);
     }
-    sightings.probed(endpoint(10), true);
+    sightings.probed(endpoint(10), true, t0);
     for n in 0..2 * MAX_PER_CLUSTER {
         sightings.observe(
             advert(&format!("churn-{n}"), None),
@@ -260,7 +260,7 @@ fn the_table_is_capped_across_clusters() {
         Change::Refused
     );
     // One entry fails its probe: the newcomer takes its place.
-    sightings.probed(SocketAddr::new(ip_n(7), 9090), false);
+    sightings.probed(SocketAddr::new(ip_n(7), 9090), false, t0);
     assert_eq!(
         sightings.observe(newcomer, &[ip(10)], t0),
         Change::Appeared(endpoint(10))
@@ -280,7 +280,7 @@ fn an_entry_keeps_at_most_eight_addresses_and_a_failed_one_makes_room() {
     sightings.observe(advert("cp-0", Some(SECOND)), &[ip(100)], t0);
     assert!(!endpoints(&sightings).contains(&endpoint(100)));
     // …and takes the place of one that failed.
-    sightings.probed(endpoint(3), false);
+    sightings.probed(endpoint(3), false, t0);
     let change = sightings.observe(advert("cp-0", Some(SECOND)), &[ip(100)], t0);
     assert_eq!(change, Change::AddressAdded(endpoint(100)));
     assert!(!endpoints(&sightings).contains(&endpoint(3)));
@@ -337,7 +337,7 @@ fn a_failed_attempt_puts_an_endpoint_last_and_frees_its_place() {
     sightings.observe(advert("real", Some(SECOND)), &[ip(10)], t0);
     sightings.attempt_failed(endpoint(66));
     // A probe that answers does not clear it: the attempt there failed.
-    sightings.probed(endpoint(66), true);
+    sightings.probed(endpoint(66), true, t0);
     for seed in 0..20 {
         let ranked = crate::rank_with(
             sightings.candidates(),
@@ -350,6 +350,24 @@ fn a_failed_attempt_puts_an_endpoint_last_and_frees_its_place() {
     sightings.goodbye("real");
     sightings.attempt_failed(endpoint(10));
     assert_eq!(instances(&sightings), ["answers-but-fake"]);
+}
+
+#[test]
+fn an_address_that_answers_probes_lives_without_announcements() {
+    let t0 = Instant::now();
+    let mut sightings = Sightings::new();
+    sightings.observe(advert("cp-0", Some(SECOND)), &[ip(10)], t0);
+    // An attacker keeps mDNS from resolving it: no announcement is heard, but it answers.
+    sightings.probed(endpoint(10), true, t0 + 3 * SECOND);
+    assert!(sightings.expire(t0 + 6 * SECOND).is_empty());
+    assert_eq!(endpoints(&sightings), [endpoint(10)]);
+    assert_eq!(
+        sightings.next_deadline(),
+        Some(t0 + 6 * SECOND + SECOND / 2)
+    );
+    // It stops answering too: it goes 3.5 intervals after its last answer.
+    sightings.probed(endpoint(10), false, t0 + 5 * SECOND);
+    assert_eq!(sightings.expire(t0 + 7 * SECOND), ["cp-0"]);
 }
 
 #[test]

@@ -7,8 +7,9 @@
 //!   second: the real join service is handed out within [`BOUND`] of its first announcement;
 //! - the same flood while nobody drains the browser: mdns-sd drops the subscription, and the
 //!   browser subscribes again instead of hearing nothing for the rest of the boot;
-//! - a forged A record and a forged goodbye for the real instance, repeated: the real endpoint
-//!   is never out of the browser's view, and every round hands it out.
+//! - a forged A record, a forged goodbye for the real address and one for the real instance,
+//!   repeated: the real endpoint is never out of the browser's view, and every round hands it
+//!   out.
 //!
 //! Needs root and iproute2; without them the tests fail naming what is missing.
 
@@ -95,14 +96,15 @@ impl Drop for Flood {
     }
 }
 
-/// The real join service in namespace `ns`: its advert (every second) and a listener at its
-/// port, which is all a probe asks of it.
-fn real_service_in(ns: &str) -> (ServiceDaemon, Advertiser, TcpListener) {
-    netns::in_namespace(ns, || {
+/// The real join service in namespace `ns`: its advert (every `interval`) and a listener at
+/// its port, which is all a probe asks of it.
+fn real_service_in(ns: &str, interval: Duration) -> (ServiceDaemon, Advertiser, TcpListener) {
+    netns::in_namespace(ns, move || {
         let listener = TcpListener::bind(("0.0.0.0", JOIN_PORT)).unwrap();
         let daemon = ServiceDaemon::new().unwrap();
-        let advertiser =
-            Advertiser::start(&daemon, advert("cp-0", CLUSTER), "cp-0.local.").unwrap();
+        let mut advert = advert("cp-0", CLUSTER);
+        advert.interval = Some(interval);
+        let advertiser = Advertiser::start(&daemon, advert, "cp-0.local.").unwrap();
         (daemon, advertiser, listener)
     })
 }
@@ -139,7 +141,7 @@ fn hundreds_of_fake_adverts_do_not_starve_the_real_one() {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
             let heard = lan.seen().await.len();
-            let _real = real_service_in(&server);
+            let _real = real_service_in(&server, Duration::from_secs(1));
             let started = Instant::now();
             let mut rounds = 0;
             loop {
@@ -174,7 +176,7 @@ fn a_browser_flooded_while_nobody_drains_it_subscribes_again() {
     require_host(&[]);
     let subnet = 182;
     let underlay = Underlay::new(3, subnet);
-    let _real = real_service_in(&underlay.members[0]);
+    let _real = real_service_in(&underlay.members[0], Duration::from_secs(1));
     let (_browser_daemon, mut browser) = browser_in(&underlay.members[1], Some(CLUSTER));
     wait_for(&mut browser, Duration::from_secs(10), |seen| {
         has(seen, "cp-0")
@@ -228,10 +230,13 @@ fn a_forged_address_and_goodbye_do_not_take_the_real_one_away() {
     require_host(&[]);
     let subnet = 183;
     let underlay = Underlay::new(3, subnet);
-    let real = SocketAddr::new(IpAddr::V4(underlay.ip(0)), JOIN_PORT);
+    let real_ip = underlay.ip(0);
+    let real = SocketAddr::new(IpAddr::V4(real_ip), JOIN_PORT);
     let forged_ip = Ipv4Addr::new(192, 168, subnet, 150);
     let forged = SocketAddr::new(IpAddr::V4(forged_ip), JOIN_PORT);
-    let _real = real_service_in(&underlay.members[0]);
+    // Announced every 10 s: its records age past the second within which mDNS lets a
+    // cache-flush or a goodbye spare them (RFC 6762 §10.2), as a real join service's (30 s) do.
+    let _real = real_service_in(&underlay.members[0], Duration::from_secs(10));
     let forger = Forger::new_in(&underlay.members[2]);
 
     let node = underlay.members[1].clone();
@@ -244,15 +249,16 @@ fn a_forged_address_and_goodbye_do_not_take_the_real_one_away() {
                 assert!(start.elapsed() < Duration::from_secs(10), "real not found");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            // For 6 s the attacker moves the real host's name to an address nobody holds, and
-            // says goodbye in the real instance's name, every 200 ms; the node samples what it
-            // sees.
+            // For 8 s the attacker moves the real host's name to an address nobody holds, says
+            // goodbye for its real address and in the real instance's name, every 200 ms; the
+            // node samples what it sees.
             let attack = Instant::now();
             let mut samples = 0;
             let mut next_forgery = Instant::now();
-            while attack.elapsed() < Duration::from_secs(6) {
+            while attack.elapsed() < Duration::from_secs(8) {
                 if Instant::now() >= next_forgery {
                     forger.address("cp-0.local.", forged_ip);
+                    forger.address_goodbye("cp-0.local.", real_ip);
                     forger.goodbye("cp-0");
                     next_forgery += Duration::from_millis(200);
                 }

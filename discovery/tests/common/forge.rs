@@ -78,6 +78,11 @@ impl Forger {
         self.send(&[(host, TYPE_A, CLASS_IN_FLUSH, 120, ip.octets().to_vec())]);
     }
 
+    /// A goodbye for `host`'s address `ip` (the A record with TTL 0; someone else's).
+    pub fn address_goodbye(&self, host: &str, ip: Ipv4Addr) {
+        self.send(&[(host, TYPE_A, CLASS_IN, 0, ip.octets().to_vec())]);
+    }
+
     /// A goodbye (the PTR record with TTL 0) for `instance` (someone else's).
     pub fn goodbye(&self, instance: &str) {
         let mut ptr = Vec::new();
