@@ -255,9 +255,14 @@ fn a_forged_address_and_goodbye_do_not_take_the_real_one_away() {
             let attack = Instant::now();
             let mut samples = 0;
             let mut next_forgery = Instant::now();
+            let mut forgeries: u8 = 0;
             while attack.elapsed() < Duration::from_secs(8) {
                 if Instant::now() >= next_forgery {
-                    forger.address("cp-0.local.", forged_ip);
+                    // Forged addresses in turn: each change makes mdns-sd report the host's
+                    // addresses again, once the real one has left its cache.
+                    let ip = Ipv4Addr::new(192, 168, subnet, 150 + forgeries % 3);
+                    forger.address("cp-0.local.", ip);
+                    forgeries = forgeries.wrapping_add(1);
                     forger.address_goodbye("cp-0.local.", real_ip);
                     forger.goodbye("cp-0");
                     next_forgery += Duration::from_millis(200);
