@@ -237,7 +237,7 @@ fn a_forged_address_and_goodbye_do_not_take_the_real_one_away() {
     // Announced every 10 s: its records age past the second within which mDNS lets a
     // cache-flush or a goodbye spare them (RFC 6762 §10.2), as a real join service's (30 s) do.
     let _real = real_service_in(&underlay.members[0], Duration::from_secs(10));
-    let forger = Forger::new_in(&underlay.members[2]);
+    let forger = Forger::aimed_at(&underlay.members[2], underlay.ip(1));
 
     let node = underlay.members[1].clone();
     let (samples, rounds) = netns::in_namespace(&node, move || {

@@ -29,12 +29,22 @@ pub struct Fake {
     pub txt: Vec<String>,
 }
 
-/// mDNS port 5353 of an attacker's namespace, sending to the group.
+/// mDNS port 5353 of an attacker's namespace, sending to the group or to one node.
 pub struct Forger {
     socket: UdpSocket,
+    to: SocketAddr,
 }
 
 impl Forger {
+    /// A socket in namespace `ns` sending to one node's port 5353 only (unicast, which mDNS
+    /// receivers take in too): the responder whose records it forges never hears it, and so
+    /// cannot defend them.
+    pub fn aimed_at(ns: &str, node: Ipv4Addr) -> Forger {
+        let mut forger = Forger::new_in(ns);
+        forger.to = SocketAddr::from((node, 5353));
+        forger
+    }
+
     /// A socket in namespace `ns` (which gets a multicast route on its `eth0`).
     pub fn new_in(ns: &str) -> Forger {
         must(&["ip", "-n", ns, "route", "add", "224.0.0.0/4", "dev", "eth0"]);
@@ -43,7 +53,7 @@ impl Forger {
             socket.set_multicast_ttl_v4(255).unwrap();
             socket
         });
-        Forger { socket }
+        Forger { socket, to: GROUP }
     }
 
     /// Announces `fake` (PTR, SRV, TXT, A), with record TTL `ttl` seconds.
@@ -104,7 +114,7 @@ impl Forger {
             packet.extend(u16::try_from(rdata.len()).unwrap().to_be_bytes());
             packet.extend(rdata);
         }
-        self.socket.send_to(&packet, GROUP).unwrap();
+        self.socket.send_to(&packet, self.to).unwrap();
     }
 }
 
