@@ -40,7 +40,8 @@ pub struct JoinServiceAdvert {
     /// The Kubernetes API server's port.
     pub api_port: u16,
     /// How often the join service announces itself; `None` for adverts that do not say (such as
-    /// one published with `avahi-publish`), which then live until their goodbye.
+    /// one published with `avahi-publish`), which are then taken to announce every
+    /// [`crate::sightings::DEFAULT_INTERVAL`].
     pub interval: Option<Duration>,
 }
 

@@ -6,11 +6,17 @@
 //!   interval in the TXT record ([`advert`]). It announces itself again every interval and says
 //!   goodbye (TTL 0) when it stops.
 //! - A node browses for it; what it heard is kept by [`sightings`], a pure state machine over
-//!   instants passed in: an entry expires after three missed announcements, a goodbye removes
-//!   it at once, and a new address replaces the old endpoint.
+//!   instants passed in, written against a forger on the LAN: capped, an entry expires after
+//!   three missed announcements, a new address is added beside the known ones, a goodbye only
+//!   demotes an entry until its address fails a probe.
 //! - On the WAN, SRV records `_hawser-join._tcp.<domain>` list join services in RFC 2782 order
 //!   ([`srv`]), from the system's resolver or named servers.
-//! - [`rank`] orders what was found: the node's own cluster first, then mDNS, then SRV.
+//! - [`rank`] orders what was found: the node's own cluster first, then mDNS in a random order
+//!   (failed and departing ones last), then SRV.
+//! - [`lan::LanBrowser`] keeps the browser drained on a thread of its own (mdns-sd drops a
+//!   subscription that falls 1000 events behind; the browser then subscribes again) and, for
+//!   each round of join attempts, probes every candidate's TCP port at once ([`probe`]) so that
+//!   an endpoint that does not answer costs one short probe, not an attempt.
 //!
 //! Discovery is not trusted. Anyone on the LAN can advertise, and DNS answers can be forged:
 //! every endpoint found here is attested by the node afterwards (aTLS), and a node that has
@@ -20,7 +26,9 @@
 //! The design, the tests and what is not done yet are in `docs/discovery.md`.
 
 pub mod advert;
+pub mod lan;
 pub mod mdns;
+pub mod probe;
 pub mod sightings;
 #[cfg(feature = "srv")]
 pub mod srv;
@@ -29,6 +37,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 pub use advert::{AdvertError, JoinServiceAdvert};
+pub use lan::{LanBrowser, Round};
 pub use mdns::{Advertiser, Browser, MdnsError};
 /// The mDNS daemon's error (starting it, for one).
 pub use mdns_sd::Error as DaemonError;
@@ -70,6 +79,15 @@ pub struct Candidate {
     pub source: Source,
     /// When it was last heard of.
     pub last_seen: Instant,
+    /// Probes of this endpoint that failed since it last answered one, and join attempts
+    /// that failed there.
+    pub failures: u32,
+    /// Its last probe answered and no join attempt failed there: a live join service, perhaps
+    /// not up yet.
+    pub answered: bool,
+    /// It said goodbye since its last announcement (a goodbye can be forged: it is still
+    /// offered, last, until it fails a probe).
+    pub leaving: bool,
 }
 
 impl Candidate {
@@ -82,20 +100,45 @@ impl Candidate {
 /// The order a node tries candidates in. A node that has joined before (`own_cluster` set)
 /// drops mDNS adverts of other clusters, which it could never join, and tries its own
 /// cluster's first; then come the other mDNS adverts, then the SRV endpoints (which claim no
-/// cluster). Within each group the given order is kept (SRV's RFC 2782 order).
+/// cluster, in their RFC 2782 order). Within the mDNS groups the order is random, so that no
+/// advert can sort itself first (by its instance name, say), except that endpoints whose
+/// last probe answered come first, and those that failed (a probe or a join attempt) and
+/// adverts that said goodbye come last. An endpoint listed twice
+/// (two adverts naming it) is kept once, where it first comes.
 pub fn rank(candidates: Vec<Candidate>, own_cluster: Option<&str>) -> Vec<Candidate> {
-    let mut kept: Vec<Candidate> = candidates
+    rank_with(candidates, own_cluster, &mut fastrand::Rng::new())
+}
+
+/// [`rank`] with the random order drawn from `rng` (tests give a seeded one).
+pub fn rank_with(
+    candidates: Vec<Candidate>,
+    own_cluster: Option<&str>,
+    rng: &mut fastrand::Rng,
+) -> Vec<Candidate> {
+    let (mut mdns, srv): (Vec<Candidate>, Vec<Candidate>) = candidates
         .into_iter()
         .filter(|candidate| match (own_cluster, &candidate.cluster_id) {
             (Some(own), Some(claimed)) => own == claimed,
             _ => true,
         })
-        .collect();
-    kept.sort_by_key(|candidate| {
+        .partition(|candidate| candidate.source == Source::Mdns);
+    rng.shuffle(&mut mdns);
+    let mut ranked: Vec<Candidate> = mdns.into_iter().chain(srv).collect();
+    // A stable sort: the shuffle stays within each key, SRV's order within its group.
+    ranked.sort_by_key(|candidate| {
         let own = own_cluster.is_some_and(|own| candidate.claims_cluster(own));
-        (!own, candidate.source)
+        let mdns = candidate.source == Source::Mdns;
+        (
+            !own,
+            candidate.source,
+            mdns && candidate.leaving,
+            if mdns { candidate.failures } else { 0 },
+            mdns && !candidate.answered,
+        )
     });
-    kept
+    let mut listed = std::collections::HashSet::new();
+    ranked.retain(|candidate| listed.insert(candidate.endpoint));
+    ranked
 }
 
 #[cfg(test)]
@@ -111,6 +154,9 @@ mod tests {
             api_port: None,
             source,
             last_seen: Instant::now(),
+            failures: 0,
+            answered: false,
+            leaving: false,
         }
     }
 
@@ -126,9 +172,68 @@ mod tests {
             candidate(3, None, Source::DnsSrv),
             candidate(4, Some("bbbbbbbb"), Source::Mdns),
         ];
-        // A fresh node: mDNS, then SRV in their own order.
-        assert_eq!(ports(&rank(candidates.clone(), None)), [2, 4, 1, 3]);
+        // A fresh node: mDNS (in a random order), then SRV in their own order.
+        let fresh = ports(&rank(candidates.clone(), None));
+        assert!(fresh[..2] == [2, 4] || fresh[..2] == [4, 2], "{fresh:?}");
+        assert_eq!(fresh[2..], [1, 3]);
         // A joined node: its own cluster, then SRV; the other cluster's advert is dropped.
         assert_eq!(ports(&rank(candidates, Some("bbbbbbbb"))), [4, 1, 3]);
+    }
+
+    /// Fakes named to sort before the real one (and claiming its cluster) get no head start:
+    /// the real advert is first as often as any (1 in 101), and in the first half about half
+    /// of the time. Seeded, so the counts are exact run to run.
+    #[test]
+    fn adverts_named_to_sort_first_gain_nothing() {
+        let mut candidates: Vec<Candidate> = (0..100)
+            .map(|n| {
+                let mut fake = candidate(1000 + n, Some("aaaaaaaa"), Source::Mdns);
+                fake.instance = Some(format!("aaa-{n:03}"));
+                fake
+            })
+            .collect();
+        let mut real = candidate(9090, Some("aaaaaaaa"), Source::Mdns);
+        real.instance = Some("zzz-real".into());
+        candidates.push(real);
+        let mut rng = fastrand::Rng::with_seed(28);
+        let (mut first, mut first_half) = (0, 0);
+        for _ in 0..1000 {
+            let ranked = rank_with(candidates.clone(), Some("aaaaaaaa"), &mut rng);
+            let at = ranked
+                .iter()
+                .position(|c| c.endpoint.port() == 9090)
+                .unwrap();
+            first += usize::from(at == 0);
+            first_half += usize::from(at < 50);
+        }
+        assert!((2..=30).contains(&first), "first {first} times in 1000");
+        assert!((400..=600).contains(&first_half), "{first_half}");
+    }
+
+    #[test]
+    fn failed_and_departing_endpoints_come_last_and_duplicates_once() {
+        let mut failed = candidate(1, None, Source::Mdns);
+        failed.failures = 2;
+        let mut leaving = candidate(2, None, Source::Mdns);
+        leaving.leaving = true;
+        let fresh = candidate(3, None, Source::Mdns);
+        let twice = candidate(3, Some("bbbbbbbb"), Source::Mdns);
+        let once = candidate(4, None, Source::Mdns);
+        for seed in 0..20 {
+            let ranked = rank_with(
+                vec![
+                    failed.clone(),
+                    leaving.clone(),
+                    fresh.clone(),
+                    twice.clone(),
+                    once.clone(),
+                ],
+                None,
+                &mut fastrand::Rng::with_seed(seed),
+            );
+            let ports = ports(&ranked);
+            assert_eq!(ports.len(), 4, "{ports:?}");
+            assert_eq!(ports[2..], [1, 2], "{ports:?}");
+        }
     }
 }

@@ -5,6 +5,11 @@
 //! So that every announcement is seen (and an advertiser that stops announcing expires after
 //! three intervals), the advertiser counts its announcements in a TXT key `seq` that decoders
 //! ignore.
+//!
+//! mdns-sd hands a browser its events through a queue of 1000 and ends the subscription when
+//! the queue is full (a LAN flooded with adverts, a browser not drained for a while): the
+//! browser then subscribes again at once ([`Browser::restarts`]), and mdns-sd replays what its
+//! cache holds. It used to stop there and report nothing for the rest of the boot.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -19,7 +24,10 @@ use crate::sightings::{Change, Sightings};
 use crate::{Candidate, MDNS_SERVICE_TYPE};
 
 /// The announcement interval of an advert that names none.
-pub const DEFAULT_ANNOUNCE_INTERVAL: Duration = Duration::from_secs(30);
+pub const DEFAULT_ANNOUNCE_INTERVAL: Duration = crate::sightings::DEFAULT_INTERVAL;
+
+/// The most events one [`Browser::update`] takes in.
+const EVENTS_PER_UPDATE: usize = 1000;
 
 /// TXT key: the announcement's sequence number (see the module's note).
 const KEY_SEQUENCE: &str = "seq";
@@ -60,10 +68,9 @@ pub enum MdnsError {
     /// The daemon's setting could not be changed.
     #[error("could not set the mDNS daemon's address check interval")]
     Setting(#[source] mdns_sd::Error),
-    /// The mDNS daemon stopped reporting to the browser: it shut down, or the browser fell
-    /// 1000 events behind and mdns-sd ended the subscription.
-    #[error("the mDNS daemon stopped reporting to the browser")]
-    DaemonGone,
+    /// The mDNS daemon stopped reporting to the browser and cannot browse again: it shut down.
+    #[error("the mDNS daemon stopped reporting to the browser and cannot browse again")]
+    DaemonGone(#[source] mdns_sd::Error),
     /// The announcement thread could not start.
     #[error("could not start the announcement thread")]
     Thread(#[source] std::io::Error),
@@ -217,9 +224,11 @@ fn fullname(advert: &JoinServiceAdvert) -> String {
 
 /// A node's view of the join services on the LAN.
 pub struct Browser {
+    daemon: ServiceDaemon,
     events: mdns_sd::Receiver<ServiceEvent>,
     sightings: Sightings,
     cluster_filter: Option<String>,
+    restarts: u64,
 }
 
 impl Browser {
@@ -233,30 +242,86 @@ impl Browser {
         let events = daemon
             .browse(MDNS_SERVICE_TYPE)
             .map_err(MdnsError::Browse)?;
+        let mut sightings = Sightings::new();
+        sightings.reserve_for(cluster_filter.clone());
         Ok(Browser {
+            daemon: daemon.clone(),
             events,
-            sightings: Sightings::new(),
+            sightings,
             cluster_filter,
+            restarts: 0,
         })
     }
 
     /// Waits up to `wait` for news, takes in everything that arrived, and expires what missed
-    /// its announcements. Call it at least every few seconds: mdns-sd ends a subscription that
-    /// falls 1000 events behind. Fails once the daemon stopped reporting (the entries then stay
-    /// as they were; start a new browser).
+    /// its announcements. Call it often (a thread of its own, as [`crate::LanBrowser`] does):
+    /// mdns-sd ends a subscription that falls 1000 events behind, and the browser then browses
+    /// again (mdns-sd replays its cache). Fails only once the daemon has shut down.
     pub fn update(&mut self, wait: Duration) -> Result<(), MdnsError> {
         match self.events.recv_timeout(wait) {
             Ok(event) => self.take(event),
             Err(mdns_sd::RecvTimeoutError::Timeout) => {}
-            Err(mdns_sd::RecvTimeoutError::Disconnected) => return Err(MdnsError::DaemonGone),
+            Err(mdns_sd::RecvTimeoutError::Disconnected) => self.browse_again()?,
         }
-        while let Ok(event) = self.events.try_recv() {
-            self.take(event);
+        // A bounded batch, so that a caller between batches (the rounds' questions) is not
+        // starved by a flood that never lets the queue run empty.
+        for _ in 0..EVENTS_PER_UPDATE {
+            match self.events.try_recv() {
+                Ok(event) => self.take(event),
+                Err(mdns_sd::TryRecvError::Empty) => break,
+                Err(mdns_sd::TryRecvError::Disconnected) => {
+                    self.browse_again()?;
+                    break;
+                }
+            }
         }
         for instance in self.sightings.expire(Instant::now()) {
             tracing::info!(%instance, "a join service stopped announcing itself");
         }
         Ok(())
+    }
+
+    /// Subscribes again after mdns-sd ended the subscription (never silently: it is logged and
+    /// counted).
+    fn browse_again(&mut self) -> Result<(), MdnsError> {
+        self.events = self
+            .daemon
+            .browse(MDNS_SERVICE_TYPE)
+            .map_err(MdnsError::DaemonGone)?;
+        self.restarts += 1;
+        tracing::warn!(
+            restarts = self.restarts,
+            entries = self.sightings.len(),
+            "mdns-sd ended the browser's subscription (1000 events queued: a flood of adverts?); \
+             browsing again"
+        );
+        Ok(())
+    }
+
+    /// How often mdns-sd ended the subscription and the browser browsed again.
+    pub fn restarts(&self) -> u64 {
+        self.restarts
+    }
+
+    /// Keeps [`crate::sightings::MAX_PER_CLUSTER`] places for the node's own cluster, once it
+    /// knows it (see [`Sightings::reserve_for`]).
+    pub fn reserve_for(&mut self, cluster_id: Option<String>) {
+        self.sightings.reserve_for(cluster_id);
+    }
+
+    /// A probe of `endpoint` answered or not (see [`Sightings::probed`]).
+    pub fn probed(&mut self, endpoint: std::net::SocketAddr, answered: bool) {
+        self.sightings.probed(endpoint, answered, Instant::now());
+    }
+
+    /// A join attempt at `endpoint` failed (see [`Sightings::attempt_failed`]).
+    pub fn attempt_failed(&mut self, endpoint: std::net::SocketAddr) {
+        self.sightings.attempt_failed(endpoint);
+    }
+
+    /// How many new adverts were left out because the table was full of live ones.
+    pub fn refused(&self) -> u64 {
+        self.sightings.refused()
     }
 
     /// The join services to try, in the filter's cluster if there is one, by instance name.
@@ -297,8 +362,15 @@ impl Browser {
                     Change::Appeared(endpoint) => {
                         tracing::info!(%instance, %endpoint, %cluster_id, "found a join service");
                     }
-                    Change::Moved { from, to } => {
-                        tracing::info!(%instance, %from, %to, "a join service moved");
+                    Change::AddressAdded(endpoint) => {
+                        tracing::info!(%instance, %endpoint, "a join service has a new address");
+                    }
+                    Change::Refused => {
+                        let refused = self.sightings.refused();
+                        // Logged at 1, 2, 4, 8…: a flood must not flood the log too.
+                        if refused.is_power_of_two() {
+                            tracing::warn!(%instance, %cluster_id, refused, "too many join service adverts that answer: this one is left out");
+                        }
                     }
                     Change::Refreshed | Change::Unreachable => {}
                 }
@@ -308,7 +380,7 @@ impl Browser {
                     return;
                 };
                 if self.sightings.goodbye(instance) {
-                    tracing::info!(%instance, "a join service said goodbye");
+                    tracing::info!(%instance, "a join service said goodbye: offered last until it fails a probe");
                 }
             }
             _ => {}

@@ -58,6 +58,9 @@ impl SrvEndpoint {
             api_port: None,
             source: Source::DnsSrv,
             last_seen: now,
+            failures: 0,
+            answered: false,
+            leaving: false,
         }
     }
 }

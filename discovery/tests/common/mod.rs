@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test file uses its own part
 
+pub mod forge;
+
 use std::process::Command;
 use std::time::{Duration, Instant};
 
