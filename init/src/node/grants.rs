@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 
 use hawser_kube_types::KubernetesVersion;
 use hawser_mesh::PrivateKey;
-use tracing::warn;
+use tracing::{info, warn};
 use zeroize::Zeroizing;
 
 use super::intent::{KUBEADM_INTENT, KubeadmIntent, Verb};
@@ -118,6 +118,22 @@ pub fn first_boot_files(
     granted: &Granted<'_>,
     first: &FirstBoot<'_>,
 ) -> Result<Vec<Kept>, MeshSetupError> {
+    let kept = collect(granted, first)?;
+    let files: Vec<String> = kept
+        .iter()
+        .filter(|kept| matches!(kept, Kept::File { .. }))
+        .map(|kept| kept.path().display().to_string())
+        .collect();
+    if !files.is_empty() {
+        info!(
+            "the new state disk keeps the one-time grants before its \"initialized\" mark: {}",
+            files.join(", ")
+        );
+    }
+    Ok(kept)
+}
+
+fn collect(granted: &Granted<'_>, first: &FirstBoot<'_>) -> Result<Vec<Kept>, MeshSetupError> {
     let mut kept = KeptList::default();
     if let Some(grant) = granted.mesh {
         let key = mesh::key_to_keep(first.mesh_key, grant)?;
