@@ -1,11 +1,11 @@
 //! The grants on an in-memory state disk (the lifecycle's test doubles): the order they are
-//! kept in, and a power cut at every step from the lock to the "initialized" mark, after
+//! kept in, and a power cut at every step from the disk key to the "initialized" mark, after
 //! which the next boots come back by themselves.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
-use hawser_luks2::{DiskState, HEADER_SIZE, Integrity};
+use hawser_luks2::{HEADER_SIZE, Integrity};
 use hawser_mesh::{Peer, PeerUpdate};
 use zeroize::Zeroizing;
 
@@ -141,9 +141,13 @@ fn options<'a>(fs: &'a Path, first_boot: &'a [Kept]) -> Options<'a> {
     }
 }
 
-/// Where the power goes on a first boot.
+/// Where the power goes on a first boot, after the join granted the disk key.
 #[derive(Clone, Copy, Debug)]
 enum Cut {
+    /// n bytes into the "formatting" header's writes.
+    Formatting(usize),
+    /// During mkfs.
+    Mkfs,
     /// While keeping file number n of the grants (from 0).
     Keeping(usize),
     /// n bytes into the "initialized" mark's header writes.
@@ -167,6 +171,7 @@ fn first_boot(
             Cut::Keeping(at) => Some(at),
             _ => None,
         },
+        fail_mkfs: matches!(cut, Cut::Mkfs),
         ..Recorder::default()
     };
     let plan = lifecycle::prepare(disk, &options(fs, &[]), &platform, &mut timer).unwrap();
@@ -174,9 +179,11 @@ fn first_boot(
     let expected = granted(grant, n, plan.luks_uuid());
     let options = options(fs, &expected.kept);
     let key = lifecycle::verify(&plan, volume_key(n), &options, &mut timer).unwrap();
-    if let Cut::Marking(bytes) = cut {
+    match cut {
+        Cut::Formatting(bytes) => *disk.budget.borrow_mut() = Some(bytes),
         // Integrity off: the format wrote both header copies once before the mark.
-        *disk.budget.borrow_mut() = Some(2 * HEADER_SIZE + bytes);
+        Cut::Marking(bytes) => *disk.budget.borrow_mut() = Some(2 * HEADER_SIZE + bytes),
+        _ => {}
     }
     let result = lifecycle::apply(disk, plan, key, &options, &platform, &mut timer);
     *disk.budget.borrow_mut() = None;
@@ -213,11 +220,16 @@ fn rejoin_comes_back(disk: &MemDisk, fs: &Path, n: u8, expected: &Expected) {
     assert_eq!(approvals.exists(), expected.approvals);
 }
 
-fn state(disk: &MemDisk) -> DiskState {
-    match crate::disk::probe::probe(disk, Integrity::None).unwrap() {
-        crate::disk::probe::Contents::Hawser(selected) => selected.header.state,
-        other => panic!("not hawser's: {other:?}"),
-    }
+/// What the next boot does with the disk: open it (a rejoin) or format it (asked again).
+fn next_boot(disk: &MemDisk, fs: &Path) -> DiskStatus {
+    let plan = lifecycle::prepare(
+        disk,
+        &options(fs, &[]),
+        &Recorder::default(),
+        &mut PhaseTimer::start(),
+    );
+    plan.unwrap_or_else(|e| panic!("the next boot refuses the disk: {e}"))
+        .status()
 }
 
 /// Cuts the first boot at every step from the key to the mark, and after it; each time the
@@ -227,7 +239,7 @@ fn a_power_cut_anywhere_from_the_key_to_the_mark_comes_back(grant: Grant) {
     let steps = granted(grant, 1, "00000000-0000-4000-8000-000000000000")
         .kept
         .len();
-    let marking = [
+    let headers = [
         0,
         512,
         4096,
@@ -235,9 +247,13 @@ fn a_power_cut_anywhere_from_the_key_to_the_mark_comes_back(grant: Grant) {
         HEADER_SIZE + 4096,
         2 * HEADER_SIZE - 512,
     ];
-    let cuts = (0..steps)
-        .map(Cut::Keeping)
-        .chain(marking.map(Cut::Marking))
+    // Every sector of the header writes is cut in the lifecycle's own tests; here a few.
+    let cuts = [0, 512, HEADER_SIZE + 4096]
+        .map(Cut::Formatting)
+        .into_iter()
+        .chain([Cut::Mkfs])
+        .chain((0..steps).map(Cut::Keeping))
+        .chain(headers.map(Cut::Marking))
         .chain([Cut::Never]);
     for cut in cuts {
         let disk = MemDisk::new();
@@ -248,9 +264,9 @@ fn a_power_cut_anywhere_from_the_key_to_the_mark_comes_back(grant: Grant) {
             (Cut::Keeping(_), other) => panic!("{grant:?} cut at {cut:?}: {other:?}"),
             (_, _) => {}
         }
-        match state(&disk) {
-            DiskState::Initialized => rejoin_comes_back(&disk, fs.path(), 1, &first),
-            DiskState::Formatting => {
+        match next_boot(&disk, fs.path()) {
+            DiskStatus::Initialized => rejoin_comes_back(&disk, fs.path(), 1, &first),
+            DiskStatus::New => {
                 assert!(
                     !matches!(cut, Cut::Never),
                     "{grant:?}: a boot that was not cut left the disk unmarked"
