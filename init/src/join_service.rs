@@ -8,8 +8,9 @@
 //!   from the admin's `hawser init`; every later control plane from an attested, approved
 //!   control-plane join (the join service sends them only to AKs the admin approved, and the
 //!   node checks they derive the disk key and measurement secret it was sent). They rest on the
-//!   node's encrypted state disk ([`CLUSTER_DIR`], 0600), so the service restarts on every boot
-//!   (a rejoin, or `hawser recover`) without anyone sending them again;
+//!   node's encrypted state disk ([`CLUSTER_DIR`], 0600), kept there before the disk is marked
+//!   initialized ([`secret_files`], `crate::node::grants`), so the service restarts on every
+//!   boot (a rejoin, or `hawser recover`) without anyone sending them again;
 //! - the Kubernetes version joining nodes install (kept with the secrets);
 //! - what a fresh node of this image measures, read at `enter-initrd`, and the provider CA the
 //!   image carries ([`JoinServiceInputs`], read before the pivot frees the initramfs).
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 use hawser_kube_types::KubernetesVersion;
 use tracing::{info, warn};
+use zeroize::Zeroizing;
 
 use crate::enrollment::race::ClusterSecrets;
 use crate::kubeadm::{ADMIN_KUBECONFIG, KUBEADM, PKI_DIR};
@@ -69,13 +71,9 @@ pub struct InClusterJoinService<'a> {
 /// Why the cluster's secrets on the state disk cannot be kept or read.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterSecretsError {
-    /// A file under [`CLUSTER_DIR`] cannot be written, synced or renamed into place.
-    #[error("cannot write {path}")]
-    Write {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The master secret cannot be encoded as the JSON its file holds.
+    #[error("cannot encode the cluster's master secret")]
+    Encode(#[source] serde_json::Error),
     /// The master secret cannot be written or read (its own message names the file).
     #[error("the cluster's master secret on the state disk")]
     MasterSecret(#[source] hawser_keys::KeyError),
@@ -95,50 +93,44 @@ pub enum ClusterSecretsError {
     },
 }
 
-/// Keeps the cluster's secrets and Kubernetes version under `dir` (on the state disk): each
-/// file written whole to a temporary name, synced, then renamed, so a power cut leaves the old
-/// set or the new one. The master secret never appears in a log.
-pub fn persist(
-    dir: &Path,
-    secrets: &ClusterSecrets,
-    kubernetes_version: &KubernetesVersion,
-) -> Result<(), ClusterSecretsError> {
-    use std::os::unix::fs::DirBuilderExt as _;
-    let write_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ClusterSecretsError::Write { path, source }
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(write_err(dir))?;
-    let master = dir.join(MASTER_SECRET_FILE);
-    let staged = dir.join(format!(".{MASTER_SECRET_FILE}.new"));
-    let _ = std::fs::remove_file(&staged);
-    secrets
-        .master
-        .write_new_file(&staged)
-        .map_err(ClusterSecretsError::MasterSecret)?;
-    std::fs::rename(&staged, &master).map_err(write_err(&master))?;
-    write_private(&dir.join(SALT_FILE), &secrets.measurement_salt)?;
-    write_private(
-        &dir.join(VERSION_FILE),
-        format!("{kubernetes_version}\n").as_bytes(),
-    )?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(write_err(dir))
+/// A file of the cluster's secrets as a control plane keeps it: where (after the pivot), what,
+/// and its mode.
+pub struct SecretFile {
+    pub path: PathBuf,
+    pub bytes: Zeroizing<Vec<u8>>,
+    pub mode: u32,
 }
 
-/// Writes `data` to `path` (0600) durably ([`crate::platform::fs::write_atomically`]).
-fn write_private(path: &Path, data: &[u8]) -> Result<(), ClusterSecretsError> {
-    crate::platform::fs::write_atomically(path, data, 0o600).map_err(|source| {
-        ClusterSecretsError::Write {
-            path: path.to_path_buf(),
-            source,
-        }
-    })
+/// The files a control plane keeps on its state disk for the cluster's join service: the
+/// master secret, the measurement salt and the Kubernetes version under [`CLUSTER_DIR`] (0600),
+/// and with the admin's approvals from `hawser init` (the first control plane),
+/// [`JOIND_APPROVALS`]. The first boot keeps them before it marks the disk initialized
+/// (`crate::node::grants`), so every later boot finds them ([`load`]).
+pub fn secret_files(
+    secrets: &ClusterSecrets,
+    kubernetes_version: &KubernetesVersion,
+    control_plane_approvals: Option<&[String]>,
+) -> Result<Vec<SecretFile>, ClusterSecretsError> {
+    let master = serde_json::to_vec_pretty(&secrets.master).map_err(ClusterSecretsError::Encode)?;
+    let dir = Path::new(CLUSTER_DIR);
+    let private = |name: &str, bytes: Vec<u8>| SecretFile {
+        path: dir.join(name),
+        bytes: Zeroizing::new(bytes),
+        mode: 0o600,
+    };
+    let mut files = vec![
+        private(MASTER_SECRET_FILE, master),
+        private(SALT_FILE, secrets.measurement_salt.clone()),
+        private(VERSION_FILE, format!("{kubernetes_version}\n").into_bytes()),
+    ];
+    if let Some(names) = control_plane_approvals {
+        files.push(SecretFile {
+            path: PathBuf::from(JOIND_APPROVALS),
+            bytes: Zeroizing::new(approvals_file(names).into_bytes()),
+            mode: 0o644,
+        });
+    }
+    Ok(files)
 }
 
 /// The cluster's secrets and Kubernetes version kept under `dir`, or `None` when this node
@@ -213,7 +205,7 @@ impl InClusterJoinService<'_> {
             .recursive(true)
             .mode(0o700)
             .create(JOIND_STATE_DIR)?;
-        // The admin's list from `hawser init` is written when the secrets are kept ([`keep`]);
+        // The admin's list from `hawser init` is kept with the secrets ([`secret_files`]);
         // later control planes start with none, and a missing file approves nobody.
         if !Path::new(JOIND_APPROVALS).exists() {
             std::fs::write(JOIND_APPROVALS, approvals_file(&[]))?;
@@ -314,36 +306,6 @@ fn stacked_etcd_args(pki_dir: &Path, manifest: &Path) -> Vec<String> {
     ]
 }
 
-/// Keeps a control plane's cluster secrets and Kubernetes version on the state disk
-/// ([`persist`] under [`CLUSTER_DIR`]), before kubeadm runs; with the admin's approvals from
-/// `hawser init` (the first control plane), writes them to [`JOIND_APPROVALS`] too.
-pub fn keep(
-    secrets: &ClusterSecrets,
-    kubernetes_version: &KubernetesVersion,
-    control_plane_approvals: Option<&[String]>,
-) -> Result<(), ClusterSecretsError> {
-    persist(Path::new(CLUSTER_DIR), secrets, kubernetes_version)?;
-    if let Some(names) = control_plane_approvals {
-        let path = Path::new(JOIND_APPROVALS);
-        let write_err = |source| ClusterSecretsError::Write {
-            path: path.to_path_buf(),
-            source,
-        };
-        use std::os::unix::fs::DirBuilderExt as _;
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(JOIND_STATE_DIR)
-            .map_err(write_err)?;
-        std::fs::write(path, approvals_file(names)).map_err(write_err)?;
-    }
-    info!(
-        "kept the cluster's master secret on the encrypted state disk ({CLUSTER_DIR}): this \
-         control plane runs the cluster's join service once kubeadm succeeded, and on every boot"
-    );
-    Ok(())
-}
-
 /// Once kubeadm succeeded (on this boot or an earlier one): a control plane starts the
 /// cluster's join service from the secrets kept on its state disk; a worker has none.
 pub async fn start_on_control_plane(
@@ -390,15 +352,43 @@ mod tests {
         }
     }
 
+    /// Writes the kept files of the cluster's secrets as a first boot does, [`CLUSTER_DIR`]'s
+    /// under `cluster`; returns the approvals' text.
+    fn persist(
+        cluster: &Path,
+        secrets: &ClusterSecrets,
+        version: &KubernetesVersion,
+        approvals: Option<&[String]>,
+    ) -> Option<String> {
+        let mut approvals_text = None;
+        for file in secret_files(secrets, version, approvals).unwrap() {
+            match file.path.strip_prefix(CLUSTER_DIR) {
+                Ok(name) => crate::platform::fs::write_atomically(
+                    &cluster.join(name),
+                    &file.bytes,
+                    file.mode,
+                )
+                .unwrap(),
+                Err(_) => {
+                    assert_eq!(file.path, Path::new(JOIND_APPROVALS));
+                    assert_eq!(file.mode, 0o644);
+                    approvals_text = Some(String::from_utf8(file.bytes.to_vec()).unwrap());
+                }
+            }
+        }
+        approvals_text
+    }
+
     #[test]
     fn kept_secrets_come_back_and_are_private() {
         let dir = tempfile::tempdir().unwrap();
         let cluster = dir.path().join("cluster");
         assert!(load(&cluster).unwrap().is_none(), "a worker keeps nothing");
         let version: KubernetesVersion = "v1.33.4".parse().unwrap();
-        persist(&cluster, &secrets(), &version).unwrap();
-        // Again, over the first set (a control plane that joins again after a lost answer).
-        persist(&cluster, &secrets(), &version).unwrap();
+        assert_eq!(persist(&cluster, &secrets(), &version, None), None);
+        // Again, over the first set, with the admin's approvals (`hawser init`).
+        let approvals = persist(&cluster, &secrets(), &version, Some(&["000b11".into()]));
+        assert!(approvals.unwrap().ends_with("\n000b11\n"));
 
         let (kept, kept_version) = load(&cluster).unwrap().unwrap();
         assert_eq!(kept.master.key_bytes(), &[7; 32]);
@@ -406,7 +396,6 @@ mod tests {
         assert_eq!(kept.measurement_salt, b"salt");
         assert_eq!(kept_version, version);
         let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&cluster), 0o700);
         for name in [MASTER_SECRET_FILE, SALT_FILE, VERSION_FILE] {
             assert_eq!(mode(&cluster.join(name)), 0o600, "{name}");
         }
@@ -457,7 +446,7 @@ mod tests {
     fn a_damaged_kept_set_is_an_error_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let cluster = dir.path().join("cluster");
-        persist(&cluster, &secrets(), &"v1.33.4".parse().unwrap()).unwrap();
+        persist(&cluster, &secrets(), &"v1.33.4".parse().unwrap(), None);
         std::fs::write(cluster.join(VERSION_FILE), "latest\n").unwrap();
         let err = load(&cluster).unwrap_err();
         assert!(

@@ -6,8 +6,10 @@
 //!                   request, the private half never leaves this process and the state disk
 //! the ticket        VpnConfig: the node's VPN address, the prefix, the MTU, the mesh's peers
 //!                   (checked here: `MeshGrant::from_wire`)
-//! after the disk    the key on the state disk (a rejoin), or the generated one written there
-//!                   (first join); it must be the key the registry holds for this node
+//! the first boot   the generated key, checked against the ticket's (the registry's) and kept
+//!                   on the new state disk before it is marked initialized (`node::grants`)
+//! after the disk    the key read back from the state disk, every boot; it must be the key the
+//!                   registry holds for this node
 //! the tunnel        boringtun on `hawser0` (its own thread), address/MTU/route by netlink,
 //!                   the ticket's peers; then a task that polls the join services inside the
 //!                   mesh every ~10 s and applies checked updates (`hawser_mesh::agent`)
@@ -27,12 +29,12 @@ use hawser_proto::join::VpnConfig;
 use hawser_proto::mesh::{GrpcPeers, WireError, peer_from_wire};
 use tracing::{info, warn};
 
-use crate::platform::{error_chain, fs::write_atomically, random};
+use crate::platform::{error_chain, random};
 
 /// The tunnel's interface.
 pub const INTERFACE: &str = "hawser0";
-/// The node's WireGuard private key, relative to the state disk's root (`/var` after the
-/// pivot): `/var/lib/hawser/mesh/wireguard.key`, base64, 0600.
+/// The node's WireGuard private key, relative to the state disk's root, base64, 0600. Not under
+/// the disk's `var/` (the rootfs's `/var`): only PID 1 reads it, before the pivot.
 pub const KEY_FILE: &str = "lib/hawser/mesh/wireguard.key";
 /// boringtun's worker threads: one (PID 1 runs on two vCPUs at most in tests, and the tunnel
 /// carries the control plane's traffic, not bulk data; see docs/mesh.md for the measurement).
@@ -177,51 +179,44 @@ impl MeshGrant {
     }
 }
 
-/// The key the node uses in the mesh: the one on its state disk (mounted at `state_root`); or,
-/// the first time, `generated` (the one whose public half went in the join request), written
-/// there now. Either way it must be the key the registry holds for this node.
-pub fn node_key(
-    state_root: &Path,
-    generated: Option<PrivateKey>,
+/// The file a first boot keeps on its new state disk ([`KEY_FILE`]): `generated`, whose public
+/// half went in the join request, once it is the key the ticket (the registry) holds for this
+/// node. A ticket for another key is refused here, before the disk is marked initialized: the
+/// boot fails, the disk is formatted again and the node joins again.
+pub fn key_to_keep(
+    generated: &PrivateKey,
     grant: &MeshGrant,
-) -> Result<PrivateKey, MeshSetupError> {
+) -> Result<zeroize::Zeroizing<Vec<u8>>, MeshSetupError> {
+    check_registered(generated, grant)?;
+    Ok(zeroize::Zeroizing::new(
+        generated.to_base64().as_bytes().to_vec(),
+    ))
+}
+
+/// The key the node uses in the mesh: the one on its state disk (mounted at `state_root`),
+/// kept there by the boot that formatted it ([`key_to_keep`]); it must be the key the
+/// registry holds for this node.
+pub fn node_key(state_root: &Path, grant: &MeshGrant) -> Result<PrivateKey, MeshSetupError> {
     let path = state_root.join(KEY_FILE);
-    let file_error = |source| MeshSetupError::KeyFile {
+    let text = std::fs::read_to_string(&path).map_err(|source| MeshSetupError::KeyFile {
         path: path.clone(),
         source,
-    };
-    let key = match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let text = zeroize::Zeroizing::new(text);
-            PrivateKey::from_base64(&text).map_err(|source| MeshSetupError::KeyFileContent {
-                path: path.clone(),
-                source,
-            })?
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let key = match generated {
-                Some(key) => key,
-                None => generate_key()?,
-            };
-            if key.public_key() == grant.own.public_key {
-                write_atomically(&path, key.to_base64().as_bytes(), 0o600).map_err(file_error)?;
-                info!(
-                    "kept the node's WireGuard key on the encrypted state disk ({}); public key {}",
-                    path.display(),
-                    key.public_key()
-                );
-            }
-            key
-        }
-        Err(e) => return Err(file_error(e)),
-    };
+    })?;
+    let text = zeroize::Zeroizing::new(text);
+    let key = PrivateKey::from_base64(&text)
+        .map_err(|source| MeshSetupError::KeyFileContent { path, source })?;
+    check_registered(&key, grant)?;
+    Ok(key)
+}
+
+fn check_registered(key: &PrivateKey, grant: &MeshGrant) -> Result<(), MeshSetupError> {
     if key.public_key() != grant.own.public_key {
         return Err(MeshSetupError::KeyMismatch {
             node: key.public_key(),
             registry: grant.own.public_key,
         });
     }
-    Ok(key)
+    Ok(())
 }
 
 /// The running mesh: what the node needs of it after the start.
@@ -380,40 +375,39 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_first_join_keeps_the_generated_key_and_a_rejoin_reads_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let grant = MeshGrant::from_wire(&config()).unwrap().unwrap();
-        let kept = node_key(dir.path(), Some(key(2)), &grant).unwrap();
-        assert_eq!(kept.public_key(), key(2).public_key());
-        let path = dir.path().join(KEY_FILE);
-        use std::os::unix::fs::PermissionsExt as _;
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
-        // A rejoin has no generated key: the disk's is used.
-        let again = node_key(dir.path(), None, &grant).unwrap();
-        assert_eq!(again.public_key(), key(2).public_key());
+    fn keep(root: &Path, bytes: &[u8]) {
+        crate::platform::fs::write_atomically(&root.join(KEY_FILE), bytes, 0o600).unwrap();
     }
 
     #[test]
-    fn a_key_the_registry_does_not_hold_is_refused_and_never_written() {
+    fn the_first_boot_keeps_the_generated_key_and_every_boot_reads_it_back() {
         let dir = tempfile::tempdir().unwrap();
         let grant = MeshGrant::from_wire(&config()).unwrap().unwrap();
-        let error = node_key(dir.path(), Some(key(7)), &grant).unwrap_err();
+        keep(dir.path(), &key_to_keep(&key(2), &grant).unwrap());
+        let kept = node_key(dir.path(), &grant).unwrap();
+        assert_eq!(kept.public_key(), key(2).public_key());
+    }
+
+    #[test]
+    fn a_key_the_registry_does_not_hold_is_refused_and_never_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let grant = MeshGrant::from_wire(&config()).unwrap().unwrap();
+        let error = key_to_keep(&key(7), &grant).unwrap_err();
         assert!(
             matches!(error, MeshSetupError::KeyMismatch { .. }),
             "{error}"
         );
-        assert!(!dir.path().join(KEY_FILE).exists());
-        std::fs::create_dir_all(dir.path().join(KEY_FILE).parent().unwrap()).unwrap();
-        std::fs::write(dir.path().join(KEY_FILE), key(7).to_base64().as_bytes()).unwrap();
-        let error = node_key(dir.path(), Some(key(2)), &grant).unwrap_err();
+        // No key on the disk (it was lost): the error names the file, never a fresh key.
+        let error = node_key(dir.path(), &grant).unwrap_err();
+        assert!(error.to_string().contains("wireguard.key"), "{error}");
+        keep(dir.path(), key(7).to_base64().as_bytes());
+        let error = node_key(dir.path(), &grant).unwrap_err();
         assert!(
             error.to_string().contains("remove it from the mesh"),
             "{error}"
         );
-        std::fs::write(dir.path().join(KEY_FILE), b"garbage").unwrap();
-        let error = node_key(dir.path(), None, &grant).unwrap_err();
+        keep(dir.path(), b"garbage");
+        let error = node_key(dir.path(), &grant).unwrap_err();
         assert!(
             matches!(error, MeshSetupError::KeyFileContent { .. }),
             "{error}"

@@ -10,10 +10,12 @@
 //!    it succeeded once in the node's life (the marker [`KUBEADM_MARKER`] on the state disk);
 //! 5. after `kubeadm init`, the admin kubeconfig goes back to the admin's open `hawser init`.
 //!
-//! **kubeadm until it succeeded.** Before kubeadm first runs, what it needs to run again (the
-//! rendered configuration, a control-plane join's shared certificates) is kept on the
-//! encrypted state disk as the *intent* ([`intent`], [`KUBEADM_INTENT`]): a power cut at any
-//! later point leaves the marker (done) or the intent (to do). A failed attempt is logged and
+//! **kubeadm until it succeeded.** What kubeadm needs to run again (the rendered
+//! configuration, a control-plane join's shared certificates) is kept on the encrypted state
+//! disk as the *intent* ([`intent`], [`KUBEADM_INTENT`]) by the boot that formats the disk,
+//! before it marks the disk initialized ([`grants`], with the WireGuard key and a control
+//! plane's secrets): a power cut before the mark formats the disk again and the node asks
+//! again, a cut after it leaves the marker (done) or the intent (to do). A failed attempt is logged and
 //! reported (console status line, the admin's call), the node stays up, and the next attempt
 //! follows in the background with capped exponential backoff (10 s → 5 min, forever; aborted
 //! at shutdown), each after `kubeadm reset -f`. A boot that finds no marker but an intent —
@@ -22,11 +24,8 @@
 //! last failure's reason chain) is on the state disk ([`KUBEADM_STATUS`]), printed after each
 //! attempt, and a pending one is in the next boot's boot report.
 //!
-//! The window left: a power cut after the disk's lock and before the intent is written (the
-//! pivot and `sethostname`, well under a second of work) leaves neither; such a node runs its
-//! services without kubeadm and says so. The configuration is rendered for the node's name and
-//! address of the boot that wrote it: a node whose address changed across boots retries with
-//! the old one.
+//! The configuration is rendered for the node's name and address of the boot that kept it: a
+//! node whose address changed across boots retries with the old one.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -34,16 +33,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hawser_attestation::tpm::Tpm;
-use hawser_kube_types::KubernetesVersion;
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD};
 use tracing::{info, warn};
 
 use crate::enrollment::client::{ControlPlaneFile, KubeadmTicket};
 use crate::enrollment::init_server::{ClusterSpec, Progress};
-use crate::enrollment::race::ClusterSecrets;
 use crate::fatal::error_chain;
 use crate::join_service::{self, JoinServiceInputs};
-use crate::kubeadm::{self, InitRequest, JoinTicket};
+use crate::kubeadm;
 use crate::platform::mounts::SharedMountTable;
 use crate::platform::poll;
 use crate::platform::reaper::ChildRegistry;
@@ -53,10 +50,11 @@ use crate::rootfs::{self, RootHash, RootfsPlan, StateBacking};
 use crate::supervisor::retry::{self, KUBEADM_RETRY};
 use crate::supervisor::{self, OneShotJob, OneShotOutcome, SharedSupervisor, Supervisor};
 
+pub mod grants;
 pub mod intent;
 
 pub use self::intent::{KUBEADM_INTENT, KUBEADM_STATUS};
-use self::intent::{KubeadmIntent, KubeadmState, KubeadmStatus, Verb};
+use self::intent::{KubeadmIntent, KubeadmState, KubeadmStatus};
 
 /// Where the kubeadm configuration is written (tmpfs: it holds the bootstrap token).
 pub const KUBEADM_CONFIG: &str = "/run/hawser/kubeadm.yaml";
@@ -143,14 +141,12 @@ pub enum Role {
     Rejoin,
 }
 
-/// What a control plane needs to run the cluster's join service: the image's inputs (read
-/// before the pivot; `None` without a provider CA) and, on the boot that gets them, the
-/// cluster's secrets (the admin's `hawser init`/`recover`, or a control-plane join's ticket),
-/// kept on the state disk before kubeadm runs ([`join_service`]). A worker has no secrets.
+/// What a control plane needs to run the cluster's join service besides the cluster's secrets
+/// (kept on the state disk by the boot that formatted it, [`grants`]): the image's inputs,
+/// read before the pivot; `None` without a provider CA.
 #[derive(Default)]
 pub struct ControlPlane {
     pub inputs: Option<JoinServiceInputs>,
-    pub secrets: Option<ClusterSecrets>,
 }
 
 /// This node as Kubernetes will know it.
@@ -346,60 +342,6 @@ enum KubeadmWork {
     },
 }
 
-/// The intent of a new cluster or a join ticket: its configuration rendered for this node;
-/// `None` for a rejoining node, which has none of its own.
-fn new_intent(
-    role: &Role,
-    identity: &NodeIdentity,
-) -> Option<Result<KubeadmIntent, KubeadmRunError>> {
-    let rendered = |verb, config, control_plane_files| {
-        Ok(KubeadmIntent {
-            verb,
-            config,
-            control_plane_files,
-        })
-    };
-    Some(match role {
-        Role::Init { spec, .. } => match kubeadm::init_config(&InitRequest {
-            cluster_name: spec.cluster_name.clone(),
-            kubernetes_version: spec.kubernetes_version.clone(),
-            service_cidr: spec.service_cidr,
-            pod_cidr: None,
-            control_plane_endpoint: spec.control_plane_endpoint.clone(),
-            cert_sans: spec.api_server_cert_sans.clone(),
-            node_name: identity.name.clone(),
-            node_ip: identity.ip,
-            bootstrap_token: None,
-            ignore_preflight_errors: Vec::new(),
-        }) {
-            Ok(config) => rendered(Verb::Init, config, Vec::new()),
-            Err(e) => Err(KubeadmRunError::Config(e)),
-        },
-        Role::Join(ticket) => match kubeadm::join_config(&JoinTicket {
-            api_server_endpoint: ticket.api_server_endpoint.clone(),
-            token: ticket.token.clone(),
-            ca_cert_hashes: ticket.ca_cert_hashes.clone(),
-            node_name: identity.name.clone(),
-            node_ip: identity.ip,
-            control_plane: ticket
-                .control_plane_files
-                .as_ref()
-                .map(|_| kubeadm::ControlPlaneJoin {
-                    certificate_key: None,
-                }),
-            ignore_preflight_errors: Vec::new(),
-        }) {
-            Ok(config) => rendered(
-                Verb::Join,
-                config,
-                ticket.control_plane_files.clone().unwrap_or_default(),
-            ),
-            Err(e) => Err(KubeadmRunError::Config(e)),
-        },
-        Role::Rejoin => return None,
-    })
-}
-
 /// What an earlier boot left for kubeadm (a rejoining or recovered node): nothing if the
 /// marker is there, else the kept intent with its attempts so far. `on_disk` maps an absolute
 /// path to the state disk's file.
@@ -455,18 +397,13 @@ fn earlier_boot_work(on_disk: &dyn Fn(&str) -> std::path::PathBuf) -> KubeadmWor
 /// (rejoin, recover). Never fails: a broken intent is logged, and the node runs its services.
 fn kubeadm_work(role: &Role, identity: &NodeIdentity, root: &Path) -> KubeadmWork {
     let on_disk = |path: &str| root.join(path.trim_start_matches('/'));
-    let Some(rendered) = new_intent(role, identity) else {
+    let Some(grant) = role.kubeadm_grant() else {
         return earlier_boot_work(&on_disk);
     };
-    match rendered {
+    // The rendering this boot kept on the state disk before its "initialized" mark (`grants`),
+    // so from here a power cut leaves the intent or the marker.
+    match grants::render_intent(grant, identity) {
         Ok(intent) => {
-            // Before kubeadm first runs: from here a power cut leaves the intent or the marker.
-            if let Err(e) = intent.save(&on_disk(KUBEADM_INTENT)) {
-                warn!(
-                    "{}; kubeadm runs, but a power cut before it finishes loses the intent",
-                    error_chain(&e)
-                );
-            }
             let status = KubeadmStatus::new(intent.verb);
             KubeadmWork::Run { intent, status }
         }
@@ -494,11 +431,7 @@ pub async fn run(
         Ok(()) => info!("hostname set to {}", identity.name),
         Err(e) => warn!("cannot set the hostname to {}: {e}", identity.name),
     }
-    // Before the services (seconds of them): the intent reaches the disk as early as it can.
     let work = kubeadm_work(&role, &identity, Path::new("/"));
-    // A control plane's secrets, kept before kubeadm runs as the intent is: whichever boot
-    // kubeadm succeeds on starts the join service from them.
-    keep_cluster_secrets(&role, control_plane.secrets.as_ref());
     let inputs = control_plane.inputs;
     let mut started = Supervisor::new(registry.clone());
     started.start(supervisor::containerd());
@@ -590,42 +523,6 @@ pub async fn run(
         }
     });
     services.adopt(retries).await;
-}
-
-/// Keeps the cluster's secrets of a control plane on the state disk, with the Kubernetes
-/// version its join service hands out: the admin's (`hawser init`, with the control planes it
-/// approved) or a control-plane join's. Nothing for a worker, nor on a recovered node's boot
-/// (`hawser recover` sends the secrets again, but a control plane kept them on its first boot).
-fn keep_cluster_secrets(role: &Role, secrets: Option<&ClusterSecrets>) {
-    let Some(secrets) = secrets else {
-        return;
-    };
-    let kept = match role {
-        Role::Init { spec, .. } => join_service::keep(
-            secrets,
-            &spec.kubernetes_version,
-            Some(&spec.control_plane_approvals),
-        ),
-        Role::Join(ticket) => match ticket.kubernetes_version.parse::<KubernetesVersion>() {
-            Ok(version) => join_service::keep(secrets, &version, None),
-            Err(e) => {
-                warn!(
-                    "the cluster's join service will not run here: the join ticket's \
-                     Kubernetes version {:?}: {e}",
-                    ticket.kubernetes_version
-                );
-                return;
-            }
-        },
-        // `hawser recover`: a control plane kept them on its first boot; a worker keeps none.
-        Role::Rejoin => return,
-    };
-    if let Err(e) = kept {
-        warn!(
-            "{}; the cluster's join service will not restart on later boots",
-            error_chain(&e)
-        );
-    }
 }
 
 /// One attempt, number `attempt` of this node's life: `kubeadm reset -f` first unless it is
@@ -757,6 +654,7 @@ pub async fn stop_services(services: &SharedSupervisor) {
 
 #[cfg(test)]
 mod tests {
+    use super::intent::Verb;
     use super::*;
     use std::os::unix::fs::PermissionsExt as _;
     use zeroize::Zeroizing;
@@ -825,7 +723,7 @@ mod tests {
     }
 
     #[test]
-    fn a_join_keeps_its_intent_on_the_state_disk_before_kubeadm_runs() {
+    fn a_join_runs_the_intent_its_first_boot_kept_on_the_state_disk() {
         let root = tempfile::tempdir().unwrap();
         let ticket = KubeadmTicket {
             api_server_endpoint: "10.0.2.100:6443".parse().unwrap(),
@@ -834,6 +732,20 @@ mod tests {
             kubernetes_version: "v1.31.2".into(),
             control_plane_files: Some(vec![file("ca.key", b"key")]),
         };
+        let granted = grants::Granted {
+            disk_uuid: "0123abcd-0000-4000-8000-000000000000",
+            kubeadm: Some(grants::KubeadmGrant::Join(&ticket)),
+            secrets: None,
+            mesh: None,
+        };
+        let first_boot = grants::FirstBoot {
+            mesh_key: &hawser_mesh::PrivateKey::from_random([1; 32]),
+            rootfs: true,
+            underlay_ip: Some("10.0.2.15".parse().unwrap()),
+        };
+        for kept in grants::first_boot_files(&granted, &first_boot).unwrap() {
+            kept.write_under(root.path()).unwrap();
+        }
         let KubeadmWork::Run { intent, status } =
             kubeadm_work(&Role::Join(ticket), &identity(), root.path())
         else {

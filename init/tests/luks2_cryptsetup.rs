@@ -392,6 +392,7 @@ fn the_lifecycle_on_an_image_file_leaves_a_header_cryptsetup_opens() {
         mount_point: &mount,
         formatted_by: "hawser test",
         cluster_id: None,
+        first_boot: &[],
     };
     let disk = std::fs::OpenOptions::new()
         .read(true)

@@ -53,9 +53,8 @@ pub(super) fn role(
                     .then(|| node_name.clone()),
                 own_disk: outcome.summary.disk_uuid.clone(),
             }),
-        // The admin's (`hawser init`/`recover`), or a control-plane join's.
-        secrets: outcome.secrets,
     };
+    // As `node::grants::Granted::of` read it before the disk was marked initialized.
     let role = match (outcome.admin, outcome.kubeadm) {
         (Some((GrantKind::Init(spec), progress)), _) if config.root_hash.is_some() => {
             node::Role::Init {
@@ -94,21 +93,17 @@ fn report_to_admin(kind: &GrantKind, progress: Progress, cluster_id: [u8; 32]) {
 
 impl Boot {
     /// The node's place in the WireGuard mesh, when the join ticket gave one: its key (kept
-    /// on the state disk), the tunnel with the ticket's peers, and the task that keeps them
-    /// current.
+    /// on the state disk by the boot that formatted it), the tunnel with the ticket's peers,
+    /// and the task that keeps them current.
     pub(super) async fn mesh(
         &mut self,
         grant: Option<crate::mesh::MeshGrant>,
-        generated: hawser_mesh::PrivateKey,
     ) -> Result<Option<crate::mesh::Mesh>, BootError> {
         let Some(grant) = grant else {
             return Ok(None);
         };
-        let key = crate::mesh::node_key(
-            std::path::Path::new(crate::disk::STATE_MOUNT_POINT),
-            Some(generated),
-            &grant,
-        )?;
+        let key =
+            crate::mesh::node_key(std::path::Path::new(crate::disk::STATE_MOUNT_POINT), &grant)?;
         let mesh = self
             .time_async(
                 "mesh",
@@ -234,9 +229,16 @@ pub(super) fn node_ip(
     lan: Option<std::net::Ipv4Addr>,
     config: &CmdlineConfig,
 ) -> Option<std::net::Ipv4Addr> {
-    mesh.map(|mesh| mesh.node_ip)
-        .or(lan)
-        .or(config.net.map(|net| net.address))
+    mesh.map(|mesh| mesh.node_ip).or(underlay_ip(lan, config))
+}
+
+/// [`node_ip`] without a mesh (`node::grants` renders kubeadm's intent with it before the
+/// mesh starts, and with the mesh grant's address when there is one).
+pub(super) fn underlay_ip(
+    lan: Option<std::net::Ipv4Addr>,
+    config: &CmdlineConfig,
+) -> Option<std::net::Ipv4Addr> {
+    lan.or(config.net.map(|net| net.address))
 }
 
 /// Prints the firmware's TCG event log as one console line, so a host can explain PCR values

@@ -17,7 +17,8 @@
 //!       ─ the attestation key and its provider certificate       [attestation-key]
 //!       ─ (the state disk's modules) power button watcher
 //!       ─ state disk: find, format or open, map, mount           [state-disk-*]
-//!         (join-service key: join client races init server, node lock → PCR 15)
+//!         (join-service key: join client races init server, node lock → PCR 15;
+//!         a first boot keeps its one-time grants before the "initialized" mark)
 //!       ─ (the mesh's and the rootfs's modules)
 //!       ─ the WireGuard mesh, when the ticket has one: key, tunnel [mesh]
 //!       ─ quote PCRs 0-23 with the nonce                         [attest]
@@ -416,12 +417,24 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
         .await?;
     boot.await_state_disk_modules().await?;
     boot.watch_power_buttons();
+    let first_boot = node::grants::FirstBoot {
+        mesh_key: &mesh_key,
+        rootfs: config.root_hash.is_some(),
+        underlay_ip: after_disk::underlay_ip(lan_address, &config),
+    };
     let mut outcome = boot
-        .state_disk(&config.state_disk, fw_cfg.state_disk_key.take(), enrollment)
+        .state_disk(
+            &config.state_disk,
+            fw_cfg.state_disk_key.take(),
+            enrollment,
+            &first_boot,
+        )
         .await?;
+    // Kept on the state disk if it was granted; the tunnel reads it back from there.
+    drop(mesh_key);
     boot.await_late_modules().await?;
     let grant = outcome.as_mut().and_then(|o| o.mesh.take());
-    let mesh = boot.mesh(grant, mesh_key).await?;
+    let mesh = boot.mesh(grant).await?;
     let (role, node_name, control_plane) = after_disk::role(&config, outcome, &measurement);
     boot.report(nonce, measurement, &config, &kernel_release)
         .await?;

@@ -6,7 +6,10 @@
 //!    key comes back by value, as a [`KeyGrant`]; with the development source, fw_cfg's key;
 //! 3. **apply** (blocking): check the key against the disk's LUKS2 digest
 //!    ([`disk::Prepared::verify`]), only then take the node lock (PCR 15 ← cluster ID,
-//!    [`KeyGrant::take_lock`]), then format or open, map and mount ([`disk::Prepared::apply`]).
+//!    [`KeyGrant::take_lock`]), then format or open, map and mount ([`disk::Prepared::apply`]);
+//!    a format keeps the node's one-time grants (WireGuard key, kubeadm's intent, a control
+//!    plane's secrets: [`grants`]) on the new filesystem before it marks the disk
+//!    initialized, so no power cut leaves an initialized disk without them.
 //!
 //! A key that does not open the disk is refused before the node lock: the node never marks
 //! itself as a cluster's for a disk it cannot open. When that key came from the admin
@@ -19,7 +22,7 @@ use std::sync::Arc;
 use super::BootError;
 use super::context::Boot;
 use crate::config::{CmdlineConfig, FwCfgConfig, JoinDiscovery};
-use crate::disk::key::{KeySource as _, VolumeKey};
+use crate::disk::key::{DiskStatus, KeySource as _, VolumeKey};
 use crate::disk::{self, DiskError, KeyChoice, LinuxPlatform, StateDiskConfig};
 use crate::enrollment::client::{JoinClient, JoinSource};
 use crate::enrollment::discover::LanDiscovery;
@@ -29,6 +32,7 @@ use crate::enrollment::race::{Enrollment, KeyGrant, Outcome};
 use crate::enrollment::{
     INSECURE_TRUST_WARNING, JoinServiceTrust, PROVIDER_CA_PATH, join_service_policy,
 };
+use crate::node::grants;
 use crate::platform::error_chain;
 
 impl Boot {
@@ -102,6 +106,7 @@ impl Boot {
         config: &StateDiskConfig,
         fw_cfg_key: Option<VolumeKey>,
         enrollment: Option<Enrollment>,
+        first_boot: &grants::FirstBoot<'_>,
     ) -> Result<Option<Outcome>, BootError> {
         let choice = disk::choose_key(config, fw_cfg_key, enrollment, |w| self.warn(w))?;
         if let KeyChoice::None = choice {
@@ -183,6 +188,21 @@ impl Boot {
         };
         let outcome = self.lock(grant, &enrollment, &prepared).await?;
         let prepared = prepared.for_cluster(outcome.cluster_id);
+        let prepared = match prepared.status() {
+            DiskStatus::New => {
+                let granted = grants::Granted::of(&outcome, first_boot.rootfs);
+                match grants::first_boot_files(&granted, first_boot) {
+                    Ok(kept) => prepared.keeping(kept),
+                    Err(e) => {
+                        if let Some((_, progress)) = outcome.admin {
+                            progress.fail(&format!("the join's grants: {}", error_chain(&e)));
+                        }
+                        return Err(e.into());
+                    }
+                }
+            }
+            DiskStatus::Initialized => prepared,
+        };
         let applied = self
             .with_timer_blocking(move |timer| prepared.apply(key, platform.as_ref(), timer))
             .await?;

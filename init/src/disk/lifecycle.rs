@@ -6,6 +6,7 @@
 //!  probe ────┤                                                                                  │
 //!            │   new UUID → key(UUID) → header "formatting" (both copies, synced)              │
 //!            │   → map → [integrity: wipe] → mkfs.ext4 → mount → marker file (synced)          │
+//!            │   → the first boot's kept files, in order (each synced)                          │
 //!            │   → header "initialized" (seqid + 1, both copies, synced)                       │
 //!            │                                                                                  │
 //!            ├──────── hawser's, initialized ──────────────────────────────────────────────────┤
@@ -24,9 +25,11 @@
 //! the recorded ID ([`Plan::recorded_cluster_id`]) to refuse another cluster's join service
 //! before the lock.
 //!
-//! The "initialized" mark is the last write of the first boot, after the filesystem and its
-//! marker file are on disk: a power cut anywhere before it leaves a disk that the next boot
-//! formats again, and a power cut after it leaves a disk that is only ever opened. Each header
+//! The "initialized" mark is the last write of the first boot, after the filesystem, its
+//! marker file and what the caller asks to keep there first ([`Options::first_boot`]: the
+//! node's one-time grants, [`Kept`]) are on disk: a power cut anywhere before it leaves a disk
+//! that the next boot formats again, and a power cut after it leaves a disk that is only ever
+//! opened, with everything the first boot kept. Each header
 //! write goes copy by copy, the copy not currently relied on first, so one valid copy always
 //! survives a cut; within a copy the binary header (whose first sector names hawser) is synced
 //! before the JSON area, so even a cut during the very first write is recognizable (see
@@ -48,9 +51,11 @@ use crate::platform::timings::PhaseTimer;
 
 mod cluster;
 mod error;
+mod kept;
 mod marker;
 
 pub use self::error::LifecycleError;
+pub use self::kept::Kept;
 pub use self::marker::{MARKER_FILE, Marker, read_marker, write_marker};
 
 /// What the kernel-facing steps need.
@@ -73,6 +78,11 @@ pub trait Platform {
     fn mount(&self, mapped: &Path, target: &Path) -> io::Result<()>;
     /// Fills `buf` from the kernel's CSPRNG.
     fn random(&self, buf: &mut [u8]) -> io::Result<()>;
+    /// Keeps `kept` on the mounted filesystem at `root` ([`Kept::write_under`]); the host
+    /// tests cut the power here.
+    fn keep(&self, root: &Path, kept: &Kept) -> io::Result<()> {
+        kept.write_under(root)
+    }
 }
 
 /// What the lifecycle is asked to do.
@@ -87,6 +97,10 @@ pub struct Options<'a> {
     /// The cluster the node locked into (PCR 15's input), recorded on the disk by [`apply`];
     /// `None` when the key came from no cluster (the development key source).
     pub cluster_id: Option<[u8; 32]>,
+    /// What a format keeps on the new filesystem, in this order, before the "initialized"
+    /// mark (the node's one-time grants). An open keeps nothing: the boot that formatted the
+    /// disk kept it all before marking it.
+    pub first_boot: &'a [Kept],
 }
 
 /// What happened to the disk.
@@ -456,8 +470,10 @@ fn format(
         boots: 1,
     };
     write_marker(&options.mount_point.join(MARKER_FILE), &marker)?;
+    timer.time("state-disk-keep", || keep_first_boot(platform, options))?;
 
-    // Only now, with the filesystem and its marker on disk: the point of no reformat.
+    // Only now, with the filesystem, its marker and what the first boot keeps on disk: the
+    // point of no reformat.
     timer.time("state-disk-initialized", || {
         header.state = DiskState::Initialized;
         header.seqid += 1;
@@ -473,6 +489,19 @@ fn format(
         wiped,
         warnings: Vec::new(),
     })
+}
+
+/// Keeps [`Options::first_boot`] on the new filesystem, in order.
+fn keep_first_boot(platform: &dyn Platform, options: &Options<'_>) -> Result<(), LifecycleError> {
+    for kept in options.first_boot {
+        platform
+            .keep(options.mount_point, kept)
+            .map_err(|source| LifecycleError::Keep {
+                path: options.mount_point.join(kept.path()),
+                source,
+            })?;
+    }
+    Ok(())
 }
 
 fn mount(
@@ -536,3 +565,6 @@ fn write_synced(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+pub(crate) mod testing;

@@ -35,7 +35,7 @@ use tracing::{info, warn};
 
 use self::dm::DmError;
 use self::key::{DiskStatus, FixedKey, KeyError, KeySourceKind, VolumeKey};
-use self::lifecycle::{Action, LifecycleError, Options, Plan, Platform, VerifiedKey};
+use self::lifecycle::{Action, Kept, LifecycleError, Options, Plan, Platform, VerifiedKey};
 use crate::platform::block::{self as device, BlockDevice, DiskSelector, Lookup, SysfsError};
 use crate::platform::mounts::SharedMountTable;
 use crate::platform::poll::{self, Poll};
@@ -192,12 +192,13 @@ pub async fn find(config: &StateDiskConfig) -> Result<BlockDevice, DiskError> {
 }
 
 /// The options of the lifecycle on a node.
-fn options(integrity: Integrity, cluster_id: Option<[u8; 32]>) -> Options<'static> {
+fn options(integrity: Integrity, cluster_id: Option<[u8; 32]>, first_boot: &[Kept]) -> Options<'_> {
     Options {
         integrity,
         mount_point: Path::new(STATE_MOUNT_POINT),
         formatted_by: concat!("hawser ", env!("CARGO_PKG_VERSION")),
         cluster_id,
+        first_boot,
     }
 }
 
@@ -209,6 +210,8 @@ pub struct Prepared {
     integrity: Integrity,
     /// The cluster the node locked into, recorded on the disk by [`Prepared::apply`].
     cluster_id: Option<[u8; 32]>,
+    /// What a format keeps before the "initialized" mark ([`Prepared::keeping`]).
+    first_boot: Vec<Kept>,
 }
 
 /// Step 1 of the key flow (blocking): opens the disk, probes it and plans format or open.
@@ -228,7 +231,7 @@ pub fn prepare(
             device: device.clone(),
             source,
         })?;
-    let plan = lifecycle::prepare(&file, &options(integrity, None), platform, timer);
+    let plan = lifecycle::prepare(&file, &options(integrity, None, &[]), platform, timer);
     let plan = plan.map_err(|source| DiskError::Lifecycle {
         device: device.clone(),
         source,
@@ -239,6 +242,7 @@ pub fn prepare(
         plan,
         integrity,
         cluster_id: None,
+        first_boot: Vec::new(),
     })
 }
 
@@ -272,6 +276,13 @@ impl Prepared {
         self
     }
 
+    /// What a format keeps on the new filesystem before it marks the disk initialized: the
+    /// node's one-time grants ([`lifecycle::Options::first_boot`]).
+    pub fn keeping(mut self, first_boot: Vec<Kept>) -> Self {
+        self.first_boot = first_boot;
+        self
+    }
+
     /// The key length the measured integrity mode needs.
     pub fn key_len(&self) -> usize {
         self.integrity.key_len()
@@ -287,7 +298,7 @@ impl Prepared {
     /// Step 2 (blocking): checks `key` against the disk (its LUKS2 digest, for an initialized
     /// disk) before anything is written, mapped or locked.
     pub fn verify(&self, key: VolumeKey, timer: &mut PhaseTimer) -> Result<VerifiedKey, DiskError> {
-        lifecycle::verify(&self.plan, key, &options(self.integrity, None), timer)
+        lifecycle::verify(&self.plan, key, &options(self.integrity, None, &[]), timer)
             .map_err(self.lifecycle_error())
     }
 
@@ -305,8 +316,9 @@ impl Prepared {
             plan,
             integrity,
             cluster_id,
+            first_boot,
         } = self;
-        let options = options(integrity, cluster_id);
+        let options = options(integrity, cluster_id, &first_boot);
         let outcome =
             lifecycle::apply(&file, plan, key, &options, platform, timer).map_err(|source| {
                 DiskError::Lifecycle {

@@ -2,8 +2,9 @@
 //!
 //! - The **intent** ([`KUBEADM_INTENT`], 0600): what `kubeadm init|join` needs to run again —
 //!   the rendered configuration (with the bootstrap token) and, for a control-plane join, the
-//!   cluster's shared certificates and keys. It is written before kubeadm first runs, so a
-//!   power cut at any later point leaves either kubeadm's marker (done) or the intent (to do).
+//!   cluster's shared certificates and keys. The boot that formats the state disk keeps it
+//!   there before it marks the disk initialized (`super::grants`), so a power cut at any later
+//!   point leaves either kubeadm's marker (done) or the intent (to do).
 //!   It holds secrets: it lives only on the encrypted state disk, its `Debug` shows none, and
 //!   its errors never quote its contents.
 //! - The **status** ([`KUBEADM_STATUS`]): done or pending, how many attempts started, and the
@@ -157,6 +158,21 @@ fn invalid(path: &Path, reason: impl Into<String>) -> IntentError {
 impl KubeadmIntent {
     /// Writes the intent to `path` atomically, mode 0600.
     pub fn save(&self, path: &Path) -> Result<(), IntentError> {
+        let bytes = self.encode().map_err(|source| IntentError::Write {
+            path: path.to_owned(),
+            source,
+        })?;
+        crate::platform::fs::write_atomically(path, &bytes, 0o600).map_err(|source| {
+            IntentError::Write {
+                path: path.to_owned(),
+                source,
+            }
+        })
+    }
+
+    /// The intent as [`KubeadmIntent::save`] writes it (and a first boot keeps it, before the
+    /// state disk's "initialized" mark: `super::grants`).
+    pub fn encode(&self) -> io::Result<Zeroizing<Vec<u8>>> {
         let stored = StoredIntent {
             version: INTENT_VERSION,
             verb: self.verb,
@@ -170,17 +186,9 @@ impl KubeadmIntent {
                 })
                 .collect(),
         };
-        let bytes =
-            Zeroizing::new(serde_json::to_vec(&stored).map_err(|e| IntentError::Write {
-                path: path.to_owned(),
-                source: io::Error::other(e),
-            })?);
-        crate::platform::fs::write_atomically(path, &bytes, 0o600).map_err(|source| {
-            IntentError::Write {
-                path: path.to_owned(),
-                source,
-            }
-        })
+        serde_json::to_vec(&stored)
+            .map(Zeroizing::new)
+            .map_err(io::Error::other)
     }
 
     /// Reads the intent from `path`; `None` if there is none.

@@ -93,4 +93,12 @@ pub enum LifecycleError {
         #[source]
         source: io::Error,
     },
+    /// What the first boot keeps before the "initialized" mark cannot be written; the disk
+    /// stays unmarked, so the next boot formats it again.
+    #[error("cannot keep {} on the new filesystem before marking it initialized", path.display())]
+    Keep {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }

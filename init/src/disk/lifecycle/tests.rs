@@ -4,118 +4,9 @@ use std::cell::RefCell;
 
 use zeroize::Zeroizing;
 
+use super::testing::{Call, MemDisk, Recorder};
 use super::*;
 use crate::disk::key::FixedKey;
-use crate::disk::probe::MIN_DISK_SIZE;
-
-/// An in-memory disk; optionally fails writes once `budget` bytes have been written (a
-/// power cut: the failing write lands partially, in 512-byte sectors).
-struct MemDisk {
-    data: RefCell<Vec<u8>>,
-    budget: RefCell<Option<usize>>,
-}
-
-impl MemDisk {
-    fn new() -> Self {
-        MemDisk {
-            data: RefCell::new(vec![0; MIN_DISK_SIZE as usize]),
-            budget: RefCell::new(None),
-        }
-    }
-    fn bytes(&self) -> Vec<u8> {
-        self.data.borrow().clone()
-    }
-}
-
-impl BlockIo for MemDisk {
-    fn size(&self) -> u64 {
-        self.data.borrow().len() as u64
-    }
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        let at = offset as usize;
-        buf.copy_from_slice(&self.data.borrow()[at..at + buf.len()]);
-        Ok(())
-    }
-    fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
-        let at = offset as usize;
-        let mut budget = self.budget.borrow_mut();
-        let n = match *budget {
-            Some(left) if left < buf.len() => left / 512 * 512,
-            _ => buf.len(),
-        };
-        self.data.borrow_mut()[at..at + n].copy_from_slice(&buf[..n]);
-        if let Some(left) = budget.as_mut() {
-            *left -= n;
-            if n < buf.len() {
-                return Err(io::Error::other("power cut"));
-            }
-        }
-        Ok(())
-    }
-    fn sync(&self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Call {
-    Map(String, Integrity),
-    Unmap,
-    Wipe,
-    Mkfs,
-    Mount,
-}
-
-#[derive(Default)]
-struct Recorder {
-    calls: RefCell<Vec<Call>>,
-    fail_mkfs: bool,
-    fail_mount: bool,
-    counter: RefCell<u8>,
-}
-
-impl Recorder {
-    fn calls(&self) -> Vec<Call> {
-        self.calls.borrow().clone()
-    }
-}
-
-impl Platform for Recorder {
-    fn map(&self, uuid: &str, integrity: Integrity, key: &VolumeKey) -> Result<PathBuf, DmError> {
-        assert_eq!(key.len(), integrity.key_len());
-        self.calls
-            .borrow_mut()
-            .push(Call::Map(uuid.to_owned(), integrity));
-        Ok(PathBuf::from("/dev/dm-0"))
-    }
-    fn unmap(&self) {
-        self.calls.borrow_mut().push(Call::Unmap);
-    }
-    fn wipe(&self, _: &Path) -> io::Result<u64> {
-        self.calls.borrow_mut().push(Call::Wipe);
-        Ok(4096)
-    }
-    fn mkfs(&self, _: &Path) -> Result<(), String> {
-        self.calls.borrow_mut().push(Call::Mkfs);
-        if self.fail_mkfs {
-            return Err("power cut during mkfs".into());
-        }
-        Ok(())
-    }
-    fn mount(&self, _: &Path, _: &Path) -> io::Result<()> {
-        self.calls.borrow_mut().push(Call::Mount);
-        if self.fail_mount {
-            return Err(io::Error::from_raw_os_error(libc::EUCLEAN));
-        }
-        Ok(())
-    }
-    fn random(&self, buf: &mut [u8]) -> io::Result<()> {
-        let mut counter = self.counter.borrow_mut();
-        *counter = counter.wrapping_add(1);
-        buf.fill(*counter);
-        Ok(())
-    }
-}
 
 fn key(byte: u8, integrity: Integrity) -> FixedKey {
     FixedKey::new(
@@ -148,6 +39,7 @@ fn run_for_cluster(
         mount_point: mount,
         formatted_by: "hawser test",
         cluster_id,
+        first_boot: &[],
     };
     run(disk, &options, keys, platform, &mut PhaseTimer::start())
 }
@@ -240,6 +132,7 @@ fn the_key_is_checked_against_the_disk_before_anything_is_applied() {
         mount_point: mount.path(),
         formatted_by: "hawser test",
         cluster_id: None,
+        first_boot: &[],
     };
     let platform = Recorder::default();
     let mut timer = PhaseTimer::start();
@@ -576,6 +469,7 @@ fn the_cluster_id_is_recorded_with_the_initialized_mark() {
         mount_point: mount.path(),
         formatted_by: "hawser test",
         cluster_id: None,
+        first_boot: &[],
     };
     let plan = prepare(&disk, &options, &platform, &mut PhaseTimer::start()).unwrap();
     assert_eq!(plan.recorded_cluster_id(), Some([0xa1; 32]));
