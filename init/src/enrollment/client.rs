@@ -66,10 +66,10 @@ pub enum JoinSetupError {
     /// The node's own PCRs, which the join service must share, cannot be read.
     #[error("cannot read this node's own PCRs to build the join service's expected measurements")]
     OwnPcrs(#[source] hawser_attestation::tpm::TpmError),
-    /// The TPM returned no PCR 11, from which a control plane's value is predicted.
+    /// The TPM returned no value for PCR 11, from which the join service's is computed.
     #[error(
-        "the TPM returned no PCR 11 of this node, from which the join service's (a control \
-         plane's) is predicted"
+        "the TPM returned no value for this node's PCR 11, from which the PCR 11 the join \
+         service must show (a control plane's) is computed"
     )]
     OwnPcr11,
 }

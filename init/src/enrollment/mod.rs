@@ -167,7 +167,8 @@ pub const PROVIDER_CA_PATH: &str = "/etc/hawser/provider-ca.pem";
 /// measured them (9), the stub's command line and extensions (12, 13).
 pub const SAME_IMAGE_PCRS: [u8; 4] = [4, 9, 12, 13];
 
-/// Why a join service is refused, as the node's log and the service's verdict say it.
+/// A join service on a worker's TPM: why it is refused, as the node's log and the verdict the
+/// service receives say it.
 pub const WORKER_JOIN_SERVICE: &str = "the join service's TPM is a worker's: its PCR 11 after \
      the pivot lacks the control-plane marker, so whoever answers is root on a worker, not one \
      of the cluster's control planes";
@@ -190,7 +191,7 @@ pub const UNLOCKED_JOIN_SERVICE: &str = "the join service's TPM is a fresh node'
 ///   it can never produce this value. A worker's value is refused by name
 ///   ([`WORKER_JOIN_SERVICE`]);
 /// - PCR 15: with `disk_cluster`, the node lock of that cluster (a control plane of another
-///   cluster is refused, naming both); without (a fresh disk), any lock but none
+///   cluster is refused, naming the disk's cluster); without (a fresh disk), any lock but none
 ///   ([`UNLOCKED_JOIN_SERVICE`]). A fresh disk has no cluster to check: a control plane of
 ///   *another* cluster made from this same image can still enrol it (see docs/security.md).
 ///
