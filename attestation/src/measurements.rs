@@ -21,7 +21,15 @@
 //! Semantics of [`ExpectedMeasurements::check`]: every enforced PCR must be present and equal
 //! to its expected value or one of its `alsoExpected` values; a `warnOnly` PCR that differs or is
 //! missing only produces a [`MeasurementWarning`], which the verifier logs and returns. PCRs the
-//! evidence carries but the file does not mention are not judged.
+//! evidence carries but the file does not mention are not judged, except for values refused by
+//! name.
+//!
+//! Names for refusals (set in code, never read from a file): [`ExpectedMeasurements::refuse`]
+//! names a value a PCR must not hold — the refusal then says what that value *is* (a worker's
+//! PCR 11, a fresh node's PCR 15), whether or not the PCR has an expectation — and
+//! [`ExpectedMeasurements::explain`] says what any other difference of a PCR means (a join
+//! service of another cluster). Both only change what a refusal says, and the first adds a
+//! refusal; neither accepts anything.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -46,6 +54,10 @@ pub struct ExpectedMeasurements {
     pcrs: BTreeMap<u8, ExpectedPcr>,
     /// Further accepted values per PCR (`alsoExpected`).
     also: BTreeMap<u8, Vec<[u8; 32]>>,
+    /// Values refused with a name, per PCR ([`ExpectedMeasurements::refuse`]).
+    refused: BTreeMap<u8, Vec<([u8; 32], String)>>,
+    /// What any other difference of a PCR means ([`ExpectedMeasurements::explain`]).
+    meanings: BTreeMap<u8, String>,
 }
 
 /// A measurements file that cannot be used.
@@ -88,6 +100,9 @@ pub struct PcrMismatch {
     pub expected: [u8; 32],
     /// The value in the evidence; `None` if the evidence does not quote this PCR.
     pub actual: Option<[u8; 32]>,
+    /// What the difference means, when the expectations name it
+    /// ([`ExpectedMeasurements::refuse`], [`ExpectedMeasurements::explain`]).
+    pub meaning: Option<String>,
 }
 
 impl std::fmt::Display for PcrMismatch {
@@ -99,14 +114,42 @@ impl std::fmt::Display for PcrMismatch {
                 self.pcr,
                 hex::encode(self.expected),
                 hex::encode(actual)
-            ),
+            )?,
             None => write!(
                 f,
                 "PCR {} expected {} but it is not quoted",
                 self.pcr,
                 hex::encode(self.expected)
-            ),
+            )?,
         }
+        match &self.meaning {
+            Some(meaning) => write!(f, " ({meaning})"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A PCR that holds a value refused by name ([`ExpectedMeasurements::refuse`]) and has no
+/// expectation of its own that it missed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedPcr {
+    /// The PCR index.
+    pub pcr: u8,
+    /// The refused value it holds.
+    pub value: [u8; 32],
+    /// What that value is.
+    pub meaning: String,
+}
+
+impl std::fmt::Display for RefusedPcr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "PCR {} holds {} ({})",
+            self.pcr,
+            hex::encode(self.value),
+            self.meaning
+        )
     }
 }
 
@@ -120,18 +163,21 @@ impl std::fmt::Display for MeasurementWarning {
     }
 }
 
-/// Enforced PCRs that differ from their expectation.
+/// Enforced PCRs that differ from their expectation, and PCRs that hold a refused value.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("measurements differ from the expected ones: {}", join(.mismatches))]
+#[error("measurements differ from the expected ones: {}", join(.mismatches, .refused))]
 pub struct MeasurementMismatch {
     /// Every enforced PCR that differs, ascending.
     pub mismatches: Vec<PcrMismatch>,
+    /// Every other PCR that holds a value refused by name, ascending.
+    pub refused: Vec<RefusedPcr>,
 }
 
-fn join(mismatches: &[PcrMismatch]) -> String {
+fn join(mismatches: &[PcrMismatch], refused: &[RefusedPcr]) -> String {
     mismatches
         .iter()
         .map(ToString::to_string)
+        .chain(refused.iter().map(ToString::to_string))
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -163,7 +209,11 @@ impl ExpectedMeasurements {
                 also.insert(pcr, alternatives);
             }
         }
-        Ok(Self { pcrs, also })
+        Ok(Self {
+            pcrs,
+            also,
+            ..Self::default()
+        })
     }
 
     /// Reads and parses a measurements file.
@@ -185,6 +235,34 @@ impl ExpectedMeasurements {
     pub fn also_accept(&mut self, pcr: u8, value: [u8; 32]) -> &mut Self {
         self.also.entry(pcr).or_default().push(value);
         self
+    }
+
+    /// Refuses evidence whose `pcr` holds `value`, saying that it is `meaning` ("the join
+    /// service's TPM is a worker's: …"), whether or not `pcr` has an expectation; an
+    /// expectation `pcr` misses with that value carries the meaning too. Accepts nothing.
+    pub fn refuse(&mut self, pcr: u8, value: [u8; 32], meaning: impl Into<String>) -> &mut Self {
+        self.refused
+            .entry(pcr)
+            .or_default()
+            .push((value, meaning.into()));
+        self
+    }
+
+    /// Says what any other difference from `pcr`'s expectation means (one not named by
+    /// [`ExpectedMeasurements::refuse`]). Accepts nothing.
+    pub fn explain(&mut self, pcr: u8, meaning: impl Into<String>) -> &mut Self {
+        self.meanings.insert(pcr, meaning.into());
+        self
+    }
+
+    /// The name of `value` in `pcr`, if it is refused by name.
+    fn refused_as(&self, pcr: u8, value: Option<[u8; 32]>) -> Option<&str> {
+        let value = value?;
+        self.refused
+            .get(&pcr)?
+            .iter()
+            .find(|(refused, _)| *refused == value)
+            .map(|(_, meaning)| meaning.as_str())
     }
 
     /// The further values accepted for `pcr` besides its expectation.
@@ -225,10 +303,15 @@ impl ExpectedMeasurements {
             {
                 continue;
             }
+            let meaning = self
+                .refused_as(pcr, value)
+                .or(self.meanings.get(&pcr).map(String::as_str))
+                .map(str::to_owned);
             let mismatch = PcrMismatch {
                 pcr,
                 expected: expected.expected,
                 actual: value,
+                meaning,
             };
             if expected.warn_only {
                 warnings.push(MeasurementWarning(mismatch));
@@ -236,10 +319,28 @@ impl ExpectedMeasurements {
                 mismatches.push(mismatch);
             }
         }
-        if mismatches.is_empty() {
+        // A refused value is refused even where nothing is expected (or only warned about).
+        let refused: Vec<RefusedPcr> = self
+            .refused
+            .keys()
+            .filter(|pcr| !mismatches.iter().any(|m| m.pcr == **pcr))
+            .filter_map(|&pcr| {
+                let value = actual.get(&pcr).copied()?;
+                let meaning = self.refused_as(pcr, Some(value))?.to_owned();
+                Some(RefusedPcr {
+                    pcr,
+                    value,
+                    meaning,
+                })
+            })
+            .collect();
+        if mismatches.is_empty() && refused.is_empty() {
             Ok(warnings)
         } else {
-            Err(MeasurementMismatch { mismatches })
+            Err(MeasurementMismatch {
+                mismatches,
+                refused,
+            })
         }
     }
 }
@@ -402,6 +503,55 @@ mod tests {
                 "dd".repeat(32)
             )
         );
+    }
+
+    #[test]
+    fn refused_values_are_named_and_refused_even_without_an_expectation() {
+        let mut m = measurements();
+        m.refuse(11, [0xee; 32], "a worker's PCR 11")
+            .refuse(15, [0; 32], "a fresh node's PCR 15")
+            .explain(11, "another image");
+        let quote = |pcr11: u8, pcr15: u8| {
+            BTreeMap::from([
+                (0, [0xbb; 32]),
+                (4, [0xaa; 32]),
+                (11, [pcr11; 32]),
+                (15, [pcr15; 32]),
+            ])
+        };
+        assert_eq!(m.check(&quote(0xaa, 0x15)), Ok(vec![]));
+        // The named value: one mismatch, with its name.
+        let err = m.check(&quote(0xee, 0x15)).expect_err("a worker's value");
+        assert_eq!(err.mismatches.len(), 1);
+        assert!(err.refused.is_empty());
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "measurements differ from the expected ones: PCR 11 expected {A} actual {} \
+                 (a worker's PCR 11)",
+                "ee".repeat(32)
+            )
+        );
+        // Any other difference: the PCR's explanation.
+        let err = m.check(&quote(0xcc, 0x15)).expect_err("another value");
+        assert_eq!(err.mismatches[0].meaning.as_deref(), Some("another image"));
+        // A refused value of a PCR nothing is expected of.
+        let err = m.check(&quote(0xaa, 0)).expect_err("a fresh node");
+        assert!(err.mismatches.is_empty());
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "measurements differ from the expected ones: PCR 15 holds {} (a fresh node's \
+                 PCR 15)",
+                "00".repeat(32)
+            )
+        );
+        // Both at once, and nothing named without a refusal to name.
+        let err = m.check(&quote(0xee, 0)).expect_err("both");
+        assert_eq!((err.mismatches.len(), err.refused.len()), (1, 1));
+        assert_eq!(measurements().check(&quote(0xaa, 0)), Ok(vec![]));
+        let plain = measurements().check(&quote(0xee, 0)).expect_err("differs");
+        assert_eq!(plain.mismatches[0].meaning, None);
     }
 
     #[test]

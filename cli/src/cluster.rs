@@ -30,8 +30,7 @@ use hawser_proto::init::{InitRequest, InitResponse, RecoverRequest, init_respons
 use serde::{Deserialize, Serialize};
 
 use hawser_keys::MEASUREMENT_SALT_LEN;
-use hawser_measurements::pcr::{extend_sha256, phase_digest};
-use hawser_measurements::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD, cluster_lock_pcr};
+use hawser_measurements::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, cluster_lock_pcr, pcr11_after_pivot};
 
 /// Length of the init secret.
 pub const INIT_SECRET_LEN: usize = 32;
@@ -157,17 +156,21 @@ impl NodeTrust {
     }
 
     /// The same trust for a node that has left the initramfs: PCR 11 extended with
-    /// `leave-initrd` (its other PCRs stay as they were).
+    /// `control-plane` and `leave-initrd` (a control plane: the node `hawser init` made), or
+    /// with `leave-initrd` alone (a worker, which `hawser recover` may meet); its other PCRs
+    /// stay as they were.
     fn after_pivot(&self) -> NodeTrust {
         let mut measurements = self.measurements.clone();
         if let Some(pcr11) = measurements.get(PCR_KERNEL_BOOT).cloned() {
-            measurements.insert(
-                PCR_KERNEL_BOOT,
-                ExpectedPcr {
-                    expected: extend_sha256(&pcr11.expected, &phase_digest(PHASE_LEAVE_INITRD)),
-                    warn_only: pcr11.warn_only,
-                },
-            );
+            measurements
+                .insert(
+                    PCR_KERNEL_BOOT,
+                    ExpectedPcr {
+                        expected: pcr11_after_pivot(&pcr11.expected, true),
+                        warn_only: pcr11.warn_only,
+                    },
+                )
+                .also_accept(PCR_KERNEL_BOOT, pcr11_after_pivot(&pcr11.expected, false));
         }
         NodeTrust {
             measurements,

@@ -30,7 +30,7 @@ pub const QEMU_REFERENCE: &str = "measurements/qemu.json";
 pub const QEMU_NODE_REFERENCE: &str = "measurements/qemu-node.json";
 
 /// The boot phases a prediction covers: (phase, name in JSON, what it is).
-const PHASES: [(Phase, &str, &str); 3] = [
+const PHASES: [(Phase, &str, &str); 4] = [
     (
         Phase::Stub,
         "stub",
@@ -45,6 +45,11 @@ const PHASES: [(Phase, &str, &str); 3] = [
         Phase::LeaveInitrd,
         "leave-initrd",
         "PID 1 after the pivot into the rootfs",
+    ),
+    (
+        Phase::LeaveInitrdControlPlane,
+        "leave-initrd-control-plane",
+        "PID 1 of a control plane after the pivot (control-plane, then leave-initrd)",
     ),
 ];
 
@@ -313,8 +318,12 @@ fn predict(
         hex::encode(pcrs(Phase::Stub)[&11])
     );
     println!(
-        "        {}  after leave-initrd (a node in its rootfs)",
+        "        {}  after leave-initrd (a worker in its rootfs)",
         hex::encode(pcrs(Phase::LeaveInitrd)[&11])
+    );
+    println!(
+        "        {}  after control-plane, leave-initrd (a control plane in its rootfs)",
+        hex::encode(pcrs(Phase::LeaveInitrdControlPlane)[&11])
     );
     for pcr in [12u8, 13] {
         println!(

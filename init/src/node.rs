@@ -4,7 +4,8 @@
 //!
 //! 1. the rootfs is opened with dm-verity against the measured root hash, mounted read-only,
 //!    the node's writable state bound in from the state disk ([`crate::rootfs`]);
-//! 2. PCR 11 ← `leave-initrd`, then `switch_root` (PID 1 stays, the initramfs is freed);
+//! 2. PCR 11 ← `leave-initrd` (a control plane's `control-plane` first), then `switch_root`
+//!    (PID 1 stays, the initramfs is freed);
 //! 3. the supervisor starts containerd and the kubelet (restart with backoff);
 //! 4. `kubeadm init` (the admin's `hawser init`) or `kubeadm join` (the join ticket) runs until
 //!    it succeeded once in the node's life (the marker [`KUBEADM_MARKER`] on the state disk);
@@ -33,6 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hawser_attestation::tpm::Tpm;
+use hawser_kube_types::KubernetesVersion;
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD};
 use tracing::{info, warn};
 
@@ -185,6 +187,7 @@ pub async fn pivot(
     root_hash: RootHash,
     tpm: Arc<Tpm>,
     state_disk: bool,
+    role: rootfs::MeasuredRole,
     mounts: &SharedMountTable,
     timer: &PhaseTimer,
 ) -> Result<Pivoted, PivotError> {
@@ -200,11 +203,12 @@ pub async fn pivot(
     } else {
         StateBacking::Ephemeral
     };
-    let plan = RootfsPlan::new(device.path.clone(), backing);
+    let plan = RootfsPlan::new(device.path.clone(), backing).measured_role(role);
+    let phases = plan.measured_phases().join(", ");
     let after_switch = plan.mounts_after_switch();
     let mut outcome = tokio::task::spawn_blocking(move || {
-        rootfs::plan::switch_root(&LinuxSyscalls, &plan, &mut || {
-            tpm.extend_phase(PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD)
+        rootfs::plan::switch_root(&LinuxSyscalls, &plan, &mut |phase| {
+            tpm.extend_phase(PCR_KERNEL_BOOT, phase)
                 .map(|_| ())
                 .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
         })
@@ -221,7 +225,7 @@ pub async fn pivot(
         .map_err(PivotError::Mounts)?;
     drop(table);
     info!(
-        "measured {PHASE_LEAVE_INITRD} into PCR {PCR_KERNEL_BOOT} and switched into the rootfs; \
+        "measured {phases} into PCR {PCR_KERNEL_BOOT} and switched into the rootfs; \
          /init → pivot {:.1} ms ({:.3} s after boot)",
         timer.elapsed_ms(),
         crate::platform::console::boottime_seconds()

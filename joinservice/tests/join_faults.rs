@@ -9,6 +9,12 @@
 //! says it was called (a file), waits for the test's "go" (another file), then runs the
 //! kubeadm stand-in (`tests/fixtures/kubeadm-standin`, which says what it is).
 //!
+//! The tamper tests run the node as PID 1 does with `hawser.join_service_trust=attested`: the
+//! join service must attest as a control plane of the node's image (a second swtpm, provisioned
+//! by the same provider, with PCR 11 after `control-plane` and `leave-initrd` and PCR 15 locked
+//! to its cluster), and the fakes are attested too where it matters: a worker's TPM of the same
+//! image, a control plane of another cluster.
+//!
 //! Run with `cargo test -p hawser-joinservice --test join_faults`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
@@ -21,13 +27,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use hawser_attestation::atls::PeerPolicy;
 use hawser_attestation::{Tpm, TpmIssuer};
 use hawser_init::disk::key::DiskStatus;
-use hawser_init::enrollment::JoinEndpoints;
 use hawser_init::enrollment::client::{JoinClient, Secrets};
+use hawser_init::enrollment::{
+    JoinEndpoints, JoinServicePolicy, JoinServiceTrust, WORKER_JOIN_SERVICE, join_service_policy,
+};
 use hawser_keys::MasterSecret;
-use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
+use hawser_measurements::{
+    PCR_CLUSTER_ID, PCR_KERNEL_BOOT, PHASE_CONTROL_PLANE, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD,
+    extend_sha256, phase_digest,
+};
 use hawser_qemu::provider::ProviderCa;
 use hawser_qemu::{Swtpm, SwtpmOptions};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -41,6 +51,9 @@ const STEP: Duration = Duration::from_secs(90);
 struct Node {
     issuer: Arc<TpmIssuer>,
     ak_hex: String,
+    /// What PID 1 requires of the join service with `hawser.join_service_trust=attested`,
+    /// built by PID 1's own function from this TPM's PCRs and the provider CA.
+    attested: JoinServicePolicy,
     // Last: the TPM connection inside the issuer closes before swtpm is killed.
     _swtpm: Swtpm,
 }
@@ -51,13 +64,47 @@ fn node(ca: &ProviderCa) -> Node {
     let tpm = Tpm::open(&swtpm.tcti().expect("tcti")).expect("open swtpm");
     tpm.extend_phase(PCR_KERNEL_BOOT, PHASE_ENTER_INITRD)
         .expect("extend enter-initrd");
+    let ca_file = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(ca_file.path(), ca.certificate_pem()).expect("write the provider CA");
+    let attested = join_service_policy(JoinServiceTrust::Attested, &tpm, ca_file.path())
+        .expect("PID 1's attested policy");
     let issuer = TpmIssuer::new(Arc::new(tpm)).expect("issuer");
     let ak_hex = hex::encode(issuer.ak_name());
     Node {
         issuer: Arc::new(issuer),
         ak_hex,
+        attested,
         _swtpm: swtpm,
     }
+}
+
+/// What a join service's TPM shows: the node it runs on, after that node's pivot.
+#[derive(Debug, Clone, Copy)]
+enum Pivoted {
+    /// A control plane: PCR 11 ← enter-initrd, control-plane, leave-initrd.
+    ControlPlane,
+    /// A worker: PCR 11 ← enter-initrd, leave-initrd (root on it runs the fake service).
+    Worker,
+}
+
+/// A swtpm for a join service, provisioned by `ca` like the node's (same image: PCRs 4, 9, 12
+/// and 13 equal), with PCR 11 as `pivoted` leaves it and PCR 15 locked to `cluster`. No client
+/// stays connected: `hawser-joind --attest-with-tpm` connects to it.
+fn service_tpm(ca: &ProviderCa, pivoted: Pivoted, cluster: &[u8; 32]) -> Swtpm {
+    let swtpm = Swtpm::start(&SwtpmOptions::tcp()).unwrap_or_else(|e| panic!("swtpm: {e}"));
+    ca.provision(&swtpm).expect("provider provisions the TPM");
+    let tpm = Tpm::open(&swtpm.tcti().expect("tcti")).expect("open swtpm");
+    let phases: &[&str] = match pivoted {
+        Pivoted::ControlPlane => &[PHASE_ENTER_INITRD, PHASE_CONTROL_PLANE, PHASE_LEAVE_INITRD],
+        Pivoted::Worker => &[PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD],
+    };
+    for phase in phases {
+        tpm.extend_phase(PCR_KERNEL_BOOT, phase)
+            .expect("extend a phase");
+    }
+    tpm.extend_sha256_digest(PCR_CLUSTER_ID, cluster)
+        .expect("the node lock");
+    swtpm
 }
 
 fn free_port() -> u16 {
@@ -81,6 +128,9 @@ struct Service {
     master: MasterSecret,
     port: u16,
     child: Option<Child>,
+    /// The TPM the service attests with (`--attest-with-tpm`), if it attests. After `child`:
+    /// the service is killed before its TPM.
+    tpm: Option<Swtpm>,
 }
 
 impl Service {
@@ -124,7 +174,27 @@ impl Service {
             master,
             port: free_port(),
             child: None,
+            tpm: None,
         }
+    }
+
+    /// The cluster this service's master secret makes.
+    fn cluster_id(&self) -> [u8; 32] {
+        hawser_keys::cluster_id(self.master.measurement_secret().as_slice(), b"salt")
+    }
+
+    /// Attests with `tpm` from its next start on.
+    fn attest_with(&mut self, tpm: Swtpm) {
+        self.tpm = Some(tpm);
+    }
+
+    /// The aTLS connections this service's clients refused, from its log.
+    fn refused_by_clients(&self) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|l| l.contains("the client refused our attestation"))
+            .map(str::to_owned)
+            .collect()
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -159,6 +229,9 @@ impl Service {
             }
             None => Command::new(joind),
         };
+        if let Some(tpm) = &self.tpm {
+            command.args(["--attest-with-tpm", &tpm.tcti().expect("tcti")]);
+        }
         let child = command
             .args(["--listen", &listen.to_string()])
             .args(extra)
@@ -295,10 +368,34 @@ fn join(
     let list: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let client = JoinClient::new(
         JoinEndpoints::parse(&list.join(",")).expect("endpoints"),
-        PeerPolicy::Unauthenticated,
+        JoinServicePolicy::Unauthenticated,
         Arc::clone(&node.issuer),
     );
     runtime.spawn(async move { client.fetch(UUID, 64, DiskStatus::New).await })
+}
+
+/// The node, attested as PID 1 is, asks the join services on `ports` (loopback, in turn) for
+/// the key of its disk: a new one, or one that records `disk_cluster` (a rejoin).
+fn attested_fetch(
+    runtime: &tokio::runtime::Runtime,
+    node: &Node,
+    ports: &[u16],
+    disk_cluster: Option<[u8; 32]>,
+) -> (Secrets, u32) {
+    let list: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let client = JoinClient::new(
+        JoinEndpoints::parse(&list.join(",")).expect("endpoints"),
+        node.attested.clone(),
+        Arc::clone(&node.issuer),
+    )
+    .disk_cluster(disk_cluster);
+    let status = match disk_cluster {
+        Some(_) => DiskStatus::Initialized,
+        None => DiskStatus::New,
+    };
+    runtime
+        .block_on(async { tokio::time::timeout(STEP, client.fetch(UUID, 64, status)).await })
+        .expect("the node gets a key")
 }
 
 /// The node got its disk's key, and the disk is bound once, to the node's AK.
@@ -426,16 +523,102 @@ fn fault_a_control_planes_join_service_down_the_next_one_answers() {
     assert_eq!(service.granted_joins(), 1, "{}", service.log());
 }
 
+/// Tamper row: root on a worker answers as the join service. The fake is *attested*: a real
+/// `hawser-joind` (with a master secret of the attacker's choosing) on a TPM of the same image
+/// and of the real cluster, pivoted as a worker (PCR 11 ← enter-initrd, leave-initrd). A fresh
+/// node given the fake's endpoint first refuses it by name in the handshake (the fake's log
+/// shows the node's verdict), before any call, and takes its key from the cluster's control
+/// plane, whose TPM the node accepts (PCR 11 with the control-plane marker).
+#[test]
+fn tamper_a_workers_tpm_cannot_act_as_the_join_service() {
+    let runtime = runtime();
+    let ca = ProviderCa::generate("test provider").expect("CA");
+    let node = node(&ca);
+    let mut real = Service::new(&ca);
+    let cluster = real.cluster_id();
+    real.attest_with(service_tpm(&ca, Pivoted::ControlPlane, &cluster));
+    std::fs::write(real.path("go"), "").expect("write");
+    real.start();
+    let mut fake = Service::new(&ca);
+    fake.attest_with(service_tpm(&ca, Pivoted::Worker, &cluster));
+    std::fs::write(fake.path("go"), "").expect("write");
+    fake.start();
+
+    let (secrets, attempts) = attested_fetch(&runtime, &node, &[fake.port, real.port], None);
+    let key = real.master.state_disk_key(UUID).expect("key");
+    assert_eq!(*secrets.state_disk_key, key.to_vec(), "{}", fake.log());
+    assert_eq!(attempts, 2, "the worker costs one attempt");
+    let refused = fake.refused_by_clients();
+    assert_eq!(refused.len(), 1, "{}", fake.log());
+    assert!(refused[0].contains(WORKER_JOIN_SERVICE), "{}", refused[0]);
+    // The node made no call: the fake decided nothing and bound nothing.
+    assert_eq!(fake.granted_joins(), 0, "{}", fake.log());
+    assert!(fake.registry().is_empty(), "{}", fake.log());
+    assert_eq!(real.registry(), vec![format!("{UUID} {}", node.ak_hex)]);
+    assert!(real.refused_by_clients().is_empty(), "{}", real.log());
+}
+
+/// Tamper row: a control plane of another cluster answers a rejoin. Both join services attest
+/// as control planes of the node's image; the other's TPM is locked to its own cluster. A node
+/// whose disk records the real cluster refuses the other in the handshake, naming its own
+/// cluster (PCR 15), before it sends the other anything, and rejoins through the real one.
+#[test]
+fn tamper_a_control_plane_of_another_cluster_cannot_answer_a_rejoin() {
+    let runtime = runtime();
+    let ca = ProviderCa::generate("test provider").expect("CA");
+    let node = node(&ca);
+    let mut real = Service::new(&ca);
+    let cluster = real.cluster_id();
+    real.attest_with(service_tpm(&ca, Pivoted::ControlPlane, &cluster));
+    std::fs::write(real.path("go"), "").expect("write");
+    real.start();
+    let mut other = Service::new(&ca);
+    let other_cluster = other.cluster_id();
+    other.attest_with(service_tpm(&ca, Pivoted::ControlPlane, &other_cluster));
+    std::fs::write(other.path("go"), "").expect("write");
+    other.start();
+
+    // The first join: the disk is the real cluster's.
+    let (secrets, attempts) = attested_fetch(&runtime, &node, &[real.port], None);
+    let key = real.master.state_disk_key(UUID).expect("key");
+    assert_eq!(
+        (*secrets.state_disk_key == key.to_vec(), attempts),
+        (true, 1)
+    );
+
+    // The rejoin, the other cluster's control plane asked first.
+    let (secrets, attempts) =
+        attested_fetch(&runtime, &node, &[other.port, real.port], Some(cluster));
+    assert_eq!(*secrets.state_disk_key, key.to_vec(), "{}", other.log());
+    assert_eq!(attempts, 2, "the other cluster costs one attempt");
+    let refused = other.refused_by_clients();
+    assert_eq!(refused.len(), 1, "{}", other.log());
+    assert!(
+        refused[0].contains(&format!(
+            "locked to another cluster than the one this node's disk records ({})",
+            hex::encode(cluster)
+        )),
+        "{}",
+        refused[0]
+    );
+    assert!(
+        !other.log().contains("IssueRejoinTicket"),
+        "the node asked the other cluster: {}",
+        other.log()
+    );
+}
+
 /// Tamper row: a fake join service advert on the LAN. On a LAN of network namespaces this test
-/// creates, the real `hawser-joind` advertises itself over mDNS (`--mdns-instance`), and so does
-/// a fake (another cluster's ID, an endpoint that takes connections and says nothing useful),
-/// whose instance name sorts first. A fresh node given no endpoint (`hawser.join_discovery=mdns`)
-/// tries the fake, which costs it one attempt, then the real one, and gets the key of its disk
+/// creates, the real `hawser-joind` advertises itself over mDNS (`--mdns-instance`) and attests
+/// as a control plane of the node's image (its swtpm in its namespace). So does a fake, whose
+/// instance name sorts first: a real `hawser-joind` of another master secret (a cluster of the
+/// attacker's), which would hand the node a key, but does not attest. A fresh node given no
+/// endpoint (`hawser.join_discovery=mdns`, `hawser.join_service_trust=attested`) tries the
+/// fake, refuses it in the handshake (one attempt, no call made), then gets the key of its disk
 /// from the real one. A node whose disk records the real cluster never tries the fake: its
-/// advert names another cluster.
+/// advert names another cluster. Without attestation the fake's key would be taken.
 #[test]
 fn tamper_fake_join_service_advert_only_costs_an_attempt() {
-    use hawser_discovery::{Advertiser, JoinServiceAdvert, ServiceDaemon};
     use hawser_init::enrollment::client::JoinSource;
     use hawser_init::enrollment::discover::LanDiscovery;
     use hawser_mesh::netns::{self, Underlay};
@@ -450,6 +633,14 @@ fn tamper_fake_join_service_advert_only_costs_an_attempt() {
     };
     // member 0: the real join service; member 1: the fake; member 2: the node.
     let mut service = Service::new(&ca);
+    let real_cluster = service.cluster_id();
+    let tpm = {
+        let ca = Arc::clone(&ca);
+        netns::in_namespace(&lan.members[0], move || {
+            service_tpm(&ca, Pivoted::ControlPlane, &real_cluster)
+        })
+    };
+    service.attest_with(tpm);
     std::fs::write(service.path("go"), "").expect("write");
     let real = SocketAddr::from((lan.ip(0), 7000));
     service.start_with(
@@ -464,34 +655,16 @@ fn tamper_fake_join_service_advert_only_costs_an_attempt() {
         "{}",
         service.log()
     );
-    let fake_endpoint = SocketAddr::from((lan.ip(1), 7000));
-    let (_fake_daemon, _fake_advert, _fake_listener) =
-        netns::in_namespace(&lan.members[1], move || {
-            // Takes connections and closes them: no aTLS, no answer.
-            let listener = std::net::TcpListener::bind(fake_endpoint).expect("bind the fake");
-            let accepting = listener.try_clone().expect("clone");
-            std::thread::spawn(move || {
-                for connection in accepting.incoming() {
-                    drop(connection);
-                }
-            });
-            let daemon = ServiceDaemon::new().expect("mDNS daemon");
-            let advert = JoinServiceAdvert {
-                instance: "a-fake".into(),
-                cluster_id: "ab".repeat(32),
-                version: "0.1.0".into(),
-                port: 7000,
-                api_port: 6443,
-                interval: Some(Duration::from_secs(1)),
-            };
-            let advertiser =
-                Advertiser::start(&daemon, advert, "a-fake.local.").expect("advertise the fake");
-            (daemon, advertiser, listener)
-        });
+    let mut fake = Service::new(&ca);
+    std::fs::write(fake.path("go"), "").expect("write");
+    fake.start_with(
+        Some(&lan.members[1]),
+        SocketAddr::from((lan.ip(1), 7000)),
+        &["--mdns-instance", "a-fake", "--mdns-interval-secs", "1"],
+    );
 
     let issuer = Arc::clone(&node.issuer);
-    let real_cluster =
-        hawser_keys::cluster_id(service.master.measurement_secret().as_slice(), b"salt");
+    let policy = node.attested.clone();
     let (fresh, pinned) = netns::in_namespace(&lan.members[2], move || {
         let runtime = runtime();
         runtime.block_on(async move {
@@ -503,18 +676,14 @@ fn tamper_fake_join_service_advert_only_costs_an_attempt() {
             heard.await.expect("the node hears both adverts");
             let fresh = JoinClient::new(
                 JoinSource::Discovered(Arc::clone(&lan)),
-                PeerPolicy::Unauthenticated,
+                policy.clone(),
                 Arc::clone(&issuer),
             );
             let fresh = tokio::time::timeout(STEP, fresh.fetch(UUID, 64, DiskStatus::New))
                 .await
                 .expect("the fresh node joins through the real advert");
-            let pinned = JoinClient::new(
-                JoinSource::Discovered(lan),
-                PeerPolicy::Unauthenticated,
-                issuer,
-            )
-            .disk_cluster(Some(real_cluster));
+            let pinned = JoinClient::new(JoinSource::Discovered(lan), policy, issuer)
+                .disk_cluster(Some(real_cluster));
             let pinned =
                 tokio::time::timeout(STEP, pinned.fetch(UUID, 64, DiskStatus::Initialized))
                     .await
@@ -527,8 +696,11 @@ fn tamper_fake_join_service_advert_only_costs_an_attempt() {
         .master
         .state_disk_key(UUID, hawser_keys::StateDiskKeyLength::Xts)
         .expect("key");
-    assert_eq!(*secrets.state_disk_key, key.to_vec(), "{}", service.log());
-    assert_eq!(attempts, 2, "the fake costs one attempt, no more");
+    assert_eq!(*secrets.state_disk_key, key.to_vec(), "{}", fake.log());
+    // Tried in a random order (docs/discovery.md): the fake costs at most one attempt.
+    assert!(attempts <= 2, "the fake costs one attempt, no more ({attempts})");
+    assert_eq!(fake.granted_joins(), 0, "{}", fake.log());
+    assert!(fake.registry().is_empty(), "{}", fake.log());
     let (secrets, attempts) = pinned;
     assert_eq!(*secrets.state_disk_key, key.to_vec());
     assert_eq!(
@@ -560,7 +732,7 @@ fn tamper_a_bootstrap_token_belongs_to_one_join_and_is_short_lived() {
         let node = node(&ca);
         let client = JoinClient::new(
             endpoints.clone(),
-            PeerPolicy::Unauthenticated,
+            JoinServicePolicy::Unauthenticated,
             Arc::clone(&node.issuer),
         );
         let (secrets, _) = runtime

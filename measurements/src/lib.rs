@@ -40,8 +40,8 @@ pub(crate) mod test_fixtures;
 pub use hawser_pe as pe;
 
 pub use pcr::{
-    PCR_CLUSTER_ID, PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, cluster_lock_pcr,
-    extend_sha256, phase_digest,
+    PCR_CLUSTER_ID, PCR_KERNEL_BOOT, PHASE_CONTROL_PLANE, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD,
+    cluster_lock_pcr, extend_sha256, pcr11_after_pivot, phase_digest,
 };
 pub use predict::{PREDICTED_PCRS, Phase, PredictError, Prediction};
 

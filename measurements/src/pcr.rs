@@ -27,6 +27,16 @@
 //!   before the first one, which is what a verifier needs to replay them.
 //!
 //! So in the sha256 bank, `PCR11_after = SHA256(PCR11_before || SHA256("enter-initrd"))`.
+//!
+//! # The control-plane marker
+//!
+//! One word is hawser's own, not systemd's: a node that holds its cluster's master secret (a
+//! control plane) extends [`PHASE_CONTROL_PLANE`] immediately before `leave-initrd`, so after
+//! the pivot a worker's PCR 11 is `ext(ext(P, enter-initrd), leave-initrd)` and a control
+//! plane's `ext(ext(ext(P, enter-initrd), control-plane), leave-initrd)`
+//! ([`pcr11_after_pivot`]). A hash chain fixes the order: root on a pivoted worker can only
+//! extend after `leave-initrd`, so it can never produce the control plane's value, and a
+//! joining node recognises a control plane's join service by it.
 
 use sha2::{Digest, Sha256};
 
@@ -40,6 +50,22 @@ pub const PHASE_ENTER_INITRD: &str = "enter-initrd";
 /// The phase word extended into PCR 11 just before leaving the initramfs (switch_root), so that
 /// no later code can satisfy a policy bound to the initramfs phase.
 pub const PHASE_LEAVE_INITRD: &str = "leave-initrd";
+
+/// The phase word a control plane's PID 1 extends into PCR 11 immediately before
+/// [`PHASE_LEAVE_INITRD`] (see the module docs): the node holds its cluster's master secret
+/// and runs the cluster's join service after the pivot.
+pub const PHASE_CONTROL_PLANE: &str = "control-plane";
+
+/// PCR 11 after the pivot into the rootfs, from its value after `enter-initrd`: a worker's
+/// with `leave-initrd`, a control plane's with `control-plane` and then `leave-initrd`.
+pub fn pcr11_after_pivot(after_enter_initrd: &[u8; 32], control_plane: bool) -> [u8; 32] {
+    let before_leave = if control_plane {
+        extend_sha256(after_enter_initrd, &phase_digest(PHASE_CONTROL_PLANE))
+    } else {
+        *after_enter_initrd
+    };
+    extend_sha256(&before_leave, &phase_digest(PHASE_LEAVE_INITRD))
+}
 
 /// One TPM2_PCR_Extend in the sha256 bank: `SHA256(pcr || digest)`.
 pub fn extend_sha256(pcr: &[u8; 32], digest: &[u8; 32]) -> [u8; 32] {
@@ -76,6 +102,7 @@ mod tests {
     // Vectors computed outside this code with coreutils:
     //   printf enter-initrd | sha256sum
     //   printf leave-initrd | sha256sum
+    //   printf control-plane | sha256sum
     //   (head -c 32 /dev/zero; printf enter-initrd | sha256sum | cut -d' ' -f1 | xxd -r -p) | sha256sum
     // The last one was also read back from swtpm 0.7.1 after
     // `tpm2_pcrextend 11:sha256=51e6b9…` on a fresh TPM (`tpm2_pcrread sha256:11`).
@@ -85,6 +112,31 @@ mod tests {
         "3be261aff7db92bf507eae947f4003ffa2bcad0bffe3524601d62d0bc8be7135";
     const ZERO_THEN_ENTER_INITRD: &str =
         "d15b0e8e244e65c40f024e95773f2347ce4ef3ffe6b597c9a14b50bbab6df319";
+    const CONTROL_PLANE_SHA256: &str =
+        "9682666514c07508d9ee41ca0a32cf2fc8e0fbda9466c5bfd0f88b82ca5389e9";
+    // From zero: enter-initrd, leave-initrd (a worker) and enter-initrd, control-plane,
+    // leave-initrd (a control plane), by Python's hashlib.
+    const WORKER_AFTER_PIVOT: &str =
+        "75df9c8b17d8a6465f2862028b892ea13a3d7c37685a945e5ff34fb44956c207";
+    const CONTROL_PLANE_AFTER_PIVOT: &str =
+        "3492e369895246af82df4149794721c8de1903bb953ca8157e3381eeb590844a";
+
+    #[test]
+    fn a_control_planes_pcr_11_after_the_pivot_differs_from_a_workers() {
+        assert_eq!(phase_digest(PHASE_CONTROL_PLANE), h(CONTROL_PLANE_SHA256));
+        let enter = h(ZERO_THEN_ENTER_INITRD);
+        assert_eq!(pcr11_after_pivot(&enter, false), h(WORKER_AFTER_PIVOT));
+        assert_eq!(
+            pcr11_after_pivot(&enter, true),
+            h(CONTROL_PLANE_AFTER_PIVOT)
+        );
+        // Root on a worker extends only after leave-initrd: the marker then comes too late.
+        let worker_then_marker = extend_sha256(
+            &pcr11_after_pivot(&enter, false),
+            &phase_digest(PHASE_CONTROL_PLANE),
+        );
+        assert_ne!(worker_then_marker, h(CONTROL_PLANE_AFTER_PIVOT));
+    }
 
     #[test]
     fn phase_digest_is_sha256_of_the_word_without_nul() {
@@ -122,5 +174,6 @@ mod tests {
         assert_eq!(PCR_KERNEL_BOOT, 11);
         assert_eq!(PHASE_ENTER_INITRD, "enter-initrd");
         assert_eq!(PHASE_LEAVE_INITRD, "leave-initrd");
+        assert_eq!(PHASE_CONTROL_PLANE, "control-plane");
     }
 }

@@ -10,7 +10,7 @@
 //! |---|---|---|
 //! | 4 | EV_EFI_ACTION "Calling EFI Application from Boot Option"; EV_SEPARATOR; the UKI's Authenticode hash; the kernel's (`.linux`) Authenticode hash | OVMF's boot manager and `DxeTpm2MeasureBootLib` (the kernel is measured when systemd-stub calls `LoadImage()` on `.linux`) |
 //! | 9 | the UTF-16 command line (tag `0x8F3B22ED`); the initrd the kernel loads (tag `0x8F3B22EC`) = `.initrd`, and from systemd-stub 257 on, zero-padded to 4 bytes and followed by the `.osrel` cpio | the Linux 6.12 EFI stub |
-//! | 11 | for each section present, in the stub version's order ([`crate::models::StubModel::pcr11_sections`]): its name with NUL, then its `VirtualSize` bytes; then hawser's `enter-initrd`, later `leave-initrd` | systemd-stub; hawser PID 1 |
+//! | 11 | for each section present, in the stub version's order ([`crate::models::StubModel::pcr11_sections`]): its name with NUL, then its `VirtualSize` bytes; then hawser's `enter-initrd`, later `leave-initrd` (a control plane's PID 1 extends `control-plane` just before it) | systemd-stub; hawser PID 1 |
 //!
 //! The stub's version (`.sdmagic`) and the kernel's (`.linux`) select the model
 //! ([`crate::models`]); a version never proven on a real boot is refused by name.
@@ -23,7 +23,9 @@ use sha2::{Digest, Sha256};
 
 use crate::authenticode::authenticode_sha256;
 use crate::models::{self, ModelError, StubIdentity, StubModel};
-use crate::pcr::{PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, extend_sha256, phase_digest};
+use crate::pcr::{
+    PHASE_CONTROL_PLANE, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, extend_sha256, phase_digest,
+};
 use crate::stub::{load_options_utf16, osrel_cpio};
 use hawser_pe::{PeError, PeImage};
 
@@ -104,14 +106,19 @@ pub enum Phase {
     Stub,
     /// After hawser's `enter-initrd`: what the boot report quotes.
     EnterInitrd,
-    /// After hawser's `leave-initrd`, just before switch_root.
+    /// After hawser's `leave-initrd`, just before switch_root: a worker in its rootfs.
     LeaveInitrd,
+    /// A control plane in its rootfs: `control-plane`, then `leave-initrd`
+    /// ([`crate::pcr11_after_pivot`]). Not a later point of the same boot: a worker never
+    /// reaches it.
+    LeaveInitrdControlPlane,
 }
 
 impl Phase {
     fn includes(self, phase_word: &str) -> bool {
         match phase_word {
             PHASE_ENTER_INITRD => self >= Phase::EnterInitrd,
+            PHASE_CONTROL_PLANE => self == Phase::LeaveInitrdControlPlane,
             PHASE_LEAVE_INITRD => self >= Phase::LeaveInitrd,
             _ => false,
         }
@@ -465,7 +472,9 @@ impl Prediction {
                 phase: None,
             });
         }
-        for word in [PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD] {
+        // In the order PID 1 extends them; `control-plane` only on a control plane (see
+        // `Phase::includes`).
+        for word in [PHASE_ENTER_INITRD, PHASE_CONTROL_PLANE, PHASE_LEAVE_INITRD] {
             events.push(PredictedEvent {
                 pcr: 11,
                 event_type: event_type::HAWSER_PHASE,
@@ -767,6 +776,23 @@ mod tests {
             p.pcr(11, Phase::LeaveInitrd),
             extend_sha256(&enter, &phase_digest("leave-initrd"))
         );
+        let marked = extend_sha256(&enter, &phase_digest("control-plane"));
+        assert_eq!(
+            p.pcr(11, Phase::LeaveInitrdControlPlane),
+            extend_sha256(&marked, &phase_digest("leave-initrd"))
+        );
+        assert_eq!(
+            p.pcr(11, Phase::LeaveInitrdControlPlane),
+            crate::pcr11_after_pivot(&enter, true)
+        );
+        // The marker is PCR 11's alone, and a worker's phases never include it.
+        for pcr in [4, 9, 12, 13, 15] {
+            assert_eq!(
+                p.pcr(pcr, Phase::LeaveInitrdControlPlane),
+                p.pcr(pcr, Phase::LeaveInitrd)
+            );
+        }
+        assert_eq!(p.pcr(11, Phase::EnterInitrd), enter);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! `hawser measurements check`) into one JSON document in Constellation's published-measurements
 //! shape (`version`, `ref`, `stream`, `list` of `{csp, attestationVariant, measurements}`), so
 //! tools that read Constellation's `measurements.json` read this one, plus a `hawser` object
-//! with what a verifier or a rebuild needs: every phase's values, PCR 15's rule, the UKI's and
+//! with what a verifier or a rebuild needs: every phase's values (a control plane's PCR 11
+//! after its pivot among them, computed from the `enter-initrd` value), PCR 15's rule, the UKI's and
 //! the root hash, the stub and kernel, and every pinned input with its sha256. The output is
 //! deterministic (keys sorted, no timestamps), so a detached signature of its bytes
 //! (`cosign sign-blob`, `gpg --detach-sign`) stays valid for anyone who re-publishes it.
@@ -13,7 +14,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::pcr::{PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD};
+use crate::pcr::{PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, pcr11_after_pivot};
 use crate::reference::{Measurements, ReferenceMeasurements};
 
 /// The release a document describes, as Constellation's `version`, `ref` and `stream`.
@@ -51,6 +52,22 @@ pub fn publish(reference: &ReferenceMeasurements, release: &Release) -> Value {
     let enter = &reference.measurements;
     let mut leave = enter.clone();
     leave.extend(reference.measurements_after_leave_initrd.clone());
+    // A control plane's PID 1 extends `control-plane` before `leave-initrd`: its PCR 11 after
+    // the pivot follows from the `enter-initrd` value alone (no field of the reference).
+    let mut control_plane = leave.clone();
+    if let Some(after_enter) = enter
+        .get(&crate::PCR_KERNEL_BOOT)
+        .and_then(|m| <[u8; 32]>::try_from(hex::decode(&m.expected).ok()?).ok())
+    {
+        control_plane.insert(
+            crate::PCR_KERNEL_BOOT,
+            crate::reference::Measurement {
+                expected: hex::encode(pcr11_after_pivot(&after_enter, true)),
+                warn_only: false,
+                also_expected: Vec::new(),
+            },
+        );
+    }
     let stub_only: Measurements = BTreeMap::from([(
         crate::PCR_KERNEL_BOOT,
         crate::reference::Measurement {
@@ -94,6 +111,7 @@ pub fn publish(reference: &ReferenceMeasurements, release: &Release) -> Value {
                 "stub": map(&stub_only),
                 PHASE_ENTER_INITRD: map(enter),
                 PHASE_LEAVE_INITRD: map(&leave),
+                "leave-initrd-control-plane": map(&control_plane),
             },
             "pcr15": {
                 "fresh": "0000000000000000000000000000000000000000000000000000000000000000",
@@ -149,6 +167,23 @@ mod tests {
         assert_eq!(
             h["phases"]["stub"]["11"]["expected"],
             reference.metadata.pcr11_after_stub
+        );
+        // A control plane after its pivot: `control-plane`, then `leave-initrd`.
+        let enter: [u8; 32] = hex::decode(&reference.measurements[&11].expected)
+            .expect("hex")
+            .try_into()
+            .expect("32 bytes");
+        assert_eq!(
+            h["phases"]["leave-initrd-control-plane"]["11"]["expected"],
+            hex::encode(pcr11_after_pivot(&enter, true))
+        );
+        assert_ne!(
+            h["phases"]["leave-initrd-control-plane"]["11"],
+            h["phases"]["leave-initrd"]["11"]
+        );
+        assert_eq!(
+            h["phases"]["leave-initrd-control-plane"]["4"],
+            h["phases"]["enter-initrd"]["4"]
         );
         assert_eq!(
             h["phases"]["leave-initrd"]["4"],

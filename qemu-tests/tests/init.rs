@@ -13,7 +13,7 @@
 //! it), and the admin kubeconfig comes back to the CLI; the signed quote shows PCR 15 = the node
 //! lock for the cluster ID the CLI computed, and the quote the CLI verified after the node lock
 //! (from the node in its rootfs) equals `hawser measurements predict --cluster-id` of the UKI for
-//! every predicted PCR: PCR 11 after `leave-initrd`, PCR 15 the lock. (1b) A second node joins through the first node's
+//! every predicted PCR: PCR 11 after `control-plane` and `leave-initrd` (a control plane), PCR 15 the lock. (1b) A second node joins through the first node's
 //! `hawser-joind` as a worker, both sides attesting: it gets the key derived from the admin's
 //! master secret, and runs `kubeadm join`, whose discovery reaches the first node's (stand-in)
 //! API server through the cluster's control-plane endpoint (`hawser init
@@ -106,8 +106,9 @@ fn runtime() -> tokio::runtime::Runtime {
 
 /// The quote the CLI verified after the node lock came from the node in its rootfs: every
 /// predicted PCR equals `hawser measurements predict --cluster-id` of the UKI
-/// ([`Prediction::pcrs_in_cluster`] at [`Phase::LeaveInitrd`]): PCR 11 with both of PID 1's
-/// phases, PCR 15 the node lock for the cluster `hawser init` created.
+/// ([`Prediction::pcrs_in_cluster`] at [`Phase::LeaveInitrdControlPlane`]): PCR 11 with PID 1's
+/// phases and the control-plane marker (`hawser init` made the node the cluster's first control
+/// plane), PCR 15 the node lock for the cluster `hawser init` created.
 fn pivoted_quote_equals_the_prediction(uki: &Path, done: &cluster::Established) {
     assert!(
         done.quoted_after_pivot,
@@ -115,7 +116,8 @@ fn pivoted_quote_equals_the_prediction(uki: &Path, done: &cluster::Established) 
     );
     let bytes = std::fs::read(uki).unwrap();
     let prediction = Prediction::from_uki(&bytes, "the node UKI").unwrap();
-    let predicted = prediction.pcrs_in_cluster(Phase::LeaveInitrd, Some(&done.cluster_id));
+    let predicted =
+        prediction.pcrs_in_cluster(Phase::LeaveInitrdControlPlane, Some(&done.cluster_id));
     for (pcr, value) in &predicted {
         assert_eq!(
             done.quoted.get(pcr).map(hex::encode),
@@ -130,7 +132,8 @@ fn pivoted_quote_equals_the_prediction(uki: &Path, done: &cluster::Established) 
         "leave-initrd is in PCR 11"
     );
     eprintln!(
-        "pivoted node's quote = prediction: PCR 11 {} (leave-initrd), PCR 15 {} (cluster {})",
+        "pivoted node's quote = prediction: PCR 11 {} (control-plane, leave-initrd), PCR 15 {} \
+         (cluster {})",
         hex::encode(predicted[&11]),
         hex::encode(predicted[&15]),
         hex::encode(done.cluster_id)

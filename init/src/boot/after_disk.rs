@@ -177,7 +177,17 @@ impl Boot {
         };
         let state_disk = config.state_disk.disk.is_some();
         let clock = self.timer().clone();
-        let pivoted = node::pivot(root_hash, self.tpm()?, state_disk, self.mounts(), &clock).await;
+        // A control plane's PCR 11 gets its marker before leave-initrd (`pivot_role`).
+        let measured = self.pivot_role(&role, &control_plane, state_disk).await;
+        let pivoted = node::pivot(
+            root_hash,
+            self.tpm()?,
+            state_disk,
+            measured,
+            self.mounts(),
+            &clock,
+        )
+        .await;
         let networking = match pivoted {
             Ok(pivoted) => pivoted.networking,
             Err(e) => {

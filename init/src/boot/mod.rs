@@ -23,7 +23,8 @@
 //!       ─ the WireGuard mesh, when the ticket has one: key, tunnel [mesh]
 //!       ─ quote PCRs 0-23 with the nonce                         [attest]
 //!       ─ boot report line; firmware event log line
-//!       ─ hawser.root_hash: pivot into the rootfs (PCR 11 ← "leave-initrd"), then
+//!       ─ hawser.root_hash: pivot into the rootfs (PCR 11 ← ["control-plane",] "leave-initrd":
+//!         the marker for a node holding its cluster's master secret, `pivot_role.rs`), then
 //!         containerd, kubelet, kubeadm once (node.rs)
 //!       ─ "hawser: boot complete; idle"
 //!       ─ shutdown request → stop processes, unmount, power off
@@ -41,6 +42,7 @@
 mod after_disk;
 mod context;
 mod phases;
+mod pivot_role;
 mod state_disk;
 
 use std::io;

@@ -8,6 +8,10 @@
 //! service exists). The key, measurement secret and salt are zeroized; only the key's
 //! fingerprint and the public cluster ID are ever logged.
 //!
+//! With `hawser.join_service_trust=attested` the join service must prove over aTLS that it is
+//! a control plane of this image ([`super::join_service_measurements`]): a worker's TPM is
+//! refused by name, and on a rejoin so is a control plane of another cluster (its PCR 15).
+//!
 //! An initialized disk records the cluster it belongs to (hawser's LUKS2 token). An answer from
 //! a join service of another cluster — its cluster ID, derived from the measurement secret and
 //! salt it sent as the node lock derives it, differs — is refused by name before the node lock
@@ -21,7 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hawser_attestation::TpmIssuer;
-use hawser_attestation::atls::{AtlsClient, Identity, PeerPolicy};
+use hawser_attestation::atls::{AtlsClient, Identity};
 use hawser_keys::MasterSecret;
 use hawser_kube_types::{ApiServerEndpoint, BootstrapToken, CaCertHash};
 use hawser_proto::join::join_service_client::JoinServiceClient;
@@ -31,7 +35,10 @@ use hawser_proto::join::{
 use tracing::warn;
 use zeroize::Zeroizing;
 
-use super::{INSECURE_TRUST_WARNING, JoinEndpoint, JoinEndpoints, RetryBackoff, jitter_unit};
+use super::{
+    INSECURE_TRUST_WARNING, JoinEndpoint, JoinEndpoints, JoinServicePolicy, RetryBackoff,
+    jitter_unit,
+};
 use crate::disk::key::DiskStatus;
 use crate::platform::error_chain;
 
@@ -59,6 +66,12 @@ pub enum JoinSetupError {
     /// The node's own PCRs, which the join service must share, cannot be read.
     #[error("cannot read this node's own PCRs to build the join service's expected measurements")]
     OwnPcrs(#[source] hawser_attestation::tpm::TpmError),
+    /// The TPM returned no value for PCR 11, from which the join service's is computed.
+    #[error(
+        "the TPM returned no value for this node's PCR 11, from which the PCR 11 the join \
+         service must show (a control plane's) is computed"
+    )]
+    OwnPcr11,
 }
 
 /// A join service that answered for another cluster than the one this node's disk records.
@@ -197,11 +210,15 @@ impl JoinSource {
 #[derive(Debug, Clone)]
 pub struct JoinClient {
     pub(super) endpoints: JoinSource,
-    atls: AtlsClient,
+    /// What the join service must prove; with [`Self::disk_cluster`], it makes the aTLS
+    /// client of every attempt.
+    policy: JoinServicePolicy,
+    issuer: Arc<TpmIssuer>,
     backoff: RetryBackoff,
     /// Ask for a control-plane join (fw_cfg `role=control-plane`).
     control_plane: bool,
-    /// The cluster the state disk records: answers of another cluster are refused.
+    /// The cluster the state disk records: an attested join service must be locked to it (its
+    /// PCR 15), and answers of another cluster are refused.
     disk_cluster: Option<[u8; 32]>,
     /// The node's WireGuard public key (sent at the first join) and underlay endpoint (sent at
     /// every join and rejoin); `None`: the node asks for no place in the mesh.
@@ -213,18 +230,17 @@ impl JoinClient {
     /// service (see [`super::join_service_policy`]).
     pub fn new(
         endpoints: impl Into<JoinSource>,
-        policy: PeerPolicy,
+        policy: JoinServicePolicy,
         issuer: Arc<TpmIssuer>,
     ) -> Self {
         let endpoints = endpoints.into();
-        if matches!(policy, PeerPolicy::Unauthenticated) {
+        if matches!(policy, JoinServicePolicy::Unauthenticated) {
             warn!("{INSECURE_TRUST_WARNING}");
         }
-        let atls =
-            AtlsClient::new(Identity::attested(issuer), policy).handshake_timeout(ATTEMPT_TIMEOUT);
         JoinClient {
             endpoints,
-            atls,
+            policy,
+            issuer,
             backoff: RetryBackoff::default(),
             control_plane: false,
             disk_cluster: None,
@@ -233,7 +249,8 @@ impl JoinClient {
     }
 
     /// Refuses (and keeps asking past) a join service of another cluster than `cluster_id`, the
-    /// one the state disk records (`None`: accept any).
+    /// one the state disk records (`None`: accept any): an attested one whose PCR 15 is not
+    /// that cluster's lock, and any answer whose secrets derive another cluster ID.
     pub fn disk_cluster(mut self, cluster_id: Option<[u8; 32]>) -> Self {
         self.disk_cluster = cluster_id;
         self
@@ -276,6 +293,19 @@ impl JoinClient {
             .await
     }
 
+    /// The aTLS client of an attempt: the node attests with its TPM, and the join service must
+    /// satisfy the policy for the disk's cluster.
+    fn atls(&self) -> Result<AtlsClient, String> {
+        let policy = self
+            .policy
+            .peer_policy(self.disk_cluster.as_ref())
+            .map_err(|e| format!("cannot check the join service: {}", error_chain(&e)))?;
+        Ok(
+            AtlsClient::new(Identity::attested(self.issuer.clone()), policy)
+                .handshake_timeout(ATTEMPT_TIMEOUT),
+        )
+    }
+
     async fn attempt(
         &self,
         endpoint: JoinEndpoint,
@@ -305,10 +335,11 @@ impl JoinClient {
     ) -> Result<Secrets, String> {
         // Both fit a u32: the configured lengths are 64 and 96.
         let state_disk_key_length = u32::try_from(key_length).unwrap_or(u32::MAX);
+        let atls = self.atls()?;
         let channel = tonic::transport::Endpoint::from_shared(endpoint.uri())
             .map_err(|e| format!("bad endpoint: {}", error_chain(&e)))?
             .connect_timeout(ATTEMPT_TIMEOUT)
-            .connect_with_connector(self.atls.connector())
+            .connect_with_connector(atls.connector())
             .await
             .map_err(|e| error_chain(&e))?;
         let mut client = JoinServiceClient::new(channel);

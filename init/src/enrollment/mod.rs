@@ -5,6 +5,9 @@
 //!   command line, one or more, tried in turn: unmeasured is fine, trust comes from attestation
 //!   and, for an initialized disk, the cluster ID it records) and how the node trusts them
 //!   (the *measured* `hawser.join_service_trust`: `attested`, the default, or `insecure-dev`).
+//!   An attested join service must be one of the cluster's control planes
+//!   ([`join_service_measurements`]): its PCR 11 carries the control-plane marker a worker can
+//!   never produce, and on a rejoin its PCR 15 is the lock of the disk's cluster.
 //! - [`RetryBackoff`]: exponential backoff with jitter between attempts (pure).
 //! - [`lock::NodeLock`]: the point of no return. Whoever first gets the cluster's secrets takes
 //!   it; taking it extends PCR 15 with the cluster ID, so the node can never attest as fresh
@@ -31,7 +34,7 @@ use hawser_attestation::atls::PeerPolicy;
 use hawser_attestation::measurements::{ExpectedMeasurements, ExpectedPcr};
 use hawser_attestation::tpm::Tpm;
 use hawser_attestation::validator::{AkTrust, Validator};
-use hawser_measurements::{PHASE_LEAVE_INITRD, extend_sha256, phase_digest};
+use hawser_measurements::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, cluster_lock_pcr, pcr11_after_pivot};
 
 use client::JoinSetupError;
 
@@ -164,31 +167,74 @@ pub const PROVIDER_CA_PATH: &str = "/etc/hawser/provider-ca.pem";
 /// measured them (9), the stub's command line and extensions (12, 13).
 pub const SAME_IMAGE_PCRS: [u8; 4] = [4, 9, 12, 13];
 
-/// What an attested join service must prove: it runs *this image*, after its pivot into the
-/// rootfs (where the in-cluster join service runs). PCRs [`SAME_IMAGE_PCRS`] equal this node's
-/// own; PCR 11 equals this node's (after `enter-initrd`) extended with `leave-initrd`. PCR 15
-/// (its own cluster ID) and the firmware's PCRs are not pinned: they differ between nodes.
-pub fn same_image_measurements(own: &BTreeMap<u8, [u8; 32]>) -> ExpectedMeasurements {
+/// A join service on a worker's TPM: why it is refused, as the node's log and the verdict the
+/// service receives say it.
+pub const WORKER_JOIN_SERVICE: &str = "the join service's TPM is a worker's: its PCR 11 after \
+     the pivot lacks the control-plane marker, so whoever answers is root on a worker, not one \
+     of the cluster's control planes";
+/// A join service whose PCR 11 is neither a control plane's nor a worker's of this image.
+pub const NOT_A_CONTROL_PLANE: &str = "the join service's TPM did not boot this image into a \
+     control plane's rootfs";
+/// A join service whose TPM holds no cluster lock.
+pub const UNLOCKED_JOIN_SERVICE: &str = "the join service's TPM is a fresh node's: its PCR 15 \
+     holds no cluster lock";
+
+/// What an attested join service must prove: it is a *control plane* of *this image*, in its
+/// rootfs (where the in-cluster join service runs), and, when this node's disk records its
+/// cluster (a rejoin), a control plane of *that* cluster.
+///
+/// - PCRs [`SAME_IMAGE_PCRS`] equal this node's own;
+/// - PCR 11 equals this node's (after `enter-initrd`) extended with `control-plane` and then
+///   `leave-initrd` ([`hawser_measurements::pcr11_after_pivot`]): a control plane's PID 1
+///   extends the marker only when it holds the master secret of the cluster its PCR 15 is
+///   locked to, and code in a worker's rootfs can only extend PCR 11 after `leave-initrd`, so
+///   it can never produce this value. A worker's value is refused by name
+///   ([`WORKER_JOIN_SERVICE`]);
+/// - PCR 15: with `disk_cluster`, the node lock of that cluster (a control plane of another
+///   cluster is refused, naming the disk's cluster); without (a fresh disk), any lock but none
+///   ([`UNLOCKED_JOIN_SERVICE`]). A fresh disk has no cluster to check: a control plane of
+///   *another* cluster made from this same image can still enrol it (see docs/security.md).
+///
+/// Firmware PCRs are not pinned: they differ between VMs.
+pub fn join_service_measurements(
+    own: &BTreeMap<u8, [u8; 32]>,
+    disk_cluster: Option<&[u8; 32]>,
+) -> ExpectedMeasurements {
+    let enforce = |expected| ExpectedPcr {
+        expected,
+        warn_only: false,
+    };
     let mut expected = ExpectedMeasurements::new();
     for pcr in SAME_IMAGE_PCRS {
         if let Some(value) = own.get(&pcr) {
-            expected.insert(
-                pcr,
-                ExpectedPcr {
-                    expected: *value,
-                    warn_only: false,
-                },
-            );
+            expected.insert(pcr, enforce(*value));
         }
     }
-    if let Some(pcr11) = own.get(&hawser_measurements::PCR_KERNEL_BOOT) {
-        expected.insert(
-            hawser_measurements::PCR_KERNEL_BOOT,
-            ExpectedPcr {
-                expected: extend_sha256(pcr11, &phase_digest(PHASE_LEAVE_INITRD)),
-                warn_only: false,
-            },
-        );
+    if let Some(after_enter) = own.get(&PCR_KERNEL_BOOT) {
+        expected
+            .insert(
+                PCR_KERNEL_BOOT,
+                enforce(pcr11_after_pivot(after_enter, true)),
+            )
+            .refuse(
+                PCR_KERNEL_BOOT,
+                pcr11_after_pivot(after_enter, false),
+                WORKER_JOIN_SERVICE,
+            )
+            .explain(PCR_KERNEL_BOOT, NOT_A_CONTROL_PLANE);
+    }
+    expected.refuse(PCR_CLUSTER_ID, [0; 32], UNLOCKED_JOIN_SERVICE);
+    if let Some(cluster_id) = disk_cluster {
+        expected
+            .insert(PCR_CLUSTER_ID, enforce(cluster_lock_pcr(cluster_id)))
+            .explain(
+                PCR_CLUSTER_ID,
+                format!(
+                    "the join service's TPM is locked to another cluster than the one this \
+                     node's disk records ({}): a control plane of another cluster",
+                    hex::encode(cluster_id)
+                ),
+            );
     }
     expected
 }
@@ -198,10 +244,7 @@ pub fn same_image_measurements(own: &BTreeMap<u8, [u8; 32]>) -> ExpectedMeasurem
 /// the same phase, PCR 15 zero (a fresh node). The expected-measurements JSON of `hawser-joind`.
 pub fn fresh_node_measurements_json(own: &BTreeMap<u8, [u8; 32]>) -> serde_json::Value {
     let mut map = serde_json::Map::new();
-    for pcr in SAME_IMAGE_PCRS
-        .into_iter()
-        .chain([hawser_measurements::PCR_KERNEL_BOOT])
-    {
+    for pcr in SAME_IMAGE_PCRS.into_iter().chain([PCR_KERNEL_BOOT]) {
         if let Some(value) = own.get(&pcr) {
             map.insert(
                 pcr.to_string(),
@@ -210,10 +253,56 @@ pub fn fresh_node_measurements_json(own: &BTreeMap<u8, [u8; 32]>) -> serde_json:
         }
     }
     map.insert(
-        hawser_measurements::PCR_CLUSTER_ID.to_string(),
+        PCR_CLUSTER_ID.to_string(),
         serde_json::json!({"expected": hex::encode([0u8; 32]), "warnOnly": false}),
     );
     map.into()
+}
+
+/// What the join client requires of the join service, per the measured
+/// `hawser.join_service_trust`.
+#[derive(Debug, Clone)]
+pub enum JoinServicePolicy {
+    /// `insecure-dev`: nothing (see [`INSECURE_TRUST_WARNING`]).
+    Unauthenticated,
+    /// `attested`: a control plane of this image, certified by the provider
+    /// ([`join_service_measurements`]).
+    ControlPlane(ControlPlaneOfThisImage),
+}
+
+/// The inputs of an attested join service's check: this node's own PCRs (after `enter-initrd`)
+/// and the provider CA its AK certificate must chain to.
+#[derive(Debug, Clone)]
+pub struct ControlPlaneOfThisImage {
+    own: BTreeMap<u8, [u8; 32]>,
+    ak_trust: AkTrust,
+}
+
+impl ControlPlaneOfThisImage {
+    /// From this node's own PCRs (PCR 11 at least: `None` without it, as a policy that pins
+    /// nothing is no policy) and the provider's trust root.
+    pub fn new(own: BTreeMap<u8, [u8; 32]>, ak_trust: AkTrust) -> Option<Self> {
+        own.contains_key(&PCR_KERNEL_BOOT)
+            .then_some(ControlPlaneOfThisImage { own, ak_trust })
+    }
+}
+
+impl JoinServicePolicy {
+    /// The aTLS peer policy for a join service, for a disk that records `disk_cluster` (a
+    /// rejoin) or none.
+    pub fn peer_policy(
+        &self,
+        disk_cluster: Option<&[u8; 32]>,
+    ) -> Result<PeerPolicy, hawser_attestation::validator::ValidatorError> {
+        match self {
+            JoinServicePolicy::Unauthenticated => Ok(PeerPolicy::Unauthenticated),
+            JoinServicePolicy::ControlPlane(image) => {
+                let expected = join_service_measurements(&image.own, disk_cluster);
+                let validator = Validator::new(expected, image.ak_trust.clone())?;
+                Ok(PeerPolicy::Verify(Arc::new(validator)))
+            }
+        }
+    }
 }
 
 /// The join client's policy for the join service, per the measured `trust`. Blocking (reads
@@ -222,9 +311,9 @@ pub fn join_service_policy(
     trust: JoinServiceTrust,
     tpm: &Tpm,
     provider_ca: &Path,
-) -> Result<PeerPolicy, JoinSetupError> {
+) -> Result<JoinServicePolicy, JoinSetupError> {
     match trust {
-        JoinServiceTrust::InsecureDev => Ok(PeerPolicy::Unauthenticated),
+        JoinServiceTrust::InsecureDev => Ok(JoinServicePolicy::Unauthenticated),
         JoinServiceTrust::Attested => {
             let pem =
                 std::fs::read_to_string(provider_ca).map_err(|_| JoinSetupError::NoProviderCa {
@@ -236,18 +325,13 @@ pub fn join_service_policy(
                     source,
                 })?;
             let mut pcrs: Vec<u8> = SAME_IMAGE_PCRS.to_vec();
-            pcrs.push(hawser_measurements::PCR_KERNEL_BOOT);
+            pcrs.push(PCR_KERNEL_BOOT);
             let own = tpm
                 .read_pcrs_sha256(pcrs)
                 .map_err(JoinSetupError::OwnPcrs)?;
-            // Never empty: PCR 11 is always read.
-            let validator =
-                Validator::new(same_image_measurements(&own), ak_trust).map_err(|_| {
-                    JoinSetupError::NoProviderCa {
-                        path: PROVIDER_CA_PATH,
-                    }
-                })?;
-            Ok(PeerPolicy::Verify(Arc::new(validator)))
+            ControlPlaneOfThisImage::new(own, ak_trust)
+                .map(JoinServicePolicy::ControlPlane)
+                .ok_or(JoinSetupError::OwnPcr11)
         }
     }
 }
@@ -366,28 +450,99 @@ mod tests {
         }
     }
 
-    #[test]
-    fn an_attested_join_service_must_run_this_image_after_its_pivot() {
-        let own: BTreeMap<u8, [u8; 32]> = [
+    fn own() -> BTreeMap<u8, [u8; 32]> {
+        [
             (4, [4; 32]),
             (9, [9; 32]),
             (11, [11; 32]),
             (12, [12; 32]),
             (13, [0; 32]),
         ]
-        .into();
-        let expected = same_image_measurements(&own);
+        .into()
+    }
+
+    fn quote(pcr11: [u8; 32], pcr15: [u8; 32]) -> BTreeMap<u8, [u8; 32]> {
+        let mut quote = own();
+        quote.insert(11, pcr11);
+        quote.insert(15, pcr15);
+        quote
+    }
+
+    #[test]
+    fn an_attested_join_service_must_be_a_control_plane_of_this_image() {
+        let expected = join_service_measurements(&own(), None);
         let pinned: Vec<u8> = expected.enforced().collect();
-        assert_eq!(pinned, [4, 9, 11, 12, 13]);
+        assert_eq!(pinned, [4, 9, 11, 12, 13], "a fresh disk pins no cluster");
         assert_eq!(expected.get(9).unwrap().expected, [9; 32]);
+        let control_plane = pcr11_after_pivot(&[11; 32], true);
+        assert_eq!(expected.get(11).unwrap().expected, control_plane);
+        let locked = cluster_lock_pcr(&[0xc1; 32]);
+        assert_eq!(expected.check(&quote(control_plane, locked)), Ok(vec![]));
+
+        // A worker of the same image, pivoted: refused by name.
+        let worker = pcr11_after_pivot(&[11; 32], false);
+        let err = expected.check(&quote(worker, locked)).unwrap_err();
+        assert!(err.to_string().contains(WORKER_JOIN_SERVICE), "{err}");
+        // Root on that worker extending the marker after the pivot gets neither value.
+        let late = hawser_measurements::extend_sha256(
+            &worker,
+            &hawser_measurements::phase_digest(hawser_measurements::PHASE_CONTROL_PLANE),
+        );
+        let err = expected.check(&quote(late, locked)).unwrap_err();
+        assert!(err.to_string().contains(NOT_A_CONTROL_PLANE), "{err}");
+        // A node in its initramfs, or another image: not a control plane of this image.
+        let err = expected.check(&quote([11; 32], locked)).unwrap_err();
+        assert!(err.to_string().contains(NOT_A_CONTROL_PLANE), "{err}");
+        // A TPM without a lock (PCR 15 zero) is no cluster's join service.
+        let err = expected.check(&quote(control_plane, [0; 32])).unwrap_err();
+        assert!(err.to_string().contains(UNLOCKED_JOIN_SERVICE), "{err}");
+    }
+
+    #[test]
+    fn on_a_rejoin_the_join_service_must_be_of_the_disks_cluster() {
+        let ours = [0xc1; 32];
+        let expected = join_service_measurements(&own(), Some(&ours));
+        let pinned: Vec<u8> = expected.enforced().collect();
+        assert_eq!(pinned, [4, 9, 11, 12, 13, 15]);
+        let control_plane = pcr11_after_pivot(&[11; 32], true);
         assert_eq!(
-            expected.get(11).unwrap().expected,
-            extend_sha256(&[11; 32], &phase_digest("leave-initrd"))
+            expected.check(&quote(control_plane, cluster_lock_pcr(&ours))),
+            Ok(vec![])
         );
+        let err = expected
+            .check(&quote(control_plane, cluster_lock_pcr(&[0xc2; 32])))
+            .unwrap_err();
+        let text = err.to_string();
         assert!(
-            expected.get(15).is_none(),
-            "the join service's cluster ID is not pinned"
+            text.contains("locked to another cluster than the one this node's disk records"),
+            "{text}"
         );
+        assert!(text.contains(&hex::encode(ours)), "{text}");
+        let err = expected.check(&quote(control_plane, [0; 32])).unwrap_err();
+        assert!(err.to_string().contains(UNLOCKED_JOIN_SERVICE), "{err}");
+    }
+
+    #[test]
+    fn a_policy_needs_this_nodes_pcr_11() {
+        let provider = hawser_qemu::provider::ProviderCa::generate("test provider").unwrap();
+        let ca = AkTrust::from_pem(&provider.certificate_pem()).unwrap();
+        let mut without = own();
+        without.remove(&11);
+        assert!(ControlPlaneOfThisImage::new(without, ca.clone()).is_none());
+        let policy = JoinServicePolicy::ControlPlane(
+            ControlPlaneOfThisImage::new(own(), ca).expect("PCR 11 is there"),
+        );
+        let PeerPolicy::Verify(validator) = policy.peer_policy(Some(&[1; 32])).unwrap() else {
+            panic!("an attested policy verifies");
+        };
+        assert_eq!(
+            validator.measurements().get(15).unwrap().expected,
+            cluster_lock_pcr(&[1; 32])
+        );
+        assert!(matches!(
+            JoinServicePolicy::Unauthenticated.peer_policy(Some(&[1; 32])),
+            Ok(PeerPolicy::Unauthenticated)
+        ));
     }
 
     #[test]

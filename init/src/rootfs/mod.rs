@@ -12,7 +12,7 @@
 //!                  ─► verity superblock, strict; top hash block vs root  [locate, verity]
 //!                  ─► dm-verity table (panic_on_corruption panic_on_error) [activate]
 //!                  ─► erofs ro at /sysroot, state binds, /etc overlay    [plan]
-//!                  ─► PCR 11 ← leave-initrd (the caller's TPM step)
+//!                  ─► PCR 11 ← [control-plane,] leave-initrd (the caller's TPM step)
 //!                  ─► move /dev /proc /sys /run; mount --move /sysroot /;
 //!                     chroot .; delete the initramfs; chdir /
 //! ```
@@ -56,7 +56,8 @@ use crate::platform::block::SysfsError;
 use crate::platform::dm::DmError;
 
 pub use self::plan::{
-    NEW_ROOT_API_MOUNTS, RootfsPlan, StateBacking, SwitchOutcome, SwitchRootError, switch_root,
+    MeasuredRole, NEW_ROOT_API_MOUNTS, RootfsPlan, StateBacking, SwitchOutcome, SwitchRootError,
+    switch_root,
 };
 
 /// How long to wait for the boot disk's partitions (virtio-blk probes asynchronously).

@@ -8,7 +8,7 @@
 //!           overlay lower=/sysroot/etc, upper on /run   → /sysroot/etc
 //!           /run/hawser/state/etc/kubernetes (bind)     → /sysroot/etc/kubernetes
 //!           tmpfs                                       → /sysroot/tmp
-//! measure   PCR 11 ← leave-initrd (the caller's callback)
+//! measure   PCR 11 ← control-plane (a control plane only), leave-initrd (the caller's callback)
 //! switch    open /; move /dev /proc /sys /run into /sysroot; chdir /sysroot;
 //!           mount --move . /; chroot .; delete the initramfs; chdir /; make / rshared
 //! ```
@@ -41,6 +41,14 @@
 //! anything is moved: no code running after the switch can unseal what was sealed to the
 //! initramfs phase, and a failure before it leaves the node in the initramfs, where the
 //! fatal-error path still has its tools.
+//!
+//! **The role marker.** A control plane (a node that holds its cluster's master secret and
+//! runs the cluster's join service after the switch: [`MeasuredRole::ControlPlane`]) extends
+//! PCR 11 with `control-plane` immediately before `leave-initrd`. Inside one PCR's hash chain
+//! the order is fixed: code in a worker's rootfs can extend PCR 11 only after `leave-initrd`,
+//! so it can never produce a control plane's value, and a joining node that requires that
+//! value of its join service refuses a worker's TPM (`enrollment::join_service_policy`). A
+//! marker in another PCR would not do: root could extend it after the pivot.
 
 use std::fmt;
 use std::io;
@@ -48,6 +56,8 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::MsFlags;
 use tracing::{info, warn};
+
+use hawser_measurements::{PHASE_CONTROL_PLANE, PHASE_LEAVE_INITRD};
 
 use crate::disk::STATE_MOUNT_POINT;
 use crate::platform::syscalls::{MountSpec, OldRoot, OwnedMountSpec, RemovalSummary, Syscalls};
@@ -90,6 +100,17 @@ pub const NEW_ROOT_API_MOUNTS: [MountSpec; 3] = [
     },
 ];
 
+/// What the node is in its cluster, as PCR 11 records it at the switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MeasuredRole {
+    /// No marker: PCR 11 gets `leave-initrd` alone.
+    #[default]
+    Worker,
+    /// The node holds its cluster's master secret and runs the cluster's join service:
+    /// `control-plane`, then `leave-initrd`.
+    ControlPlane,
+}
+
 /// Where the node's writable state lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateBacking {
@@ -111,8 +132,9 @@ pub enum Step {
         target: PathBuf,
         link: PathBuf,
     },
-    /// PCR 11 ← `leave-initrd`, through the caller's callback.
-    MeasureLeaveInitrd,
+    /// PCR 11 ← this phase word (`control-plane`, `leave-initrd`), through the caller's
+    /// callback.
+    MeasurePhase(&'static str),
     /// Open the initramfs root for deletion after the switch.
     OpenOldRoot(PathBuf),
     ChangeDir(PathBuf),
@@ -127,7 +149,7 @@ impl fmt::Display for Step {
             Step::Symlink { target, link } => {
                 write!(f, "link {} to {}", link.display(), target.display())
             }
-            Step::MeasureLeaveInitrd => f.write_str("measure leave-initrd into PCR 11"),
+            Step::MeasurePhase(word) => write!(f, "measure {word} into PCR 11"),
             Step::OpenOldRoot(path) => write!(f, "open the initramfs root {}", path.display()),
             Step::ChangeDir(path) => write!(f, "chdir to {}", path.display()),
             Step::ChangeRoot(path) => write!(f, "chroot to {}", path.display()),
@@ -165,9 +187,14 @@ pub enum SwitchRootError {
         #[source]
         source: io::Error,
     },
-    /// The TPM refused the `leave-initrd` extension of PCR 11; nothing was moved.
-    #[error("cannot switch to the verified rootfs: measuring leave-initrd into PCR 11 failed")]
-    Measure(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The TPM refused a phase extension of PCR 11 (`control-plane`, `leave-initrd`); nothing
+    /// was moved.
+    #[error("cannot switch to the verified rootfs: measuring {phase} into PCR 11 failed")]
+    Measure {
+        phase: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// What the switch came to.
@@ -186,6 +213,8 @@ pub struct RootfsPlan {
     /// The verified rootfs device (`/dev/dm-N`).
     pub root_device: PathBuf,
     pub state: StateBacking,
+    /// Whether PCR 11 gets the control-plane marker before `leave-initrd`.
+    pub role: MeasuredRole,
 }
 
 fn sysroot(path: &str) -> PathBuf {
@@ -231,6 +260,21 @@ impl RootfsPlan {
         RootfsPlan {
             root_device: root_device.into(),
             state,
+            role: MeasuredRole::Worker,
+        }
+    }
+
+    /// The plan of a node with this role (a worker's unless told otherwise).
+    pub fn measured_role(mut self, role: MeasuredRole) -> Self {
+        self.role = role;
+        self
+    }
+
+    /// The phase words PCR 11 gets at the switch, in order.
+    pub fn measured_phases(&self) -> &'static [&'static str] {
+        match self.role {
+            MeasuredRole::Worker => &[PHASE_LEAVE_INITRD],
+            MeasuredRole::ControlPlane => &[PHASE_CONTROL_PLANE, PHASE_LEAVE_INITRD],
         }
     }
 
@@ -342,12 +386,14 @@ impl RootfsPlan {
             .collect()
     }
 
-    /// The measurement and the switch.
+    /// The measurements and the switch.
     pub fn switch_steps(&self) -> Vec<Step> {
-        let mut steps = vec![
-            Step::MeasureLeaveInitrd,
-            Step::OpenOldRoot(PathBuf::from("/")),
-        ];
+        let mut steps: Vec<Step> = self
+            .measured_phases()
+            .iter()
+            .map(|&word| Step::MeasurePhase(word))
+            .collect();
+        steps.push(Step::OpenOldRoot(PathBuf::from("/")));
         for api in MOVED_MOUNTS {
             steps.push(Step::CreateDir(sysroot(api)));
             steps.push(move_mount(api, sysroot(api)));
@@ -429,14 +475,16 @@ impl RootfsPlan {
     }
 }
 
-/// Runs the plan: the new root's mounts, the leave-initrd measurement (`measure_leave_initrd`,
-/// which the caller backs with the TPM), then the switch. Blocking; call it from a blocking
-/// thread. Stops at the first failing step; after the measurement a failure leaves a
-/// half-switched machine, which only the fatal-error path (reboot) can end.
+/// Runs the plan: the new root's mounts, the PCR 11 measurements (`measure_phase`, called with
+/// each phase word in order, which the caller backs with the TPM), then the switch. Blocking;
+/// call it from a blocking thread. Stops at the first failing step; after the measurements a
+/// failure leaves a half-switched machine, which only the fatal-error path (reboot) can end.
 pub fn switch_root(
     sys: &dyn Syscalls,
     plan: &RootfsPlan,
-    measure_leave_initrd: &mut dyn FnMut() -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
+    measure_phase: &mut dyn FnMut(
+        &'static str,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>,
 ) -> Result<SwitchOutcome, SwitchRootError> {
     let mut outcome = SwitchOutcome {
         old_root: None,
@@ -451,7 +499,9 @@ pub fn switch_root(
             Step::CreateDir(path) => sys.create_dir_all(path).map_err(failed)?,
             Step::Mount(spec) => sys.mount_owned(spec).map_err(failed)?,
             Step::Symlink { target, link } => sys.symlink(target, link).map_err(failed)?,
-            Step::MeasureLeaveInitrd => measure_leave_initrd().map_err(SwitchRootError::Measure)?,
+            Step::MeasurePhase(phase) => {
+                measure_phase(phase).map_err(|source| SwitchRootError::Measure { phase, source })?
+            }
             Step::OpenOldRoot(path) => {
                 outcome.old_root = Some(sys.open_old_root(path).map_err(failed)?)
             }

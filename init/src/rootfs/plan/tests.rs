@@ -37,17 +37,19 @@ fn moved(source: &str, target: &str) -> Call {
     Call::MountOwned(owned(Some(source), target, None, MsFlags::MS_MOVE, None))
 }
 
-fn no_measurement() -> impl FnMut() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    || Ok(())
+type Measured = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+fn no_measurement() -> impl FnMut(&'static str) -> Measured {
+    |_| Ok(())
 }
 
 #[test]
 fn the_switch_with_a_state_disk_runs_in_order() {
     let sys = RecordingSyscalls::new();
     let plan = RootfsPlan::new("/dev/dm-1", StateBacking::Disk);
-    let measured_after = Cell::new(None);
-    let outcome = switch_root(&sys, &plan, &mut || {
-        measured_after.set(Some(sys.calls().len()));
+    let measured = std::cell::RefCell::new(Vec::new());
+    let outcome = switch_root(&sys, &plan, &mut |phase| {
+        measured.borrow_mut().push((phase, sys.calls().len()));
         Ok(())
     })
     .unwrap();
@@ -124,7 +126,94 @@ fn the_switch_with_a_state_disk_runs_in_order() {
     ];
     assert_eq!(sys.calls(), expected);
     // Every mount of the new root before the measurement, nothing moved before it.
-    assert_eq!(measured_after.get(), Some(16));
+    // A worker: leave-initrd alone, no control-plane marker.
+    assert_eq!(*measured.borrow(), [("leave-initrd", 16)]);
+}
+
+/// A control plane's switch: the same calls as a worker's, and PCR 11 gets `control-plane`
+/// immediately before `leave-initrd`, both after the last mount and before anything moves.
+#[test]
+fn a_control_plane_measures_its_marker_immediately_before_leave_initrd() {
+    let worker = RecordingSyscalls::new();
+    switch_root(
+        &worker,
+        &RootfsPlan::new("/dev/dm-1", StateBacking::Disk),
+        &mut no_measurement(),
+    )
+    .unwrap();
+    let sys = RecordingSyscalls::new();
+    let plan =
+        RootfsPlan::new("/dev/dm-1", StateBacking::Disk).measured_role(MeasuredRole::ControlPlane);
+    let measured = std::cell::RefCell::new(Vec::new());
+    switch_root(&sys, &plan, &mut |phase| {
+        measured.borrow_mut().push((phase, sys.calls().len()));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(
+        sys.calls(),
+        worker.calls(),
+        "the role changes no mount or move"
+    );
+    assert_eq!(
+        *measured.borrow(),
+        [("control-plane", 16), ("leave-initrd", 16)],
+        "both after the 16 mount calls, nothing in between, marker first"
+    );
+    assert_eq!(
+        plan.measured_phases(),
+        [
+            hawser_measurements::PHASE_CONTROL_PLANE,
+            hawser_measurements::PHASE_LEAVE_INITRD
+        ]
+    );
+    // In the plan itself: the two measurements are adjacent and the switch starts after them.
+    let steps = plan.steps();
+    let first = steps
+        .iter()
+        .position(|s| matches!(s, Step::MeasurePhase(_)))
+        .unwrap();
+    assert_eq!(
+        steps[first..first + 3],
+        [
+            Step::MeasurePhase("control-plane"),
+            Step::MeasurePhase("leave-initrd"),
+            Step::OpenOldRoot("/".into()),
+        ]
+    );
+    assert!(
+        steps[..first]
+            .iter()
+            .all(|s| !matches!(s, Step::OpenOldRoot(_)))
+    );
+    // A worker's plan has no marker at all.
+    let worker_steps = RootfsPlan::new("/dev/dm-1", StateBacking::Disk).steps();
+    assert!(!worker_steps.contains(&Step::MeasurePhase("control-plane")));
+}
+
+/// A failed marker stops the switch before `leave-initrd` and before anything moves.
+#[test]
+fn a_failed_control_plane_marker_moves_nothing() {
+    let sys = RecordingSyscalls::new();
+    let plan =
+        RootfsPlan::new("/dev/dm-1", StateBacking::Disk).measured_role(MeasuredRole::ControlPlane);
+    let measured = std::cell::RefCell::new(Vec::new());
+    let err = switch_root(&sys, &plan, &mut |phase| {
+        measured.borrow_mut().push(phase);
+        Err("TPM went away".into())
+    })
+    .unwrap_err();
+    assert_eq!(
+        crate::platform::error_chain(&err),
+        "cannot switch to the verified rootfs: measuring control-plane into PCR 11 failed: \
+         TPM went away"
+    );
+    assert_eq!(*measured.borrow(), ["control-plane"]);
+    assert!(
+        !sys.calls()
+            .iter()
+            .any(|call| matches!(call, Call::OpenOldRoot(_)))
+    );
 }
 
 #[test]
@@ -153,7 +242,7 @@ fn a_failed_mount_stops_before_the_measurement() {
     sys.fail(dir("/sysroot/tmp"), Errno::EROFS);
     let plan = RootfsPlan::new("/dev/dm-1", StateBacking::Disk);
     let measured = Cell::new(false);
-    let err = switch_root(&sys, &plan, &mut || {
+    let err = switch_root(&sys, &plan, &mut |_| {
         measured.set(true);
         Ok(())
     })
@@ -171,7 +260,7 @@ fn a_failed_mount_stops_before_the_measurement() {
 fn a_failed_measurement_moves_nothing() {
     let sys = RecordingSyscalls::new();
     let plan = RootfsPlan::new("/dev/dm-1", StateBacking::Disk);
-    let err = switch_root(&sys, &plan, &mut || Err("TPM went away".into())).unwrap_err();
+    let err = switch_root(&sys, &plan, &mut |_| Err("TPM went away".into())).unwrap_err();
     assert_eq!(
         crate::platform::error_chain(&err),
         "cannot switch to the verified rootfs: measuring leave-initrd into PCR 11 failed: \
