@@ -34,8 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hawser_attestation::tpm::Tpm;
-use hawser_kube_types::KubernetesVersion;
-use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_LEAVE_INITRD};
+use hawser_measurements::PCR_KERNEL_BOOT;
 use tracing::{info, warn};
 
 use crate::enrollment::client::{ControlPlaneFile, KubeadmTicket};

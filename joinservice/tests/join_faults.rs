@@ -545,7 +545,10 @@ fn tamper_a_workers_tpm_cannot_act_as_the_join_service() {
     fake.start();
 
     let (secrets, attempts) = attested_fetch(&runtime, &node, &[fake.port, real.port], None);
-    let key = real.master.state_disk_key(UUID).expect("key");
+    let key = real
+        .master
+        .state_disk_key(UUID, hawser_keys::StateDiskKeyLength::Xts)
+        .expect("key");
     assert_eq!(*secrets.state_disk_key, key.to_vec(), "{}", fake.log());
     assert_eq!(attempts, 2, "the worker costs one attempt");
     let refused = fake.refused_by_clients();
@@ -580,7 +583,10 @@ fn tamper_a_control_plane_of_another_cluster_cannot_answer_a_rejoin() {
 
     // The first join: the disk is the real cluster's.
     let (secrets, attempts) = attested_fetch(&runtime, &node, &[real.port], None);
-    let key = real.master.state_disk_key(UUID).expect("key");
+    let key = real
+        .master
+        .state_disk_key(UUID, hawser_keys::StateDiskKeyLength::Xts)
+        .expect("key");
     assert_eq!(
         (*secrets.state_disk_key == key.to_vec(), attempts),
         (true, 1)
@@ -698,7 +704,10 @@ fn tamper_fake_join_service_advert_only_costs_an_attempt() {
         .expect("key");
     assert_eq!(*secrets.state_disk_key, key.to_vec(), "{}", fake.log());
     // Tried in a random order (docs/discovery.md): the fake costs at most one attempt.
-    assert!(attempts <= 2, "the fake costs one attempt, no more ({attempts})");
+    assert!(
+        attempts <= 2,
+        "the fake costs one attempt, no more ({attempts})"
+    );
     assert_eq!(fake.granted_joins(), 0, "{}", fake.log());
     assert!(fake.registry().is_empty(), "{}", fake.log());
     let (secrets, attempts) = pinned;

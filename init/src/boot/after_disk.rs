@@ -178,7 +178,7 @@ impl Boot {
         let state_disk = config.state_disk.disk.is_some();
         let clock = self.timer().clone();
         // A control plane's PCR 11 gets its marker before leave-initrd (`pivot_role`).
-        let measured = self.pivot_role(&role, &control_plane, state_disk).await;
+        let measured = self.pivot_role(state_disk).await;
         let pivoted = node::pivot(
             root_hash,
             self.tpm()?,

@@ -24,7 +24,6 @@ use tracing::{info, warn};
 
 use super::context::Boot;
 use crate::enrollment::race::ClusterSecrets;
-use crate::node;
 use crate::platform::error_chain;
 use crate::rootfs::MeasuredRole;
 
@@ -63,17 +62,11 @@ impl Boot {
     /// The role the pivot measures for this node (see the module docs). Reading PCR 15 or the
     /// kept secrets can fail: the node is then measured as a worker (it can still join and
     /// serve workloads; only its join service would be refused), and the reason is logged.
-    pub(super) async fn pivot_role(
-        &self,
-        role: &node::Role,
-        control_plane: &node::ControlPlane,
-        state_disk: bool,
-    ) -> MeasuredRole {
-        // A recovered node keeps nothing from the admin's grant (`node::run`).
-        let granted = match role {
-            node::Role::Rejoin => None,
-            node::Role::Init { .. } | node::Role::Join(_) => control_plane.secrets.as_ref(),
-        };
+    pub(super) async fn pivot_role(&self, state_disk: bool) -> MeasuredRole {
+        // A master secret granted in this boot (a control-plane join, `hawser init`) was kept
+        // on the state disk before its "initialized" mark (node/grants.rs): the disk holds
+        // every control plane's, so the kept secrets decide; a worker keeps none.
+        let granted: Option<&ClusterSecrets> = None;
         let tpm = match self.tpm() {
             Ok(tpm) => tpm,
             Err(e) => {
