@@ -38,8 +38,8 @@ pub const INIT_SECRET_LEN: usize = 32;
 pub const INIT_SECRET_FILE: &str = "hawser-init-secret";
 
 /// Generates an init secret, writes it to `path` (hex, 0600, never over an existing file) and
-/// returns the SHA-256 the node's platform must be given (fw_cfg `opt/hawser/init_secret_hash`
-/// or `hawser.init_secret_hash`).
+/// returns the SHA-256 the node's image must carry on its measured command line
+/// (`hawser.init_secret_hash`).
 pub fn write_new_init_secret(path: &Path) -> anyhow::Result<[u8; 32]> {
     use sha2::Digest as _;
     let secret = zeroize::Zeroizing::new(hawser_keys::random_bytes(INIT_SECRET_LEN)?);

@@ -269,7 +269,9 @@ pub struct UpOptions {
     once: bool,
     /// One node that waits for YOUR `hawser init` on 127.0.0.1:<init-port> (the command is
     /// printed).
-    #[arg(long, conflicts_with_all = ["nodes", "control_planes", "fresh"])]
+    /// (The init secret's hash goes on the image's measured command line, so the image is
+    /// built for it: not with --image.)
+    #[arg(long, conflicts_with_all = ["nodes", "control_planes", "fresh", "image"])]
     init: bool,
     /// The host port forwarded to the node's init server (port 9000 in the guest).
     #[arg(long, default_value_t = 9000)]
@@ -331,6 +333,7 @@ fn up_single(opts: UpOptions, stop: &AtomicBool) -> anyhow::Result<()> {
     // Its own directory: `LocalCluster::create` empties it (a cluster's is never touched).
     let cluster_dir = local_dir().join("single");
     let cluster = LocalCluster::create(&cluster_dir)?;
+    let init_secret = cluster_dir.join(hawser_cli::cluster::INIT_SECRET_FILE);
     let dir = match opts.image {
         Some(dir) => dir,
         None => {
@@ -342,6 +345,12 @@ fn up_single(opts: UpOptions, stop: &AtomicBool) -> anyhow::Result<()> {
             ))?;
             if opts.init {
                 build.provider_ca = Some(cluster.provider_ca_path());
+                // The node runs an init server only for whoever holds this secret: its hash is
+                // on the measured command line (never from the host's fw_cfg).
+                let hash = hawser_cli::cluster::write_new_init_secret(&init_secret)?;
+                build
+                    .cmdline
+                    .push_str(&format!(" hawser.init_secret_hash={}", hex::encode(hash)));
             }
             eprintln!(
                 "building the node image into {} (command line: {}) …",
@@ -429,13 +438,6 @@ fn up_single(opts: UpOptions, stop: &AtomicBool) -> anyhow::Result<()> {
         })
         .disk(&disk, localhost::STATE_DISK_SERIAL)
         .fw_cfg_string("quote_nonce", hex::encode(&nonce));
-    // With --init the node runs an init server only for whoever holds this secret: its hash
-    // goes to the node as a cloud's instance metadata would carry it.
-    let init_secret = dir.join(hawser_cli::cluster::INIT_SECRET_FILE);
-    if opts.init {
-        let hash = hawser_cli::cluster::write_new_init_secret(&init_secret)?;
-        config = config.fw_cfg_string("init_secret_hash", hex::encode(hash));
-    }
     config
         .extra_args
         .extend(localhost::user_net_args_with_api_server(

@@ -39,7 +39,6 @@ pub const FW_CFG_ALLOWED_KEYS: &[&str] = &[
     "state_disk_key",
     "join_endpoint",
     "role",
-    "init_secret_hash",
     "vpn_endpoint",
     "lan_net",
 ];
@@ -408,11 +407,6 @@ pub struct FwCfgConfig {
     /// cloud's instance metadata: the join service decides what an attested node of this
     /// image gets.
     pub control_plane: bool,
-    /// `init_secret_hash`: SHA-256 of the admin's init secret, as a cloud would put it in the
-    /// instance metadata. Without it (and without `hawser.init_secret_hash`) the node runs no
-    /// init server. Unmeasured: a host that sets its own hash can only initialize a node it
-    /// boots anyway, and the admin's CLI verifies the node before it sends the secret.
-    pub init_secret_hash: Option<[u8; 32]>,
     /// `vpn_endpoint`: where the node's WireGuard tunnel is reached on the underlay network
     /// (`ip:port`), when that is not the node's own address (behind NAT, as QEMU's user network
     /// is). Unmeasured: a wrong endpoint only makes the tunnel unreachable, since WireGuard
@@ -431,6 +425,12 @@ pub struct FwCfgConfig {
 pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, ConfigError> {
     let mut config = FwCfgConfig::default();
     for (key, raw) in entries {
+        if key == "init_secret_hash" {
+            config
+                .warnings
+                .push(INIT_SECRET_HASH_FROM_FW_CFG.to_owned());
+            continue;
+        }
         if !FW_CFG_ALLOWED_KEYS.contains(&key.as_str()) {
             config.warnings.push(format!(
                 "fw_cfg key opt/hawser/{key} is not on the allowlist and is ignored"
@@ -460,15 +460,6 @@ pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, 
                         reason: "expected <IPv4 address>/<prefix length> (no gateway)",
                     })?;
                 config.lan_net = Some(net);
-            }
-            "init_secret_hash" => {
-                config.init_secret_hash = Some(parse_init_secret_hash(raw).ok_or_else(|| {
-                    ConfigError::MalformedFwCfg {
-                        key: key.clone(),
-                        value: String::from_utf8_lossy(raw).chars().take(80).collect(),
-                        reason: INIT_SECRET_HASH_FORMAT,
-                    }
-                })?);
             }
             "vpn_endpoint" => {
                 let text = String::from_utf8_lossy(raw);
@@ -501,6 +492,13 @@ pub fn parse_fw_cfg(entries: &BTreeMap<String, Vec<u8>>) -> Result<FwCfgConfig, 
     }
     Ok(config)
 }
+
+/// Why fw_cfg's `init_secret_hash` is refused: whoever chose it could `hawser init` this node
+/// into a cluster of their own, so only the measured command line may name the admin.
+pub const INIT_SECRET_HASH_FROM_FW_CFG: &str = "fw_cfg opt/hawser/init_secret_hash is refused \
+     and ignored: the init secret hash is taken only from the measured command line \
+     (hawser.init_secret_hash=), since whoever sets an unmeasured one could `hawser init` this \
+     node into a cluster of their own";
 
 const INIT_SECRET_HASH_FORMAT: &str = "expected 64 hex digits (SHA-256 of the init secret)";
 
@@ -667,23 +665,27 @@ mod tests {
     }
 
     #[test]
-    fn the_init_secret_hash_comes_from_the_cmdline_or_fw_cfg_as_64_hex_digits() {
+    fn the_init_secret_hash_comes_from_the_measured_cmdline_only() {
         let hash = "ab".repeat(32);
         let config = parse_kernel_cmdline(&format!("hawser.init_secret_hash={hash}")).unwrap();
         assert_eq!(config.init_secret_hash, Some([0xab; 32]));
-        let config =
-            parse_fw_cfg(&fw(&[("init_secret_hash", format!("{hash}\n").as_bytes())])).unwrap();
-        assert_eq!(config.init_secret_hash, Some([0xab; 32]));
-        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
         for bad in ["ab", "zz".repeat(32).as_str(), ""] {
             let err = parse_kernel_cmdline(&format!("hawser.init_secret_hash={bad}")).unwrap_err();
             assert!(err.to_string().contains("64 hex digits"), "{err}");
-            let err = parse_fw_cfg(&fw(&[("init_secret_hash", bad.as_bytes())])).unwrap_err();
-            assert!(
-                err.to_string().contains("opt/hawser/init_secret_hash"),
-                "{err}"
+        }
+        // The host's fw_cfg cannot name the admin: refused by name, whatever its value.
+        for value in [format!("{hash}\n"), "not hex".to_owned()] {
+            let config = parse_fw_cfg(&fw(&[("init_secret_hash", value.as_bytes())])).unwrap();
+            assert_eq!(config.warnings, [INIT_SECRET_HASH_FROM_FW_CFG]);
+            assert_eq!(
+                config,
+                FwCfgConfig {
+                    warnings: vec![INIT_SECRET_HASH_FROM_FW_CFG.to_owned()],
+                    ..FwCfgConfig::default()
+                }
             );
         }
+        assert!(!FW_CFG_ALLOWED_KEYS.contains(&"init_secret_hash"));
     }
 
     #[test]

@@ -57,7 +57,6 @@ fn boot(
     cluster: &LocalCluster,
     disk: &Path,
     (init_port, joind_port, api_port): (u16, u16, u16),
-    init_secret_hash: &[u8; 32],
     name: &str,
 ) -> Vm {
     let mut config = VmConfig::uefi_disk(image)
@@ -67,7 +66,9 @@ fn boot(
             ..TpmConfig::default()
         })
         .disk(disk, localhost::STATE_DISK_SERIAL)
-        .fw_cfg_string("init_secret_hash", hex::encode(init_secret_hash))
+        // A host's own init secret hash on fw_cfg: PID 1 refuses it by name (it would let the
+        // host `hawser init` the node into a cluster of its own); the measured one counts.
+        .fw_cfg_string("init_secret_hash", "11".repeat(32))
         .keep_logs_in(cluster.dir.join(format!("logs-{name}")));
     config.extra_args.extend(localhost::user_net_args(
         None,
@@ -150,9 +151,19 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
     let cluster = LocalCluster::create(&dir.join("host")).unwrap();
     // The image carries the provider CA: the node's join service verifies joining nodes' AKs
     // with it, and joining nodes (`join_service_trust=attested`, the default) the service's.
+    // Who creates the node holds the init secret; its hash is on the image's measured command
+    // line (PID 1 refuses one from fw_cfg).
+    let admin = dir.join("admin");
+    std::fs::create_dir_all(&admin).unwrap();
+    let init_secret = admin.join("init-secret");
+    let init_secret_hash = write_new_init_secret(&init_secret).unwrap();
     let node_image = common::build_node_image(
         &dir.join("image"),
-        &localhost::node_cmdline(DEFAULT_CMDLINE, false),
+        &format!(
+            "{} hawser.init_secret_hash={}",
+            localhost::node_cmdline(DEFAULT_CMDLINE, false),
+            hex::encode(init_secret_hash)
+        ),
         Some(&cluster.provider_ca_path()),
     );
     let image = &node_image.image;
@@ -164,32 +175,25 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         .unwrap()
         .set_len(256 << 20)
         .unwrap();
-    let admin = dir.join("admin");
-    std::fs::create_dir_all(&admin).unwrap();
     let port = free_port().unwrap();
     let joind_port = free_port().unwrap();
     let api_port = free_port().unwrap();
     let ports = (port, joind_port, api_port);
     let node = format!("127.0.0.1:{port}");
     let rt = runtime();
-    // Who creates the node holds the init secret; the node's platform gets its hash.
-    let init_secret = admin.join("init-secret");
-    let init_secret_hash = write_new_init_secret(&init_secret).unwrap();
     // The second node's TPM exists before the cluster: its AK is approved in `hawser init`.
     let second_tpm = dir.join("second/tpm");
     let second_ak = cluster.provision_tpm(&second_tpm).unwrap();
 
     // (1) A fresh node waits for `hawser init`.
-    let vm = boot(
-        &node_image.disk.path,
-        &cluster,
-        &disk,
-        ports,
-        &init_secret_hash,
-        "init",
-    );
+    let vm = boot(&node_image.disk.path, &cluster, &disk, ports, "init");
     vm.wait_for_line(WAITING, BOOT_TIMEOUT)
         .unwrap_or_else(|e| panic!("{e}\n{}", console(&vm)));
+    assert!(
+        console(&vm).contains("fw_cfg opt/hawser/init_secret_hash is refused"),
+        "the host's fw_cfg init secret hash was not refused by name:\n{}",
+        console(&vm)
+    );
 
     let opts = InitOptions {
         node: node.clone(),
@@ -363,14 +367,7 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         .unwrap_or_else(|e| panic!("{e}\n{}", console(&vm)));
 
     // (2) The same node boots again: its disk is initialized, so it waits for `recover`.
-    let vm = boot(
-        &node_image.disk.path,
-        &cluster,
-        &disk,
-        ports,
-        &init_secret_hash,
-        "recover",
-    );
+    let vm = boot(&node_image.disk.path, &cluster, &disk, ports, "recover");
     vm.wait_for_line(WAITING, BOOT_TIMEOUT)
         .unwrap_or_else(|e| panic!("{e}\n{}", console(&vm)));
     let recover = RecoverOptions {

@@ -188,9 +188,13 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
             let ws = crate::image::workspace()?;
             let mut build = PipelineOptions::new(&ws, &opts.out);
             // Nodes given no join endpoint look for the join service on the LAN (mDNS).
+            // The admin's init secret hash is measured: only `hawser init` with this
+            // cluster's init secret can initialize (or recover) its nodes.
+            let init_secret_hash = cluster::init_secret_hash(&admin.init_secret())?;
             build.cmdline = opts.profile().cmdline(&format!(
-                "{} hawser.join_discovery=mdns",
-                localhost::node_cmdline(pipeline::DEFAULT_CMDLINE, false)
+                "{} hawser.join_discovery=mdns hawser.init_secret_hash={}",
+                localhost::node_cmdline(pipeline::DEFAULT_CMDLINE, false),
+                hex::encode(init_secret_hash)
             ))?;
             build.provider_ca = Some(dir.join(PROVIDER_CA));
             events.say(format!(
@@ -622,8 +626,6 @@ fn boot(opts: &UpOptions, f: &Formation<'_>, i: usize, nonce: &[u8]) -> anyhow::
     // Every control plane waits for the admin too (`hawser recover` after a whole-cluster
     // restart); node-1 also for `hawser init`.
     if spec.role == Role::ControlPlane {
-        let hash = cluster::init_secret_hash(&f.admin.init_secret())?;
-        config = config.fw_cfg_string("init_secret_hash", hex::encode(hash));
         published.push((own.init, localhost::NODE_INIT_PORT));
     }
     config

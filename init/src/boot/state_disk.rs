@@ -94,7 +94,7 @@ impl Boot {
         Ok(Some(Enrollment::new(
             join,
             INIT_PORT,
-            init_secret_hash(config, fw_cfg),
+            init_secret_hash(config),
             issuer,
         )))
     }
@@ -244,21 +244,10 @@ impl Boot {
     }
 }
 
-/// The platform's init secret hash: the measured command line wins over fw_cfg.
-fn init_secret_hash(config: &CmdlineConfig, fw_cfg: &mut FwCfgConfig) -> Option<InitSecretHash> {
-    let from_fw_cfg = fw_cfg.init_secret_hash.take();
-    if let (Some(measured), Some(unmeasured)) = (config.init_secret_hash, from_fw_cfg)
-        && measured != unmeasured
-    {
-        tracing::warn!(
-            "fw_cfg opt/hawser/init_secret_hash differs from the measured \
-             hawser.init_secret_hash; the measured one is used"
-        );
-    }
-    config
-        .init_secret_hash
-        .or(from_fw_cfg)
-        .map(InitSecretHash::from_bytes)
+/// The admin's init secret hash: from the measured command line only (fw_cfg's is refused
+/// when fw_cfg is parsed, by name).
+fn init_secret_hash(config: &CmdlineConfig) -> Option<InitSecretHash> {
+    config.init_secret_hash.map(InitSecretHash::from_bytes)
 }
 
 /// An admin's key that does not open the disk (`hawser recover` with another cluster's master

@@ -1,10 +1,10 @@
 //! The init secret: what `hawser init` and `hawser recover` prove they know.
 //!
 //! As with Constellation's bootstrapper, the node learns only the SHA-256 hash of a
-//! high-entropy secret (32 random bytes the admin's CLI generated) from its platform: on
-//! QEMU the fw_cfg key `opt/hawser/init_secret_hash` (the analogue of a cloud's instance
-//! metadata, set by whoever creates the VM), or from the measured kernel command line
-//! (`hawser.init_secret_hash=<hex>`, which wins when both are present). `Init` and `Recover`
+//! high-entropy secret (32 random bytes the admin's CLI generated), but unlike Constellation
+//! only from the measured kernel command line (`hawser.init_secret_hash=<hex>`): a hash from
+//! the platform's unmeasured metadata (fw_cfg on QEMU) would let whoever runs the VM `Init` a
+//! fresh node into a cluster of their own, so PID 1 refuses it by name. `Init` and `Recover`
 //! carry the secret itself; the node compares `SHA-256(secret)` with the hash in constant time
 //! before it looks at anything else in the request. A node without a hash runs no init server.
 //!

@@ -70,7 +70,7 @@ pub enum EnrollmentError {
     /// secret hash to check requests against.
     #[error(
         "the join service gave no key: neither a join endpoint nor an init server (an init \
-         server needs an init secret hash: fw_cfg opt/hawser/init_secret_hash or \
+         server needs an init secret hash on the measured command line: \
          hawser.init_secret_hash)"
     )]
     NoContestant,
