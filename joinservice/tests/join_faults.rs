@@ -188,6 +188,14 @@ impl Service {
         self.tpm = Some(tpm);
     }
 
+    /// Starts, attesting with a TPM of the image pivoted as `pivoted` and locked to `cluster`,
+    /// its kubeadm ungated.
+    fn start_attested(&mut self, ca: &ProviderCa, pivoted: Pivoted, cluster: &[u8; 32]) {
+        self.attest_with(service_tpm(ca, pivoted, cluster));
+        std::fs::write(self.path("go"), "").expect("write");
+        self.start();
+    }
+
     /// The aTLS connections this service's clients refused, from its log.
     fn refused_by_clients(&self) -> Vec<String> {
         self.log()
@@ -536,13 +544,9 @@ fn tamper_a_workers_tpm_cannot_act_as_the_join_service() {
     let node = node(&ca);
     let mut real = Service::new(&ca);
     let cluster = real.cluster_id();
-    real.attest_with(service_tpm(&ca, Pivoted::ControlPlane, &cluster));
-    std::fs::write(real.path("go"), "").expect("write");
-    real.start();
+    real.start_attested(&ca, Pivoted::ControlPlane, &cluster);
     let mut fake = Service::new(&ca);
-    fake.attest_with(service_tpm(&ca, Pivoted::Worker, &cluster));
-    std::fs::write(fake.path("go"), "").expect("write");
-    fake.start();
+    fake.start_attested(&ca, Pivoted::Worker, &cluster);
 
     let (secrets, attempts) = attested_fetch(&runtime, &node, &[fake.port, real.port], None);
     let key = real
@@ -572,14 +576,10 @@ fn tamper_a_control_plane_of_another_cluster_cannot_answer_a_rejoin() {
     let node = node(&ca);
     let mut real = Service::new(&ca);
     let cluster = real.cluster_id();
-    real.attest_with(service_tpm(&ca, Pivoted::ControlPlane, &cluster));
-    std::fs::write(real.path("go"), "").expect("write");
-    real.start();
+    real.start_attested(&ca, Pivoted::ControlPlane, &cluster);
     let mut other = Service::new(&ca);
     let other_cluster = other.cluster_id();
-    other.attest_with(service_tpm(&ca, Pivoted::ControlPlane, &other_cluster));
-    std::fs::write(other.path("go"), "").expect("write");
-    other.start();
+    other.start_attested(&ca, Pivoted::ControlPlane, &other_cluster);
 
     // The first join: the disk is the real cluster's.
     let (secrets, attempts) = attested_fetch(&runtime, &node, &[real.port], None);
