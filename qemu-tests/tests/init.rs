@@ -582,12 +582,13 @@ fn second_node_joins(
     // Same cluster, locked.
     assert_eq!(join.cluster_id, hex::encode(cluster_id).as_str());
     assert_eq!(pcr15, hawser_measurements::cluster_lock_pcr(cluster_id));
-    // No init secret hash in its platform's metadata: no init server, only the join client.
+    // The image names the admin (its measured init secret hash), so this node's init server
+    // listened too; the join service answered first.
     assert!(
-        text.contains("no init secret hash configured, so no init server"),
+        text.contains("and accepting `hawser init` with the init secret on port"),
         "{text}"
     );
-    assert!(!text.contains(WAITING), "{text}");
+    assert_eq!(join.via, "join-service", "{text}");
     // It verified the service (attested trust is the default of this image).
     assert!(!text.contains("INSECURE"), "{text}");
     // kubeadm join: the first node's control plane, its CA pin, a token from its kubeadm.
