@@ -24,8 +24,8 @@ use crate::tool::{IoError, ToolError};
 mod apt;
 mod fetch;
 
-pub(crate) use apt::{PrivateApt, parse_print_uris};
 pub use apt::resolve_lock;
+pub(crate) use apt::{PrivateApt, parse_print_uris};
 pub use fetch::{FetchedInputs, UKIFY, cached, fetch, fetch_package};
 pub(crate) use fetch::{cached_deb, download_verified};
 
