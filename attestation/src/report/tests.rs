@@ -169,7 +169,7 @@ fn refusals_name_their_reason() {
     assert_eq!(
         crate::error_chain(&err),
         "field quote.attest does not parse: TPMS_ATTEST: field attested.quote.pcrDigest \
-             at offset 113 needs 32 bytes but only 31 remain"
+         at offset 113 needs 32 bytes but only 31 remain"
     );
 
     let mut r = tpm2_tools_report();
@@ -323,8 +323,8 @@ fn a_quote_of_the_raw_nonce_is_not_a_boot_report() {
         err.to_string(),
         format!(
             "the quote's extraData is {NONCE}, but the report's nonce field {NONCE} gives \
-                 the boot-report qualifying data \
-                 819ca5a192c932bb5f375de145a4e1dd4ab5613afe297b65d08e9fc68002cfa5"
+             the boot-report qualifying data \
+             819ca5a192c932bb5f375de145a4e1dd4ab5613afe297b65d08e9fc68002cfa5"
         )
     );
 }

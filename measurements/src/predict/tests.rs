@@ -2,8 +2,8 @@
 //! boot paths, and refusals by name.
 
 use super::*;
-use crate::test_fixtures::{SDMAGIC_257, tiny_kernel, tiny_uki as tiny_pe_uki};
 use crate::stub::osrel_cpio;
+use crate::test_fixtures::{SDMAGIC_257, tiny_kernel, tiny_uki as tiny_pe_uki};
 use hawser_pe::test_support::tiny_pe;
 
 fn sha(data: &[u8]) -> [u8; 32] {
