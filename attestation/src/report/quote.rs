@@ -45,7 +45,8 @@ impl QuoteEvidence {
     /// Checks that this quote is a TPM-generated quote signed by a restricted P-256 ECDSA
     /// signing key that is a primary of the endorsement hierarchy, over exactly the declared
     /// sha256 PCRs, with `qualifying_data` as its extraData (for a boot report, that is
-    /// [`boot_report_qualifying_data`] of the nonce; [`BootReport::verify`] derives it).
+    /// [`boot_report_qualifying_data`](super::boot_report_qualifying_data) of the nonce;
+    /// [`BootReport::verify`](super::BootReport::verify) derives it).
     pub fn verify(&self, qualifying_data: &[u8]) -> Result<VerifiedQuote, VerifyError> {
         let ak_bytes = decode_hex("quote.ak_public", &self.ak_public)?;
         let attest_bytes = decode_hex("quote.attest", &self.attest)?;
