@@ -11,10 +11,13 @@
 //! | 4 | EV_EFI_ACTION "Calling EFI Application from Boot Option"; EV_SEPARATOR; the UKI's Authenticode hash; the kernel's (`.linux`) Authenticode hash | OVMF's boot manager and `DxeTpm2MeasureBootLib` (the kernel is measured when systemd-stub calls `LoadImage()` on `.linux`) |
 //! | 9 | the UTF-16 command line (tag `0x8F3B22ED`); the initrd the kernel loads (tag `0x8F3B22EC`) = `.initrd`, and from systemd-stub 257 on, zero-padded to 4 bytes and followed by the `.osrel` cpio | the Linux 6.12 EFI stub |
 //! | 11 | for each section present, in the stub version's order ([`crate::models::StubModel::pcr11_sections`]): its name with NUL, then its `VirtualSize` bytes; then hawser's `enter-initrd`, later `leave-initrd` (a control plane's PID 1 extends `control-plane` just before it) | systemd-stub; hawser PID 1 |
+//! | 12, 13, 15 | nothing (no command-line override, credentials, sysexts; a fresh node) | |
 //!
 //! The stub's version (`.sdmagic`) and the kernel's (`.linux`) select the model
 //! ([`crate::models`]); a version never proven on a real boot is refused by name.
-//! | 12, 13, 15 | nothing (no command-line override, credentials, sysexts; a fresh node) | |
+//!
+//! Each PCR's events are built in a module of its own (`pcr4`, with the boot paths; `pcr9`;
+//! `pcr11`); this file holds the types, the order they are built in, and the PCR values.
 
 use std::collections::BTreeMap;
 
