@@ -21,8 +21,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 
-use object::elf::{DT_NEEDED, DT_SONAME, EM_X86_64, PT_INTERP};
-use object::read::elf::{Dyn, FileHeader, ProgramHeader};
+use object::elf::EM_X86_64;
+
+mod elf;
+
+pub use elf::ElfError;
+use elf::{ElfDeps, elf_machine, parse_elf};
 
 /// Where every library goes in the initramfs.
 pub const LIBRARY_DIR: &str = "usr/lib/x86_64-linux-gnu";
@@ -101,20 +105,6 @@ pub enum ClosureError {
     BadName { what: &'static str, name: String },
 }
 
-/// What is wrong with an ELF file the closure reads.
-#[derive(Debug, thiserror::Error)]
-pub enum ElfError {
-    /// The ELF structures could not be read (not a 64-bit ELF file, or truncated).
-    #[error("its ELF structures cannot be read")]
-    Object(#[from] object::read::Error),
-    /// An ELF file for another machine.
-    #[error("machine {machine} is not x86-64")]
-    NotX86_64 { machine: u16 },
-    /// A string the loader uses is not UTF-8.
-    #[error("{what} is not UTF-8")]
-    NotUtf8 { what: &'static str },
-}
-
 /// A file to copy into the initramfs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClosureFile {
@@ -146,13 +136,6 @@ struct Resolved {
     real: PathBuf,
     /// File names of the symlinks followed, in order (first = the name looked up).
     link_names: Vec<String>,
-}
-
-/// The parts of an ELF object the loader reads.
-struct ElfDeps {
-    interpreter: Option<String>,
-    needed: Vec<String>,
-    soname: Option<String>,
 }
 
 /// Resolves the closure of `executable` in `roots` (searched in order, first match wins),
@@ -407,68 +390,12 @@ fn read(path: &Path) -> Result<Vec<u8>, ClosureError> {
     })
 }
 
-/// `e_machine` of a little-endian ELF64 file.
-fn elf_machine(data: &[u8]) -> Result<u16, ElfError> {
-    let header = object::elf::FileHeader64::<object::Endianness>::parse(data)?;
-    let endian = header.endian()?;
-    Ok(header.e_machine(endian))
-}
-
 /// Reads interpreter, needed sonames and own soname of an x86-64 ELF file.
 fn read_elf(path: &Path) -> Result<ElfDeps, ClosureError> {
     let data = read(path)?;
     parse_elf(&data).map_err(|source| ClosureError::BadElf {
         path: path.to_owned(),
         source,
-    })
-}
-
-fn parse_elf(data: &[u8]) -> Result<ElfDeps, ElfError> {
-    let header = object::elf::FileHeader64::<object::Endianness>::parse(data)?;
-    let endian = header.endian()?;
-    if header.e_machine(endian) != EM_X86_64 {
-        return Err(ElfError::NotX86_64 {
-            machine: header.e_machine(endian),
-        });
-    }
-    let mut interpreter = None;
-    for segment in header.program_headers(endian, data)? {
-        if segment.p_type(endian) == PT_INTERP {
-            let bytes = segment.interpreter(endian, data)?.unwrap_or_default();
-            interpreter = Some(
-                std::str::from_utf8(bytes)
-                    .map_err(|_| ElfError::NotUtf8 { what: "PT_INTERP" })?
-                    .to_owned(),
-            );
-        }
-    }
-    let sections = header.sections(endian, data)?;
-    let mut needed = Vec::new();
-    let mut soname = None;
-    if let Some((entries, strtab_index)) = sections.dynamic(endian, data)? {
-        let strings = sections.strings(endian, data, strtab_index)?;
-        for entry in entries {
-            let tag = entry.tag32(endian);
-            if tag != Some(DT_NEEDED) && tag != Some(DT_SONAME) {
-                continue;
-            }
-            let value = entry.string(endian, strings)?;
-            let value = std::str::from_utf8(value)
-                .map_err(|_| ElfError::NotUtf8 {
-                    what: "a dynamic string",
-                })?
-                .to_owned();
-            if tag == Some(DT_NEEDED) {
-                needed.push(value);
-            } else {
-                soname = Some(value);
-            }
-        }
-    }
-    Ok(ElfDeps {
-        interpreter,
-        needed,
-        soname,
     })
 }
 
@@ -556,191 +483,4 @@ impl Builder {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::os::unix::fs::symlink;
-
-    fn host_root() -> Vec<PathBuf> {
-        vec![PathBuf::from("/")]
-    }
-
-    #[test]
-    fn merged_usr_and_relative_targets() {
-        assert_eq!(
-            merged_usr(Path::new("/lib64/ld-linux-x86-64.so.2")),
-            Path::new("usr/lib64/ld-linux-x86-64.so.2")
-        );
-        assert_eq!(
-            merged_usr(Path::new("/usr/lib/x/libc.so.6")),
-            Path::new("usr/lib/x/libc.so.6")
-        );
-        assert_eq!(
-            relative_target(
-                "usr/lib64/ld-linux-x86-64.so.2",
-                "usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
-            ),
-            "../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
-        );
-        assert_eq!(relative_target("a/b", "a/c"), "c");
-    }
-
-    /// The host's /bin/ls against the host root "/" (allowed for tests only): the closure is
-    /// exactly what `ldd` would name, laid out flat in the library directory.
-    #[test]
-    fn host_ls_closure_matches_its_needed_entries() {
-        let closure = resolve(Path::new("/bin/ls"), &host_root(), &[]).unwrap();
-        let dests: Vec<&str> = closure.files.iter().map(|f| f.dest.as_str()).collect();
-        assert!(
-            dests.contains(&"usr/lib/x86_64-linux-gnu/libc.so.6"),
-            "{dests:?}"
-        );
-        assert!(
-            dests.contains(&"usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
-            "{dests:?}"
-        );
-        assert!(
-            dests.iter().any(|d| d.contains("libselinux.so.1")),
-            "{dests:?}"
-        );
-        // libc names the interpreter as DT_NEEDED; it must not be shipped twice.
-        assert_eq!(
-            dests.iter().filter(|d| d.contains("ld-linux")).count(),
-            1,
-            "{dests:?}"
-        );
-        let interp = closure
-            .symlinks
-            .iter()
-            .find(|l| l.dest == "usr/lib64/ld-linux-x86-64.so.2")
-            .expect("the PT_INTERP path is a symlink into the library directory");
-        assert_eq!(
-            interp.target,
-            "../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
-        );
-        for file in &closure.files {
-            assert!(
-                file.dest.starts_with("usr/lib/x86_64-linux-gnu/"),
-                "{file:?}"
-            );
-            assert!(file.source.is_file(), "{file:?}");
-            assert!(!file.source.is_symlink(), "{file:?}");
-        }
-        // Exactly the closure: compare with what ldd resolves (ldd lists linux-vdso too).
-        let ldd = std::process::Command::new("ldd")
-            .arg("/bin/ls")
-            .output()
-            .unwrap();
-        let ldd = String::from_utf8(ldd.stdout).unwrap();
-        let expected = ldd
-            .lines()
-            .filter(|l| l.contains("=>") || l.contains("ld-linux"))
-            .count();
-        assert_eq!(
-            closure.files.len(),
-            expected,
-            "ldd says:\n{ldd}\nwe say {dests:?}"
-        );
-    }
-
-    #[test]
-    fn dlopened_sonames_bring_their_own_dependencies() {
-        // libz has no dependency beyond libc; any host library the test machine has will do.
-        let without = resolve(Path::new("/bin/ls"), &host_root(), &[]).unwrap();
-        let with = resolve(Path::new("/bin/ls"), &host_root(), &["libz.so.1"]).unwrap();
-        assert!(with.files.len() > without.files.len());
-        assert!(
-            with.symlinks
-                .iter()
-                .any(|l| l.dest == "usr/lib/x86_64-linux-gnu/libz.so.1"),
-            "{:?}",
-            with.symlinks
-        );
-    }
-
-    /// A root that is missing a library fails with the soname and where it looked, and never
-    /// falls back to the host's copy.
-    #[test]
-    fn missing_soname_is_named_with_the_roots() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path().to_path_buf();
-        fs::create_dir_all(root.join("usr/lib/x86_64-linux-gnu")).unwrap();
-        fs::create_dir_all(root.join("usr/lib64")).unwrap();
-        let host_interp = fs::canonicalize("/lib64/ld-linux-x86-64.so.2").unwrap();
-        fs::copy(
-            &host_interp,
-            root.join("usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"),
-        )
-        .unwrap();
-        symlink(
-            "../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
-            root.join("usr/lib64/ld-linux-x86-64.so.2"),
-        )
-        .unwrap();
-        let err = resolve(Path::new("/bin/ls"), std::slice::from_ref(&root), &[]).unwrap_err();
-        let message = err.to_string();
-        assert!(
-            matches!(err, ClosureError::MissingLibrary { .. }),
-            "{message}"
-        );
-        assert!(message.contains("\"libselinux.so.1\""), "{message}");
-        assert!(message.contains(&root.display().to_string()), "{message}");
-
-        let empty = tempfile::tempdir().unwrap();
-        let err = resolve(Path::new("/bin/ls"), &[empty.path().to_owned()], &[]).unwrap_err();
-        assert!(
-            matches!(err, ClosureError::MissingInterpreter { .. }),
-            "{err}"
-        );
-    }
-
-    #[test]
-    fn symlinks_are_resolved_inside_the_root_and_may_not_escape() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        let lib = root.join("usr/lib/x86_64-linux-gnu");
-        fs::create_dir_all(&lib).unwrap();
-        fs::write(lib.join("libfoo.so.1.2.3"), b"x").unwrap();
-        symlink("libfoo.so.1.2.3", lib.join("libfoo.so.1")).unwrap();
-        // An absolute target is re-rooted, not taken from the host.
-        symlink(
-            "/usr/lib/x86_64-linux-gnu/libfoo.so.1",
-            lib.join("libbar.so.0"),
-        )
-        .unwrap();
-        symlink("../../../../etc/passwd", lib.join("libevil.so.0")).unwrap();
-        symlink("libloop.so.0", lib.join("libloop.so.0")).unwrap();
-
-        let found = resolve_in_root(root, Path::new("usr/lib/x86_64-linux-gnu/libbar.so.0"))
-            .unwrap()
-            .unwrap();
-        assert_eq!(found.real, lib.join("libfoo.so.1.2.3"));
-        assert_eq!(found.link_names, ["libbar.so.0", "libfoo.so.1"]);
-
-        let err = resolve_in_root(root, Path::new("usr/lib/x86_64-linux-gnu/libevil.so.0"))
-            .err()
-            .unwrap();
-        assert!(matches!(err, ClosureError::EscapesRoot { .. }), "{err}");
-        let err = resolve_in_root(root, Path::new("usr/lib/x86_64-linux-gnu/libloop.so.0"))
-            .err()
-            .unwrap();
-        assert!(matches!(err, ClosureError::SymlinkLoop { .. }), "{err}");
-        assert!(
-            resolve_in_root(root, Path::new("usr/lib/x86_64-linux-gnu/libnone.so"))
-                .unwrap()
-                .is_none()
-        );
-    }
-
-    #[test]
-    fn static_executables_and_non_elf_files_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let script = dir.path().join("init.sh");
-        fs::write(&script, b"#!/bin/sh\n").unwrap();
-        let err = resolve(&script, &host_root(), &[]).unwrap_err();
-        assert!(matches!(err, ClosureError::BadElf { .. }), "{err}");
-        // A shared library has no PT_INTERP.
-        let libz = fs::canonicalize("/lib/x86_64-linux-gnu/libz.so.1").unwrap();
-        let err = resolve(&libz, &host_root(), &[]).unwrap_err();
-        assert!(matches!(err, ClosureError::NotDynamic { .. }), "{err}");
-    }
-}
+mod tests;
