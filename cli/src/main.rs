@@ -3,10 +3,11 @@
 
 mod admin;
 mod image;
-mod local;
 mod measurements;
 
-use hawser_cli::peers;
+use std::ffi::OsString;
+
+use hawser_cli::{local, peers};
 
 use clap::{Parser, Subcommand};
 
@@ -33,9 +34,14 @@ enum Command {
     /// Build, fetch inputs for, and inspect the measured image.
     #[command(subcommand)]
     Image(image::ImageCommand),
-    /// Boot the image locally in QEMU with a software TPM.
-    #[command(subcommand)]
-    Local(local::LocalCommand),
+    /// Boot the image locally in QEMU with a software TPM (runs `hawser-local`; `hawser local
+    /// --help` shows its commands).
+    #[command(disable_help_flag = true)]
+    Local {
+        /// What `hawser-local` is given, e.g. `up --nodes 3` or `--help`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<OsString>,
+    },
     /// Predict PCR values from a UKI, check them against the committed reference, explain an
     /// event log.
     #[command(subcommand)]
@@ -56,7 +62,8 @@ fn main() -> std::process::ExitCode {
         Command::Init(args) => admin::init(*args),
         Command::Recover(args) => admin::recover(args),
         Command::Image(cmd) => image::run(cmd),
-        Command::Local(cmd) => local::run(cmd),
+        // Returns only if hawser-local could not be started.
+        Command::Local { args } => Err(local::exec(&args, &cli.log).into()),
         Command::Measurements(cmd) => measurements::run(cmd),
         Command::Peers(args) => peers::run(args),
     };

@@ -204,7 +204,7 @@ fn publish(
 ) -> anyhow::Result<()> {
     let path = match reference {
         Some(path) => path,
-        None => crate::image::workspace()?.join(QEMU_NODE_REFERENCE),
+        None => hawser_cli::image_build::workspace()?.join(QEMU_NODE_REFERENCE),
     };
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read the reference {}", path.display()))?;
@@ -534,7 +534,7 @@ fn write_reference(
     boot_report_path: Option<&Path>,
     out: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    let ws = crate::image::workspace()?;
+    let ws = hawser_cli::image_build::workspace()?;
     let out = out.unwrap_or_else(|| ws.join(QEMU_REFERENCE));
     let prediction = predict_file(uki)?;
     let (firmware, from) = match boot_report_path {
@@ -605,7 +605,7 @@ fn check(
     update: bool,
     node: bool,
 ) -> anyhow::Result<()> {
-    let ws = crate::image::workspace()?;
+    let ws = hawser_cli::image_build::workspace()?;
     let default_reference = if node {
         QEMU_NODE_REFERENCE
     } else {

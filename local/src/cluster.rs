@@ -32,16 +32,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::local_cluster::{Layout, NodeSpec, NodeStatus, Role, Stage, StatusFile, observe};
+use crate::{lan, localhost};
 use anyhow::{Context as _, bail};
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MARKER, JoinReport};
 use hawser_cli::cluster::{self, ClusterFile, InitOptions, RecoverOptions};
-use hawser_cli::local_cluster::{Layout, NodeSpec, NodeStatus, Role, Stage, StatusFile, observe};
-use hawser_cli::{lan, localhost};
+use hawser_harness::{ProviderCa, TpmConfig, Vm, VmConfig};
 use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_keys::{MasterSecret, StateDiskKeyLength};
-use hawser_qemu::{ProviderCa, TpmConfig, Vm, VmConfig};
 
-use super::{UpOptions, wait_or_stop};
+use crate::command::{UpOptions, wait_or_stop};
 
 mod control;
 pub use control::{NodeAction, control_socket};
@@ -49,7 +49,7 @@ use control::{TEE, serve};
 
 /// The local cluster's directory.
 pub fn cluster_dir() -> PathBuf {
-    super::local_dir().join("cluster")
+    crate::command::local_dir().join("cluster")
 }
 
 const PROVIDER_CA: &str = "provider-ca.pem";
@@ -185,7 +185,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
     let image_dir = match &opts.image {
         Some(dir) => dir.clone(),
         None => {
-            let ws = crate::image::workspace()?;
+            let ws = hawser_cli::image_build::workspace()?;
             let mut build = PipelineOptions::new(&ws, &opts.out);
             // Nodes given no join endpoint look for the join service on the LAN (mDNS).
             // The admin's init secret hash is measured: only `hawser init` with this
@@ -210,7 +210,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
             let (node, timeline) =
                 pipeline::build_node_image(&build, &mut |line| eprintln!("{line}"))?;
             eprintln!("{node}");
-            crate::image::print_timeline(&timeline);
+            hawser_cli::image_build::print_timeline(&timeline);
             events.say("node image built");
             opts.out.clone()
         }
@@ -736,7 +736,7 @@ fn check_reports(
 /// end the wait with an error that names the node and its console log.
 fn wait_for(
     node: &Node,
-    what: impl hawser_qemu::LineMatcher + Copy,
+    what: impl hawser_harness::LineMatcher + Copy,
     stop: &AtomicBool,
     label: &str,
 ) -> anyhow::Result<String> {
@@ -914,7 +914,7 @@ fn summary(nodes: &[Arc<Node>], admin: &Admin, events: &Events) -> bool {
 
 /// Echoes a node's console lines to stderr, prefixed with its name, dimmed on a terminal;
 /// its services' routine output stays in the console log
-/// ([`hawser_cli::local_cluster::echo_text`]).
+/// ([`crate::local_cluster::echo_text`]).
 struct NodeEcho {
     prefix: String,
     pending: Vec<u8>,
@@ -936,7 +936,7 @@ impl std::io::Write for NodeEcho {
         while let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = self.pending.drain(..=end).collect();
             let text = String::from_utf8_lossy(&line);
-            let Some(text) = hawser_cli::local_cluster::echo_text(text.trim_end()) else {
+            let Some(text) = crate::local_cluster::echo_text(text.trim_end()) else {
                 continue;
             };
             if text.is_empty() {
