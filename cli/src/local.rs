@@ -54,9 +54,9 @@ fn is_executable(path: &Path) -> bool {
     std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
-/// Replaces this process with `hawser-local args…`; `log` (the `--log` filter given to
-/// `hawser`) is passed on as `HAWSER_LOG`. Returns only on failure.
-pub fn exec(args: &[OsString], log: &str) -> LocalError {
+/// Replaces this process with `hawser-local args…`; `log` (a `--log` filter given to `hawser`
+/// on its command line) is passed on as `HAWSER_LOG`. Returns only on failure.
+pub fn exec(args: &[OsString], log: Option<&str>) -> LocalError {
     use std::os::unix::process::CommandExt as _;
     let hawser_exe = std::env::current_exe().ok();
     let Some(binary) =
@@ -69,10 +69,12 @@ pub fn exec(args: &[OsString], log: &str) -> LocalError {
         return LocalError::NotFound { beside };
     };
     tracing::debug!(binary = %binary.display(), "handing `hawser local` to hawser-local");
-    let source = std::process::Command::new(&binary)
-        .args(args)
-        .env("HAWSER_LOG", log)
-        .exec();
+    let mut command = std::process::Command::new(&binary);
+    command.args(args);
+    if let Some(log) = log {
+        command.env("HAWSER_LOG", log);
+    }
+    let source = command.exec();
     LocalError::Exec {
         path: binary.display().to_string(),
         source,

@@ -9,7 +9,8 @@ use std::ffi::OsString;
 
 use hawser_cli::{local, peers};
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -52,7 +53,11 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    // A `--log` typed before `local` reaches hawser-local; otherwise it reads its own flags
+    // and HAWSER_LOG, as `hawser` did.
+    let log_given = matches.value_source("log") == Some(ValueSource::CommandLine);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_target(false)
@@ -63,7 +68,9 @@ fn main() -> std::process::ExitCode {
         Command::Recover(args) => admin::recover(args),
         Command::Image(cmd) => image::run(cmd),
         // Returns only if hawser-local could not be started.
-        Command::Local { args } => Err(local::exec(&args, &cli.log).into()),
+        Command::Local { args } => {
+            Err(local::exec(&args, log_given.then_some(cli.log.as_str())).into())
+        }
         Command::Measurements(cmd) => measurements::run(cmd),
         Command::Peers(args) => peers::run(args),
     };

@@ -62,7 +62,8 @@ fn hawser_local_runs_the_binary_beside_it_with_every_argument_and_its_exit_code(
     let output = run(&hawser, on_path.path(), &["local", "--help"]);
     assert_eq!(
         String::from_utf8_lossy(&output.stdout),
-        "on-path --help log=info\n"
+        "on-path --help log=\n",
+        "no --log given: none passed on"
     );
     assert_eq!(output.status.code(), Some(7));
 }
