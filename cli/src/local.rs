@@ -18,8 +18,9 @@ pub enum LocalError {
     #[error(
         "`hawser local` runs the local-cluster simulator `{LOCAL_BINARY}`, which is neither \
          beside this `hawser` ({beside}) nor on PATH: build it with `cargo build -p \
-         hawser-local` (into the same target directory as `hawser`), or start a local cluster \
-         with `scripts/local-up`, which builds both"
+         hawser-local` (into the same target directory as `hawser`), run it directly with \
+         `cargo run -p hawser-local -- ARGS`, or start a local cluster with \
+         `scripts/local-up`, which builds both"
     )]
     NotFound {
         /// Where it was looked for first.
