@@ -22,8 +22,8 @@ use hawser_attestation::atls::{
 };
 use hawser_attestation::evidence::{Binding, EvidenceIssuer, Nonce, Role};
 use hawser_attestation::{AkTrust, ExpectedMeasurements, Tpm, TpmIssuer, Validator};
-use hawser_qemu::provider::ProviderCa;
-use hawser_qemu::{Swtpm, SwtpmOptions};
+use hawser_harness::provider::ProviderCa;
+use hawser_harness::{Swtpm, SwtpmOptions};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};

@@ -16,9 +16,9 @@ use hawser_attestation::evidence::{Binding, Evidence, EvidenceIssuer, Nonce, Rol
 use hawser_attestation::tpm::TpmError;
 use hawser_attestation::validator::EvidenceError;
 use hawser_attestation::{AkTrust, ExpectedMeasurements, IssuerError, Tpm, TpmIssuer, Validator};
+use hawser_harness::provider::{self, ProviderCa};
+use hawser_harness::{Swtpm, SwtpmOptions};
 use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
-use hawser_qemu::provider::{self, ProviderCa};
-use hawser_qemu::{Swtpm, SwtpmOptions};
 use prost::Message as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
@@ -843,7 +843,7 @@ fn tpm2_checkquote_verifies_atls_evidence() {
     std::fs::write(dir.path().join("attest.bin"), &evidence.quote).expect("write");
     std::fs::write(dir.path().join("sig.bin"), &evidence.signature).expect("write");
     // A missing tpm2_checkquote fails naming its Debian package (tpm2-tools).
-    let tpm2_checkquote = hawser_qemu::find_binary(std::path::Path::new("tpm2_checkquote"))
+    let tpm2_checkquote = hawser_harness::find_binary(std::path::Path::new("tpm2_checkquote"))
         .unwrap_or_else(|e| panic!("{e}"));
     // tpm2-tools' own verifier: the signature over the attest with the AK, and the qualifying
     // data it must find for this binding.

@@ -413,7 +413,7 @@ fn tpm2_checkquote_accepts_our_quote() {
         std::fs::write(dir.path().join(file), hex::decode(value).expect("hex")).expect("write");
     }
     // A missing tpm2_checkquote fails naming its Debian package (tpm2-tools).
-    let tpm2_checkquote = hawser_qemu::find_binary(std::path::Path::new("tpm2_checkquote"))
+    let tpm2_checkquote = hawser_harness::find_binary(std::path::Path::new("tpm2_checkquote"))
         .unwrap_or_else(|e| panic!("{e}"));
     let checkquote = |qualification: &str| {
         Command::new(&tpm2_checkquote)

@@ -45,7 +45,7 @@ pub struct InitArgs {
     name: String,
     /// The Kubernetes version to install, v<major>.<minor>.<patch> (refused here, before the node
     /// is touched, if kubeadm would refuse it).
-    #[arg(long, default_value = hawser_cli::localhost::KUBERNETES_VERSION)]
+    #[arg(long, default_value = hawser_cli::cluster::KUBERNETES_VERSION)]
     kubernetes_version: hawser_kube_types::KubernetesVersion,
     /// The cluster's service CIDR.
     #[arg(long, default_value = "10.96.0.0/12")]

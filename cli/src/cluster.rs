@@ -36,6 +36,9 @@ use hawser_measurements::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, cluster_lock_pcr, pcr
 pub const INIT_SECRET_LEN: usize = 32;
 /// Default name of the init secret file.
 pub const INIT_SECRET_FILE: &str = "hawser-init-secret";
+/// The Kubernetes version `hawser init` asks for unless told otherwise, and the one local
+/// clusters ask for.
+pub const KUBERNETES_VERSION: &str = "v1.33.4";
 
 /// Generates an init secret, writes it to `path` (hex, 0600, never over an existing file) and
 /// returns the SHA-256 the node's image must carry on its measured command line

@@ -9,6 +9,8 @@ use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_image::profile::ImageProfile;
 use hawser_image::rootfs::{self, lock::RootfsLock};
 
+use hawser_cli::image_build::{print_timeline, workspace};
+
 #[derive(Subcommand)]
 pub enum ImageCommand {
     /// Build the node image from the locked inputs: the verified rootfs (mkosi → erofs +
@@ -63,20 +65,6 @@ pub enum LockFile {
     Inputs,
     /// rootfs.lock: every Debian package of the node's rootfs.
     Rootfs,
-}
-
-/// The workspace this CLI was built from, or the current directory's git top level.
-pub fn workspace() -> anyhow::Result<PathBuf> {
-    let here = std::env::current_dir()?;
-    for dir in here.ancestors() {
-        if dir.join("inputs.lock").is_file() && dir.join("init/Cargo.toml").is_file() {
-            return Ok(dir.to_owned());
-        }
-    }
-    anyhow::bail!(
-        "run hawser from inside the hawser source tree (no inputs.lock and init/ found above {})",
-        here.display()
-    )
 }
 
 pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
@@ -203,14 +191,4 @@ fn lock_rootfs(ws: &Path, inputs_lock: &Path) -> anyhow::Result<()> {
         }
     );
     Ok(())
-}
-
-/// One line: each step of the build and how long it took.
-pub fn print_timeline(timeline: &pipeline::PipelineTimeline) {
-    let steps: Vec<String> = timeline
-        .steps
-        .iter()
-        .map(|(name, d)| format!("{name} {:.1}s", d.as_secs_f64()))
-        .collect();
-    println!("timeline: {}", steps.join(", "));
 }

@@ -3,12 +3,14 @@
 
 mod admin;
 mod image;
-mod local;
 mod measurements;
 
-use hawser_cli::peers;
+use std::ffi::OsString;
 
-use clap::{Parser, Subcommand};
+use hawser_cli::{local, peers};
+
+use clap::parser::ValueSource;
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -33,9 +35,14 @@ enum Command {
     /// Build, fetch inputs for, and inspect the measured image.
     #[command(subcommand)]
     Image(image::ImageCommand),
-    /// Boot the image locally in QEMU with a software TPM.
-    #[command(subcommand)]
-    Local(local::LocalCommand),
+    /// Boot the image locally in QEMU with a software TPM (runs `hawser-local`; `hawser local
+    /// --help` shows its commands).
+    #[command(disable_help_flag = true)]
+    Local {
+        /// What `hawser-local` is given, e.g. `up --nodes 3` or `--help`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<OsString>,
+    },
     /// Predict PCR values from a UKI, check them against the committed reference, explain an
     /// event log.
     #[command(subcommand)]
@@ -46,7 +53,11 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    // A `--log` typed before `local` reaches hawser-local; otherwise it reads its own flags
+    // and HAWSER_LOG, as `hawser` did.
+    let log_given = matches.value_source("log") == Some(ValueSource::CommandLine);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         .with_target(false)
@@ -56,7 +67,10 @@ fn main() -> std::process::ExitCode {
         Command::Init(args) => admin::init(*args),
         Command::Recover(args) => admin::recover(args),
         Command::Image(cmd) => image::run(cmd),
-        Command::Local(cmd) => local::run(cmd),
+        // Returns only if hawser-local could not be started.
+        Command::Local { args } => {
+            Err(local::exec(&args, log_given.then_some(cli.log.as_str())).into())
+        }
         Command::Measurements(cmd) => measurements::run(cmd),
         Command::Peers(args) => peers::run(args),
     };

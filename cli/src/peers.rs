@@ -16,10 +16,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use hawser_joinservice::store::{
+use hawser_cluster_store::members::{MemberStatus, Polling, member_statuses};
+use hawser_cluster_store::{
     ClusterStore, EtcdFlags, EtcdStore, FileStore, PollStatus, ReadConsistency,
 };
-use hawser_joinservice::vpn::{MemberStatus, Polling, member_statuses};
 use hawser_mesh::{PeerStats, PublicKey, Registry};
 
 /// `hawser peers` arguments.

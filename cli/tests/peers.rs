@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use hawser_joinservice::store::{ClusterStore, FileStore, PollStatus};
+use hawser_cluster_store::{ClusterStore, FileStore, PollStatus};
 use hawser_mesh::{Ipv4Net, PeerStats, PublicKey};
 
 const WORKER_1: &str = "3f1c2d4e-5a6b-4c7d-8e9f-0a1b2c3d4e5f";

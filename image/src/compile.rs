@@ -16,17 +16,20 @@ pub fn image_target_dir(workspace: &Path, explicit: Option<&Path>) -> PathBuf {
 }
 
 /// The packages of every binary that goes into an image — PID 1, `hawser-joind`, the
-/// kubeadm/kubelet stand-ins — and of the `hawser` CLI that builds and boots it. They are
-/// always compiled together, in one cargo invocation: cargo unifies the dependencies' features
-/// across the packages it builds at once, so building PID 1 alone and the rest afterwards
-/// compiled the shared dependencies twice (and a PID 1 built alone differs from one built with
-/// the others). With the CLI in the set, `scripts/build-image-binaries` (the quick start's
-/// build) compiles everything once and the CLI's own image build finds it fresh.
-pub const IMAGE_PACKAGES: [&str; 4] = [
+/// kubeadm/kubelet stand-ins — and of the `hawser` CLI that builds it and the `hawser-local`
+/// simulator that boots it (`hawser local`). They are always compiled together, in one cargo
+/// invocation: cargo unifies the dependencies' features across the packages it builds at once,
+/// so building PID 1 alone and the rest afterwards compiled the shared dependencies twice (and
+/// a PID 1 built alone differs from one built with the others). With the CLI and the simulator
+/// in the set, `scripts/build-image-binaries` (the quick start's build) compiles everything
+/// once, puts `hawser-local` beside `hawser` where `hawser local` finds it, and the CLI's own
+/// image build finds it fresh.
+pub const IMAGE_PACKAGES: [&str; 5] = [
     "hawser-init",
     "hawser-joinservice",
     "hawser-standin",
     "hawser-cli",
+    "hawser-local",
 ];
 
 /// The command [`image_cargo_build`] runs, for error messages.

@@ -9,7 +9,7 @@
 //! The test suites of hawser-image, hawser-measurements and hawser-qemu use it (each already
 //! depends on this crate). hawser-kmod's unit tests sit below this crate and keep a copy of the
 //! same rule (`kmod/src/scan.rs`); the swtpm suites find tpm2-tools with the harness's
-//! `hawser_qemu::find_binary`, whose error names the package too.
+//! `hawser_harness::find_binary`, whose error names the package too.
 
 use std::io::Write as _;
 use std::path::PathBuf;

@@ -15,16 +15,17 @@
 //! Concurrency: validations never take a global lock. The policy is an `Arc` swapped on reload
 //! and cloned per request; the rate limiter's lock is held for a map lookup only.
 
-pub mod approvals;
 pub mod audit;
 pub mod core;
 pub mod member;
 pub mod policy;
 pub mod ratelimit;
 pub mod service;
-pub mod store;
 pub mod tokens;
 pub mod vpn;
 pub mod vpnapi;
 
 pub use crate::core::{JoinCore, JoinError, JoinTicket, RejoinTicket};
+/// The cluster state and the control-plane approvals, in their own crate (`hawser peers` reads
+/// them without this server); here under their old paths.
+pub use hawser_cluster_store::{self as store, approvals};

@@ -38,19 +38,9 @@ pub enum PolicyError {
     },
 }
 
-/// What a reload check did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReloadOutcome {
-    /// The file has the content already in force.
-    Unchanged,
-    /// A new policy is in force.
-    Reloaded { digest: String },
-    /// The new content is invalid; the old policy stays.
-    Rejected { reason: String },
-    /// The file is gone: the old measurements policy stays (the control-plane approvals, which
-    /// share this type, approve nobody instead).
-    Missing,
-}
+/// What a reload check did (shared with the control-plane approvals, kept in the cluster
+/// store's crate).
+pub use hawser_cluster_store::reload::ReloadOutcome;
 
 /// The expected measurements, kept in step with a file.
 #[derive(Debug)]

@@ -28,6 +28,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use hawser_attestation::{Tpm, TpmIssuer};
+use hawser_harness::provider::ProviderCa;
+use hawser_harness::{Swtpm, SwtpmOptions};
 use hawser_init::disk::key::DiskStatus;
 use hawser_init::enrollment::client::{JoinClient, Secrets};
 use hawser_init::enrollment::{
@@ -38,8 +40,6 @@ use hawser_measurements::{
     PCR_CLUSTER_ID, PCR_KERNEL_BOOT, PHASE_CONTROL_PLANE, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD,
     extend_sha256, phase_digest,
 };
-use hawser_qemu::provider::ProviderCa;
-use hawser_qemu::{Swtpm, SwtpmOptions};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
 

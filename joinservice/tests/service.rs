@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use hawser_attestation::atls::{AtlsClient, Identity, PeerPolicy};
 use hawser_attestation::evidence::EvidenceIssuer;
 use hawser_attestation::{Tpm, TpmIssuer};
+use hawser_harness::provider::ProviderCa;
+use hawser_harness::{Swtpm, SwtpmOptions};
 use hawser_joinservice::approvals::ApprovalStore;
 use hawser_joinservice::core::{CONTROL_PLANE_FILES, JoinCore, JoinCoreConfig};
 use hawser_joinservice::policy::PolicyStore;
@@ -24,8 +26,6 @@ use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, ph
 use hawser_mesh::PublicKey;
 use hawser_proto::join::join_service_client::JoinServiceClient;
 use hawser_proto::join::{IssueJoinTicketRequest, IssueRejoinTicketRequest};
-use hawser_qemu::provider::ProviderCa;
-use hawser_qemu::{Swtpm, SwtpmOptions};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};

@@ -11,13 +11,13 @@ use hawser_platforms::{azure, gce};
 mod common;
 use common::*;
 
-fn swtpm() -> hawser_qemu::Swtpm {
-    hawser_qemu::Swtpm::start(&hawser_qemu::SwtpmOptions::tcp())
+fn swtpm() -> hawser_harness::Swtpm {
+    hawser_harness::Swtpm::start(&hawser_harness::SwtpmOptions::tcp())
         .unwrap_or_else(|e| panic!("swtpm: {e}"))
 }
 
-fn store(swtpm: &hawser_qemu::Swtpm, index: u32, data: &[u8]) {
-    hawser_qemu::provider::store_nv(swtpm, index, data)
+fn store(swtpm: &hawser_harness::Swtpm, index: u32, data: &[u8]) {
+    hawser_harness::provider::store_nv(swtpm, index, data)
         .unwrap_or_else(|e| panic!("storing NV {index:#010x}: {e}"));
 }
 

@@ -1,7 +1,7 @@
 //! The boots of `scripts/bench-boot`: hawser's node image (first boot and rejoin, against
 //! `hawser-joind` on the host, as `tests/node.rs` runs them) alternated with a Debian image the
 //! script prepared, every boot with the same QEMU command line from the harness
-//! ([`hawser_qemu::VmConfig`]). Prints nothing to stdout; appends one line per boot to
+//! ([`hawser_harness::VmConfig`]). Prints nothing to stdout; appends one line per boot to
 //! `<out>/results.tsv` and one line per phase to `<out>/phases.tsv`, and keeps every console.
 //!
 //! ```text
@@ -21,9 +21,9 @@ use std::time::Duration;
 use hawser_attestation::report::{
     BOOT_REPORT_MARKER as BOOT_REPORT, JOIN_REPORT_MARKER as JOIN_REPORT,
 };
-use hawser_cli::localhost::{self, free_port};
+use hawser_harness::{TpmConfig, Vm, VmConfig};
 use hawser_image::pipeline::DEFAULT_CMDLINE;
-use hawser_qemu::{TpmConfig, Vm, VmConfig};
+use hawser_local::localhost::{self, free_port};
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -337,7 +337,7 @@ fn since_qemu_start(vm: &Vm, label: &str) -> Option<f64> {
 
 fn debian_boot(config: VmConfig) -> BootResult {
     let vm = Vm::start(config).map_err(|e| (e.to_string(), String::new()))?;
-    let fail = |e: hawser_qemu::QemuError| (e.to_string(), console(&vm));
+    let fail = |e: hawser_harness::QemuError| (e.to_string(), console(&vm));
     vm.wait_for_marker("end", ROOT_INIT, BOOT_TIMEOUT)
         .map_err(fail)?;
     vm.wait_for_marker("done", ROOT_DONE, BOOT_TIMEOUT)
@@ -405,7 +405,7 @@ fn debian_boot(config: VmConfig) -> BootResult {
 
 fn hawser_boot(config: VmConfig, fresh: bool) -> BootResult {
     let vm = Vm::start(config).map_err(|e| (e.to_string(), String::new()))?;
-    let fail = |e: hawser_qemu::QemuError| (e.to_string(), console(&vm));
+    let fail = |e: hawser_harness::QemuError| (e.to_string(), console(&vm));
     let started = vm
         .wait_for_marker("init", INIT_STARTED, BOOT_TIMEOUT)
         .map_err(fail)?;

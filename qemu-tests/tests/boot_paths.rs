@@ -20,11 +20,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use hawser_attestation::{ExpectedMeasurements, ExpectedPcr};
+use hawser_harness::{Esp, EspFile, VmConfig};
 use hawser_image::inputs::{self, InputLock};
 use hawser_measurements::authenticode::authenticode_sha256;
 use hawser_measurements::pe::PeImage;
 use hawser_measurements::predict::{BootPath, PREDICTED_PCRS, Phase, Prediction};
-use hawser_qemu::{Esp, EspFile, VmConfig};
 
 mod common;
 use common::quote::{Boot, boot_with};

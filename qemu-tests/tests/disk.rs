@@ -21,9 +21,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport};
+use hawser_harness::{Disk, TpmConfig, Vm, VmConfig};
 use hawser_image::build::BuildOutput;
 use hawser_image::test_support::require_tool;
-use hawser_qemu::{Disk, TpmConfig, Vm, VmConfig};
 use sha2::{Digest, Sha256};
 
 mod common;

@@ -24,9 +24,9 @@ use hawser_image::test_support::require_tool;
 use std::time::Instant;
 
 use hawser_disk_format::gpt::{ROOT_X86_64_TYPE, ROOT_X86_64_VERITY_TYPE, root_partuuids};
+use hawser_harness::VmConfig;
 use hawser_image::disk::{DiskLayout, build_disk_image};
 use hawser_measurements::predict::{Phase, Prediction};
-use hawser_qemu::VmConfig;
 
 mod common;
 use common::build_image;

@@ -13,8 +13,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport};
+use hawser_harness::{TpmConfig, Vm, VmConfig, format_timeline};
 use hawser_image::build::BuildOutput;
-use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
 use sha2::{Digest, Sha256};
 
 mod common;

@@ -19,11 +19,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hawser_image::test_support;
-use hawser_qemu::{
+use hawser_harness::{
     Esp, EspFile, QemuError, Swtpm, SwtpmOptions, TpmConfig, TpmModel, Vm, VmConfig,
     format_timeline,
 };
+use hawser_image::test_support;
 
 /// Generous: two TCG guests may boot at once on two host cores.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);

@@ -34,11 +34,11 @@ use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MARKER, JoinReport};
 use hawser_cli::cluster::{self, ClusterFile, InitOptions, RecoverOptions, write_new_init_secret};
-use hawser_cli::localhost::{self, LocalCluster, free_port, luks_uuid};
+use hawser_harness::{TpmConfig, Vm, VmConfig};
 use hawser_image::pipeline::DEFAULT_CMDLINE;
 use hawser_keys::MasterSecret;
+use hawser_local::localhost::{self, LocalCluster, free_port, luks_uuid};
 use hawser_measurements::predict::{Phase, Prediction};
-use hawser_qemu::{TpmConfig, Vm, VmConfig};
 
 mod common;
 use common::{CONFIG_RECEIVED, NO_SECOND_KUBEADM, kubeadm_document, kubeadm_documents};

@@ -18,10 +18,10 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MARKER, JoinReport};
-use hawser_cli::localhost::{self, free_port, luks_uuid};
+use hawser_harness::{Vm, VmConfig};
 use hawser_image::build::BuildOutput;
 use hawser_image::pipeline::DEFAULT_CMDLINE;
-use hawser_qemu::{Vm, VmConfig};
+use hawser_local::localhost::{self, free_port, luks_uuid};
 
 mod common;
 use common::{Host, build_image};

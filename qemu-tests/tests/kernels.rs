@@ -18,12 +18,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use hawser_harness::{TpmConfig, Vm, VmConfig};
 use hawser_image::inputs::{self, InputLock};
 use hawser_image::uki::{UkiSections, assemble_uki};
 use hawser_measurements::eventlog::{self, EventLog};
 use hawser_measurements::explain::explain;
 use hawser_measurements::predict::{PREDICTED_PCRS, Phase, Prediction};
-use hawser_qemu::{TpmConfig, Vm, VmConfig};
 
 mod common;
 

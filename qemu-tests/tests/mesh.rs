@@ -23,10 +23,10 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use hawser_harness::{Vm, VmConfig};
 use hawser_image::build::BuildOutput;
 use hawser_mesh::device::{Tunnel, TunnelConfig};
 use hawser_mesh::{Peer, PrivateKey};
-use hawser_qemu::{Vm, VmConfig};
 
 mod common;
 use common::toolbox::{Toolbox, kernel_modules_dir, module_load_order};

@@ -32,9 +32,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MARKER, JoinReport};
-use hawser_cli::localhost::{self, free_port};
+use hawser_harness::{Vm, VmConfig, format_timeline};
 use hawser_image::pipeline::{DEFAULT_CMDLINE, NodeImage};
-use hawser_qemu::{Vm, VmConfig, format_timeline};
+use hawser_local::localhost::{self, free_port};
 
 mod common;
 use common::{
@@ -446,9 +446,9 @@ fn mesh_node(host: &Host, name: &str, join_port: u16, wireguard_port: u16) -> Vm
         .unwrap();
     let mut config = VmConfig::uefi_disk(&image().disk.path)
         .name(name)
-        .tpm(hawser_qemu::TpmConfig {
+        .tpm(hawser_harness::TpmConfig {
             state_dir: Some(dir.join("tpm")),
-            ..hawser_qemu::TpmConfig::default()
+            ..hawser_harness::TpmConfig::default()
         })
         .disk(&disk, localhost::STATE_DISK_SERIAL)
         .fw_cfg_string("vpn_endpoint", format!("10.0.2.2:{wireguard_port}"))

@@ -4,13 +4,13 @@
 use std::path::Path;
 use std::process::Command;
 
-pub struct Swtpm(hawser_qemu::Swtpm);
+pub struct Swtpm(hawser_harness::Swtpm);
 
 impl Swtpm {
     /// Starts `swtpm socket --tpm2` with fresh state, already started up (TPM2_Startup(CLEAR)).
     pub fn start() -> Swtpm {
         Swtpm(
-            hawser_qemu::Swtpm::start(&hawser_qemu::SwtpmOptions::tcp())
+            hawser_harness::Swtpm::start(&hawser_harness::SwtpmOptions::tcp())
                 .unwrap_or_else(|e| panic!("swtpm: {e}")),
         )
     }
@@ -24,7 +24,7 @@ impl Swtpm {
     /// serves one client at a time).
     pub fn tpm2_tool(&self, tool: &str, args: &[&str], cwd: &Path) -> std::process::Output {
         // A missing tool fails naming its Debian package (tpm2-tools).
-        let binary = hawser_qemu::find_binary(Path::new(tool)).unwrap_or_else(|e| panic!("{e}"));
+        let binary = hawser_harness::find_binary(Path::new(tool)).unwrap_or_else(|e| panic!("{e}"));
         Command::new(binary)
             .args(args)
             .env("TPM2TOOLS_TCTI", self.tcti())

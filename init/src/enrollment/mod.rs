@@ -524,7 +524,7 @@ mod tests {
 
     #[test]
     fn a_policy_needs_this_nodes_pcr_11() {
-        let provider = hawser_qemu::provider::ProviderCa::generate("test provider").unwrap();
+        let provider = hawser_harness::provider::ProviderCa::generate("test provider").unwrap();
         let ca = AkTrust::from_pem(&provider.certificate_pem()).unwrap();
         let mut without = own();
         without.remove(&11);

@@ -6,11 +6,11 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use hawser_cli::localhost::{self, LocalCluster};
+use hawser_harness::{TpmConfig, VmConfig};
 use hawser_image::build::BuildOutput;
 use hawser_image::pipeline::{self, NodeImage, PipelineOptions};
 use hawser_joinservice::service::RunningService;
-use hawser_qemu::{TpmConfig, VmConfig};
+use hawser_local::localhost::{self, LocalCluster};
 
 pub mod quote;
 pub mod toolbox;

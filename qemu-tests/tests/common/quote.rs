@@ -7,10 +7,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, VerifiedReport};
+use hawser_harness::{TpmConfig, Vm, VmConfig, format_timeline};
 use hawser_measurements::eventlog::{self, EventLog};
 use hawser_measurements::explain::explain;
 use hawser_measurements::predict::{PREDICTED_PCRS, Phase, Prediction};
-use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
 use sha2::{Digest, Sha256};
 
 /// Generous: TCG on a loaded 2-core CI machine.

@@ -17,7 +17,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use hawser_qemu::{TpmConfig, Vm, VmConfig, format_timeline};
+//! use hawser_harness::{TpmConfig, Vm, VmConfig, format_timeline};
 //!
 //! let vm = Vm::start(
 //!     VmConfig::uefi("target/image/hawser.efi")
@@ -29,7 +29,7 @@
 //! vm.wait_for_marker("PID 1 idle", "hawser: boot complete; idle", Duration::from_secs(120))?;
 //! vm.shutdown(Duration::from_secs(60))?;
 //! print!("{}", format_timeline(&vm.timeline()));
-//! # Ok::<(), hawser_qemu::QemuError>(())
+//! # Ok::<(), hawser_harness::QemuError>(())
 //! ```
 //!
 //! Children never outlive the test process: they are killed on drop, and they carry

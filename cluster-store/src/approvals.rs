@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::policy::ReloadOutcome;
+use crate::reload::ReloadOutcome;
 
 /// Why an approvals file cannot be used.
 #[derive(Debug, thiserror::Error)]

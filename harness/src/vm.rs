@@ -1,5 +1,6 @@
 //! A running VM: QEMU (+ swtpm), its console, QMP, timeline and teardown.
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -164,42 +165,7 @@ impl Vm {
         File::create(&console_log).map_err(|e| QemuError::io("create", &console_log, e))?;
         let qemu_log = dir.join("qemu.log");
 
-        let (ovmf_vars, esp_image) = match &config.boot {
-            Boot::Uefi { firmware, esp } => {
-                let vars = dir.join("OVMF_VARS.fd");
-                std::fs::copy(&firmware.vars_template, &vars)
-                    .map_err(|e| QemuError::io("copy the OVMF variable store to", &vars, e))?;
-                let image = match esp {
-                    Esp::Files(files) => {
-                        let image = dir.join("esp.img");
-                        build_esp_image(&image, files)?;
-                        events.push(("ESP built".to_owned(), Instant::now()));
-                        image
-                    }
-                    Esp::Image(image) => {
-                        if !image.is_file() {
-                            return Err(QemuError::invalid(format!(
-                                "the ESP image {} does not exist",
-                                image.display()
-                            )));
-                        }
-                        image.clone()
-                    }
-                };
-                (Some(vars), Some(image))
-            }
-            Boot::DirectKernel { kernel, initrd, .. } => {
-                for file in std::iter::once(kernel).chain(initrd) {
-                    if !file.is_file() {
-                        return Err(QemuError::invalid(format!(
-                            "the kernel or initrd {} does not exist",
-                            file.display()
-                        )));
-                    }
-                }
-                (None, None)
-            }
-        };
+        let (ovmf_vars, esp_image) = prepare_boot(&config.boot, dir, &mut events)?;
 
         let swtpm = match &config.tpm {
             Some(tpm) => {
@@ -222,23 +188,7 @@ impl Vm {
             esp_image,
         };
         let args = config.qemu_args(&paths)?;
-        let output = File::create(&qemu_log).map_err(|e| QemuError::io("create", &qemu_log, e))?;
-        let output_clone = output
-            .try_clone()
-            .map_err(|e| QemuError::io("duplicate the handle of", &qemu_log, e))?;
-        let mut command = Command::new(&qemu_binary);
-        command
-            .args(&args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(output)
-            .stderr(output_clone);
-        tracing::info!(vm = %config.name, command = ?command, "starting QEMU");
-        let child = spawn_tied(command).map_err(|source| QemuError::Spawn {
-            binary: qemu_binary.display().to_string(),
-            source,
-        })?;
-        let qemu = Arc::new(Supervised::new(format!("qemu {}", config.name), child));
+        let qemu = spawn_qemu(&config.name, &qemu_binary, &args, dir, &qemu_log)?;
         events.push(("QEMU started".to_owned(), Instant::now()));
 
         let shared = Arc::new(Shared::default());
@@ -593,6 +543,80 @@ impl Drop for Vm {
         }
         self.swtpm.take();
     }
+}
+
+/// The per-VM boot files: for UEFI, a copy of the OVMF variable store and the ESP (built from
+/// files, or the caller's image, which must exist); for a direct kernel boot, none (the kernel
+/// and initrd must exist). Returns the variable store and the ESP image.
+fn prepare_boot(
+    boot: &Boot,
+    dir: &Path,
+    events: &mut Vec<(String, Instant)>,
+) -> Result<(Option<PathBuf>, Option<PathBuf>), QemuError> {
+    match boot {
+        Boot::Uefi { firmware, esp } => {
+            let vars = dir.join("OVMF_VARS.fd");
+            std::fs::copy(&firmware.vars_template, &vars)
+                .map_err(|e| QemuError::io("copy the OVMF variable store to", &vars, e))?;
+            let image = match esp {
+                Esp::Files(files) => {
+                    let image = dir.join("esp.img");
+                    build_esp_image(&image, files)?;
+                    events.push(("ESP built".to_owned(), Instant::now()));
+                    image
+                }
+                Esp::Image(image) => {
+                    if !image.is_file() {
+                        return Err(QemuError::invalid(format!(
+                            "the ESP image {} does not exist",
+                            image.display()
+                        )));
+                    }
+                    image.clone()
+                }
+            };
+            Ok((Some(vars), Some(image)))
+        }
+        Boot::DirectKernel { kernel, initrd, .. } => {
+            for file in std::iter::once(kernel).chain(initrd) {
+                if !file.is_file() {
+                    return Err(QemuError::invalid(format!(
+                        "the kernel or initrd {} does not exist",
+                        file.display()
+                    )));
+                }
+            }
+            Ok((None, None))
+        }
+    }
+}
+
+/// Starts QEMU with `args` in `dir`, its output into `qemu_log`, tied to this process (it dies
+/// with it).
+fn spawn_qemu(
+    name: &str,
+    qemu_binary: &Path,
+    args: &[OsString],
+    dir: &Path,
+    qemu_log: &Path,
+) -> Result<Arc<Supervised>, QemuError> {
+    let output = File::create(qemu_log).map_err(|e| QemuError::io("create", qemu_log, e))?;
+    let output_clone = output
+        .try_clone()
+        .map_err(|e| QemuError::io("duplicate the handle of", qemu_log, e))?;
+    let mut command = Command::new(qemu_binary);
+    command
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(output)
+        .stderr(output_clone);
+    tracing::info!(vm = %name, command = ?command, "starting QEMU");
+    let child = spawn_tied(command).map_err(|source| QemuError::Spawn {
+        binary: qemu_binary.display().to_string(),
+        source,
+    })?;
+    Ok(Arc::new(Supervised::new(format!("qemu {name}"), child)))
 }
 
 #[cfg(test)]

@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::local_cluster::Role;
 use anyhow::{Context as _, bail};
 use hawser_cli::cluster::ClusterFile;
-use hawser_cli::local_cluster::Role;
 use hawser_keys::MasterSecret;
 
 use super::{

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use hawser_harness::ProviderCa;
 use hawser_image::profile;
 use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::member;
@@ -28,7 +29,6 @@ use hawser_joinservice::vpn::JoinServiceAddress;
 use hawser_keys::{MasterSecret, StateDiskKeyLength};
 use hawser_kube_types::CaCertHash;
 use hawser_measurements::predict::{Phase, Prediction};
-use hawser_qemu::ProviderCa;
 
 /// The join service's address as the guest sees it (QEMU `guestfwd`).
 pub const GUEST_JOIN_ENDPOINT: &str = "10.0.2.100:7000";
@@ -39,7 +39,7 @@ pub const STATE_DISK_SERIAL: &str = "hawser-state";
 /// The node's init server port (PID 1's `INIT_PORT`).
 pub const NODE_INIT_PORT: u16 = 9000;
 /// The Kubernetes version local clusters ask for.
-pub const KUBERNETES_VERSION: &str = "v1.33.4";
+pub use hawser_cli::cluster::KUBERNETES_VERSION;
 
 /// The measured command-line additions of a local development node: static network, state
 /// disk keyed by the cluster, and — with a join service — its endpoint and the *insecure*

@@ -1,6 +1,11 @@
 //! The cluster state hawser-joind keeps, behind one interface: which AK each joined disk is
-//! bound to (the clone protection), which AKs may join as control planes, and the WireGuard
-//! mesh: its versioned peer registry ([`Registry`]) and every node's last poll ([`PollStatus`]).
+//! bound to (the clone protection), which AKs may join as control planes ([`approvals`]), and
+//! the WireGuard mesh: its versioned peer registry ([`Registry`]), every node's last poll
+//! ([`PollStatus`]) and what they say of each member ([`members`]).
+//!
+//! A crate of its own, below the join service: `hawser-joind` keeps its state here, and the
+//! admin's `hawser peers` reads and edits the same state without linking the join service's
+//! server.
 //!
 //! Two backends, chosen by `hawser-joind`'s flags:
 //!
@@ -14,9 +19,12 @@
 //! The layout, the consistency rules and what happens while etcd loses quorum are in
 //! `docs/cluster-state.md`.
 
+pub mod approvals;
 mod etcd;
 mod file;
 mod flags;
+pub mod members;
+pub mod reload;
 
 pub use etcd::{
     EtcdConfig, EtcdStore, KEY_PREFIX, VPN_POLLS_PREFIX, VPN_REGISTRY_KEY, approval_key, disk_key,

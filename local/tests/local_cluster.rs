@@ -1,7 +1,8 @@
 //! `hawser local up` with two control planes and a worker, driven the way a user drives it: the
-//! `hawser` binary, real QEMU + OVMF + swtpm nodes on a LAN between them, the real PID 1,
-//! `hawser-joind` on both control planes with its state in their etcd (Debian's etcd-server,
-//! run by the kubeadm and kubelet stand-ins as kubeadm runs stacked etcd).
+//! `hawser-local` binary (what `hawser local` runs), real QEMU + OVMF + swtpm nodes on a LAN
+//! between them, the real PID 1, `hawser-joind` on both control planes with its state in their
+//! etcd (Debian's etcd-server, run by the kubeadm and kubelet stand-ins as kubeadm runs stacked
+//! etcd).
 //!
 //! One cluster is formed (`hawser init` of node-1, node-2 joins as an approved control plane and
 //! becomes an etcd member, node-3 joins as a worker, each found by mDNS), then each control
@@ -22,8 +23,13 @@ fn test_dir() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("local-cluster")
 }
 
+/// `hawser local ARGS…` as a user types it runs `hawser-local ARGS…` (the `hawser` CLI execs
+/// it): `args` start with `local`.
 fn hawser(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_hawser"));
+    let Some((&"local", args)) = args.split_first() else {
+        panic!("not a `hawser local` command: {args:?}");
+    };
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hawser-local"));
     command
         .args(args)
         .env("HAWSER_LOCAL_DIR", test_dir().join("local"));

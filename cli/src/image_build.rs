@@ -1,0 +1,31 @@
+//! What `hawser image` and the local-cluster simulator (`hawser-local`) share about building
+//! the node image from this source tree: where the tree is, and the one-line timeline a build
+//! prints.
+
+use std::path::PathBuf;
+
+use hawser_image::pipeline;
+
+/// The workspace this CLI was built from, or the current directory's git top level.
+pub fn workspace() -> anyhow::Result<PathBuf> {
+    let here = std::env::current_dir()?;
+    for dir in here.ancestors() {
+        if dir.join("inputs.lock").is_file() && dir.join("init/Cargo.toml").is_file() {
+            return Ok(dir.to_owned());
+        }
+    }
+    anyhow::bail!(
+        "run hawser from inside the hawser source tree (no inputs.lock and init/ found above {})",
+        here.display()
+    )
+}
+
+/// One line: each step of the build and how long it took.
+pub fn print_timeline(timeline: &pipeline::PipelineTimeline) {
+    let steps: Vec<String> = timeline
+        .steps
+        .iter()
+        .map(|(name, d)| format!("{name} {:.1}s", d.as_secs_f64()))
+        .collect();
+    println!("timeline: {}", steps.join(", "));
+}

@@ -1,0 +1,338 @@
+//! `hawser local …`: boot a node on the local reference platform (QEMU + OVMF + swtpm), show
+//! the console live, verify what it proves on the host, and power off on request.
+//!
+//! `local up` plays cloud and admin on loopback ([`crate::localhost`]): a provider CA
+//! certifies the VM's attestation key, a fresh master secret backs a `hawser-joind` in this
+//! process that checks the node against the measurements predicted from the booted UKI, and the
+//! node gets its state-disk key from it over aTLS. `--init` starts no join service: the node
+//! waits for `hawser init` (the command to run is printed).
+//!
+//! `local up` runs in the foreground and owns the VM: Ctrl-C, SIGTERM, or `hawser local down`
+//! (which sends SIGTERM to the process recorded in the state file) press the VM's ACPI power
+//! button and wait for PID 1's orderly shutdown. The harness kills QEMU and swtpm on every exit
+//! path, so nothing is left running.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand};
+use hawser_harness::Vm;
+use hawser_image::inputs;
+use hawser_image::profile::ImageProfile;
+
+use crate::cluster;
+
+#[derive(Subcommand)]
+pub enum LocalCommand {
+    /// Build the node image (unless --image is given) and boot a cluster of QEMU nodes with
+    /// software TPMs: `hawser init` of the first, attested joins of the others, verified
+    /// rootfs, kubeadm. Again: the same disks rejoin (`hawser recover` of the first).
+    Up(UpOptions),
+    /// Each node's role, state, quote, VPN address, cluster lock and last error.
+    Status,
+    /// Power off the nodes started by `hawser local up` (workers first).
+    Down,
+    /// Power one node of the running cluster off (ACPI, PID 1's orderly shutdown); the others
+    /// go on. Waits while `local up` is still forming the cluster.
+    Stop {
+        /// The node, e.g. node-1.
+        node: String,
+    },
+    /// Boot a stopped node again and verify it as `local up` does: it rejoins through a running
+    /// control plane's join service (a control plane started while no other runs gets `hawser
+    /// recover`), quote, cluster lock, kubeadm.
+    Start {
+        /// The node, e.g. node-1.
+        node: String,
+        /// Give it a blank state disk first: a new node on the same machine, which joins (and
+        /// is admitted) anew instead of rejoining.
+        #[arg(long)]
+        new_disk: bool,
+    },
+    /// Stop, then start, one node.
+    Restart {
+        /// The node, e.g. node-1.
+        node: String,
+        /// Give it a blank state disk before it starts again (see `start --new-disk`).
+        #[arg(long)]
+        new_disk: bool,
+    },
+}
+
+/// Where local clusters live: `$HAWSER_LOCAL_DIR`, or `local/` in hawser's cache
+/// (`~/.cache/hawser`). The test suite points it elsewhere, so that it never touches a
+/// developer's own local cluster.
+pub fn local_dir() -> PathBuf {
+    std::env::var_os("HAWSER_LOCAL_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| inputs::cache_dir().join("local"), PathBuf::from)
+}
+
+/// Records which `local up` process owns the running VM.
+fn state_file() -> PathBuf {
+    local_dir().join("up.pid")
+}
+
+pub fn run(cmd: LocalCommand) -> anyhow::Result<()> {
+    match cmd {
+        LocalCommand::Up(opts) => up(opts),
+        LocalCommand::Status => status(),
+        LocalCommand::Down => down(),
+        LocalCommand::Stop { node } => node_action(cluster::NodeAction::Stop, &node, false),
+        LocalCommand::Start { node, new_disk } => {
+            node_action(cluster::NodeAction::Start, &node, new_disk)
+        }
+        LocalCommand::Restart { node, new_disk } => {
+            node_action(cluster::NodeAction::Restart, &node, new_disk)
+        }
+    }
+}
+
+/// Whether process `pid` exists and has not exited: a `local up` that ended but was not yet
+/// reaped by its parent (a zombie, state `Z` in `/proc/<pid>/stat`) runs nothing any more.
+fn is_running(pid: nix::unistd::Pid) -> bool {
+    if nix::sys::signal::kill(pid, None).is_err() {
+        return false;
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // `pid (comm) state …`: the state follows the last `)`.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    !matches!(state, Some('Z' | 'X'))
+}
+
+/// The `local up` process recorded in the state file, if it still runs.
+fn running_up() -> Option<nix::unistd::Pid> {
+    let pid: i32 = std::fs::read_to_string(state_file())
+        .ok()
+        .and_then(|s| s.trim().parse().ok())?;
+    let pid = nix::unistd::Pid::from_raw(pid);
+    is_running(pid).then_some(pid)
+}
+
+/// `hawser local stop|start|restart <node>`: asks the running `local up` on its control
+/// socket, prints what it says meanwhile, and fails with its reason.
+fn node_action(action: cluster::NodeAction, node: &str, new_disk: bool) -> anyhow::Result<()> {
+    use std::io::BufRead as _;
+    let socket = cluster::control_socket();
+    let deadline = Instant::now() + Duration::from_secs(30 * 60);
+    let mut waiting = false;
+    let mut stream = loop {
+        match std::os::unix::net::UnixStream::connect(&socket) {
+            Ok(stream) => break stream,
+            Err(e) => {
+                if running_up().is_none() {
+                    bail!(
+                        "no `hawser local up` runs a cluster in {} (start one without --once; \
+                         `hawser local {}` acts on its nodes): {e}",
+                        local_dir().display(),
+                        action.name()
+                    );
+                }
+                if Instant::now() > deadline {
+                    bail!("`hawser local up` did not finish forming the cluster in 30 minutes");
+                }
+                if !waiting {
+                    println!("waiting for `hawser local up` to finish forming the cluster …");
+                    waiting = true;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+    };
+    let flag = if new_disk { " --new-disk" } else { "" };
+    writeln!(stream, "{} {node}{flag}", action.name()).context("asking `hawser local up`")?;
+    let mut last = String::new();
+    for line in std::io::BufReader::new(stream).lines() {
+        let line = line.context("reading `hawser local up`'s answer")?;
+        if let Some(reason) = line.strip_prefix("error: ") {
+            bail!("{reason}");
+        }
+        if line != "ok" {
+            println!("{line}");
+        }
+        last = line;
+    }
+    if last != "ok" {
+        bail!("`hawser local up` ended without an answer (did it stop?)");
+    }
+    Ok(())
+}
+
+fn down() -> anyhow::Result<()> {
+    let path = state_file();
+    let pid: i32 = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .with_context(|| format!("no local VM is running (no {})", path.display()))?;
+    let pid = nix::unistd::Pid::from_raw(pid);
+    if !is_running(pid) {
+        let _ = std::fs::remove_file(&path);
+        bail!("no local VM is running (process {pid} is gone)");
+    }
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+        .with_context(|| format!("signalling `hawser local up` (pid {pid})"))?;
+    println!("asked `hawser local up` (pid {pid}) to power its nodes off (workers first) …");
+    // Each node gets up to 90 s for PID 1's orderly shutdown before it is killed.
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while is_running(pid) {
+        if Instant::now() > deadline {
+            bail!("`hawser local up` (pid {pid}) is still running after 10 minutes");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    println!("all nodes are off (`hawser local status` shows how each ended)");
+    Ok(())
+}
+
+/// `hawser local status`: what the running (or last) `local up` wrote.
+fn status() -> anyhow::Result<()> {
+    let dir = cluster::cluster_dir();
+    let Some(status) = crate::local_cluster::StatusFile::read(&dir)? else {
+        bail!(
+            "no local cluster in {} (`hawser local up` creates one)",
+            dir.display()
+        );
+    };
+    let alive = is_running(nix::unistd::Pid::from_raw(
+        i32::try_from(status.pid).unwrap_or(i32::MAX),
+    )) && state_file().exists();
+    if alive {
+        println!(
+            "`hawser local up` (pid {}) runs the cluster in {}",
+            status.pid,
+            dir.display()
+        );
+    } else {
+        println!(
+            "no `hawser local up` is running; the cluster in {} as it was last seen:",
+            dir.display()
+        );
+    }
+    print!("{}", status.table());
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct UpOptions {
+    /// Nodes in the cluster.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) nodes: usize,
+    /// How many of the nodes are control planes (the first is initialized with `hawser init`,
+    /// the others join with the admin's approval of their TPM's attestation key).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) control_planes: usize,
+    /// Start a new cluster: remove the local cluster's disks, TPMs and admin secrets first.
+    #[arg(long)]
+    pub(crate) fresh: bool,
+    /// DEVELOPMENT SHORTCUT, one node: a join service on the host that the node trusts WITHOUT
+    /// attesting it (`hawser.join_service_trust=insecure-dev` on its measured command line).
+    #[arg(long, conflicts_with_all = ["init", "nodes", "control_planes", "fresh"])]
+    pub(crate) insecure_dev_join_service: bool,
+    /// Boot the node image already built in this directory (`hawser image build --out
+    /// DIR` with the local command line: hawser.efi and hawser-disk.raw) instead of
+    /// building one.
+    #[arg(long)]
+    pub(crate) image: Option<PathBuf>,
+    /// Where to build the image.
+    #[arg(long, default_value = "out")]
+    pub(crate) out: PathBuf,
+    /// Build the image users ship: a production image, whose state disks have HMAC-SHA256
+    /// integrity (`hawser image build`'s default; 96-byte disk keys, a first-boot wipe of each
+    /// disk). Without it `local up` builds a development image (AES-XTS only), the fast path.
+    #[arg(long, conflicts_with = "image")]
+    pub(crate) production: bool,
+    /// QEMU accelerator (tcg, kvm); default: $HAWSER_QEMU_ACCEL or tcg.
+    #[arg(long)]
+    pub(crate) accel: Option<String>,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) memory: u32,
+    /// Do not echo the serial console (the boot report summary is still printed).
+    #[arg(long)]
+    pub(crate) quiet: bool,
+    /// Power off once the boot report is verified and kubeadm has run (or the node said why
+    /// not), instead of waiting for Ctrl-C.
+    #[arg(long)]
+    pub(crate) once: bool,
+    /// One node that waits for YOUR `hawser init` on 127.0.0.1:<init-port> (the command is
+    /// printed).
+    /// (The init secret's hash goes on the image's measured command line, so the image is
+    /// built for it: not with --image.)
+    #[arg(long, conflicts_with_all = ["nodes", "control_planes", "fresh", "image"])]
+    pub(crate) init: bool,
+    /// The host port forwarded to the node's init server (port 9000 in the guest).
+    #[arg(long, default_value_t = 9000)]
+    pub(crate) init_port: u16,
+}
+
+impl UpOptions {
+    /// The image profile `--production` asks for.
+    pub(crate) fn profile(&self) -> ImageProfile {
+        if self.production {
+            ImageProfile::Production
+        } else {
+            ImageProfile::Development
+        }
+    }
+}
+
+fn up(opts: UpOptions) -> anyhow::Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+    let state = state_file();
+    if let Some(dir) = state.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if let Some(pid) = std::fs::read_to_string(&state)
+        .ok()
+        .and_then(|s| s.trim().parse::<i32>().ok())
+        .filter(|&pid| is_running(nix::unistd::Pid::from_raw(pid)))
+    {
+        bail!("`hawser local up` (pid {pid}) runs already; `hawser local down` stops it");
+    }
+    std::fs::write(&state, std::process::id().to_string())?;
+    let _state_guard = RemoveOnDrop(state);
+    if opts.init || opts.insecure_dev_join_service {
+        crate::single::up_single(opts, &stop)
+    } else {
+        cluster::up(&opts, &stop)
+    }
+}
+
+/// Waits for `marker`, returning `None` if a stop signal arrives first.
+pub(crate) fn wait_or_stop(
+    vm: &Vm,
+    marker: impl hawser_harness::LineMatcher + Copy,
+    timeout: Duration,
+    stop: &AtomicBool,
+) -> anyhow::Result<Option<String>> {
+    let deadline = Instant::now() + timeout;
+    let label = marker.describe();
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        match vm.wait_for_marker(&label, marker, Duration::from_millis(500)) {
+            Ok(line) => return Ok(Some(line)),
+            Err(hawser_harness::QemuError::Timeout { .. }) if Instant::now() < deadline => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
