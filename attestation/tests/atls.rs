@@ -16,7 +16,7 @@ use hawser_attestation::evidence::{Binding, Evidence, EvidenceIssuer, Nonce, Rol
 use hawser_attestation::tpm::TpmError;
 use hawser_attestation::validator::EvidenceError;
 use hawser_attestation::{AkTrust, ExpectedMeasurements, IssuerError, Tpm, TpmIssuer, Validator};
-use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
+use hawser_pcr::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
 use hawser_qemu::provider::{self, ProviderCa};
 use hawser_qemu::{Swtpm, SwtpmOptions};
 use prost::Message as _;

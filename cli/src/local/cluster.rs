@@ -717,7 +717,7 @@ fn check_reports(
         )
     })?;
     let pcr15 = verified.pcrs.get(&15).copied().unwrap_or_default();
-    if pcr15 != hawser_measurements::cluster_lock_pcr(cluster_id) {
+    if pcr15 != hawser_pcr::cluster_lock_pcr(cluster_id) {
         bail!(
             "{name}'s quoted PCR 15 is {}, not the lock for cluster {}",
             hex::encode(pcr15),
