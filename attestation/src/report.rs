@@ -32,7 +32,7 @@
 
 use std::collections::BTreeMap;
 
-use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
+use hawser_pcr::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -95,8 +95,9 @@ impl JoinReport {
     }
 }
 
-/// The console line carrying the firmware's TCG event log (defined with its parser).
-pub use hawser_measurements::eventlog::EVENT_LOG_MARKER;
+/// The console line carrying the firmware's TCG event log (defined in hawser-pcr, shared by PID 1
+/// and the parser in hawser-measurements).
+pub use hawser_pcr::EVENT_LOG_MARKER;
 
 /// The report format this crate writes and verifies.
 pub const REPORT_VERSION: u32 = 1;

@@ -46,7 +46,7 @@
 //! # Boot phases
 //!
 //! [`Tpm::extend_phase`] does what systemd 257's `systemd-pcrextend WORD` does (see
-//! [`hawser_measurements::pcr`] for the source): one TPM2_PCR_Extend carrying `H_bank(word)`
+//! [`hawser_pcr`] for the source): one TPM2_PCR_Extend carrying `H_bank(word)`
 //! for every bank with all 24 PCRs allocated in which the PCR is already initialised (or for
 //! every such bank if none is). SHA-2 banks are hashed here; any other bank (SHA-1 on swtpm,
 //! SM3) is hashed by the TPM itself with TPM2_Hash, so no extra hash implementation is needed.

@@ -18,7 +18,7 @@ use hawser_attestation::validator::EvidenceError;
 use hawser_attestation::{AkTrust, ExpectedMeasurements, IssuerError, Tpm, TpmIssuer, Validator};
 use hawser_harness::provider::{self, ProviderCa};
 use hawser_harness::{Swtpm, SwtpmOptions};
-use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
+use hawser_pcr::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
 use prost::Message as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};

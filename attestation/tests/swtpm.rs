@@ -15,7 +15,7 @@ use hawser_attestation::tpm::HashingAlgorithm;
 use hawser_attestation::{
     BootReport, PhaseTiming, QuoteEvidence, REPORT_VERSION, Tpm, TpmError, VerifyError,
 };
-use hawser_measurements::{
+use hawser_pcr::{
     PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, extend_sha256, phase_digest,
 };
 use sha2::{Digest, Sha256, Sha384, Sha512};

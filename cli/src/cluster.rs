@@ -30,7 +30,7 @@ use hawser_proto::init::{InitRequest, InitResponse, RecoverRequest, init_respons
 use serde::{Deserialize, Serialize};
 
 use hawser_keys::MEASUREMENT_SALT_LEN;
-use hawser_measurements::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, cluster_lock_pcr, pcr11_after_pivot};
+use hawser_pcr::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, cluster_lock_pcr, pcr11_after_pivot};
 
 /// Length of the init secret.
 pub const INIT_SECRET_LEN: usize = 32;

@@ -425,7 +425,7 @@ fn run_explain(
             None => bail!(
                 "{} is neither a binary event log nor a console log with a {}line; PID 1 prints it after the boot report",
                 log_source.display(),
-                eventlog::EVENT_LOG_MARKER
+                hawser_pcr::EVENT_LOG_MARKER
             ),
         }
     };

@@ -25,7 +25,7 @@ use common::{
     wait_for,
 };
 use hawser_discovery::{Advertiser, ServiceDaemon};
-use hawser_mesh::netns::{self, Underlay};
+use hawser_mesh_device::netns::{self, Underlay};
 
 const TOOLS: &[(&str, &str)] = &[
     ("dbus-daemon", "dbus-daemon"),

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use common::{Children, eventually, require_host};
 use hawser_discovery::{NameServers, SrvEndpoint, SrvError, resolve_srv};
-use hawser_mesh::netns::{self, Underlay};
+use hawser_mesh_device::netns::{self, Underlay};
 
 const SUBNET: u8 = 168;
 
@@ -62,7 +62,7 @@ fn start_dnsmasq(underlay: &Underlay, children: &mut Children) -> SocketAddr {
     children.spawn_in(&underlay.members[1], &[], &args);
     let ns = underlay.members[1].clone();
     let listening = eventually(Duration::from_secs(5), || {
-        let out = hawser_mesh::netns::run(&["ip", "netns", "exec", &ns, "ss", "-lun"]);
+        let out = hawser_mesh_device::netns::run(&["ip", "netns", "exec", &ns, "ss", "-lun"]);
         String::from_utf8_lossy(&out.stdout).contains(&format!("{listen}:53"))
     });
     children.assert_running();

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use common::forge::{Fake, Forger};
 use common::{CLUSTER, JOIN_PORT, OTHER_CLUSTER, advert, browser_in, has, require_host, wait_for};
 use hawser_discovery::{Advertiser, LanBrowser, ServiceDaemon};
-use hawser_mesh::netns::{self, Underlay};
+use hawser_mesh_device::netns::{self, Underlay};
 
 /// How many fake adverts the attacker sends: more than two rounds probe.
 const FAKES: usize = 600;

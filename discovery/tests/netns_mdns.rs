@@ -1,5 +1,5 @@
 //! hawser's advertiser and browser on a LAN of network namespaces this test creates (members
-//! on a bridge, `hawser_mesh::netns::Underlay`): each side's mDNS daemon is started by a thread
+//! on a bridge, `hawser_mesh_device::netns::Underlay`): each side's mDNS daemon is started by a thread
 //! that entered its member's namespace first, so its sockets and threads live there. Nothing
 //! is sent in the host's own namespace.
 //!
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::{CLUSTER, JOIN_PORT, OTHER_CLUSTER, advert, browser_in, has, require_host, wait_for};
 use hawser_discovery::{Advertiser, ServiceDaemon, Source};
-use hawser_mesh::netns::{self, Underlay, must};
+use hawser_mesh_device::netns::{self, Underlay, must};
 
 const FOUND_WITHIN: Duration = Duration::from_secs(10);
 

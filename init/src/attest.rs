@@ -9,7 +9,7 @@ use std::ops::RangeInclusive;
 
 use hawser_attestation::report::{BootReport, QuoteEvidence, REPORT_VERSION};
 use hawser_attestation::tpm::{Tpm, TpmError};
-use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
+use hawser_pcr::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
 
 use crate::platform::timings::PhaseTimer;
 

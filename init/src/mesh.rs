@@ -23,8 +23,8 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use hawser_mesh::agent::{Agent, AgentError, Round, next_poll_in};
-use hawser_mesh::device::{DeviceError, Tunnel, TunnelConfig};
 use hawser_mesh::{Ipv4Net, MeshView, Peer, PeerUpdate, PrivateKey, PublicKey};
+use hawser_mesh_device::{DeviceError, Tunnel, TunnelConfig};
 use hawser_proto::join::VpnConfig;
 use hawser_proto::mesh::{GrpcPeers, WireError, peer_from_wire};
 use tracing::{info, warn};

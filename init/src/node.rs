@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hawser_attestation::tpm::Tpm;
-use hawser_measurements::PCR_KERNEL_BOOT;
+use hawser_pcr::PCR_KERNEL_BOOT;
 use tracing::{info, warn};
 
 use crate::enrollment::client::{ControlPlaneFile, KubeadmTicket};

@@ -10,7 +10,7 @@ mod common;
 use hawser_attestation::tpm::Tpm;
 use hawser_init::attest::{self, Attestation, NonceSource, REPORTED_PCRS, ReportContext};
 use hawser_init::timings::PhaseTimer;
-use hawser_measurements::{PCR_KERNEL_BOOT, extend_sha256, phase_digest};
+use hawser_pcr::{PCR_KERNEL_BOOT, extend_sha256, phase_digest};
 
 fn report(tpm: &Tpm, nonce: &[u8], timer: &PhaseTimer) -> hawser_attestation::BootReport {
     let measurement = attest::measure_enter_initrd(tpm).unwrap();

@@ -64,7 +64,7 @@ use hawser_attestation::{Tpm, TpmIssuer};
 use hawser_harness::provider::ProviderCa;
 use hawser_harness::{Swtpm, SwtpmOptions};
 use hawser_keys::MasterSecret;
-use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
+use hawser_pcr::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD, extend_sha256, phase_digest};
 use hawser_proto::join::IssueJoinTicketRequest;
 use hawser_proto::join::join_service_client::JoinServiceClient;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};

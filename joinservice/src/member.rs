@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hawser_mesh::agent::Agent;
-use hawser_mesh::device::{DeviceError, Tunnel, TunnelConfig};
 use hawser_mesh::{MeshView, PrivateKey};
+use hawser_mesh_device::{DeviceError, Tunnel, TunnelConfig};
 use tokio::net::TcpListener;
 
 use crate::JoinCore;

@@ -36,7 +36,7 @@ use hawser_init::enrollment::{
     JoinEndpoints, JoinServicePolicy, JoinServiceTrust, WORKER_JOIN_SERVICE, join_service_policy,
 };
 use hawser_keys::MasterSecret;
-use hawser_measurements::{
+use hawser_pcr::{
     PCR_CLUSTER_ID, PCR_KERNEL_BOOT, PHASE_CONTROL_PLANE, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD,
     extend_sha256, phase_digest,
 };
@@ -627,9 +627,9 @@ fn tamper_a_control_plane_of_another_cluster_cannot_answer_a_rejoin() {
 fn tamper_fake_join_service_advert_only_costs_an_attempt() {
     use hawser_init::enrollment::client::JoinSource;
     use hawser_init::enrollment::discover::LanDiscovery;
-    use hawser_mesh::netns::{self, Underlay};
+    use hawser_mesh_device::netns::{self, Underlay};
 
-    hawser_mesh::netns::require_host();
+    hawser_mesh_device::netns::require_host();
     let ca = Arc::new(ProviderCa::generate("test provider").expect("CA"));
     let lan = Underlay::new(3, 171);
     // The node's swtpm lives in its namespace, where its join client reaches it on loopback.

@@ -38,8 +38,8 @@ use hawser_harness::{ProviderCa, Vm};
 use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_keys::StateDiskKeyLength;
 
-use crate::command::UpOptions;
 use crate::local_cluster::{Layout, NodeSpec, Role};
+use crate::options::UpOptions;
 use crate::{lan, localhost};
 
 mod control;
@@ -55,7 +55,7 @@ use status::{keep_status, summary, write_status};
 
 /// The local cluster's directory.
 pub fn cluster_dir() -> PathBuf {
-    crate::command::local_dir().join("cluster")
+    crate::options::local_dir().join("cluster")
 }
 
 const PROVIDER_CA: &str = "provider-ca.pem";

@@ -15,16 +15,14 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use clap::{Args, Subcommand};
-use hawser_harness::Vm;
-use hawser_image::inputs;
-use hawser_image::profile::ImageProfile;
+use clap::Subcommand;
 
 use crate::cluster;
+use crate::options::{UpOptions, local_dir};
 
 #[derive(Subcommand)]
 pub enum LocalCommand {
@@ -61,15 +59,6 @@ pub enum LocalCommand {
         #[arg(long)]
         new_disk: bool,
     },
-}
-
-/// Where local clusters live: `$HAWSER_LOCAL_DIR`, or `local/` in hawser's cache
-/// (`~/.cache/hawser`). The test suite points it elsewhere, so that it never touches a
-/// developer's own local cluster.
-pub fn local_dir() -> PathBuf {
-    std::env::var_os("HAWSER_LOCAL_DIR")
-        .filter(|d| !d.is_empty())
-        .map_or_else(|| inputs::cache_dir().join("local"), PathBuf::from)
 }
 
 /// Records which `local up` process owns the running VM.
@@ -218,70 +207,6 @@ fn status() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[derive(Args)]
-pub struct UpOptions {
-    /// Nodes in the cluster.
-    #[arg(long, default_value_t = 2)]
-    pub(crate) nodes: usize,
-    /// How many of the nodes are control planes (the first is initialized with `hawser init`,
-    /// the others join with the admin's approval of their TPM's attestation key).
-    #[arg(long, default_value_t = 1)]
-    pub(crate) control_planes: usize,
-    /// Start a new cluster: remove the local cluster's disks, TPMs and admin secrets first.
-    #[arg(long)]
-    pub(crate) fresh: bool,
-    /// DEVELOPMENT SHORTCUT, one node: a join service on the host that the node trusts WITHOUT
-    /// attesting it (`hawser.join_service_trust=insecure-dev` on its measured command line).
-    #[arg(long, conflicts_with_all = ["init", "nodes", "control_planes", "fresh"])]
-    pub(crate) insecure_dev_join_service: bool,
-    /// Boot the node image already built in this directory (`hawser image build --out
-    /// DIR` with the local command line: hawser.efi and hawser-disk.raw) instead of
-    /// building one.
-    #[arg(long)]
-    pub(crate) image: Option<PathBuf>,
-    /// Where to build the image.
-    #[arg(long, default_value = "out")]
-    pub(crate) out: PathBuf,
-    /// Build the image users ship: a production image, whose state disks have HMAC-SHA256
-    /// integrity (`hawser image build`'s default; 96-byte disk keys, a first-boot wipe of each
-    /// disk). Without it `local up` builds a development image (AES-XTS only), the fast path.
-    #[arg(long, conflicts_with = "image")]
-    pub(crate) production: bool,
-    /// QEMU accelerator (tcg, kvm); default: $HAWSER_QEMU_ACCEL or tcg.
-    #[arg(long)]
-    pub(crate) accel: Option<String>,
-    /// Guest memory in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub(crate) memory: u32,
-    /// Do not echo the serial console (the boot report summary is still printed).
-    #[arg(long)]
-    pub(crate) quiet: bool,
-    /// Power off once the boot report is verified and kubeadm has run (or the node said why
-    /// not), instead of waiting for Ctrl-C.
-    #[arg(long)]
-    pub(crate) once: bool,
-    /// One node that waits for YOUR `hawser init` on 127.0.0.1:<init-port> (the command is
-    /// printed).
-    /// (The init secret's hash goes on the image's measured command line, so the image is
-    /// built for it: not with --image.)
-    #[arg(long, conflicts_with_all = ["nodes", "control_planes", "fresh", "image"])]
-    pub(crate) init: bool,
-    /// The host port forwarded to the node's init server (port 9000 in the guest).
-    #[arg(long, default_value_t = 9000)]
-    pub(crate) init_port: u16,
-}
-
-impl UpOptions {
-    /// The image profile `--production` asks for.
-    pub(crate) fn profile(&self) -> ImageProfile {
-        if self.production {
-            ImageProfile::Production
-        } else {
-            ImageProfile::Development
-        }
-    }
-}
-
 fn up(opts: UpOptions) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -305,27 +230,6 @@ fn up(opts: UpOptions) -> anyhow::Result<()> {
         crate::single::up_single(opts, &stop)
     } else {
         cluster::up(&opts, &stop)
-    }
-}
-
-/// Waits for `marker`, returning `None` if a stop signal arrives first.
-pub(crate) fn wait_or_stop(
-    vm: &Vm,
-    marker: impl hawser_harness::LineMatcher + Copy,
-    timeout: Duration,
-    stop: &AtomicBool,
-) -> anyhow::Result<Option<String>> {
-    let deadline = Instant::now() + timeout;
-    let label = marker.describe();
-    loop {
-        if stop.load(Ordering::Relaxed) {
-            return Ok(None);
-        }
-        match vm.wait_for_marker(&label, marker, Duration::from_millis(500)) {
-            Ok(line) => return Ok(Some(line)),
-            Err(hawser_harness::QemuError::Timeout { .. }) if Instant::now() < deadline => {}
-            Err(e) => return Err(e.into()),
-        }
     }
 }
 

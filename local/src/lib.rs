@@ -6,6 +6,8 @@
 //! - [`command`]: the subcommands (`up`, `status`, `down`, `stop|start|restart NODE`); `up`
 //!   of one node is `single.rs`, of a cluster `cluster.rs` (created, formed, served) with its
 //!   steps in `cluster/`.
+//! - [`options`]: what every `up` shares: its options, where local clusters live, waiting on
+//!   a console marker.
 //! - [`localhost`]: the host side of a local cluster (provider CA, master secret, join service,
 //!   the guest's network), used by `hawser local up` and the QEMU tests.
 //! - [`local_cluster`]: a local cluster's layout, its nodes' state read off their consoles
@@ -18,4 +20,5 @@ pub mod command;
 pub mod lan;
 pub mod local_cluster;
 pub mod localhost;
+pub mod options;
 mod single;

@@ -17,8 +17,8 @@ use hawser_attestation::report::{
 use hawser_harness::{TpmConfig, Vm, VmConfig, format_timeline};
 use hawser_image::pipeline::{self, PipelineOptions};
 
-use crate::command::{UpOptions, local_dir, wait_or_stop};
 use crate::localhost::{self, LocalCluster};
+use crate::options::{UpOptions, local_dir, wait_or_stop};
 
 /// Size of a local node's (sparse) state disk.
 const STATE_DISK_BYTES: u64 = 256 << 20;

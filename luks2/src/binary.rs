@@ -4,11 +4,11 @@
 
 use sha2::{Digest as _, Sha256};
 
+use crate::copy_error::CopyError;
 use crate::layout::{
     BINARY_HEADER_LEN, CHECKSUM_ALG, HEADER_SALT_LEN, HEADER_SIZE, HeaderSlot, JSON_AREA_LEN,
     SUBSYSTEM,
 };
-use crate::parse::CopyError;
 
 // Field offsets of the binary header (`struct luks2_hdr_disk`, big-endian integers).
 pub(crate) const OFF_VERSION: usize = 6;

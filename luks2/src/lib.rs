@@ -53,15 +53,19 @@
 //! an image; neither the order nor the device is this crate's business.
 //!
 //! The source files follow that path: `layout.rs` (the constants, [`HeaderSlot`],
-//! [`Integrity`], [`DiskState`]), `binary.rs` (the binary header: magic, fields, checksum),
-//! `metadata.rs` (the JSON area: serde types and cryptsetup's rules for the area), `digest.rs`
-//! ([`KeyDigest`]), `parse.rs` (one copy), `policy.rs` (hawser's constants against the
-//! header), `select.rs` (both copies) and `write.rs` (new and repaired copies).
+//! [`Integrity`], [`DiskState`]), `copy_error.rs` ([`CopyError`], which the next three share),
+//! `binary.rs` (the binary header: magic, fields, checksum), `metadata.rs` (the JSON area: serde
+//! types and cryptsetup's rules for the area), `digest.rs` ([`KeyDigest`]), `parse.rs` (one
+//! copy), `policy.rs` (hawser's constants against the header), `select.rs` (both copies),
+//! `new_header.rs` ([`NewHeader`]) and `write.rs` (new and repaired copies). No two of them
+//! import each other, directly or around a circle (`hawser-tiers` checks it).
 
 mod binary;
+mod copy_error;
 mod digest;
 mod layout;
 mod metadata;
+mod new_header;
 mod parse;
 mod policy;
 mod select;
@@ -70,6 +74,7 @@ mod test_support;
 mod write;
 
 pub use binary::{BinaryHeader, has_luks_magic, header_copy, is_hawser_binary_header};
+pub use copy_error::CopyError;
 pub use digest::{
     DIGEST_ITERATIONS, DIGEST_LEN, DIGEST_SALT_LEN, KeyDigest, MAX_DIGEST_ITERATIONS,
 };
@@ -79,10 +84,10 @@ pub use layout::{
     SECONDARY_OFFSET, SECTOR_SIZE, STATE_INITIALIZED, STATE_TOKEN_TYPE, SUBSYSTEM, XTS_KEY_LEN,
 };
 pub use metadata::json_area;
-pub use parse::{CopyError, HeaderCopy, is_uuid, parse_copy};
+pub use new_header::NewHeader;
+pub use parse::{HeaderCopy, is_uuid, parse_copy};
 pub use policy::{Header, PolicyError, validate};
 pub use select::{HeaderError, Selected, parse_headers};
 pub use write::{
-    NewHeader, RecordError, copy_recording_cluster_id, new_header_copy, repaired_copy,
-    uuid_from_random,
+    RecordError, copy_recording_cluster_id, new_header_copy, repaired_copy, uuid_from_random,
 };

@@ -11,12 +11,12 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
+use crate::copy_error::CopyError;
 use crate::layout::{
-    CIPHER, DATA_OFFSET, DiskState, JSON_AREA_LEN, KEYSLOTS_SIZE, SECTOR_SIZE, STATE_INITIALIZED,
-    STATE_TOKEN_TYPE,
+    CIPHER, DATA_OFFSET, DiskState, HeaderSlot, JSON_AREA_LEN, KEYSLOTS_SIZE, SECTOR_SIZE,
+    STATE_INITIALIZED, STATE_TOKEN_TYPE,
 };
-use crate::parse::CopyError;
-use crate::{HeaderSlot, NewHeader};
+use crate::new_header::NewHeader;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

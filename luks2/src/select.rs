@@ -3,8 +3,9 @@
 use std::error::Error;
 use std::fmt::Write as _;
 
+use crate::copy_error::CopyError;
 use crate::layout::{HEADER_SIZE, HEADERS_LEN, HeaderSlot, Integrity};
-use crate::parse::{CopyError, HeaderCopy, parse_copy};
+use crate::parse::{HeaderCopy, parse_copy};
 use crate::policy::{Header, PolicyError, validate};
 
 /// Why the two copies together do not give a header hawser opens.

@@ -4,9 +4,10 @@ use crate::binary::{BinaryHeader, header_copy};
 use crate::digest::{DIGEST_ITERATIONS, KeyDigest};
 use crate::layout::{DiskState, HeaderSlot, Integrity, JSON_AREA_LEN, LABEL, SUBSYSTEM};
 use crate::metadata::json_area;
+use crate::new_header::NewHeader;
 pub(crate) use crate::select::error_chain;
 use crate::select::parse_headers;
-use crate::write::{NewHeader, new_header_copy};
+use crate::write::new_header_copy;
 
 pub(crate) const UUID: &str = "0f8a41cf-4c2e-4e76-9a3b-5d1e2f3a4b5c";
 

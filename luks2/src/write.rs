@@ -1,31 +1,12 @@
 //! New header copies, and the repair of one copy from the other.
 
 use crate::binary::{BinaryHeader, header_copy};
-use crate::digest::KeyDigest;
 use crate::layout::{
-    DiskState, HEADER_SALT_LEN, HeaderSlot, Integrity, JSON_AREA_LEN, LABEL, STATE_TOKEN_TYPE,
-    SUBSYSTEM,
+    HEADER_SALT_LEN, HeaderSlot, JSON_AREA_LEN, LABEL, STATE_TOKEN_TYPE, SUBSYSTEM,
 };
 use crate::metadata::json_area;
+use crate::new_header::NewHeader;
 use crate::parse::HeaderCopy;
-
-/// What a new header says.
-#[derive(Debug, Clone)]
-pub struct NewHeader {
-    /// Lowercase UUID ([`uuid_from_random`]).
-    pub uuid: String,
-    /// The measured mode the data segment is mapped with.
-    pub integrity: Integrity,
-    /// The check of the volume key.
-    pub digest: KeyDigest,
-    /// [`DiskState::Initialized`] writes hawser's token.
-    pub state: DiskState,
-    /// The cluster the disk belongs to, recorded in hawser's token (so only with
-    /// [`DiskState::Initialized`]); `None` when the key did not come from a cluster.
-    pub cluster_id: Option<[u8; 32]>,
-    /// The sequence number: higher than that of any copy on the disk, so that this one wins.
-    pub seqid: u64,
-}
 
 /// A new header's copy, as hawser writes it.
 pub fn new_header_copy(
@@ -155,6 +136,7 @@ pub fn uuid_from_random(bytes: [u8; 16]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::{DiskState, Integrity};
     use crate::parse::parse_copy;
     use crate::test_support::new_header;
 

@@ -17,8 +17,8 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use crate::pcr::extend_sha256;
 use crate::predict::event_type::*;
+use hawser_pcr::{EVENT_LOG_MARKER, extend_sha256};
 
 /// TPM_ALG_SHA256.
 pub const TPM_ALG_SHA256: u16 = 0x000b;
@@ -504,9 +504,6 @@ fn device_path(mut p: &[u8]) -> String {
         out
     }
 }
-
-/// The console line prefix under which hawser's PID 1 prints the event log, base64-encoded.
-pub const EVENT_LOG_MARKER: &str = "HAWSER_EVENT_LOG ";
 
 /// Why the event-log line found on a console cannot be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

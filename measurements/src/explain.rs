@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use crate::eventlog::{Event, EventLog, EventLogError};
-use crate::pcr::{extend_sha256, phase_digest};
 use crate::predict::{Phase, PredictedEvent, Prediction};
+use hawser_pcr::{extend_sha256, phase_digest};
 
 /// The PCRs whose events are in the firmware's log and predicted.
 pub const EXPLAINED_PCRS: [u8; 5] = [4, 9, 11, 12, 13];

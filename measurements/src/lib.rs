@@ -6,7 +6,8 @@
 //! the image tooling that predicts measurements, the PID 1 that extends them and the verifier
 //! that replays them.
 //!
-//! - [`pcr`]: the sha256 extend operation and the systemd-compatible boot-phase words.
+//! The sha256 extend operation and the systemd-compatible boot-phase words are the crate
+//! `hawser-pcr`, which PID 1 and the verifiers link without this one.
 //! - [`pe`], [`authenticode`]: the bounds-checked PE reader (crate `hawser-pe`, shared with the
 //!   UKI builder) and the Authenticode hash firmware extends into PCR 4.
 //! - [`models`]: which stub (`.sdmagic`) and kernel (`.linux`) a UKI carries, and what each
@@ -28,7 +29,6 @@ pub mod authenticode;
 pub mod eventlog;
 pub mod explain;
 pub mod models;
-pub mod pcr;
 pub mod predict;
 pub mod publish;
 pub mod reference;
@@ -39,10 +39,6 @@ pub(crate) mod test_fixtures;
 /// The PE reader, re-exported under its old path (`hawser_measurements::pe`).
 pub use hawser_pe as pe;
 
-pub use pcr::{
-    PCR_CLUSTER_ID, PCR_KERNEL_BOOT, PHASE_CONTROL_PLANE, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD,
-    cluster_lock_pcr, extend_sha256, pcr11_after_pivot, phase_digest,
-};
 pub use predict::{PREDICTED_PCRS, Phase, PredictError, Prediction};
 
 /// Serializes 32-byte digests as lowercase hex strings.

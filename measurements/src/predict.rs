@@ -26,7 +26,7 @@ use sha2::{Digest, Sha256};
 
 use crate::authenticode::authenticode_sha256;
 use crate::models::{self, ModelError, StubIdentity};
-use crate::pcr::{
+use hawser_pcr::{
     PHASE_CONTROL_PLANE, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, extend_sha256, phase_digest,
 };
 use hawser_pe::{PeError, PeImage};
@@ -66,7 +66,7 @@ pub enum Phase {
     /// After hawser's `leave-initrd`, just before switch_root: a worker in its rootfs.
     LeaveInitrd,
     /// A control plane in its rootfs: `control-plane`, then `leave-initrd`
-    /// ([`crate::pcr11_after_pivot`]). Not a later point of the same boot: a worker never
+    /// ([`hawser_pcr::pcr11_after_pivot`]). Not a later point of the same boot: a worker never
     /// reaches it.
     LeaveInitrdControlPlane,
 }
@@ -321,7 +321,7 @@ impl Prediction {
     }
 
     /// The predicted values of all [`PREDICTED_PCRS`] at `phase` on a node locked to
-    /// `cluster_id`: PCR 15 holds PID 1's node lock ([`crate::cluster_lock_pcr`]) instead of
+    /// `cluster_id`: PCR 15 holds PID 1's node lock ([`hawser_pcr::cluster_lock_pcr`]) instead of
     /// zeros. `None` is a fresh node ([`Self::pcrs`]).
     pub fn pcrs_in_cluster(
         &self,
@@ -330,7 +330,7 @@ impl Prediction {
     ) -> BTreeMap<u8, [u8; 32]> {
         let mut pcrs = self.pcrs(phase);
         if let Some(id) = cluster_id {
-            pcrs.insert(crate::PCR_CLUSTER_ID, crate::cluster_lock_pcr(id));
+            pcrs.insert(hawser_pcr::PCR_CLUSTER_ID, hawser_pcr::cluster_lock_pcr(id));
         }
         pcrs
     }

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::pcr::{PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, pcr11_after_pivot};
 use crate::reference::{Measurements, ReferenceMeasurements};
+use hawser_pcr::{PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, pcr11_after_pivot};
 
 /// The release a document describes, as Constellation's `version`, `ref` and `stream`.
 #[derive(Debug, Clone)]
@@ -56,11 +56,11 @@ pub fn publish(reference: &ReferenceMeasurements, release: &Release) -> Value {
     // the pivot follows from the `enter-initrd` value alone (no field of the reference).
     let mut control_plane = leave.clone();
     if let Some(after_enter) = enter
-        .get(&crate::PCR_KERNEL_BOOT)
+        .get(&hawser_pcr::PCR_KERNEL_BOOT)
         .and_then(|m| <[u8; 32]>::try_from(hex::decode(&m.expected).ok()?).ok())
     {
         control_plane.insert(
-            crate::PCR_KERNEL_BOOT,
+            hawser_pcr::PCR_KERNEL_BOOT,
             crate::reference::Measurement {
                 expected: hex::encode(pcr11_after_pivot(&after_enter, true)),
                 warn_only: false,
@@ -69,7 +69,7 @@ pub fn publish(reference: &ReferenceMeasurements, release: &Release) -> Value {
         );
     }
     let stub_only: Measurements = BTreeMap::from([(
-        crate::PCR_KERNEL_BOOT,
+        hawser_pcr::PCR_KERNEL_BOOT,
         crate::reference::Measurement {
             expected: md.pcr11_after_stub.clone(),
             warn_only: false,

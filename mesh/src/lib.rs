@@ -1,5 +1,5 @@
 //! The WireGuard mesh of a hawser cluster, as plain Rust: no gRPC and no I/O here (the gRPC
-//! services are thin adapters in `hawser-joind` and PID 1).
+//! services are thin adapters in `hawser-joind` and PID 1, the tunnel is `hawser-mesh-device`).
 //!
 //! - [`key`]: WireGuard keys; a node's private key never leaves the node.
 //! - [`registry`]: what the join service keeps: every node's VPN address (allocated from the
@@ -9,16 +9,13 @@
 //! - [`update`]: what a node does with an answer: checks it whole (addresses inside the prefix,
 //!   no clash, no silent key change, a delta only on the version it was made from) and only then
 //!   changes its view, returning the peers to add, change and remove on the tunnel.
-//! - `device` (feature `device`): the boringtun tunnel and its netlink set-up.
+//! - [`agent`]: a node's polling loop after the join, generic over where updates come from and
+//!   what carries the traffic (the boringtun tunnel of `hawser-mesh-device`).
 //!
 //! The design and the protocol are in `docs/mesh.md`.
 
 pub mod agent;
-#[cfg(feature = "device")]
-pub mod device;
 pub mod key;
-#[cfg(feature = "netns-testing")]
-pub mod netns;
 pub mod registry;
 pub mod update;
 

@@ -303,10 +303,7 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         hawser_keys::fingerprint(&key).as_str()
     );
     assert_eq!(cluster_file.cluster_id, hex::encode(done.cluster_id));
-    assert_eq!(
-        pcr15,
-        hawser_measurements::cluster_lock_pcr(&done.cluster_id)
-    );
+    assert_eq!(pcr15, hawser_pcr::cluster_lock_pcr(&done.cluster_id));
     assert_eq!(pcr15, done.pcr15);
 
     // (1b) A second node joins through the first one's join service as a worker: both attest
@@ -581,7 +578,7 @@ fn second_node_joins(
     );
     // Same cluster, locked.
     assert_eq!(join.cluster_id, hex::encode(cluster_id).as_str());
-    assert_eq!(pcr15, hawser_measurements::cluster_lock_pcr(cluster_id));
+    assert_eq!(pcr15, hawser_pcr::cluster_lock_pcr(cluster_id));
     // The image names the admin (its measured init secret hash), so this node's init server
     // listened too; the join service answered first.
     assert!(

@@ -109,7 +109,7 @@ fn a_node_joins_after_retries_and_gets_the_key_of_its_disk() {
     assert_eq!(join.cluster_id, hex::encode(cluster_id).as_str());
     assert_eq!(
         verified.pcrs[&15],
-        hawser_measurements::cluster_lock_pcr(&cluster_id)
+        hawser_pcr::cluster_lock_pcr(&cluster_id)
     );
     // Secrets never reach the console.
     assert!(!console.contains(&hex::encode(&*expected_key)));

@@ -84,7 +84,7 @@ fn kernels() -> (Vec<u8>, Vec<(String, PathBuf)>) {
 fn boot(name: &str, uki: &std::path::Path) -> (BTreeMap<u8, [u8; 32]>, EventLog) {
     let vm = Vm::start(VmConfig::uefi(uki).name(name).tpm(TpmConfig::default())).expect("start VM");
     let line = vm
-        .wait_for_marker("event log", eventlog::EVENT_LOG_MARKER, BOOT_TIMEOUT)
+        .wait_for_marker("event log", hawser_pcr::EVENT_LOG_MARKER, BOOT_TIMEOUT)
         .unwrap_or_else(|e| panic!("{name}: the fixture printed no event log: {e}"));
     let log = EventLog::parse(
         &eventlog::find_in_console(&line)

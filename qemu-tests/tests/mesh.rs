@@ -1,4 +1,4 @@
-//! The mesh against the reference WireGuard: hawser's tunnel (boringtun, `hawser_mesh::device`,
+//! The mesh against the reference WireGuard: hawser's tunnel (boringtun, `hawser_mesh_device`,
 //! the code PID 1 runs) and the Linux kernel's WireGuard configured by the standard `wg` tool
 //! (Debian's wireguard-tools).
 //!
@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use hawser_harness::{Vm, VmConfig};
 use hawser_image::build::BuildOutput;
-use hawser_mesh::device::{Tunnel, TunnelConfig};
 use hawser_mesh::{Peer, PrivateKey};
+use hawser_mesh_device::{Tunnel, TunnelConfig};
 
 mod common;
 use common::toolbox::{Toolbox, kernel_modules_dir, module_load_order};

@@ -73,7 +73,7 @@ pub struct AtlsStream<IO> {
     peer: Arc<PeerAttestation>,
     /// Set on connections a listener accepted: closes the connection once it is idle.
     #[cfg(feature = "tonic")]
-    pub(crate) idle: Option<super::net::IdleWatch>,
+    pub(crate) idle: Option<super::idle::IdleWatch>,
 }
 
 impl<IO> std::fmt::Debug for AtlsStream<IO> {

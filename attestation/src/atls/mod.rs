@@ -47,6 +47,8 @@
 
 pub mod cert;
 mod handshake;
+#[cfg(feature = "tonic")]
+mod idle;
 pub mod limits;
 #[cfg(feature = "tonic")]
 mod net;

@@ -5,7 +5,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 
-use hawser_mesh::netns::{self, must};
+use hawser_mesh_device::netns::{self, must};
 
 const GROUP: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
     Ipv4Addr::new(224, 0, 0, 251),

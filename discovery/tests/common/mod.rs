@@ -8,7 +8,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use hawser_discovery::{Browser, Candidate, JoinServiceAdvert, ServiceDaemon};
-use hawser_mesh::netns;
+use hawser_mesh_device::netns;
 
 pub const CLUSTER: &str = "5f1c0de0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c";
 pub const OTHER_CLUSTER: &str = "0b6f3e1a-94c4-4b8e-9a53-2d5c7e0f1a2b";

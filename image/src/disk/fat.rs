@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::gpt::Planned;
+use super::plan::Planned;
 use super::{ALIGNMENT, DiskError, FatVolume, MIB, SECTOR_SIZE};
 use crate::tool;
 

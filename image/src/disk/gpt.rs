@@ -10,20 +10,12 @@ use hawser_disk_format::Guid;
 use hawser_disk_format::gpt::{self, ROOT_X86_64_TYPE, ROOT_X86_64_VERITY_TYPE};
 
 use super::fat::{fat_partition_bytes, make_fat};
+use super::plan::Planned;
 use super::{
     ALIGNMENT, DiskError, DiskImage, FIRST_PARTITION_LBA, GptDiskSpec, PartitionContent,
     PartitionInfo, PartitionSpec, SECTOR_SIZE, TAIL_SECTORS,
 };
 use crate::tool::io_error;
-
-/// A partition with its place on the disk, before anything is written.
-pub(super) struct Planned<'s, 'a> {
-    pub(super) spec: &'s PartitionSpec<'a>,
-    pub(super) first_lba: u64,
-    pub(super) sectors: u64,
-    /// For a file partition: the file's length.
-    content_bytes: u64,
-}
 
 /// Builds a GPT disk at `out` (replacing it) from `spec`: protective MBR, primary and backup
 /// GPT, and each partition's content.

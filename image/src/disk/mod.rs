@@ -36,7 +36,8 @@
 //! ESP-only test disks with [`build_gpt_disk`] too.
 //!
 //! The code: this module has the types and the hawser layout; `gpt` plans and writes the disk,
-//! `fat` makes the FAT volumes with dosfstools/mtools, `verity_tree` checks the root hash.
+//! `fat` makes the FAT volumes with dosfstools/mtools, `plan` is the planned partition both
+//! use, `verity_tree` checks the root hash.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -52,6 +53,7 @@ use crate::tool::{IoError, ToolError, io_error};
 
 mod fat;
 mod gpt;
+mod plan;
 mod verity_tree;
 
 pub use gpt::build_gpt_disk;

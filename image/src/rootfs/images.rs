@@ -1,7 +1,6 @@
 //! The tree made into images: the erofs file system (`mkfs.erofs`) and its dm-verity hash
 //! tree (`veritysetup format`, then `veritysetup verify`), both deterministic.
 
-use std::io::Read as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,6 +9,7 @@ use std::time::{Duration, Instant};
 use hawser_disk_format::verity;
 use sha2::{Digest, Sha256};
 
+use super::tree::sha256_file;
 use super::{
     BLOCK_SIZE, EROFS_FILE, ROOTHASH_FILE, RootfsError, VERITY_FILE, derived_uuid, find_tool,
     normalize_tree, root_hash_cmdline_arg, run_tool,
@@ -202,20 +202,6 @@ fn remove_if_exists(path: &Path) -> Result<(), RootfsError> {
         }
         _ => Ok(()),
     }
-}
-
-pub(super) fn sha256_file(path: &Path) -> Result<[u8; 32], RootfsError> {
-    let mut file = std::fs::File::open(path).map_err(io_error("open", path))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io_error("read", path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hasher.finalize().into())
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The mkosi tree normalised for erofs: times clamped, and a digest of what erofs will store.
 
+use std::io::Read as _;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -7,7 +8,6 @@ use std::time::{Duration, SystemTime};
 use sha2::{Digest, Sha256};
 
 use super::RootfsError;
-use super::images::sha256_file;
 use crate::tool::io_error;
 
 /// Clamps every regular file's and directory's mtime to `epoch` (what mkosi does; files added
@@ -63,4 +63,19 @@ pub fn normalize_tree(tree: &Path, epoch: u64) -> Result<[u8; 32], RootfsError> 
         digest.update([0xffu8]);
     }
     Ok(digest.finalize().into())
+}
+
+/// The sha256 of a file's contents, read 1 MiB at a time.
+pub(super) fn sha256_file(path: &Path) -> Result<[u8; 32], RootfsError> {
+    let mut file = std::fs::File::open(path).map_err(io_error("open", path))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(io_error("read", path))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hasher.finalize().into())
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use hawser_attestation::tpm::Tpm;
 use hawser_kmod::{KernelModule, Stage, Use};
-use hawser_measurements::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
+use hawser_pcr::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
 use tracing::info;
 
 use super::context::{Boot, TimedLoad, blocking};

@@ -19,7 +19,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hawser_measurements::{PCR_CLUSTER_ID, cluster_lock_pcr};
+use hawser_pcr::{PCR_CLUSTER_ID, cluster_lock_pcr};
 use tracing::{info, warn};
 
 use super::context::Boot;

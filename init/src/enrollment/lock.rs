@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use hawser_attestation::tpm::{Tpm, TpmError};
 
-pub use hawser_measurements::{PCR_CLUSTER_ID, cluster_lock_pcr};
+pub use hawser_pcr::{PCR_CLUSTER_ID, cluster_lock_pcr};
 
 /// Why the TPM could not be marked with the cluster ID.
 #[derive(Debug, thiserror::Error)]

@@ -34,7 +34,7 @@ use hawser_attestation::atls::PeerPolicy;
 use hawser_attestation::measurements::{ExpectedMeasurements, ExpectedPcr};
 use hawser_attestation::tpm::Tpm;
 use hawser_attestation::validator::{AkTrust, Validator};
-use hawser_measurements::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, cluster_lock_pcr, pcr11_after_pivot};
+use hawser_pcr::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, cluster_lock_pcr, pcr11_after_pivot};
 
 use client::JoinSetupError;
 
@@ -185,7 +185,7 @@ pub const UNLOCKED_JOIN_SERVICE: &str = "the join service's TPM is a fresh node'
 ///
 /// - PCRs [`SAME_IMAGE_PCRS`] equal this node's own;
 /// - PCR 11 equals this node's (after `enter-initrd`) extended with `control-plane` and then
-///   `leave-initrd` ([`hawser_measurements::pcr11_after_pivot`]): a control plane's PID 1
+///   `leave-initrd` ([`hawser_pcr::pcr11_after_pivot`]): a control plane's PID 1
 ///   extends the marker only when it holds the master secret of the cluster its PCR 15 is
 ///   locked to, and code in a worker's rootfs can only extend PCR 11 after `leave-initrd`, so
 ///   it can never produce this value. A worker's value is refused by name
@@ -484,9 +484,9 @@ mod tests {
         let err = expected.check(&quote(worker, locked)).unwrap_err();
         assert!(err.to_string().contains(WORKER_JOIN_SERVICE), "{err}");
         // Root on that worker extending the marker after the pivot gets neither value.
-        let late = hawser_measurements::extend_sha256(
+        let late = hawser_pcr::extend_sha256(
             &worker,
-            &hawser_measurements::phase_digest(hawser_measurements::PHASE_CONTROL_PLANE),
+            &hawser_pcr::phase_digest(hawser_pcr::PHASE_CONTROL_PLANE),
         );
         let err = expected.check(&quote(late, locked)).unwrap_err();
         assert!(err.to_string().contains(NOT_A_CONTROL_PLANE), "{err}");

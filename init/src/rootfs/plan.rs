@@ -57,7 +57,7 @@ use std::path::{Path, PathBuf};
 use nix::mount::MsFlags;
 use tracing::{info, warn};
 
-use hawser_measurements::{PHASE_CONTROL_PLANE, PHASE_LEAVE_INITRD};
+use hawser_pcr::{PHASE_CONTROL_PLANE, PHASE_LEAVE_INITRD};
 
 use crate::disk::STATE_MOUNT_POINT;
 use crate::platform::syscalls::{MountSpec, OldRoot, OwnedMountSpec, RemovalSummary, Syscalls};

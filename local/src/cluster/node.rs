@@ -12,8 +12,8 @@ use hawser_harness::{TpmConfig, Vm, VmConfig};
 use hawser_keys::{MasterSecret, StateDiskKeyLength};
 
 use super::{BOOT_TIMEOUT, Events, Formation, Interrupted, Node, UpOptions};
-use crate::command::wait_or_stop;
 use crate::local_cluster::{Role, Stage, observe};
+use crate::options::wait_or_stop;
 use crate::{lan, localhost};
 
 /// Waits until the node's console shows kubeadm succeeded (on this boot or, on a rejoin, on an
@@ -183,7 +183,7 @@ pub(super) fn check_reports(
         )
     })?;
     let pcr15 = verified.pcrs.get(&15).copied().unwrap_or_default();
-    if pcr15 != hawser_measurements::cluster_lock_pcr(cluster_id) {
+    if pcr15 != hawser_pcr::cluster_lock_pcr(cluster_id) {
         bail!(
             "{name}'s quoted PCR 15 is {}, not the lock for cluster {}",
             hex::encode(pcr15),

@@ -82,7 +82,7 @@ fn pcr11_is_name_then_contents_in_stub_order() {
     );
     assert_eq!(
         p.pcr(11, Phase::LeaveInitrdControlPlane),
-        crate::pcr11_after_pivot(&enter, true)
+        hawser_pcr::pcr11_after_pivot(&enter, true)
     );
     // The marker is PCR 11's alone, and a worker's phases never include it.
     for pcr in [4, 9, 12, 13, 15] {

@@ -2,7 +2,7 @@
 //! run inside a throwaway test VM. Not part of any image.
 //!
 //! - `tunnel IFACE KEY_FILE PORT ADDRESS/PREFIX PEER_KEY PEER_IP [PEER_ENDPOINT] [THREADS]`:
-//!   hawser's tunnel (`hawser_mesh::device::Tunnel`, boringtun, as PID 1 runs it) with one
+//!   hawser's tunnel (`hawser_mesh_device::Tunnel`, boringtun, as PID 1 runs it) with one
 //!   peer, until killed.
 //! - `tunnel-task IFACE KEY_FILE PORT ADDRESS/PREFIX PEER_KEY PEER_ENDPOINT`: the same packet
 //!   path as a task of a current-thread tokio runtime, written here over boringtun's `noise`
@@ -23,7 +23,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::time::{Duration, Instant};
 
 use hawser_mesh::PrivateKey;
-use hawser_mesh::device::{Tunnel, TunnelConfig};
+use hawser_mesh_device::{Tunnel, TunnelConfig};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -197,7 +197,7 @@ fn tunnel_task(args: &[&str]) -> Result<(), String> {
 }
 
 /// A tun interface `name` (no packet information header), non-blocking. The same ioctl as
-/// `hawser_mesh::device`'s private `create_tun`, without its descriptor move (a boringtun
+/// `hawser_mesh_device`'s private `create_tun`, without its descriptor move (a boringtun
 /// work-around this loop does not need); not shared, because making that function public
 /// changes PID 1's measured binary for the sake of a test tool.
 fn create_tun(name: &str) -> std::io::Result<std::os::fd::OwnedFd> {

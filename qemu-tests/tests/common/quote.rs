@@ -56,7 +56,7 @@ pub fn boot_with(name: &str, config: VmConfig) -> Boot {
     let log_line = vm
         .wait_for_marker(
             "event log",
-            eventlog::EVENT_LOG_MARKER,
+            hawser_pcr::EVENT_LOG_MARKER,
             Duration::from_secs(60),
         )
         .unwrap_or_else(|e| panic!("{name}: PID 1 printed no HAWSER_EVENT_LOG line: {e}"));

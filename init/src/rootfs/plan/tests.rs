@@ -163,8 +163,8 @@ fn a_control_plane_measures_its_marker_immediately_before_leave_initrd() {
     assert_eq!(
         plan.measured_phases(),
         [
-            hawser_measurements::PHASE_CONTROL_PLANE,
-            hawser_measurements::PHASE_LEAVE_INITRD
+            hawser_pcr::PHASE_CONTROL_PLANE,
+            hawser_pcr::PHASE_LEAVE_INITRD
         ]
     );
     // In the plan itself: the two measurements are adjacent and the switch starts after them.

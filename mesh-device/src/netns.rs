@@ -1,7 +1,7 @@
-//! Network namespaces for tests of the mesh (feature `netns-testing`): members in namespaces
-//! the test creates, plugged into a bridge in one more namespace (the "underlay"), all deleted
-//! when the [`Underlay`] is dropped, also while a failed test unwinds. Nothing here touches the
-//! host's own namespace beyond creating and deleting those.
+//! Network namespaces for tests of the mesh and of discovery (feature `netns-testing`): members
+//! in namespaces the test creates, plugged into a bridge in one more namespace (the
+//! "underlay"), all deleted when the [`Underlay`] is dropped, also while a failed test unwinds.
+//! Nothing here touches the host's own namespace beyond creating and deleting those.
 //!
 //! Needs root, iproute2 (`ip`), iputils-ping (`ping`) and /dev/net/tun: [`require_host`] fails
 //! (never skips) naming what to install.

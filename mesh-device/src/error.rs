@@ -5,10 +5,10 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-use super::uapi::AnswerError;
-use crate::PublicKey;
+use crate::uapi::AnswerError;
+use hawser_mesh::PublicKey;
 
-/// Why a [`Tunnel`](super::Tunnel) operation failed. A refused peer change (the variants from
+/// Why a [`Tunnel`](crate::Tunnel) operation failed. A refused peer change (the variants from
 /// [`DeviceError::DuplicatePeer`] on) is refused before anything is sent: the tunnel keeps the
 /// peers it had.
 #[derive(Debug, thiserror::Error)]

@@ -12,9 +12,9 @@ use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use hawser_mesh::device::{DeviceError, Tunnel, TunnelConfig};
-use hawser_mesh::netns::{self, Underlay};
 use hawser_mesh::{Ipv4Net, Peer, PrivateKey, PublicKey};
+use hawser_mesh_device::netns::{self, Underlay};
+use hawser_mesh_device::{DeviceError, Tunnel, TunnelConfig};
 
 const INTERFACE: &str = "hawser0";
 

@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use futures_util::TryStreamExt as _;
 use rtnetlink::LinkUnspec;
 
-use super::DeviceError;
+use crate::DeviceError;
 
 /// What the interface gets.
 #[derive(Debug, Clone, Copy)]

@@ -1,9 +1,12 @@
-//! PCR extend arithmetic for the sha256 bank and the boot-phase words hawser measures.
+//! hawser-pcr: the sha256 PCR extend and the boot-phase words hawser measures.
 //!
 //! A TPM never stores what was measured, only the running value
 //! `PCR_new = H(PCR_old || digest)`. A verifier that wants to check a quoted PCR therefore
-//! replays the same extensions in software; this module is that replay, shared by the image
-//! builder (prediction), the PID 1 (what it extends) and the verifier (what it expects).
+//! replays the same extensions in software; this crate is that replay, shared by the image
+//! builder's prediction (`hawser-measurements`), the PID 1 (what it extends) and the verifiers
+//! (the join service, `hawser-attestation`: what they expect). It is small on purpose: PID 1 and
+//! the join service link it without the prediction engine. The console marker PID 1 prints the
+//! firmware's event log under ([`EVENT_LOG_MARKER`]) is here for the same reason.
 //!
 //! # Boot phases (systemd-pcrphase compatibility)
 //!
@@ -39,6 +42,10 @@
 //! joining node recognises a control plane's join service by it.
 
 use sha2::{Digest, Sha256};
+
+/// The console line prefix under which hawser's PID 1 prints the firmware's event log,
+/// base64-encoded (`hawser_measurements::eventlog::find_in_console` reads it back).
+pub const EVENT_LOG_MARKER: &str = "HAWSER_EVENT_LOG ";
 
 /// PCR 11 ("kernel-boot" in the UAPI PCR registry): systemd-stub measures the UKI's sections
 /// into it, and the boot-phase words follow.

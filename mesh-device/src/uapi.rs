@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use zeroize::Zeroizing;
 
-use crate::{PrivateKey, PublicKey};
+use hawser_mesh::{PrivateKey, PublicKey};
 
 /// How often a peer is sent a keepalive (seconds), so that NAT and conntrack entries on the
 /// underlay stay open and a handshake is never more than one interval old.
