@@ -20,21 +20,22 @@ use crate::platform::{console, error_chain};
 /// Where the kernel exposes the firmware's TCG event log (securityfs, mounted at bring-up).
 const EVENT_LOG: &str = "/sys/kernel/security/tpm0/binary_bios_measurements";
 
-/// What the race decided, turned into the node's Kubernetes role and name, and what a control
-/// plane needs for the cluster's join service; prints the join summary line.
+/// What the race decided (the lock and the membership, the mesh grant taken already), turned
+/// into the node's Kubernetes role and name, and what a control plane needs for the cluster's
+/// join service; prints the join summary line.
 pub(super) fn role(
     config: &CmdlineConfig,
     outcome: Option<Outcome>,
     measurement: &Measurement,
 ) -> (node::Role, Option<String>, node::ControlPlane) {
-    let Some(outcome) = outcome else {
+    let Some(Outcome { locked, membership }) = outcome else {
         return (node::Role::Rejoin, None, node::ControlPlane::default());
     };
-    match outcome.summary.to_console_line() {
+    match locked.summary.to_console_line() {
         Ok(line) => console::emit_raw_console_line(&line),
         Err(e) => warn!("cannot encode the join summary: {e}"),
     }
-    let node_name = crate::enrollment::client::node_name(&outcome.summary.disk_uuid);
+    let node_name = crate::enrollment::client::node_name(&locked.summary.disk_uuid);
     let control_plane = node::ControlPlane {
         // The image's provider CA is in the initramfs, which the pivot frees: read now.
         inputs: config
@@ -51,20 +52,20 @@ pub(super) fn role(
                 // the LAN, so its control planes advertise theirs there, under the node name.
                 advertise_as: (config.join_discovery == crate::config::JoinDiscovery::Mdns)
                     .then(|| node_name.clone()),
-                own_disk: outcome.summary.disk_uuid.clone(),
+                own_disk: locked.summary.disk_uuid.clone(),
             }),
     };
     // As `node::grants::Granted::of` read it before the disk was marked initialized.
-    let role = match (outcome.admin, outcome.kubeadm) {
+    let role = match (membership.admin, membership.kubeadm) {
         (Some((GrantKind::Init(spec), progress)), _) if config.root_hash.is_some() => {
             node::Role::Init {
                 spec,
-                cluster_id: outcome.cluster_id,
+                cluster_id: locked.cluster_id,
                 progress,
             }
         }
         (Some((kind, progress)), _) => {
-            report_to_admin(&kind, progress, outcome.cluster_id);
+            report_to_admin(&kind, progress, locked.cluster_id);
             node::Role::Rejoin
         }
         (None, Some(ticket)) => node::Role::Join(ticket),

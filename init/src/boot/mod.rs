@@ -435,7 +435,7 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     // Kept on the state disk if it was granted; the tunnel reads it back from there.
     drop(mesh_key);
     boot.await_late_modules().await?;
-    let grant = outcome.as_mut().and_then(|o| o.mesh.take());
+    let grant = outcome.as_mut().and_then(|o| o.membership.mesh.take());
     let mesh = boot.mesh(grant).await?;
     let (role, node_name, control_plane) = after_disk::role(&config, outcome, &measurement);
     boot.report(nonce, measurement, &config, &kernel_release)

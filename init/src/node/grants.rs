@@ -42,7 +42,7 @@ use super::{KubeadmRunError, NodeIdentity, Role};
 use crate::disk::lifecycle::Kept;
 use crate::enrollment::client::KubeadmTicket;
 use crate::enrollment::init_server::{ClusterSpec, GrantKind};
-use crate::enrollment::race::{ClusterSecrets, Outcome};
+use crate::enrollment::race::{ClusterSecrets, Membership};
 use crate::fatal::error_chain;
 use crate::join_service;
 use crate::kubeadm::{self, InitRequest, JoinTicket};
@@ -80,20 +80,20 @@ pub struct Granted<'a> {
 }
 
 impl<'a> Granted<'a> {
-    /// The race's outcome, read as the node's role will be (`boot::after_disk::role`): the
-    /// admin's `hawser init` is kubeadm init on an image with a rootfs, `hawser recover`
-    /// grants nothing new, a join ticket is kubeadm join.
-    pub fn of(outcome: &'a Outcome, rootfs: bool) -> Self {
-        let kubeadm = match (&outcome.admin, &outcome.kubeadm) {
+    /// The race's membership for the disk `disk_uuid`, read as the node's role will be
+    /// (`boot::after_disk::role`): the admin's `hawser init` is kubeadm init on an image with
+    /// a rootfs, `hawser recover` grants nothing new, a join ticket is kubeadm join.
+    pub fn of(membership: &'a Membership, disk_uuid: &'a str, rootfs: bool) -> Self {
+        let kubeadm = match (&membership.admin, &membership.kubeadm) {
             (Some((GrantKind::Init(spec), _)), _) if rootfs => Some(KubeadmGrant::Init(spec)),
             (Some(_), _) => None,
             (None, ticket) => ticket.as_ref().map(KubeadmGrant::Join),
         };
         Granted {
-            disk_uuid: &outcome.summary.disk_uuid,
+            disk_uuid,
             kubeadm,
-            secrets: outcome.secrets.as_ref(),
-            mesh: outcome.mesh.as_ref(),
+            secrets: membership.secrets.as_ref(),
+            mesh: membership.mesh.as_ref(),
         }
     }
 }
