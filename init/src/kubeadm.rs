@@ -167,9 +167,10 @@ pub struct ControlPlaneJoin {
     pub certificate_key: Option<CertificateKey>,
 }
 
-/// What the join service hands a node to join an existing cluster.
+/// `kubeadm join`'s input: the join ticket's values ([`hawser_kube_types::JoinTicket`], as
+/// the join service handed them) and this node's name, address and preflight choices.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JoinTicket {
+pub struct JoinRequest {
     /// `host:port` of the API server.
     pub api_server_endpoint: ApiServerEndpoint,
     pub token: BootstrapToken,
@@ -435,7 +436,7 @@ pub fn init_config(request: &InitRequest) -> Result<KubeadmConfig, KubeadmConfig
 }
 
 /// The configuration for `kubeadm join --config`: one JoinConfiguration.
-pub fn join_config(ticket: &JoinTicket) -> Result<KubeadmConfig, KubeadmConfigError> {
+pub fn join_config(ticket: &JoinRequest) -> Result<KubeadmConfig, KubeadmConfigError> {
     if ticket.ca_cert_hashes.is_empty() {
         return Err(invalid(
             "CA certificate hashes",
@@ -587,8 +588,8 @@ mod tests {
         }
     }
 
-    fn ticket(control_plane: bool) -> JoinTicket {
-        JoinTicket {
+    fn ticket(control_plane: bool) -> JoinRequest {
+        JoinRequest {
             api_server_endpoint: "10.0.2.15:6443".parse().unwrap(),
             token: TOKEN.parse().unwrap(),
             ca_cert_hashes: vec![HASH.parse().unwrap()],
@@ -690,7 +691,7 @@ mod tests {
 
     #[test]
     fn worker_join_configuration() {
-        let config = join_config(&JoinTicket {
+        let config = join_config(&JoinRequest {
             control_plane: None,
             ignore_preflight_errors: vec![],
             ..ticket(false)
@@ -729,7 +730,7 @@ mod tests {
             docs[0]["nodeRegistration"]["ignorePreflightErrors"],
             json!(["SystemVerification"])
         );
-        let without_key = JoinTicket {
+        let without_key = JoinRequest {
             control_plane: Some(ControlPlaneJoin {
                 certificate_key: None,
             }),
@@ -800,7 +801,7 @@ mod tests {
 
     #[test]
     fn invalid_join_input_is_refused_naming_the_field() {
-        type Edit = fn(&mut JoinTicket);
+        type Edit = fn(&mut JoinRequest);
         // Malformed endpoints and hashes are refused where the ticket arrives (join client).
         let cases: [(Edit, &str); 3] = [
             (|t| t.ca_cert_hashes.clear(), "expected at least one"),
@@ -821,7 +822,7 @@ mod tests {
             "api.hawser.example:6443",
             "10.0.2.15:6443",
         ] {
-            let ticket = JoinTicket {
+            let ticket = JoinRequest {
                 api_server_endpoint: endpoint.parse().unwrap(),
                 ..ticket(false)
             };

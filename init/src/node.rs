@@ -37,7 +37,6 @@ use hawser_attestation::tpm::Tpm;
 use hawser_measurements::PCR_KERNEL_BOOT;
 use tracing::{info, warn};
 
-use crate::enrollment::client::{ControlPlaneFile, KubeadmTicket};
 use crate::enrollment::init_server::{ClusterSpec, Progress};
 use crate::fatal::error_chain;
 use crate::join_service::{self, JoinServiceInputs};
@@ -50,6 +49,7 @@ use crate::platform::timings::PhaseTimer;
 use crate::rootfs::{self, RootHash, RootfsPlan, StateBacking};
 use crate::supervisor::retry::{self, KUBEADM_RETRY};
 use crate::supervisor::{self, OneShotJob, OneShotOutcome, SharedSupervisor, Supervisor};
+use hawser_kube_types::{ControlPlaneFile, JoinTicket};
 
 pub mod grants;
 pub mod intent;
@@ -136,7 +136,7 @@ pub enum Role {
         progress: Progress,
     },
     /// A join ticket from the join service: `kubeadm join`.
-    Join(KubeadmTicket),
+    Join(JoinTicket),
     /// A rejoining or recovered node: services, and kubeadm again only if an earlier boot left
     /// its intent and no marker.
     Rejoin,
@@ -728,7 +728,7 @@ mod tests {
     #[test]
     fn a_join_runs_the_intent_its_first_boot_kept_on_the_state_disk() {
         let root = tempfile::tempdir().unwrap();
-        let ticket = KubeadmTicket {
+        let ticket = JoinTicket {
             api_server_endpoint: "10.0.2.100:6443".parse().unwrap(),
             token: "abcdef.0123456789abcdef".parse().unwrap(),
             ca_cert_hashes: vec![format!("sha256:{}", "00".repeat(32)).parse().unwrap()],

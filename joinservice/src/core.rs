@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use hawser_attestation::measurements::{ExpectedMeasurements, MeasurementMismatch};
 use hawser_keys::{MasterSecret, StateDiskKeyLength};
-use hawser_kube_types::{DnsSubdomain, DnsSubdomainError};
+use hawser_kube_types::{ControlPlaneFile, DnsSubdomain, DnsSubdomainError, JoinTicket};
 use hawser_mesh::{MeshError, PeerStats, PeerUpdate, PublicKey, Registry};
 use zeroize::Zeroizing;
 
@@ -38,7 +38,7 @@ use crate::policy::PolicyStore;
 use crate::store::{
     BindOutcome, ClusterStore, DiskBinding, FileStore, PollStatus, ReadConsistency, StoreError,
 };
-use crate::tokens::{BootstrapTokenIssuer, JoinCredentials, TokenError};
+use crate::tokens::{BootstrapTokenIssuer, TokenError};
 use crate::vpn::{MeshSettings, PeerApiError, VpnTicket};
 
 /// A join request, as the service received it.
@@ -75,18 +75,16 @@ pub struct VerifiedPeer {
     pub ak_name: Vec<u8>,
 }
 
-/// A control-plane file: name relative to /etc/kubernetes/pki, and its (secret) content.
-pub type ControlPlaneFile = (String, Zeroizing<Vec<u8>>);
-
-/// What a joining node receives. Debug never shows a secret.
-pub struct JoinTicket {
+/// What a joining node is granted: its state disk key, the cluster ID's inputs, the join
+/// ticket kubeadm joins with, a control plane's master secret and the node's place in the
+/// mesh. Debug never shows a secret.
+pub struct JoinGrant {
     pub state_disk_key: Zeroizing<Vec<u8>>,
     pub measurement_secret: Zeroizing<[u8; 32]>,
     pub measurement_salt: Vec<u8>,
-    pub credentials: JoinCredentials,
-    pub kubernetes_version: String,
-    /// For control-plane joins: (name relative to /etc/kubernetes/pki, content).
-    pub control_plane_files: Vec<ControlPlaneFile>,
+    /// What `kubeadm join` needs; a control plane's also carries the shared certificates and
+    /// keys (name relative to /etc/kubernetes/pki, content).
+    pub kubeadm: JoinTicket,
     /// For an approved control-plane join: the cluster's master secret, so that the new control
     /// plane runs the join service too.
     pub master_secret: Option<MasterSecret>,
@@ -94,23 +92,14 @@ pub struct JoinTicket {
     pub vpn: Option<VpnTicket>,
 }
 
-impl std::fmt::Debug for JoinTicket {
+impl std::fmt::Debug for JoinGrant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JoinTicket")
+        f.debug_struct("JoinGrant")
             .field(
                 "state_disk_key",
                 &hawser_keys::fingerprint(&self.state_disk_key),
             )
-            .field("credentials", &self.credentials)
-            .field("kubernetes_version", &self.kubernetes_version)
-            .field(
-                "control_plane_files",
-                &self
-                    .control_plane_files
-                    .iter()
-                    .map(|(n, _)| n)
-                    .collect::<Vec<_>>(),
-            )
+            .field("kubeadm", &self.kubeadm)
             .finish_non_exhaustive()
     }
 }
@@ -344,7 +333,7 @@ impl JoinCore {
         &self,
         peer: &VerifiedPeer,
         req: &JoinRequest,
-    ) -> Result<JoinTicket, JoinError> {
+    ) -> Result<JoinGrant, JoinError> {
         let suffix = if req.is_control_plane {
             " (control plane)"
         } else {
@@ -401,7 +390,7 @@ impl JoinCore {
         peer: &VerifiedPeer,
         req: &JoinRequest,
         expected: &ExpectedMeasurements,
-    ) -> Result<JoinTicket, JoinError> {
+    ) -> Result<JoinGrant, JoinError> {
         let uuid = hawser_keys::canonical_uuid(&req.disk_uuid).map_err(JoinError::DiskUuid)?;
         // Before anything is recorded: a key the node cannot use must not bind its disk.
         let key_length = key_length(req.state_disk_key_length)?;
@@ -409,9 +398,9 @@ impl JoinCore {
         let vpn_request = self.vpn_request(req)?;
         check_measurements(peer, expected)?;
         let control_plane_files = if req.is_control_plane {
-            self.control_plane_files(peer)?
+            Some(self.control_plane_files(peer)?)
         } else {
-            Vec::new()
+            None
         };
         // Refuse a clone before kubeadm runs; `bind` below decides atomically in the store.
         let ak_name = hex::encode(&peer.ak_name);
@@ -430,17 +419,21 @@ impl JoinCore {
             }
             _ => None,
         };
-        Ok(JoinTicket {
+        Ok(JoinGrant {
             vpn,
             state_disk_key,
             measurement_secret: self.config.master_secret.measurement_secret(),
             measurement_salt: self.config.measurement_salt.clone(),
-            credentials,
-            kubernetes_version: self.config.kubernetes_version.clone(),
+            kubeadm: JoinTicket {
+                api_server_endpoint: credentials.api_server_endpoint,
+                token: credentials.bootstrap_token,
+                ca_cert_hashes: credentials.discovery_ca_cert_hashes,
+                kubernetes_version: self.config.kubernetes_version.clone(),
+                control_plane_files,
+            },
             master_secret: req
                 .is_control_plane
                 .then(|| self.config.master_secret.clone()),
-            control_plane_files,
         })
     }
 
@@ -677,7 +670,12 @@ impl JoinCore {
         }
         CONTROL_PLANE_FILES
             .iter()
-            .map(|name| read_secret_file(&dir.join(name)).map(|data| ((*name).to_owned(), data)))
+            .map(|name| {
+                read_secret_file(&dir.join(name)).map(|data| ControlPlaneFile {
+                    name: (*name).to_owned(),
+                    data,
+                })
+            })
             .collect()
     }
 }
@@ -975,9 +973,7 @@ mod tests {
                 .unwrap()
         );
         assert_eq!(*ticket.measurement_secret, *f.master.measurement_secret());
-        assert!(
-            !format!("{ticket:?}").contains(ticket.credentials.bootstrap_token.expose_secret())
-        );
+        assert!(!format!("{ticket:?}").contains(ticket.kubeadm.token.expose_secret()));
         assert!(!format!("{ticket:?}").contains(&hex::encode(&ticket.state_disk_key[..8])));
         let rejoin = f.core.issue_rejoin_ticket(&peer(0x99), UUID).unwrap();
         assert_eq!(*rejoin.state_disk_key, *ticket.state_disk_key);
@@ -1056,13 +1052,10 @@ mod tests {
             .core
             .issue_join_ticket(&peer(0x99), &request(true))
             .unwrap();
-        let names: Vec<&str> = ticket
-            .control_plane_files
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .collect();
+        let files = ticket.kubeadm.control_plane_files.as_deref().unwrap();
+        let names: Vec<&str> = files.iter().map(|file| file.name.as_str()).collect();
         assert_eq!(names, CONTROL_PLANE_FILES);
-        assert_eq!(&**ticket.control_plane_files[1].1, b"content of ca.key");
+        assert_eq!(&**files[1].data, b"content of ca.key");
     }
 
     #[test]
@@ -1107,7 +1100,7 @@ mod tests {
             .core
             .issue_join_ticket(&peer(0x99), &request(false))
             .unwrap();
-        assert!(ticket.control_plane_files.is_empty());
+        assert!(ticket.kubeadm.control_plane_files.is_none());
         // Another machine's approval does not admit this one; its own does, until revoked.
         approve(&f, &[&OTHER_AK]);
         assert!(matches!(

@@ -27,4 +27,4 @@ pub mod tokens;
 pub mod vpn;
 pub mod vpnapi;
 
-pub use crate::core::{JoinCore, JoinError, JoinTicket, RejoinTicket};
+pub use crate::core::{JoinCore, JoinError, JoinGrant, RejoinTicket};

@@ -27,11 +27,10 @@ use std::time::Duration;
 use hawser_attestation::TpmIssuer;
 use hawser_attestation::atls::{AtlsClient, Identity};
 use hawser_keys::MasterSecret;
-use hawser_kube_types::{ApiServerEndpoint, BootstrapToken, CaCertHash};
+use hawser_kube_types::JoinTicket;
 use hawser_proto::join::join_service_client::JoinServiceClient;
-use hawser_proto::join::{
-    IssueJoinTicketRequest, IssueJoinTicketResponse, IssueRejoinTicketRequest,
-};
+use hawser_proto::join::{IssueJoinTicketRequest, IssueRejoinTicketRequest};
+use hawser_proto::ticket::join_ticket_from_wire;
 use tracing::warn;
 use zeroize::Zeroizing;
 
@@ -118,43 +117,12 @@ pub struct Secrets {
     pub measurement_secret: Zeroizing<Vec<u8>>,
     pub measurement_salt: Vec<u8>,
     /// What `kubeadm join` needs (`IssueJoinTicket` only; a rejoining node joined before).
-    pub ticket: Option<KubeadmTicket>,
+    pub ticket: Option<JoinTicket>,
     /// A control-plane join: the cluster's master secret, checked against the rest of the
     /// answer, for the join service this control plane runs too. Zeroized on drop.
     pub master_secret: Option<MasterSecret>,
     /// The node's place in the WireGuard mesh, when the join service runs one.
     pub mesh: Option<crate::mesh::MeshGrant>,
-}
-
-/// The Kubernetes half of a join ticket. The token is secret (zeroized, redacted in `Debug`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubeadmTicket {
-    pub api_server_endpoint: ApiServerEndpoint,
-    pub token: BootstrapToken,
-    pub ca_cert_hashes: Vec<CaCertHash>,
-    pub kubernetes_version: String,
-    /// A control-plane join: the cluster's shared certificates and keys (name relative to
-    /// `/etc/kubernetes/pki`, content); `None` for a worker.
-    pub control_plane_files: Option<Vec<ControlPlaneFile>>,
-}
-
-/// One of the cluster's shared control-plane files. The content is key material: zeroized on
-/// drop and never shown by `Debug`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ControlPlaneFile {
-    pub name: String,
-    pub data: Zeroizing<Vec<u8>>,
-}
-
-impl std::fmt::Debug for ControlPlaneFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "ControlPlaneFile({}, <{} bytes>)",
-            self.name,
-            self.data.len()
-        )
-    }
 }
 
 /// Whether this disk is new (join) or initialized (rejoin).
@@ -363,7 +331,8 @@ impl JoinClient {
                     .await
                     .map_err(status_text)?
                     .into_inner();
-                let ticket = kubeadm_ticket(&mut response, self.control_plane);
+                let ticket = join_ticket_from_wire(&mut response, self.control_plane)
+                    .map_err(|e| error_chain(&e));
                 let mesh = mesh_grant(response.vpn.as_ref());
                 let state_disk_key = Zeroizing::new(std::mem::take(&mut response.state_disk_key));
                 let measurement_secret =
@@ -519,56 +488,6 @@ impl Retry<'_> {
     }
 }
 
-/// The Kubernetes half of `response`, checked: the token (wiped from the response whether or
-/// not it is usable), the API server endpoint and the CA certificate hashes. The
-/// control-plane files are taken for a control-plane node.
-fn kubeadm_ticket(
-    response: &mut IssueJoinTicketResponse,
-    control_plane: bool,
-) -> Result<KubeadmTicket, String> {
-    let token = response
-        .bootstrap_token
-        .parse::<BootstrapToken>()
-        .map_err(|e| format!("the join service sent an unusable bootstrap token: {e}"));
-    zeroize::Zeroize::zeroize(&mut response.bootstrap_token);
-    let token = token?;
-    let api_server_endpoint = response
-        .api_server_endpoint
-        .parse::<ApiServerEndpoint>()
-        .map_err(|e| {
-            format!(
-                "the join service sent an unusable API server endpoint {:?}: {}",
-                response.api_server_endpoint,
-                error_chain(&e)
-            )
-        })?;
-    let ca_cert_hashes = response
-        .discovery_ca_cert_hashes
-        .iter()
-        .map(|hash| {
-            hash.parse::<CaCertHash>().map_err(|e| {
-                format!("the join service sent an unusable CA certificate hash {hash:?}: {e}")
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(KubeadmTicket {
-        api_server_endpoint,
-        token,
-        ca_cert_hashes,
-        kubernetes_version: std::mem::take(&mut response.kubernetes_version),
-        control_plane_files: control_plane.then(|| {
-            response
-                .control_plane_files
-                .iter_mut()
-                .map(|file| ControlPlaneFile {
-                    name: std::mem::take(&mut file.name),
-                    data: Zeroizing::new(std::mem::take(&mut file.data)),
-                })
-                .collect()
-        }),
-    })
-}
-
 /// The master secret a control-plane join was sent, accepted only if it is the secret the
 /// rest of the answer comes from: the disk key and the measurement secret it derives must be
 /// the ones sent. A control plane runs the join service with it, so a wrong one would hand
@@ -614,99 +533,6 @@ pub fn node_name(disk_uuid: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hawser_proto::join::ControlPlaneFile as WireFile;
-
-    const TOKEN: &str = "abcdef.0123456789abcdef";
-    const HASH: &str = "sha256:1234567890abcdef1234567890abcdef1234567890abcdef1234567890abcdef";
-
-    fn response() -> IssueJoinTicketResponse {
-        IssueJoinTicketResponse {
-            api_server_endpoint: "10.0.2.15:6443".into(),
-            bootstrap_token: TOKEN.into(),
-            discovery_ca_cert_hashes: vec![HASH.into()],
-            kubernetes_version: "v1.33.4".into(),
-            control_plane_files: vec![WireFile {
-                name: "ca.key".into(),
-                data: b"key material".to_vec(),
-            }],
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_well_formed_ticket_is_taken_and_its_token_wiped_from_the_response() {
-        let mut wire = response();
-        let ticket = kubeadm_ticket(&mut wire, false).unwrap();
-        assert_eq!(ticket.api_server_endpoint.to_string(), "10.0.2.15:6443");
-        assert_eq!(ticket.token.expose_secret(), TOKEN);
-        assert_eq!(ticket.ca_cert_hashes, [HASH.parse().unwrap()]);
-        assert_eq!(ticket.kubernetes_version, "v1.33.4");
-        assert!(ticket.control_plane_files.is_none());
-        assert!(
-            wire.bootstrap_token.bytes().all(|b| b == 0),
-            "token left behind"
-        );
-        let ticket = kubeadm_ticket(&mut response(), true).unwrap();
-        let files = ticket.control_plane_files.unwrap();
-        assert_eq!(files[0].name, "ca.key");
-        assert_eq!(*files[0].data, b"key material");
-    }
-
-    #[test]
-    fn an_unusable_ticket_is_refused_naming_the_field_without_echoing_the_token() {
-        type Edit = fn(&mut IssueJoinTicketResponse);
-        let cases: [(Edit, &str); 7] = [
-            (
-                |r| r.api_server_endpoint = "10.0.2.15".into(),
-                "API server endpoint \"10.0.2.15\": there is no port",
-            ),
-            (
-                |r| r.api_server_endpoint = "10.0.2.15:99999".into(),
-                "API server endpoint \"10.0.2.15:99999\": the port",
-            ),
-            (
-                |r| r.api_server_endpoint = "fd00::1:6443".into(),
-                "API server endpoint \"fd00::1:6443\"",
-            ),
-            (
-                |r| r.discovery_ca_cert_hashes = vec!["sha1:abcd".into()],
-                "CA certificate hash \"sha1:abcd\"",
-            ),
-            (
-                |r| r.discovery_ca_cert_hashes = vec![HASH.to_uppercase()],
-                "CA certificate hash",
-            ),
-            (
-                |r| r.bootstrap_token = "ABCDEF.0123456789abcdef".into(),
-                "unusable bootstrap token",
-            ),
-            (
-                |r| r.bootstrap_token = "abcdef.0123456789abcdeF".into(),
-                "unusable bootstrap token",
-            ),
-        ];
-        for (edit, message) in cases {
-            let mut wire = response();
-            edit(&mut wire);
-            let secret = wire.bootstrap_token.clone();
-            let err = kubeadm_ticket(&mut wire, true).unwrap_err();
-            assert!(err.contains(message), "{message}: {err}");
-            assert!(!err.contains(&secret), "{err}");
-            assert!(
-                wire.bootstrap_token.bytes().all(|b| b == 0),
-                "token left behind"
-            );
-        }
-        // No hash at all is kubeadm_config's refusal ("at least one"): not a malformed field.
-        let mut wire = response();
-        wire.discovery_ca_cert_hashes.clear();
-        assert!(
-            kubeadm_ticket(&mut wire, false)
-                .unwrap()
-                .ca_cert_hashes
-                .is_empty()
-        );
-    }
 
     fn secrets_of(measurement_secret: &[u8], key: u8) -> Secrets {
         Secrets {

@@ -30,7 +30,9 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
-use super::client::{JoinClient, KubeadmTicket as JoinTicket, Secrets, describe};
+use hawser_kube_types::JoinTicket;
+
+use super::client::{JoinClient, Secrets, describe};
 use super::init_secret::InitSecretHash;
 use super::init_server::{self, Grant, GrantKind, InitServer, Progress};
 use super::lock::{LockError, MarkError, NodeLock, Owner, PCR_CLUSTER_ID, cluster_lock_pcr};

@@ -40,13 +40,13 @@ use zeroize::Zeroizing;
 use super::intent::{KUBEADM_INTENT, KubeadmIntent, Verb};
 use super::{KubeadmRunError, NodeIdentity, Role};
 use crate::disk::lifecycle::Kept;
-use crate::enrollment::client::KubeadmTicket;
 use crate::enrollment::init_server::{ClusterSpec, GrantKind};
 use crate::enrollment::race::{ClusterSecrets, Membership};
 use crate::fatal::error_chain;
 use crate::join_service;
-use crate::kubeadm::{self, InitRequest, JoinTicket};
+use crate::kubeadm::{self, InitRequest, JoinRequest};
 use crate::mesh::{self, MeshGrant, MeshSetupError};
+use hawser_kube_types::JoinTicket;
 
 /// The directories the grants land in that are not 0700: the rootfs's `/var` and `/var/lib`.
 const SHARED_DIRS: [&str; 2] = ["var", "var/lib"];
@@ -55,7 +55,7 @@ const SHARED_DIRS: [&str; 2] = ["var", "var/lib"];
 #[derive(Clone, Copy)]
 pub enum KubeadmGrant<'a> {
     Init(&'a ClusterSpec),
-    Join(&'a KubeadmTicket),
+    Join(&'a JoinTicket),
 }
 
 impl Role {
@@ -225,7 +225,7 @@ pub(super) fn render_intent(
         ),
         KubeadmGrant::Join(ticket) => (
             Verb::Join,
-            kubeadm::join_config(&JoinTicket {
+            kubeadm::join_config(&JoinRequest {
                 api_server_endpoint: ticket.api_server_endpoint.clone(),
                 token: ticket.token.clone(),
                 ca_cert_hashes: ticket.ca_cert_hashes.clone(),
