@@ -40,7 +40,7 @@ use crate::enrollment::race::{Enrollment, EnrollmentError, KeyGrant, Locked, Out
 use crate::enrollment::{
     INSECURE_TRUST_WARNING, JoinServiceTrust, PROVIDER_CA_PATH, join_service_policy,
 };
-use crate::node::grants;
+use crate::kube::grants;
 use crate::platform::error_chain;
 
 impl Boot {

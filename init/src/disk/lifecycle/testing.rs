@@ -1,5 +1,5 @@
 //! Test doubles of the lifecycle's seams, for its own tests and for the tests of what runs on
-//! top of it (the node's grants, `crate::node::grants`): an in-memory disk that can lose power
+//! top of it (the node's grants, `crate::kube::grants`): an in-memory disk that can lose power
 //! after a number of bytes, and a platform that records its calls, can fail mkfs or mount,
 //! and can lose power while the first boot keeps its files.
 

@@ -43,8 +43,8 @@ use crate::disk::lifecycle::Kept;
 use crate::enrollment::init_server::{ClusterSpec, GrantKind};
 use crate::enrollment::race::{ClusterSecrets, Membership};
 use crate::fatal::error_chain;
-use crate::join_service;
-use crate::kubeadm::{self, InitRequest, JoinRequest};
+use crate::kube::join_service;
+use crate::kube::kubeadm::{self, InitRequest, JoinRequest};
 use crate::mesh::{self, MeshGrant, MeshSetupError};
 use hawser_kube_types::JoinTicket;
 

@@ -22,7 +22,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use crate::kubeadm::KubeadmConfig;
+use crate::kube::kubeadm::KubeadmConfig;
 use hawser_kube_types::ControlPlaneFile;
 
 /// The kubeadm intent on the state disk (after the pivot).
