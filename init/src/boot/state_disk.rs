@@ -276,7 +276,7 @@ impl Boot {
         lock: Arc<NodeLock>,
     ) -> Result<Result<Locked, EnrollmentError>, BootError> {
         let tpm = self.tpm()?;
-        Ok(super::context::blocking(move || grant.take_lock(&lock, &tpm)).await?)
+        super::context::blocking(move || grant.take_lock(&lock, &tpm)).await
     }
 }
 

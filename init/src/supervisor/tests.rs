@@ -47,8 +47,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Logs {
 /// subscriber caches the forwarding callsites as uninteresting for the others.
 pub(crate) fn capture_logs() -> (Logs, tracing::subscriber::DefaultGuard) {
     let logs = Logs::default();
-    let guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(logs.clone()));
+    let guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(logs.clone()));
     // Callsites first hit on a thread without a subscriber may have cached "never".
     tracing::callsite::rebuild_interest_cache();
     (logs, guard)

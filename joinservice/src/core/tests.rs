@@ -2,6 +2,9 @@
 
 use super::*;
 use crate::tokens::KubeadmTokenIssuer;
+use crate::vpn::PeerApiError;
+use hawser_mesh::{PeerUpdate, PublicKey, Registry};
+use std::net::Ipv4Addr;
 
 const UUID: &str = "3f1c2d4e-5a6b-4c7d-8e9f-0a1b2c3d4e5f";
 
