@@ -39,6 +39,11 @@ use super::{
     jitter_unit,
 };
 use crate::disk::key::DiskStatus;
+use crate::mesh::MeshSetupError;
+
+mod error;
+
+pub use self::error::{AttemptError, MasterSecretError};
 use crate::platform::error_chain;
 
 /// Deadline of one attempt (connect, handshake with quotes on both sides, call).
@@ -263,11 +268,11 @@ impl JoinClient {
 
     /// The aTLS client of an attempt: the node attests with its TPM, and the join service must
     /// satisfy the policy for the disk's cluster.
-    fn atls(&self) -> Result<AtlsClient, String> {
+    fn atls(&self) -> Result<AtlsClient, AttemptError> {
         let policy = self
             .policy
             .peer_policy(self.disk_cluster.as_ref())
-            .map_err(|e| format!("cannot check the join service: {}", error_chain(&e)))?;
+            .map_err(AttemptError::Policy)?;
         Ok(
             AtlsClient::new(Identity::attested(self.issuer.clone()), policy)
                 .handshake_timeout(ATTEMPT_TIMEOUT),
@@ -280,16 +285,15 @@ impl JoinClient {
         disk_uuid: &str,
         key_length: usize,
         status: DiskStatus,
-    ) -> Result<Secrets, String> {
+    ) -> Result<Secrets, AttemptError> {
         let secrets = self.ask(endpoint, disk_uuid, key_length, status).await?;
         // A key this disk cannot use costs an attempt, named, never the boot: another join
         // service (or this one, upgraded) may answer right.
         if secrets.state_disk_key.len() != key_length {
-            return Err(format!(
-                "the join service sent a {}-byte state disk key; this node's disk needs {key_length} \
-                 (hawser.state_disk_integrity): a join service that predates integrity disks?",
-                secrets.state_disk_key.len()
-            ));
+            return Err(AttemptError::KeyLength {
+                sent: secrets.state_disk_key.len(),
+                needed: key_length,
+            });
         }
         Ok(secrets)
     }
@@ -300,18 +304,17 @@ impl JoinClient {
         disk_uuid: &str,
         key_length: usize,
         status: DiskStatus,
-    ) -> Result<Secrets, String> {
+    ) -> Result<Secrets, AttemptError> {
         // Both fit a u32: the configured lengths are 64 and 96.
         let state_disk_key_length = u32::try_from(key_length).unwrap_or(u32::MAX);
         let atls = self.atls()?;
         let channel = tonic::transport::Endpoint::from_shared(endpoint.uri())
-            .map_err(|e| format!("bad endpoint: {}", error_chain(&e)))?
+            .map_err(AttemptError::Endpoint)?
             .connect_timeout(ATTEMPT_TIMEOUT)
             .connect_with_connector(atls.connector())
             .await
-            .map_err(|e| error_chain(&e))?;
+            .map_err(AttemptError::Connect)?;
         let mut client = JoinServiceClient::new(channel);
-        let status_text = |s: tonic::Status| format!("refused ({:?}): {}", s.code(), s.message());
         match status {
             DiskStatus::New => {
                 let request = IssueJoinTicketRequest {
@@ -326,13 +329,8 @@ impl JoinClient {
                     vpn_endpoint: self.mesh_endpoint(),
                     state_disk_key_length,
                 };
-                let mut response = client
-                    .issue_join_ticket(request)
-                    .await
-                    .map_err(status_text)?
-                    .into_inner();
-                let ticket = join_ticket_from_wire(&mut response, self.control_plane)
-                    .map_err(|e| error_chain(&e));
+                let mut response = client.issue_join_ticket(request).await?.into_inner();
+                let ticket = join_ticket_from_wire(&mut response, self.control_plane);
                 let mesh = mesh_grant(response.vpn.as_ref());
                 let state_disk_key = Zeroizing::new(std::mem::take(&mut response.state_disk_key));
                 let measurement_secret =
@@ -378,8 +376,7 @@ impl JoinClient {
                         vpn_endpoint: self.mesh_endpoint(),
                         state_disk_key_length,
                     })
-                    .await
-                    .map_err(status_text)?
+                    .await?
                     .into_inner();
                 Ok(Secrets {
                     state_disk_key: Zeroizing::new(std::mem::take(&mut response.state_disk_key)),
@@ -408,9 +405,9 @@ impl JoinClient {
 /// The ticket's mesh, checked: a malformed one fails the attempt (which is retried).
 fn mesh_grant(
     vpn: Option<&hawser_proto::join::VpnConfig>,
-) -> Result<Option<crate::mesh::MeshGrant>, String> {
+) -> Result<Option<crate::mesh::MeshGrant>, MeshSetupError> {
     match vpn {
-        Some(vpn) => crate::mesh::MeshGrant::from_wire(vpn).map_err(|e| error_chain(&e)),
+        Some(vpn) => crate::mesh::MeshGrant::from_wire(vpn),
         None => Ok(None),
     }
 }
@@ -429,10 +426,11 @@ impl Retry<'_> {
     /// cluster; every failure and every refusal is logged with its reason. The next endpoint of
     /// a round is asked at once; after a whole round (or a round with nothing advertised) the
     /// backoff grows (one round per backoff step).
-    async fn run<F, A>(&self, mut attempt: F) -> (Secrets, u32)
+    async fn run<F, A, E>(&self, mut attempt: F) -> (Secrets, u32)
     where
         F: FnMut(JoinEndpoint) -> A,
-        A: Future<Output = Result<Secrets, String>>,
+        A: Future<Output = Result<Secrets, E>>,
+        E: std::error::Error,
     {
         let mut attempts: u32 = 0;
         let mut round: u32 = 0;
@@ -460,7 +458,7 @@ impl Retry<'_> {
                             Err(foreign) => foreign.to_string(),
                         }
                     }
-                    Ok(Err(reason)) => reason,
+                    Ok(Err(e)) => error_chain(&e),
                     Err(_) => format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs()),
                 };
                 let (next, delay) = match endpoints.get(i + 1) {
@@ -498,16 +496,19 @@ fn checked_master_secret(
     disk_uuid: &str,
     state_disk_key: &[u8],
     measurement_secret: &[u8],
-) -> Result<MasterSecret, String> {
-    let master = MasterSecret::new(key.to_vec(), salt.to_vec())
-        .map_err(|e| format!("the join service sent an unusable master secret: {e}"))?;
-    let uuid = hawser_keys::canonical_uuid(disk_uuid)
-        .map_err(|e| format!("the disk UUID {disk_uuid:?}: {e}"))?;
+) -> Result<MasterSecret, MasterSecretError> {
+    let master =
+        MasterSecret::new(key.to_vec(), salt.to_vec()).map_err(MasterSecretError::Unusable)?;
+    let uuid =
+        hawser_keys::canonical_uuid(disk_uuid).map_err(|source| MasterSecretError::DiskUuid {
+            uuid: disk_uuid.to_owned(),
+            source,
+        })?;
     let length = hawser_keys::StateDiskKeyLength::from_requested(state_disk_key.len())
-        .map_err(|e| format!("the join service sent an unusable disk key: {e}"))?;
+        .map_err(MasterSecretError::DiskKey)?;
     let derived_key = master
         .state_disk_key(&uuid, length)
-        .map_err(|e| format!("cannot derive the disk key from the master secret sent: {e}"))?;
+        .map_err(MasterSecretError::Derive)?;
     let consistent = bool::from(subtle::ConstantTimeEq::ct_eq(
         &derived_key[..],
         state_disk_key,
@@ -516,11 +517,7 @@ fn checked_master_secret(
         measurement_secret,
     ));
     if !consistent {
-        return Err(
-            "the join service sent a master secret that does not derive the disk key and \
-             measurement secret it sent"
-                .to_owned(),
-        );
+        return Err(MasterSecretError::Inconsistent);
     }
     Ok(master)
 }

@@ -65,7 +65,7 @@ async fn tamper_join_service_of_another_cluster() {
     let (secrets, attempts) = retry
         .run(|_| {
             let answer = answers.borrow_mut().pop();
-            async move { answer.ok_or_else(|| "no more answers".to_owned()) }
+            async move { answer.ok_or_else(|| std::io::Error::other("no more answers")) }
         })
         .await;
     assert_eq!(attempts, 3, "two refusals, then the disk's cluster");
@@ -99,7 +99,7 @@ async fn endpoints_are_asked_in_turn_with_backoff_between_rounds() {
             let up = endpoint.host == "10.0.0.3";
             async move {
                 up.then(|| secrets_of(b"s", 1))
-                    .ok_or_else(|| "connection refused".to_owned())
+                    .ok_or_else(|| std::io::Error::other("connection refused"))
             }
         })
         .await;
@@ -121,7 +121,7 @@ async fn endpoints_are_asked_in_turn_with_backoff_between_rounds() {
             let up = round == 2 && endpoint.host == "10.0.0.2";
             async move {
                 up.then(|| secrets_of(b"s", 1))
-                    .ok_or_else(|| "connection refused".to_owned())
+                    .ok_or_else(|| std::io::Error::other("connection refused"))
             }
         })
         .await;
@@ -155,11 +155,14 @@ fn a_control_planes_master_secret_must_derive_the_rest_of_the_answer() {
         (&other_key[..], &measurement[..]),
         (&key[..], &other.measurement_secret()[..]),
     ] {
-        let err = checked_master_secret(&[1; 32], &[2; 32], uuid, key, measurement).unwrap_err();
+        let err = error_chain(
+            &checked_master_secret(&[1; 32], &[2; 32], uuid, key, measurement).unwrap_err(),
+        );
         assert!(err.contains("does not derive the disk key"), "{err}");
     }
-    let err =
-        checked_master_secret(&[1; 4], &[2; 32], uuid, &key[..], &measurement[..]).unwrap_err();
+    let err = error_chain(
+        &checked_master_secret(&[1; 4], &[2; 32], uuid, &key[..], &measurement[..]).unwrap_err(),
+    );
     assert!(
         err.starts_with("the join service sent an unusable master secret"),
         "{err}"

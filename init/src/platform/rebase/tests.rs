@@ -1,3 +1,6 @@
+//! Unit tests of `platform/rebase.rs`: smaps parsing, the move plan, the copies, and the thread
+//! park.
+
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
