@@ -35,7 +35,9 @@ use tracing::{info, warn};
 
 use self::dm::DmError;
 use self::key::{DiskStatus, FixedKey, KeyError, KeySourceKind, VolumeKey};
-use self::lifecycle::{Action, Kept, LifecycleError, Options, Plan, Platform, VerifiedKey};
+use self::lifecycle::{
+    Action, Kept, LifecycleError, MkfsError, Options, Plan, Platform, VerifiedKey,
+};
 use crate::platform::block::{self as device, BlockDevice, DiskSelector, Lookup, SysfsError};
 use crate::platform::mounts::SharedMountTable;
 use crate::platform::poll::{self, Poll};
@@ -456,7 +458,7 @@ impl Platform for LinuxPlatform {
         Ok(size)
     }
 
-    fn mkfs(&self, mapped: &Path) -> Result<(), String> {
+    fn mkfs(&self, mapped: &Path) -> Result<(), MkfsError> {
         let mut command = tokio::process::Command::new(MKFS);
         command
             .args(["-t", "ext4", "-q", "-F", "-b", "4096", "-L", FS_LABEL])
@@ -468,17 +470,20 @@ impl Platform for LinuxPlatform {
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped());
         self.runtime.block_on(async {
-            let mut child = self
-                .registry
-                .spawn(&mut command)
-                .map_err(|e| format!("cannot run {MKFS}: {e}"))?;
+            let mut child =
+                self.registry
+                    .spawn(&mut command)
+                    .map_err(|source| MkfsError::Spawn {
+                        program: MKFS,
+                        source,
+                    })?;
             let stdout = child.inner().stdout.take();
             let stderr = child.inner().stderr.take();
             let (out, err) = tokio::join!(read_all(stdout), read_all(stderr));
-            let status = child
-                .wait()
-                .await
-                .map_err(|e| format!("cannot wait for {MKFS}: {e}"))?;
+            let status = child.wait().await.map_err(|source| MkfsError::Wait {
+                program: MKFS,
+                source,
+            })?;
             if status.success() {
                 return Ok(());
             }
@@ -487,7 +492,11 @@ impl Platform for LinuxPlatform {
                 String::from_utf8_lossy(&out),
                 String::from_utf8_lossy(&err)
             );
-            Err(format!("{MKFS} exited with {status}: {}", output.trim()))
+            Err(MkfsError::Failed {
+                program: MKFS,
+                status,
+                output: output.trim().to_owned(),
+            })
         })
     }
 

@@ -110,6 +110,24 @@ fn sysfs_number(path: PathBuf) -> Result<u64, SysfsError> {
     })
 }
 
+/// Why a disk has no GPT partitions to look in: a note for the error message, not an error of
+/// the search (the boot disk may be another one).
+#[derive(Debug, thiserror::Error)]
+enum TableNote {
+    /// Its logical block size cannot be read from sysfs.
+    #[error(transparent)]
+    BlockSize(SysfsError),
+    /// Its logical block size is not a power of two from 512 to 4096.
+    #[error("logical block size {0}")]
+    OddBlockSize(u64),
+    /// Its GPT cannot be read (an empty CD drive).
+    #[error(transparent)]
+    Read(Box<RootfsError>),
+    /// What it holds is not a GPT hawser can use.
+    #[error(transparent)]
+    Gpt(gpt::GptError),
+}
+
 /// The GPT partitions of `disk` with its logical block size, or a note saying why there are
 /// none to use. A disk that cannot be read (an empty CD drive) is only a note: the boot disk
 /// may be another one.
@@ -117,23 +135,23 @@ fn read_table(
     sys_block: &Path,
     dev_dir: &Path,
     disk: &str,
-) -> Result<(u64, Vec<GptPartition>), String> {
+) -> Result<(u64, Vec<GptPartition>), TableNote> {
     let block_size = sysfs_number(sys_block.join(disk).join("queue/logical_block_size"))
-        .map_err(|e| crate::platform::error_chain(&e))?;
+        .map_err(TableNote::BlockSize)?;
     if !(512..=4096).contains(&block_size) || !block_size.is_power_of_two() {
-        return Err(format!("logical block size {block_size}"));
+        return Err(TableNote::OddBlockSize(block_size));
     }
     let node = dev_dir.join(disk);
     let read = |offset: u64, len: usize| {
-        read_at(&node, offset, len).map_err(|e| crate::platform::error_chain(&e))
+        read_at(&node, offset, len).map_err(|e| TableNote::Read(Box::new(e)))
     };
     let header =
-        gpt::parse_header(&read(block_size, block_size as usize)?).map_err(|e| e.to_string())?;
+        gpt::parse_header(&read(block_size, block_size as usize)?).map_err(TableNote::Gpt)?;
     let entries = read(
         header.partition_entry_lba.saturating_mul(block_size),
         header.entries_len(),
     )?;
-    let partitions = gpt::parse_entries(&header, &entries).map_err(|e| e.to_string())?;
+    let partitions = gpt::parse_entries(&header, &entries).map_err(TableNote::Gpt)?;
     Ok((block_size, partitions))
 }
 
@@ -225,7 +243,11 @@ pub fn find_verity_partitions(
         let (block_size, partitions) = match read_table(sys_block, dev_dir, &disk.name) {
             Ok(table) => table,
             Err(note) => {
-                scanned.push(format!("{}: {note}", disk.name));
+                scanned.push(format!(
+                    "{}: {}",
+                    disk.name,
+                    crate::platform::error_chain(&note)
+                ));
                 continue;
             }
         };
