@@ -3,10 +3,10 @@
 //! 1. **prepare** (blocking): find the disk, probe it, decide format or open
 //!    ([`disk::prepare`]) — a typed plan that names the LUKS2 UUID the key is for;
 //! 2. **race** (async): the join client against the init server ([`Enrollment::race`]) — the
-//!    key comes back by value, as a [`KeyGrant`], apart from the node's
-//!    [`Membership`](crate::enrollment::race::Membership) (ticket
-//!    or admin's call, mesh grant, cluster secrets), which only the phases after the disk use;
-//!    with the development source, fw_cfg's key;
+//!    key comes back by value, as a [`KeyGrant`], apart from the node's membership (the
+//!    ticket or the admin's call, the mesh grant, the cluster's secrets:
+//!    [`Membership`](crate::enrollment::race::Membership)), which only the phases after the
+//!    disk use; with the development source, fw_cfg's key;
 //! 3. **apply** (blocking): check the key against the disk's LUKS2 digest
 //!    ([`disk::Prepared::verify`]), only then take the node lock (PCR 15 ← cluster ID,
 //!    [`KeyGrant::take_lock`]), then format or open, map and mount ([`disk::Prepared::apply`]);

@@ -1,4 +1,5 @@
-//! Unit tests of `config.rs`: its behaviour, moved out of the module to keep it readable.
+//! The configuration's tests: the kernel's command-line splitting, defaults, every known key,
+//! the keys checked together, and what fw_cfg may and may not set.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Unit tests of `disk/mod.rs`: its behaviour, moved out of the module to keep it readable.
+//! The state disk's tests: the wipe, and which key source is chosen (or refused) for which
+//! configuration.
 
 use super::*;
 

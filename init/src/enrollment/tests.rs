@@ -1,4 +1,5 @@
-//! Unit tests of `enrollment/mod.rs`: its behaviour, moved out of the module to keep it readable.
+//! The enrollment's shared pieces, tested: the retry backoff, join endpoints, and the policy an
+//! attested join service must satisfy.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Unit tests of `modules.rs`: its behaviour, moved out of the module to keep it readable.
+//! The module loader's tests: dependencies first and once, errors naming the module and its
+//! purpose, skipped modules, and concurrent loads in plan order.
 
 use super::*;
 use crate::fatal::error_chain;

@@ -1,4 +1,5 @@
-//! Unit tests of `supervisor/mod.rs`: its behaviour, moved out of the module to keep it readable.
+//! The supervisor's tests: restart backoff, the kubelet's flags, output forwarding, stop order
+//! and timeouts, the shared supervisor's handover.
 
 use super::*;
 use std::os::unix::process::ExitStatusExt as _;

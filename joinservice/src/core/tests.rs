@@ -1,4 +1,5 @@
-//! Unit tests of `core.rs`: its behaviour, moved out of the module to keep it readable.
+//! The join decisions' tests: keys of the right disk and length, refusals naming PCRs and fields,
+//! disk bindings, control-plane approvals and files, the mesh's admissions and polls.
 
 use super::*;
 use crate::tokens::KubeadmTokenIssuer;

@@ -1,4 +1,5 @@
-//! Unit tests of `enrollment/client.rs`: its behaviour, moved out of the module to keep it readable.
+//! The join client's tests: another cluster's join service refused before the lock, endpoints
+//! asked in turn with backoff between rounds, a control plane's master secret checked.
 
 use super::*;
 

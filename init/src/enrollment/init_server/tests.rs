@@ -1,4 +1,5 @@
-//! Unit tests of `enrollment/init_server.rs`: its behaviour, moved out of the module to keep it readable.
+//! The init server's tests: each bad field named, secrets wiped from the request, the init secret
+//! checked first, one grant at a time, and the server's stop once the node is locked.
 
 use super::*;
 

@@ -1,4 +1,5 @@
-//! Unit tests of `kube/kubeadm.rs`: its behaviour, moved out of the module to keep it readable.
+//! The kubeadm configuration's tests: the init and join documents kubeadm reads, secrets
+//! validated without being echoed, invalid input refused by field.
 
 use super::*;
 use serde_json::json;

@@ -1,4 +1,5 @@
-//! Unit tests of `platform/syscalls.rs`: its behaviour, moved out of the module to keep it readable.
+//! The Linux syscalls' tests: the old root emptied without following links or leaving its
+//! filesystem, and the recording implementation's order of pivot calls.
 
 use super::*;
 use std::os::unix::fs::symlink;

@@ -1,4 +1,5 @@
-//! Unit tests of `rootfs/locate.rs`: its behaviour, moved out of the module to keep it readable.
+//! The rootfs search's tests: a veritysetup image found and verified, another image's or a
+//! stale tree refused by name, disagreeing kernel views and unreadable disks.
 
 use super::*;
 use std::process::Command;
