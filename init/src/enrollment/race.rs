@@ -19,7 +19,8 @@
 //! by value; the boot checks it against the disk's LUKS2 digest first, and only then does
 //! [`KeyGrant::take_lock`] take the [`NodeLock`] (PCR 15 ← cluster ID): a key that does not
 //! open the disk never marks the node as belonging to a cluster. An admin's grant refused that
-//! way ([`KeyGrant::refuse`]) leaves the init server serving: the boot races again.
+//! way (the admin told through [`Membership::fail`]) leaves the init server serving: the boot
+//! races again.
 
 use std::sync::Arc;
 
