@@ -1,10 +1,13 @@
-//! The layers of `init/src`, checked: the platform layer imports no domain module, and no two
-//! top-level modules import each other, directly or around a circle.
+//! The layers of `init/src`, checked: the platform layer imports no domain module, nothing
+//! imports the boot script, no two top-level modules import each other, directly or around a
+//! circle, and two seams of the boot chain hold: the state disk (`disk`) never names the node's
+//! membership (`enrollment`, `kube`, `mesh`: it is given a key, nothing else), and the pivot
+//! (`rootfs`) never names Kubernetes (`kube`) or the join (`enrollment`).
 //!
 //! ```text
 //! boot ─ the script of phases over a Boot context                       (top)
 //! fatal, shutdown ─ the ways down                                       (below boot)
-//! enrollment, disk, rootfs, node, kubeadm, supervisor, modules, config, attest  (domain)
+//! enrollment, disk, rootfs, kube, mesh, supervisor, modules, config, attest  (domain)
 //! platform ─ syscalls, block devices, device-mapper, random, console, … (bottom)
 //! ```
 //!
@@ -86,6 +89,41 @@ mod tests {
     }
 
     #[test]
+    fn nothing_imports_the_boot_script() {
+        let graph = imports();
+        let importers: Vec<&String> = graph
+            .iter()
+            .filter(|(_, targets)| targets.contains("boot"))
+            .map(|(module, _)| module)
+            .collect();
+        assert!(importers.is_empty(), "boot/ is the top: {importers:?}");
+    }
+
+    #[test]
+    fn the_state_disk_is_given_a_key_and_never_names_the_membership() {
+        let graph = imports();
+        for membership in ["enrollment", "kube", "mesh"] {
+            assert!(
+                !graph["disk"].contains(membership),
+                "disk/ imports {membership}: {:?}",
+                graph["disk"]
+            );
+        }
+    }
+
+    #[test]
+    fn the_pivot_never_names_kubernetes_or_the_join() {
+        let graph = imports();
+        for domain in ["kube", "enrollment"] {
+            assert!(
+                !graph["rootfs"].contains(domain),
+                "rootfs/ imports {domain}: {:?}",
+                graph["rootfs"]
+            );
+        }
+    }
+
+    #[test]
     fn no_top_level_modules_import_each_other_in_a_circle() {
         let graph = imports();
         // Depth-first search for a back edge; report the circle it closes.
@@ -125,5 +163,7 @@ mod tests {
         let graph = imports();
         assert!(graph["boot"].contains("platform"), "{graph:?}");
         assert!(graph["disk"].contains("platform"), "{graph:?}");
+        assert!(graph["kube"].contains("enrollment"), "{graph:?}");
+        assert!(graph["rootfs"].contains("modules"), "{graph:?}");
     }
 }

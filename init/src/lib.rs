@@ -7,7 +7,7 @@
 //! and the init server ([`enrollment`]), checked against the disk, the node lock taken (PCR 15 ←
 //! cluster ID) and the disk applied; a TPM quote in a one-line boot report; for images with a
 //! rootfs, the pivot into it (dm-verity, PCR 11 ← `leave-initrd`, `switch_root`: [`rootfs`])
-//! and the node's services and kubeadm ([`node`], [`supervisor`], [`kubeadm`]). PID 1 then
+//! and the node's services, kubeadm and join service ([`kube`], [`supervisor`]). PID 1 then
 //! reaps orphans and shuts down cleanly on SIGTERM, SIGINT, SIGPWR or the ACPI power button.
 //!
 //! Two rules shape the code:
@@ -30,8 +30,10 @@
 //! enrollment/    join client, init server, the race, the node lock (PCR 15)
 //! disk/          the state disk: key sources, LUKS2 probe, lifecycle (prepare/verify/apply),
 //!                its dm-crypt tables
-//! rootfs/        locating and activating the dm-verity rootfs, the pivot plan
-//! node, kubeadm, supervisor   Kubernetes after the pivot
+//! rootfs/        locating and activating the dm-verity rootfs, the pivot plan, the pivot
+//! kube/          Kubernetes after the pivot: services, kubeadm's intent and attempts, the
+//!                one-time grants, the cluster's join service
+//! supervisor/    services and one-shot jobs, restarts and retries
 //! modules, config, attest     kernel modules, configuration, measurement and quote
 //! ─────────────────────────────────────────────────────────────────────────────────────────
 //! platform/      syscalls, mounts, block devices, device-mapper, random, entropy, fw_cfg,
@@ -50,12 +52,10 @@ pub mod config;
 pub mod disk;
 pub mod enrollment;
 pub mod fatal;
-pub mod join_service;
-pub mod kubeadm;
+pub mod kube;
 mod layers;
 pub mod mesh;
 pub mod modules;
-pub mod node;
 pub mod platform;
 pub mod rootfs;
 pub mod shutdown;

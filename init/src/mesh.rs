@@ -7,7 +7,7 @@
 //! the ticket        VpnConfig: the node's VPN address, the prefix, the MTU, the mesh's peers
 //!                   (checked here: `MeshGrant::from_wire`)
 //! the first boot   the generated key, checked against the ticket's (the registry's) and kept
-//!                   on the new state disk before it is marked initialized (`node::grants`)
+//!                   on the new state disk before it is marked initialized (`kube::grants`)
 //! after the disk    the key read back from the state disk, every boot; it must be the key the
 //!                   registry holds for this node
 //! the tunnel        boringtun on `hawser0` (its own thread), address/MTU/route by netlink,

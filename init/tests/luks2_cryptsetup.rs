@@ -22,7 +22,7 @@ use std::process::{Command, Output};
 
 use hawser_init::disk::dm::DmError;
 use hawser_init::disk::key::{FixedKey, VolumeKey};
-use hawser_init::disk::lifecycle::{self, Action, Options, Platform};
+use hawser_init::disk::lifecycle::{self, Action, MkfsError, Options, Platform};
 use hawser_init::disk::probe::{self, Contents, ProbeError};
 use hawser_init::platform::error_chain;
 use hawser_init::timings::PhaseTimer;
@@ -365,7 +365,7 @@ impl Platform for NoDeviceMapper {
     fn wipe(&self, _: &Path) -> io::Result<u64> {
         Ok(0)
     }
-    fn mkfs(&self, _: &Path) -> Result<(), String> {
+    fn mkfs(&self, _: &Path) -> Result<(), MkfsError> {
         Ok(())
     }
     fn mount(&self, _: &Path, target: &Path) -> io::Result<()> {

@@ -25,7 +25,7 @@ pub mod tokens;
 pub mod vpn;
 pub mod vpnapi;
 
-pub use crate::core::{JoinCore, JoinError, JoinTicket, RejoinTicket};
+pub use crate::core::{JoinCore, JoinError, JoinGrant, RejoinTicket};
 /// The cluster state and the control-plane approvals, in their own crate (`hawser peers` reads
 /// them without this server); here under their old paths.
 pub use hawser_cluster_store::{self as store, approvals};

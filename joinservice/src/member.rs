@@ -213,7 +213,8 @@ async fn follow(
                 failing = false;
             }
             Ok(()) => {}
-            Err(reason) if !failing => {
+            Err(e) if !failing => {
+                let reason = hawser_attestation::error_chain(&e);
                 tracing::warn!(%reason, "the join service's tunnel keeps its peers as they are");
                 failing = true;
             }
@@ -228,25 +229,38 @@ async fn follow(
     tracing::info!("the join service's tunnel is down");
 }
 
+/// Why one round of the join service's tunnel failed; the next round tries again.
+#[derive(Debug, thiserror::Error)]
+enum StepError {
+    /// A blocking task of the round panicked or was cancelled.
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+    /// The store cannot be read or written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The registry's update does not apply to the tunnel's view.
+    #[error(transparent)]
+    Agent(#[from] hawser_mesh::agent::AgentError),
+    /// The tunnel's statistics cannot be read.
+    #[error(transparent)]
+    Tunnel(#[from] DeviceError),
+}
+
 /// One round: the registry's changes onto the tunnel, the tunnel's statistics into the store.
 async fn step(
     core: &Arc<JoinCore>,
     agent: &mut Agent<Tunnel>,
     member_id: &str,
-) -> Result<(), String> {
+) -> Result<(), StepError> {
     let store = Arc::clone(core.store());
     let registry =
         tokio::task::spawn_blocking(move || store.vpn_registry(ReadConsistency::LatestOrLocal))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e: StoreError| hawser_attestation::error_chain(&e))?;
+            .await??;
     let Some(registry) = registry else {
         return Ok(());
     };
     let update = registry.update_since(agent.view().version());
-    let changes = agent
-        .apply(&update)
-        .map_err(|e| hawser_attestation::error_chain(&e))?;
+    let changes = agent.apply(&update)?;
     if !changes.is_empty() {
         tracing::info!(
             version = update.version(),
@@ -255,10 +269,7 @@ async fn step(
             "the join service's tunnel follows the registry"
         );
     }
-    let stats = agent
-        .tunnel()
-        .stats()
-        .map_err(|e| hawser_attestation::error_chain(&e))?;
+    let stats = agent.tunnel().stats()?;
     let status = PollStatus {
         unix_time: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -269,8 +280,6 @@ async fn step(
     };
     let store = Arc::clone(core.store());
     let id = member_id.to_owned();
-    tokio::task::spawn_blocking(move || store.record_vpn_poll(&id, &status))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| hawser_attestation::error_chain(&e))
+    tokio::task::spawn_blocking(move || store.record_vpn_poll(&id, &status)).await??;
+    Ok(())
 }

@@ -47,9 +47,10 @@ use hawser_attestation::validator::{AkTrust, AkTrustError, Validator, ValidatorE
 use hawser_mesh::MeshError;
 use hawser_proto::join::join_service_server::{JoinService, JoinServiceServer};
 use hawser_proto::join::{
-    ClusterMasterSecret, ControlPlaneFile, IssueJoinTicketRequest, IssueJoinTicketResponse,
-    IssueRejoinTicketRequest, IssueRejoinTicketResponse, VpnConfig,
+    ClusterMasterSecret, IssueJoinTicketRequest, IssueJoinTicketResponse, IssueRejoinTicketRequest,
+    IssueRejoinTicketResponse, VpnConfig,
 };
+use hawser_proto::ticket::join_ticket_to_wire;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{Semaphore, oneshot};
 use tonic::{Code, Request, Response, Status};
@@ -479,33 +480,12 @@ impl JoinService for Service {
                 core.issue_join_ticket(&decided_peer, &req)
             })
             .await?;
-        Ok(Response::new(IssueJoinTicketResponse {
+        let mut response = IssueJoinTicketResponse {
             state_disk_key: ticket.state_disk_key.to_vec(),
             measurement_salt: ticket.measurement_salt.clone(),
             measurement_secret: ticket.measurement_secret.to_vec(),
-            api_server_endpoint: ticket.credentials.api_server_endpoint.to_string(),
-            bootstrap_token: ticket
-                .credentials
-                .bootstrap_token
-                .expose_secret()
-                .to_owned(),
-            discovery_ca_cert_hashes: ticket
-                .credentials
-                .discovery_ca_cert_hashes
-                .iter()
-                .map(ToString::to_string)
-                .collect(),
-            control_plane_files: ticket
-                .control_plane_files
-                .iter()
-                .map(|(name, data)| ControlPlaneFile {
-                    name: name.clone(),
-                    data: data.to_vec(),
-                })
-                .collect(),
             kubelet_cert: Vec::new(),
             cluster_ca_cert: Vec::new(),
-            kubernetes_version: ticket.kubernetes_version.clone(),
             vpn: ticket.vpn.as_ref().map(vpn_config),
             master_secret: ticket
                 .master_secret
@@ -514,7 +494,10 @@ impl JoinService for Service {
                     key: master.key_bytes().to_vec(),
                     salt: master.salt_bytes().to_vec(),
                 }),
-        }))
+            ..IssueJoinTicketResponse::default()
+        };
+        join_ticket_to_wire(&ticket.kubeadm, &mut response);
+        Ok(Response::new(response))
     }
 
     async fn issue_rejoin_ticket(

@@ -512,7 +512,10 @@ fn fault_join_service_on_another_control_plane_sees_the_same_disks() {
         .core
         .issue_join_ticket(&peer(&AK), &join_request(&uuid(9), true))
         .unwrap();
-    assert_eq!(ticket.control_plane_files.len(), CONTROL_PLANE_FILES.len());
+    assert_eq!(
+        ticket.kubeadm.control_plane_files.map(|files| files.len()),
+        Some(CONTROL_PLANE_FILES.len())
+    );
 }
 
 #[test]

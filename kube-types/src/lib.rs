@@ -20,7 +20,9 @@
 //! - [`Endpoint`] and [`ApiServerEndpoint`]: `host[:port]` and `host:port`, IPv6 in brackets,
 //!   as kubeadm parses them;
 //! - [`KubernetesVersion`]: `v<major>.<minor>.<patch>[-<pre-release>]` without leading zeros,
-//!   the subset of kubeadm's `kubernetesVersion` a node installs without resolving labels.
+//!   the subset of kubeadm's `kubernetesVersion` a node installs without resolving labels;
+//! - [`JoinTicket`]: the values above as the join service hands them to a joining node (with a
+//!   control plane's shared certificates), the one definition of the ticket.
 //!
 //! Each type parses its text form (`FromStr`, one error type each) and prints its canonical form
 //! (`Display`; the token only through [`BootstrapToken::expose_secret`]). A value that parsed is
@@ -39,6 +41,7 @@ pub mod ca_cert_hash;
 pub mod cidr;
 pub mod dns;
 pub mod endpoint;
+pub mod ticket;
 pub mod token;
 pub mod version;
 
@@ -46,5 +49,6 @@ pub use ca_cert_hash::{CaCertHash, CaCertHashError};
 pub use cidr::{Cidr, CidrError, ServiceCidr, ServiceCidrError};
 pub use dns::{DnsSubdomain, DnsSubdomainError};
 pub use endpoint::{ApiServerEndpoint, Endpoint, EndpointError, Host};
+pub use ticket::{ControlPlaneFile, JoinTicket};
 pub use token::{BootstrapToken, BootstrapTokenError};
 pub use version::{KubernetesVersion, KubernetesVersionError, VersionNumber};

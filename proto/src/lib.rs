@@ -44,6 +44,10 @@ pub use generated::hawser::vpn::v1 as vpn;
 #[cfg(feature = "grpc")]
 pub mod mesh;
 
+/// Conversions between `hawser.join.v1`'s ticket and the one join ticket (`hawser-kube-types`).
+#[cfg(feature = "grpc")]
+pub mod ticket;
+
 /// `hawser.evidence.v1`: attestation evidence carried in the attested-TLS certificate.
 pub mod evidence {
     include!(concat!(env!("OUT_DIR"), "/hawser.evidence.v1.rs"));

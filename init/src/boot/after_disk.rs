@@ -13,29 +13,30 @@ use crate::config::CmdlineConfig;
 use crate::enrollment::PROVIDER_CA_PATH;
 use crate::enrollment::init_server::{GrantKind, Progress};
 use crate::enrollment::race::Outcome;
-use crate::join_service::JoinServiceInputs;
-use crate::node;
+use crate::kube;
+use crate::kube::join_service::JoinServiceInputs;
 use crate::platform::{console, error_chain};
 
 /// Where the kernel exposes the firmware's TCG event log (securityfs, mounted at bring-up).
 const EVENT_LOG: &str = "/sys/kernel/security/tpm0/binary_bios_measurements";
 
-/// What the race decided, turned into the node's Kubernetes role and name, and what a control
-/// plane needs for the cluster's join service; prints the join summary line.
+/// What the race decided (the lock and the membership, the mesh grant taken already), turned
+/// into the node's Kubernetes role and name, and what a control plane needs for the cluster's
+/// join service; prints the join summary line.
 pub(super) fn role(
     config: &CmdlineConfig,
     outcome: Option<Outcome>,
     measurement: &Measurement,
-) -> (node::Role, Option<String>, node::ControlPlane) {
-    let Some(outcome) = outcome else {
-        return (node::Role::Rejoin, None, node::ControlPlane::default());
+) -> (kube::Role, Option<String>, kube::ControlPlane) {
+    let Some(Outcome { locked, membership }) = outcome else {
+        return (kube::Role::Rejoin, None, kube::ControlPlane::default());
     };
-    match outcome.summary.to_console_line() {
+    match locked.summary.to_console_line() {
         Ok(line) => console::emit_raw_console_line(&line),
         Err(e) => warn!("cannot encode the join summary: {e}"),
     }
-    let node_name = crate::enrollment::client::node_name(&outcome.summary.disk_uuid);
-    let control_plane = node::ControlPlane {
+    let node_name = crate::enrollment::client::node_name(&locked.summary.disk_uuid);
+    let control_plane = kube::ControlPlane {
         // The image's provider CA is in the initramfs, which the pivot frees: read now.
         inputs: config
             .root_hash
@@ -51,24 +52,24 @@ pub(super) fn role(
                 // the LAN, so its control planes advertise theirs there, under the node name.
                 advertise_as: (config.join_discovery == crate::config::JoinDiscovery::Mdns)
                     .then(|| node_name.clone()),
-                own_disk: outcome.summary.disk_uuid.clone(),
+                own_disk: locked.summary.disk_uuid.clone(),
             }),
     };
-    // As `node::grants::Granted::of` read it before the disk was marked initialized.
-    let role = match (outcome.admin, outcome.kubeadm) {
+    // As `kube::grants::Granted::of` read it before the disk was marked initialized.
+    let role = match (membership.admin, membership.kubeadm) {
         (Some((GrantKind::Init(spec), progress)), _) if config.root_hash.is_some() => {
-            node::Role::Init {
+            kube::Role::Init {
                 spec,
-                cluster_id: outcome.cluster_id,
+                cluster_id: locked.cluster_id,
                 progress,
             }
         }
         (Some((kind, progress)), _) => {
-            report_to_admin(&kind, progress, outcome.cluster_id);
-            node::Role::Rejoin
+            report_to_admin(&kind, progress, locked.cluster_id);
+            kube::Role::Rejoin
         }
-        (None, Some(ticket)) => node::Role::Join(ticket),
-        (None, None) => node::Role::Rejoin,
+        (None, Some(ticket)) => kube::Role::Join(ticket),
+        (None, None) => kube::Role::Rejoin,
     };
     (role, Some(node_name), control_plane)
 }
@@ -142,7 +143,7 @@ impl Boot {
         };
         // What an earlier boot's kubeadm left pending, for whoever reads the report.
         if let Some(warning) =
-            node::intent::boot_report_warning(std::path::Path::new(crate::disk::STATE_MOUNT_POINT))
+            kube::intent::boot_report_warning(std::path::Path::new(crate::disk::STATE_MOUNT_POINT))
         {
             self.warn(warning);
         }
@@ -167,9 +168,9 @@ impl Boot {
     pub(super) async fn run_node(
         &mut self,
         config: &CmdlineConfig,
-        role: node::Role,
+        role: kube::Role,
         node_name: Option<String>,
-        control_plane: node::ControlPlane,
+        control_plane: kube::ControlPlane,
         node_ip: Option<std::net::Ipv4Addr>,
     ) -> Result<(), BootError> {
         let Some(root_hash) = config.root_hash else {
@@ -179,7 +180,7 @@ impl Boot {
         let clock = self.timer().clone();
         // A control plane's PCR 11 gets its marker before leave-initrd (`pivot_role`).
         let measured = self.pivot_role(state_disk).await;
-        let pivoted = node::pivot(
+        let pivoted = crate::rootfs::pivot(
             root_hash,
             self.tpm()?,
             state_disk,
@@ -191,14 +192,14 @@ impl Boot {
         let networking = match pivoted {
             Ok(pivoted) => pivoted.networking,
             Err(e) => {
-                if let node::Role::Init { progress, .. } = role {
+                if let kube::Role::Init { progress, .. } = role {
                     progress.fail(&format!("the pivot into the rootfs: {}", error_chain(&e)));
                 }
                 return Err(BootError::Pivot(e));
             }
         };
         let identity = match (node_ip, node_name) {
-            (Some(ip), Some(name)) => Some(node::NodeIdentity {
+            (Some(ip), Some(name)) => Some(kube::NodeIdentity {
                 name,
                 ip: std::net::IpAddr::V4(ip),
             }),
@@ -206,7 +207,7 @@ impl Boot {
         };
         match identity {
             Some(identity) => {
-                node::run(
+                kube::run(
                     role,
                     identity,
                     control_plane,
@@ -220,7 +221,7 @@ impl Boot {
                 let reason = "no node identity for Kubernetes (needs hawser.net and a cluster \
                               key source): containerd, kubelet and kubeadm are not started";
                 warn!("{reason}");
-                if let node::Role::Init { progress, .. } = role {
+                if let kube::Role::Init { progress, .. } = role {
                     progress.fail(reason);
                 }
             }
@@ -242,7 +243,7 @@ pub(super) fn node_ip(
     mesh.map(|mesh| mesh.node_ip).or(underlay_ip(lan, config))
 }
 
-/// [`node_ip`] without a mesh (`node::grants` renders kubeadm's intent with it before the
+/// [`node_ip`] without a mesh (`kube::grants` renders kubeadm's intent with it before the
 /// mesh starts, and with the mesh grant's address when there is one).
 pub(super) fn underlay_ip(
     lan: Option<std::net::Ipv4Addr>,

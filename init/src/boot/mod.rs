@@ -25,7 +25,7 @@
 //!       ─ boot report line; firmware event log line
 //!       ─ hawser.root_hash: pivot into the rootfs (PCR 11 ← ["control-plane",] "leave-initrd":
 //!         the marker for a node holding its cluster's master secret, `pivot_role.rs`), then
-//!         containerd, kubelet, kubeadm once (node.rs)
+//!         containerd, kubelet, kubeadm once (kube/)
 //!       ─ "hawser: boot complete; idle"
 //!       ─ shutdown request → stop processes, unmount, power off
 //! ```
@@ -59,8 +59,8 @@ use crate::config::ConfigError;
 use crate::disk::DiskError;
 use crate::enrollment::race::EnrollmentError;
 use crate::fatal::{self, fatal, fatal_error};
+use crate::kube;
 use crate::modules::ModuleError;
-use crate::node;
 use crate::platform::console;
 use crate::platform::error_chain;
 use crate::platform::fw_cfg::FwCfgError;
@@ -135,7 +135,7 @@ pub enum BootError {
     Mesh(#[from] crate::mesh::MeshSetupError),
     /// The pivot into the verified rootfs failed.
     #[error("cannot pivot into the rootfs")]
-    Pivot(#[source] node::PivotError),
+    Pivot(#[source] crate::rootfs::PivotError),
     /// The boot report cannot be encoded as JSON.
     #[error("cannot encode the boot report")]
     Report(#[source] serde_json::Error),
@@ -314,7 +314,7 @@ async fn shutdown(
 ) -> ! {
     info!("shutdown requested by {request}");
     // The node's services first, in reverse start order, each given time to stop cleanly.
-    node::stop_services(services).await;
+    kube::stop_services(services).await;
     let stopped = tokio::task::spawn_blocking(|| {
         shutdown::stop_all_processes(
             &LINUX,
@@ -419,7 +419,7 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
         .await?;
     boot.await_state_disk_modules().await?;
     boot.watch_power_buttons();
-    let first_boot = node::grants::FirstBoot {
+    let first_boot = kube::grants::FirstBoot {
         mesh_key: &mesh_key,
         rootfs: config.root_hash.is_some(),
         underlay_ip: after_disk::underlay_ip(lan_address, &config),
@@ -435,7 +435,7 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     // Kept on the state disk if it was granted; the tunnel reads it back from there.
     drop(mesh_key);
     boot.await_late_modules().await?;
-    let grant = outcome.as_mut().and_then(|o| o.mesh.take());
+    let grant = outcome.as_mut().and_then(|o| o.membership.mesh.take());
     let mesh = boot.mesh(grant).await?;
     let (role, node_name, control_plane) = after_disk::role(&config, outcome, &measurement);
     boot.report(nonce, measurement, &config, &kernel_release)

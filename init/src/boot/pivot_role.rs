@@ -28,10 +28,10 @@ use crate::platform::error_chain;
 use crate::rootfs::MeasuredRole;
 
 /// Where a control plane's kept secrets are before the pivot: the state disk's `/var` is bound
-/// onto the new root's `/var` at the pivot ([`crate::join_service::CLUSTER_DIR`] after it).
+/// onto the new root's `/var` at the pivot ([`crate::kube::join_service::CLUSTER_DIR`] after it).
 fn kept_secrets_dir() -> PathBuf {
     Path::new(crate::disk::STATE_MOUNT_POINT)
-        .join(crate::join_service::CLUSTER_DIR.trim_start_matches('/'))
+        .join(crate::kube::join_service::CLUSTER_DIR.trim_start_matches('/'))
 }
 
 /// The rule of the module docs: `granted` (this boot's grant, when the node keeps it) or
@@ -76,7 +76,7 @@ impl Boot {
         };
         let read = super::context::blocking(move || {
             let pcr15 = tpm.read_pcrs_sha256(vec![PCR_CLUSTER_ID]);
-            let kept = state_disk.then(|| crate::join_service::load(&kept_secrets_dir()));
+            let kept = state_disk.then(|| crate::kube::join_service::load(&kept_secrets_dir()));
             (pcr15, kept)
         })
         .await;

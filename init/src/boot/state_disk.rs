@@ -3,13 +3,19 @@
 //! 1. **prepare** (blocking): find the disk, probe it, decide format or open
 //!    ([`disk::prepare`]) — a typed plan that names the LUKS2 UUID the key is for;
 //! 2. **race** (async): the join client against the init server ([`Enrollment::race`]) — the
-//!    key comes back by value, as a [`KeyGrant`]; with the development source, fw_cfg's key;
+//!    key comes back by value, as a [`KeyGrant`], apart from the node's membership (the
+//!    ticket or the admin's call, the mesh grant, the cluster's secrets:
+//!    [`Membership`](crate::enrollment::race::Membership)), which only the phases after the
+//!    disk use; with the development source, fw_cfg's key;
 //! 3. **apply** (blocking): check the key against the disk's LUKS2 digest
 //!    ([`disk::Prepared::verify`]), only then take the node lock (PCR 15 ← cluster ID,
 //!    [`KeyGrant::take_lock`]), then format or open, map and mount ([`disk::Prepared::apply`]);
 //!    a format keeps the node's one-time grants (WireGuard key, kubeadm's intent, a control
 //!    plane's secrets: [`grants`]) on the new filesystem before it marks the disk
 //!    initialized, so no power cut leaves an initialized disk without them.
+//!
+//! The disk's own step ([`Boot::apply_state_disk`]) takes the [`VerifiedKey`] and nothing
+//! else: the membership passes it by, as the one-time files a new disk keeps.
 //!
 //! A key that does not open the disk is refused before the node lock: the node never marks
 //! itself as a cluster's for a disk it cannot open. When that key came from the admin
@@ -23,16 +29,18 @@ use super::BootError;
 use super::context::Boot;
 use crate::config::{CmdlineConfig, FwCfgConfig, JoinDiscovery};
 use crate::disk::key::{DiskStatus, KeySource as _, VolumeKey};
+use crate::disk::lifecycle::VerifiedKey;
 use crate::disk::{self, DiskError, KeyChoice, LinuxPlatform, StateDiskConfig};
 use crate::enrollment::client::{JoinClient, JoinSource};
 use crate::enrollment::discover::LanDiscovery;
 use crate::enrollment::init_secret::InitSecretHash;
 use crate::enrollment::init_server::INIT_PORT;
-use crate::enrollment::race::{Enrollment, KeyGrant, Outcome};
+use crate::enrollment::lock::NodeLock;
+use crate::enrollment::race::{Enrollment, EnrollmentError, KeyGrant, Locked, Outcome, Won};
 use crate::enrollment::{
     INSECURE_TRUST_WARNING, JoinServiceTrust, PROVIDER_CA_PATH, join_service_policy,
 };
-use crate::node::grants;
+use crate::kube::grants;
 use crate::platform::error_chain;
 
 impl Boot {
@@ -99,8 +107,8 @@ impl Boot {
         )))
     }
 
-    /// Brings the state disk up (prepare → race → apply); the race's outcome when the key
-    /// came from the cluster.
+    /// Brings the state disk up (prepare → race → apply); the lock and the membership when
+    /// the key came from the cluster.
     pub(super) async fn state_disk(
         &mut self,
         config: &StateDiskConfig,
@@ -131,14 +139,14 @@ impl Boot {
             .await??
         };
         // 2. race (or the development key)
-        let (uuid, len, status) = (
-            prepared.luks_uuid().to_owned(),
-            prepared.key_len(),
-            prepared.status(),
-        );
         let enrollment = match choice {
             KeyChoice::None => return Ok(None),
             KeyChoice::Fixed(fixed) => {
+                let (uuid, len, status) = (
+                    prepared.luks_uuid().to_owned(),
+                    prepared.key_len(),
+                    prepared.status(),
+                );
                 let key = self
                     .time("state-disk-key", || fixed.volume_key(&uuid, len, status))
                     .map_err(|e| DiskError::Lifecycle {
@@ -146,13 +154,14 @@ impl Boot {
                         source: e.into(),
                     })?;
                 // 3. apply
-                let warnings = self
+                let (prepared, verified) = self
                     .with_timer_blocking(move |timer| {
-                        let key = prepared.verify(key, timer)?;
-                        prepared.apply(key, platform.as_ref(), timer)
+                        let verified = prepared.verify(key, timer);
+                        (prepared, verified)
                     })
+                    .await?;
+                self.apply_state_disk(prepared, verified?, platform)
                     .await??;
-                self.warn_all(warnings);
                 return Ok(None);
             }
             KeyChoice::Cluster(enrollment) => {
@@ -160,17 +169,70 @@ impl Boot {
             }
         };
         let mut enrollment = enrollment;
+        let (won, prepared, key) = self.race(&mut enrollment, prepared).await?;
+        let Won {
+            key: grant,
+            membership,
+        } = won;
+        // 3. apply: the key was checked against the disk; now the lock, then the disk.
+        let locked = match self.lock(grant, enrollment.node_lock()).await? {
+            Ok(locked) => locked,
+            Err(e) => {
+                membership.fail(&error_chain(&e));
+                return Err(BootError::StateDiskKey {
+                    device: prepared.device().to_owned(),
+                    source: Box::new(e),
+                });
+            }
+        };
+        let prepared = prepared.for_cluster(locked.cluster_id);
+        let prepared = match prepared.status() {
+            DiskStatus::New => {
+                let granted =
+                    grants::Granted::of(&membership, &locked.summary.disk_uuid, first_boot.rootfs);
+                match grants::first_boot_files(&granted, first_boot) {
+                    Ok(kept) => prepared.keeping(kept),
+                    Err(e) => {
+                        membership.fail(&format!("the join's grants: {}", error_chain(&e)));
+                        return Err(e.into());
+                    }
+                }
+            }
+            DiskStatus::Initialized => prepared,
+        };
+        match self.apply_state_disk(prepared, key, platform).await? {
+            Ok(()) => Ok(Some(Outcome { locked, membership })),
+            Err(e) => {
+                // The admin whose request won learns why the node cannot go on.
+                membership.fail(&format!("the state disk: {}", error_chain(&e)));
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Races for the key until one opens the disk: an admin's key that does not is refused
+    /// and the race runs again; the join service's ends the boot. The winner, with the disk
+    /// and the key checked against it.
+    async fn race(
+        &mut self,
+        enrollment: &mut Enrollment,
+        prepared: disk::Prepared,
+    ) -> Result<(Won, disk::Prepared, VerifiedKey), BootError> {
+        let (uuid, len, status) = (
+            prepared.luks_uuid().to_owned(),
+            prepared.key_len(),
+            prepared.status(),
+        );
         let mut prepared = prepared;
-        let (grant, prepared, key) = loop {
-            let grant = self
+        loop {
+            let won = self
                 .time_async("state-disk-key", enrollment.race(&uuid, len, status))
                 .await
                 .map_err(|source| BootError::StateDiskKey {
                     device: prepared.device().to_owned(),
                     source: Box::new(source),
                 })?;
-            // 3. apply: the key against the disk, then the lock, then the disk.
-            let key = grant.key();
+            let key = won.key.key();
             let verified = self
                 .with_timer_blocking(move |timer| {
                     let verified = prepared.verify(key, timer);
@@ -178,69 +240,43 @@ impl Boot {
                 })
                 .await?;
             match verified {
-                (verified_disk, Ok(key)) => break (grant, verified_disk, key),
-                (refused_disk, Err(e)) if grant.from_admin() => {
-                    refuse_admin(grant, &e);
+                (verified_disk, Ok(key)) => return Ok((won, verified_disk, key)),
+                (refused_disk, Err(e)) if won.key.from_admin() => {
+                    refuse_admin(won, &e);
                     prepared = refused_disk;
                 }
-                (_, Err(e)) => return Err(fail_admin(grant, e)),
+                (_, Err(e)) => return Err(fail_admin(won, e)),
             }
-        };
-        let outcome = self.lock(grant, &enrollment, &prepared).await?;
-        let prepared = prepared.for_cluster(outcome.cluster_id);
-        let prepared = match prepared.status() {
-            DiskStatus::New => {
-                let granted = grants::Granted::of(&outcome, first_boot.rootfs);
-                match grants::first_boot_files(&granted, first_boot) {
-                    Ok(kept) => prepared.keeping(kept),
-                    Err(e) => {
-                        if let Some((_, progress)) = outcome.admin {
-                            progress.fail(&format!("the join's grants: {}", error_chain(&e)));
-                        }
-                        return Err(e.into());
-                    }
-                }
-            }
-            DiskStatus::Initialized => prepared,
-        };
+        }
+    }
+
+    /// The disk's part of the phase, once the key is checked (and, for the cluster's key, the
+    /// node locked): format or open, map, mount. It takes the key and nothing of the node's
+    /// membership.
+    async fn apply_state_disk(
+        &mut self,
+        prepared: disk::Prepared,
+        key: VerifiedKey,
+        platform: Arc<LinuxPlatform>,
+    ) -> Result<Result<(), DiskError>, BootError> {
         let applied = self
             .with_timer_blocking(move |timer| prepared.apply(key, platform.as_ref(), timer))
             .await?;
-        match applied {
-            Ok(warnings) => {
-                self.warn_all(warnings);
-                Ok(Some(outcome))
+        Ok(applied.map(|warnings| {
+            for warning in warnings {
+                self.warn(warning);
             }
-            Err(e) => {
-                // The admin whose request won learns why the node cannot go on.
-                if let Some((_, progress)) = outcome.admin {
-                    progress.fail(&format!("the state disk: {}", error_chain(&e)));
-                }
-                Err(e.into())
-            }
-        }
+        }))
     }
 
     /// Takes the node lock for the race's winner (PCR 15 ← cluster ID).
     async fn lock(
         &mut self,
         grant: KeyGrant,
-        enrollment: &Enrollment,
-        prepared: &disk::Prepared,
-    ) -> Result<Outcome, BootError> {
-        let (lock, tpm) = (enrollment.node_lock(), self.tpm()?);
-        super::context::blocking(move || grant.take_lock(&lock, &tpm))
-            .await?
-            .map_err(|source| BootError::StateDiskKey {
-                device: prepared.device().to_owned(),
-                source: Box::new(source),
-            })
-    }
-
-    fn warn_all(&mut self, warnings: Vec<String>) {
-        for warning in warnings {
-            self.warn(warning);
-        }
+        lock: Arc<NodeLock>,
+    ) -> Result<Result<Locked, EnrollmentError>, BootError> {
+        let tpm = self.tpm()?;
+        super::context::blocking(move || grant.take_lock(&lock, &tpm)).await
     }
 }
 
@@ -252,20 +288,21 @@ fn init_secret_hash(config: &CmdlineConfig) -> Option<InitSecretHash> {
 
 /// An admin's key that does not open the disk (`hawser recover` with another cluster's master
 /// secret): the admin learns why, the node is not locked, and the race goes on.
-fn refuse_admin(grant: KeyGrant, error: &DiskError) {
+fn refuse_admin(won: Won, error: &DiskError) {
     let reason = format!(
         "{} refused: the master secret does not give this node's state disk key (the disk \
          belongs to another cluster, or the master secret is wrong); the node is not locked and \
          waits for the right one: {}",
-        grant.rpc(),
+        won.key.rpc(),
         error_chain(error)
     );
     tracing::warn!("{reason}");
-    grant.fail(&reason);
+    won.membership.fail(&reason);
 }
 
 /// A key that does not open the disk: the winning admin learns why, and the boot stops.
-fn fail_admin(grant: KeyGrant, error: DiskError) -> BootError {
-    grant.fail(&format!("the state disk: {}", error_chain(&error)));
+fn fail_admin(won: Won, error: DiskError) -> BootError {
+    won.membership
+        .fail(&format!("the state disk: {}", error_chain(&error)));
     error.into()
 }

@@ -54,7 +54,7 @@ mod error;
 mod kept;
 mod marker;
 
-pub use self::error::LifecycleError;
+pub use self::error::{LifecycleError, MkfsError};
 pub use self::kept::Kept;
 pub use self::marker::{MARKER_FILE, Marker, read_marker, write_marker};
 
@@ -73,7 +73,7 @@ pub trait Platform {
     /// returns the bytes written.
     fn wipe(&self, mapped: &Path) -> io::Result<u64>;
     /// Creates the filesystem on the mapped device.
-    fn mkfs(&self, mapped: &Path) -> Result<(), String>;
+    fn mkfs(&self, mapped: &Path) -> Result<(), MkfsError>;
     /// Mounts the mapped device's filesystem at `target`.
     fn mount(&self, mapped: &Path, target: &Path) -> io::Result<()>;
     /// Fills `buf` from the kernel's CSPRNG.
@@ -446,9 +446,9 @@ fn format(
         timer.time("state-disk-mkfs", || {
             platform
                 .mkfs(&mapped)
-                .map_err(|detail| LifecycleError::Mkfs {
+                .map_err(|source| LifecycleError::Mkfs {
                     mapped: mapped.clone(),
-                    detail,
+                    source,
                 })
         })?;
         Ok(wiped)

@@ -27,11 +27,10 @@ use std::time::Duration;
 use hawser_attestation::TpmIssuer;
 use hawser_attestation::atls::{AtlsClient, Identity};
 use hawser_keys::MasterSecret;
-use hawser_kube_types::{ApiServerEndpoint, BootstrapToken, CaCertHash};
+use hawser_kube_types::JoinTicket;
 use hawser_proto::join::join_service_client::JoinServiceClient;
-use hawser_proto::join::{
-    IssueJoinTicketRequest, IssueJoinTicketResponse, IssueRejoinTicketRequest,
-};
+use hawser_proto::join::{IssueJoinTicketRequest, IssueRejoinTicketRequest};
+use hawser_proto::ticket::join_ticket_from_wire;
 use tracing::warn;
 use zeroize::Zeroizing;
 
@@ -40,6 +39,11 @@ use super::{
     jitter_unit,
 };
 use crate::disk::key::DiskStatus;
+use crate::mesh::MeshSetupError;
+
+mod error;
+
+pub use self::error::{AttemptError, MasterSecretError};
 use crate::platform::error_chain;
 
 /// Deadline of one attempt (connect, handshake with quotes on both sides, call).
@@ -118,43 +122,12 @@ pub struct Secrets {
     pub measurement_secret: Zeroizing<Vec<u8>>,
     pub measurement_salt: Vec<u8>,
     /// What `kubeadm join` needs (`IssueJoinTicket` only; a rejoining node joined before).
-    pub ticket: Option<KubeadmTicket>,
+    pub ticket: Option<JoinTicket>,
     /// A control-plane join: the cluster's master secret, checked against the rest of the
     /// answer, for the join service this control plane runs too. Zeroized on drop.
     pub master_secret: Option<MasterSecret>,
     /// The node's place in the WireGuard mesh, when the join service runs one.
     pub mesh: Option<crate::mesh::MeshGrant>,
-}
-
-/// The Kubernetes half of a join ticket. The token is secret (zeroized, redacted in `Debug`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KubeadmTicket {
-    pub api_server_endpoint: ApiServerEndpoint,
-    pub token: BootstrapToken,
-    pub ca_cert_hashes: Vec<CaCertHash>,
-    pub kubernetes_version: String,
-    /// A control-plane join: the cluster's shared certificates and keys (name relative to
-    /// `/etc/kubernetes/pki`, content); `None` for a worker.
-    pub control_plane_files: Option<Vec<ControlPlaneFile>>,
-}
-
-/// One of the cluster's shared control-plane files. The content is key material: zeroized on
-/// drop and never shown by `Debug`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ControlPlaneFile {
-    pub name: String,
-    pub data: Zeroizing<Vec<u8>>,
-}
-
-impl std::fmt::Debug for ControlPlaneFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "ControlPlaneFile({}, <{} bytes>)",
-            self.name,
-            self.data.len()
-        )
-    }
 }
 
 /// Whether this disk is new (join) or initialized (rejoin).
@@ -295,11 +268,11 @@ impl JoinClient {
 
     /// The aTLS client of an attempt: the node attests with its TPM, and the join service must
     /// satisfy the policy for the disk's cluster.
-    fn atls(&self) -> Result<AtlsClient, String> {
+    fn atls(&self) -> Result<AtlsClient, AttemptError> {
         let policy = self
             .policy
             .peer_policy(self.disk_cluster.as_ref())
-            .map_err(|e| format!("cannot check the join service: {}", error_chain(&e)))?;
+            .map_err(AttemptError::Policy)?;
         Ok(
             AtlsClient::new(Identity::attested(self.issuer.clone()), policy)
                 .handshake_timeout(ATTEMPT_TIMEOUT),
@@ -312,16 +285,15 @@ impl JoinClient {
         disk_uuid: &str,
         key_length: usize,
         status: DiskStatus,
-    ) -> Result<Secrets, String> {
+    ) -> Result<Secrets, AttemptError> {
         let secrets = self.ask(endpoint, disk_uuid, key_length, status).await?;
         // A key this disk cannot use costs an attempt, named, never the boot: another join
         // service (or this one, upgraded) may answer right.
         if secrets.state_disk_key.len() != key_length {
-            return Err(format!(
-                "the join service sent a {}-byte state disk key; this node's disk needs {key_length} \
-                 (hawser.state_disk_integrity): a join service that predates integrity disks?",
-                secrets.state_disk_key.len()
-            ));
+            return Err(AttemptError::KeyLength {
+                sent: secrets.state_disk_key.len(),
+                needed: key_length,
+            });
         }
         Ok(secrets)
     }
@@ -332,18 +304,17 @@ impl JoinClient {
         disk_uuid: &str,
         key_length: usize,
         status: DiskStatus,
-    ) -> Result<Secrets, String> {
+    ) -> Result<Secrets, AttemptError> {
         // Both fit a u32: the configured lengths are 64 and 96.
         let state_disk_key_length = u32::try_from(key_length).unwrap_or(u32::MAX);
         let atls = self.atls()?;
         let channel = tonic::transport::Endpoint::from_shared(endpoint.uri())
-            .map_err(|e| format!("bad endpoint: {}", error_chain(&e)))?
+            .map_err(AttemptError::Endpoint)?
             .connect_timeout(ATTEMPT_TIMEOUT)
             .connect_with_connector(atls.connector())
             .await
-            .map_err(|e| error_chain(&e))?;
+            .map_err(AttemptError::Connect)?;
         let mut client = JoinServiceClient::new(channel);
-        let status_text = |s: tonic::Status| format!("refused ({:?}): {}", s.code(), s.message());
         match status {
             DiskStatus::New => {
                 let request = IssueJoinTicketRequest {
@@ -358,12 +329,8 @@ impl JoinClient {
                     vpn_endpoint: self.mesh_endpoint(),
                     state_disk_key_length,
                 };
-                let mut response = client
-                    .issue_join_ticket(request)
-                    .await
-                    .map_err(status_text)?
-                    .into_inner();
-                let ticket = kubeadm_ticket(&mut response, self.control_plane);
+                let mut response = client.issue_join_ticket(request).await?.into_inner();
+                let ticket = join_ticket_from_wire(&mut response, self.control_plane);
                 let mesh = mesh_grant(response.vpn.as_ref());
                 let state_disk_key = Zeroizing::new(std::mem::take(&mut response.state_disk_key));
                 let measurement_secret =
@@ -409,8 +376,7 @@ impl JoinClient {
                         vpn_endpoint: self.mesh_endpoint(),
                         state_disk_key_length,
                     })
-                    .await
-                    .map_err(status_text)?
+                    .await?
                     .into_inner();
                 Ok(Secrets {
                     state_disk_key: Zeroizing::new(std::mem::take(&mut response.state_disk_key)),
@@ -439,9 +405,9 @@ impl JoinClient {
 /// The ticket's mesh, checked: a malformed one fails the attempt (which is retried).
 fn mesh_grant(
     vpn: Option<&hawser_proto::join::VpnConfig>,
-) -> Result<Option<crate::mesh::MeshGrant>, String> {
+) -> Result<Option<crate::mesh::MeshGrant>, MeshSetupError> {
     match vpn {
-        Some(vpn) => crate::mesh::MeshGrant::from_wire(vpn).map_err(|e| error_chain(&e)),
+        Some(vpn) => crate::mesh::MeshGrant::from_wire(vpn),
         None => Ok(None),
     }
 }
@@ -460,10 +426,11 @@ impl Retry<'_> {
     /// cluster; every failure and every refusal is logged with its reason. The next endpoint of
     /// a round is asked at once; after a whole round (or a round with nothing advertised) the
     /// backoff grows (one round per backoff step).
-    async fn run<F, A>(&self, mut attempt: F) -> (Secrets, u32)
+    async fn run<F, A, E>(&self, mut attempt: F) -> (Secrets, u32)
     where
         F: FnMut(JoinEndpoint) -> A,
-        A: Future<Output = Result<Secrets, String>>,
+        A: Future<Output = Result<Secrets, E>>,
+        E: std::error::Error,
     {
         let mut attempts: u32 = 0;
         let mut round: u32 = 0;
@@ -491,7 +458,7 @@ impl Retry<'_> {
                             Err(foreign) => foreign.to_string(),
                         }
                     }
-                    Ok(Err(reason)) => reason,
+                    Ok(Err(e)) => error_chain(&e),
                     Err(_) => format!("no answer within {} s", ATTEMPT_TIMEOUT.as_secs()),
                 };
                 let (next, delay) = match endpoints.get(i + 1) {
@@ -519,56 +486,6 @@ impl Retry<'_> {
     }
 }
 
-/// The Kubernetes half of `response`, checked: the token (wiped from the response whether or
-/// not it is usable), the API server endpoint and the CA certificate hashes. The
-/// control-plane files are taken for a control-plane node.
-fn kubeadm_ticket(
-    response: &mut IssueJoinTicketResponse,
-    control_plane: bool,
-) -> Result<KubeadmTicket, String> {
-    let token = response
-        .bootstrap_token
-        .parse::<BootstrapToken>()
-        .map_err(|e| format!("the join service sent an unusable bootstrap token: {e}"));
-    zeroize::Zeroize::zeroize(&mut response.bootstrap_token);
-    let token = token?;
-    let api_server_endpoint = response
-        .api_server_endpoint
-        .parse::<ApiServerEndpoint>()
-        .map_err(|e| {
-            format!(
-                "the join service sent an unusable API server endpoint {:?}: {}",
-                response.api_server_endpoint,
-                error_chain(&e)
-            )
-        })?;
-    let ca_cert_hashes = response
-        .discovery_ca_cert_hashes
-        .iter()
-        .map(|hash| {
-            hash.parse::<CaCertHash>().map_err(|e| {
-                format!("the join service sent an unusable CA certificate hash {hash:?}: {e}")
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(KubeadmTicket {
-        api_server_endpoint,
-        token,
-        ca_cert_hashes,
-        kubernetes_version: std::mem::take(&mut response.kubernetes_version),
-        control_plane_files: control_plane.then(|| {
-            response
-                .control_plane_files
-                .iter_mut()
-                .map(|file| ControlPlaneFile {
-                    name: std::mem::take(&mut file.name),
-                    data: Zeroizing::new(std::mem::take(&mut file.data)),
-                })
-                .collect()
-        }),
-    })
-}
-
 /// The master secret a control-plane join was sent, accepted only if it is the secret the
 /// rest of the answer comes from: the disk key and the measurement secret it derives must be
 /// the ones sent. A control plane runs the join service with it, so a wrong one would hand
@@ -579,16 +496,19 @@ fn checked_master_secret(
     disk_uuid: &str,
     state_disk_key: &[u8],
     measurement_secret: &[u8],
-) -> Result<MasterSecret, String> {
-    let master = MasterSecret::new(key.to_vec(), salt.to_vec())
-        .map_err(|e| format!("the join service sent an unusable master secret: {e}"))?;
-    let uuid = hawser_keys::canonical_uuid(disk_uuid)
-        .map_err(|e| format!("the disk UUID {disk_uuid:?}: {e}"))?;
+) -> Result<MasterSecret, MasterSecretError> {
+    let master =
+        MasterSecret::new(key.to_vec(), salt.to_vec()).map_err(MasterSecretError::Unusable)?;
+    let uuid =
+        hawser_keys::canonical_uuid(disk_uuid).map_err(|source| MasterSecretError::DiskUuid {
+            uuid: disk_uuid.to_owned(),
+            source,
+        })?;
     let length = hawser_keys::StateDiskKeyLength::from_requested(state_disk_key.len())
-        .map_err(|e| format!("the join service sent an unusable disk key: {e}"))?;
+        .map_err(MasterSecretError::DiskKey)?;
     let derived_key = master
         .state_disk_key(&uuid, length)
-        .map_err(|e| format!("cannot derive the disk key from the master secret sent: {e}"))?;
+        .map_err(MasterSecretError::Derive)?;
     let consistent = bool::from(subtle::ConstantTimeEq::ct_eq(
         &derived_key[..],
         state_disk_key,
@@ -597,11 +517,7 @@ fn checked_master_secret(
         measurement_secret,
     ));
     if !consistent {
-        return Err(
-            "the join service sent a master secret that does not derive the disk key and \
-             measurement secret it sent"
-                .to_owned(),
-        );
+        return Err(MasterSecretError::Inconsistent);
     }
     Ok(master)
 }
@@ -612,266 +528,4 @@ pub fn node_name(disk_uuid: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use hawser_proto::join::ControlPlaneFile as WireFile;
-
-    const TOKEN: &str = "abcdef.0123456789abcdef";
-    const HASH: &str = "sha256:1234567890abcdef1234567890abcdef1234567890abcdef1234567890abcdef";
-
-    fn response() -> IssueJoinTicketResponse {
-        IssueJoinTicketResponse {
-            api_server_endpoint: "10.0.2.15:6443".into(),
-            bootstrap_token: TOKEN.into(),
-            discovery_ca_cert_hashes: vec![HASH.into()],
-            kubernetes_version: "v1.33.4".into(),
-            control_plane_files: vec![WireFile {
-                name: "ca.key".into(),
-                data: b"key material".to_vec(),
-            }],
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_well_formed_ticket_is_taken_and_its_token_wiped_from_the_response() {
-        let mut wire = response();
-        let ticket = kubeadm_ticket(&mut wire, false).unwrap();
-        assert_eq!(ticket.api_server_endpoint.to_string(), "10.0.2.15:6443");
-        assert_eq!(ticket.token.expose_secret(), TOKEN);
-        assert_eq!(ticket.ca_cert_hashes, [HASH.parse().unwrap()]);
-        assert_eq!(ticket.kubernetes_version, "v1.33.4");
-        assert!(ticket.control_plane_files.is_none());
-        assert!(
-            wire.bootstrap_token.bytes().all(|b| b == 0),
-            "token left behind"
-        );
-        let ticket = kubeadm_ticket(&mut response(), true).unwrap();
-        let files = ticket.control_plane_files.unwrap();
-        assert_eq!(files[0].name, "ca.key");
-        assert_eq!(*files[0].data, b"key material");
-    }
-
-    #[test]
-    fn an_unusable_ticket_is_refused_naming_the_field_without_echoing_the_token() {
-        type Edit = fn(&mut IssueJoinTicketResponse);
-        let cases: [(Edit, &str); 7] = [
-            (
-                |r| r.api_server_endpoint = "10.0.2.15".into(),
-                "API server endpoint \"10.0.2.15\": there is no port",
-            ),
-            (
-                |r| r.api_server_endpoint = "10.0.2.15:99999".into(),
-                "API server endpoint \"10.0.2.15:99999\": the port",
-            ),
-            (
-                |r| r.api_server_endpoint = "fd00::1:6443".into(),
-                "API server endpoint \"fd00::1:6443\"",
-            ),
-            (
-                |r| r.discovery_ca_cert_hashes = vec!["sha1:abcd".into()],
-                "CA certificate hash \"sha1:abcd\"",
-            ),
-            (
-                |r| r.discovery_ca_cert_hashes = vec![HASH.to_uppercase()],
-                "CA certificate hash",
-            ),
-            (
-                |r| r.bootstrap_token = "ABCDEF.0123456789abcdef".into(),
-                "unusable bootstrap token",
-            ),
-            (
-                |r| r.bootstrap_token = "abcdef.0123456789abcdeF".into(),
-                "unusable bootstrap token",
-            ),
-        ];
-        for (edit, message) in cases {
-            let mut wire = response();
-            edit(&mut wire);
-            let secret = wire.bootstrap_token.clone();
-            let err = kubeadm_ticket(&mut wire, true).unwrap_err();
-            assert!(err.contains(message), "{message}: {err}");
-            assert!(!err.contains(&secret), "{err}");
-            assert!(
-                wire.bootstrap_token.bytes().all(|b| b == 0),
-                "token left behind"
-            );
-        }
-        // No hash at all is kubeadm_config's refusal ("at least one"): not a malformed field.
-        let mut wire = response();
-        wire.discovery_ca_cert_hashes.clear();
-        assert!(
-            kubeadm_ticket(&mut wire, false)
-                .unwrap()
-                .ca_cert_hashes
-                .is_empty()
-        );
-    }
-
-    fn secrets_of(measurement_secret: &[u8], key: u8) -> Secrets {
-        Secrets {
-            state_disk_key: Zeroizing::new(vec![key; 64]),
-            measurement_secret: Zeroizing::new(measurement_secret.to_vec()),
-            measurement_salt: b"salt".to_vec(),
-            ticket: None,
-            master_secret: None,
-            mesh: None,
-        }
-    }
-
-    fn endpoint() -> JoinEndpoint {
-        JoinEndpoint::parse("10.0.2.2:9090").unwrap()
-    }
-
-    #[test]
-    fn a_join_service_of_the_disks_cluster_or_any_for_a_disk_without_one_is_accepted() {
-        let ours = hawser_keys::cluster_id(b"our secret", b"salt");
-        check_cluster(&endpoint(), Some(&ours), &secrets_of(b"our secret", 1)).unwrap();
-        check_cluster(&endpoint(), None, &secrets_of(b"their secret", 1)).unwrap();
-        let err =
-            check_cluster(&endpoint(), Some(&ours), &secrets_of(b"their secret", 1)).unwrap_err();
-        let theirs = hawser_keys::cluster_id(b"their secret", b"salt");
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "the join service at 10.0.2.2:9090 belongs to cluster {}; this node's disk \
-                 belongs to cluster {}",
-                hex::encode(theirs),
-                hex::encode(ours)
-            )
-        );
-        // The salt is part of the cluster ID, as in the node lock.
-        let mut salted = secrets_of(b"our secret", 1);
-        salted.measurement_salt = b"other salt".to_vec();
-        assert!(check_cluster(&endpoint(), Some(&ours), &salted).is_err());
-    }
-
-    /// Tamper row: a join service of another cluster
-    ///
-    /// A node whose disk records cluster A asks a join service that answers for cluster B (a
-    /// misconfigured endpoint, or someone else's join service of the same image): the answer is
-    /// refused before the node lock and the client keeps asking — here the endpoint answers for
-    /// A on the third attempt, and only that answer comes back.
-    #[tokio::test(start_paused = true)]
-    async fn tamper_join_service_of_another_cluster() {
-        let ours = hawser_keys::cluster_id(b"our secret", b"salt");
-        let endpoints = JoinEndpoints::one(endpoint());
-        let backoff = RetryBackoff::default();
-        let endpoints = JoinSource::Configured(endpoints);
-        let retry = Retry {
-            endpoints: &endpoints,
-            backoff: &backoff,
-            disk_cluster: Some(&ours),
-            status: DiskStatus::Initialized,
-        };
-        let answers = std::cell::RefCell::new(vec![
-            secrets_of(b"our secret", 3),
-            secrets_of(b"their secret", 2),
-            secrets_of(b"their secret", 1),
-        ]);
-        let (secrets, attempts) = retry
-            .run(|_| {
-                let answer = answers.borrow_mut().pop();
-                async move { answer.ok_or_else(|| "no more answers".to_owned()) }
-            })
-            .await;
-        assert_eq!(attempts, 3, "two refusals, then the disk's cluster");
-        assert_eq!(*secrets.state_disk_key, vec![3; 64]);
-        assert_eq!(
-            hawser_keys::cluster_id(&secrets.measurement_secret, &secrets.measurement_salt),
-            ours
-        );
-    }
-
-    /// The endpoints are asked in turn: the next one of a round at once, the backoff only after
-    /// a whole round failed; each attempt goes to its own endpoint.
-    #[tokio::test(start_paused = true)]
-    async fn endpoints_are_asked_in_turn_with_backoff_between_rounds() {
-        let endpoints = JoinEndpoints::parse("10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000").unwrap();
-        let backoff = RetryBackoff::default();
-        let endpoints = JoinSource::Configured(endpoints);
-        let retry = Retry {
-            endpoints: &endpoints,
-            backoff: &backoff,
-            disk_cluster: None,
-            status: DiskStatus::New,
-        };
-
-        // The first two are down, the third answers: three attempts, no waiting.
-        let asked = std::cell::RefCell::new(Vec::new());
-        let start = tokio::time::Instant::now();
-        let (_, attempts) = retry
-            .run(|endpoint| {
-                asked.borrow_mut().push(endpoint.to_string());
-                let up = endpoint.host == "10.0.0.3";
-                async move {
-                    up.then(|| secrets_of(b"s", 1))
-                        .ok_or_else(|| "connection refused".to_owned())
-                }
-            })
-            .await;
-        assert_eq!(attempts, 3);
-        assert_eq!(
-            *asked.borrow(),
-            ["10.0.0.1:7000", "10.0.0.2:7000", "10.0.0.3:7000"]
-        );
-        assert_eq!(start.elapsed(), Duration::ZERO);
-
-        // All down for two rounds, then the second answers: the waits are the backoff's first
-        // two steps, taken after each whole round.
-        asked.borrow_mut().clear();
-        let start = tokio::time::Instant::now();
-        let (_, attempts) = retry
-            .run(|endpoint| {
-                let round = asked.borrow().len() / 3;
-                asked.borrow_mut().push(endpoint.to_string());
-                let up = round == 2 && endpoint.host == "10.0.0.2";
-                async move {
-                    up.then(|| secrets_of(b"s", 1))
-                        .ok_or_else(|| "connection refused".to_owned())
-                }
-            })
-            .await;
-        assert_eq!(attempts, 8);
-        assert_eq!(asked.borrow()[6..], ["10.0.0.1:7000", "10.0.0.2:7000"]);
-        let waited = start.elapsed();
-        let least = backoff.ceiling(0) / 2 + backoff.ceiling(1) / 2;
-        let most = backoff.ceiling(0) + backoff.ceiling(1);
-        assert!(waited >= least && waited <= most, "{waited:?}");
-    }
-
-    /// A control plane takes the master secret only if it derives what the rest of the
-    /// answer says: the disk key of this disk and the measurement secret.
-    #[test]
-    fn a_control_planes_master_secret_must_derive_the_rest_of_the_answer() {
-        let master = MasterSecret::new(vec![1; 32], vec![2; 32]).unwrap();
-        let uuid = "6a0e4c1f-2b3d-4e5f-8a9b-0c1d2e3f4a5b";
-        let key = master
-            .state_disk_key(uuid, hawser_keys::StateDiskKeyLength::Xts)
-            .unwrap();
-        let measurement = master.measurement_secret();
-        let taken =
-            checked_master_secret(&[1; 32], &[2; 32], uuid, &key[..], &measurement[..]).unwrap();
-        assert_eq!(taken.key_bytes(), master.key_bytes());
-
-        let other = MasterSecret::new(vec![3; 32], vec![2; 32]).unwrap();
-        let other_key = other
-            .state_disk_key(uuid, hawser_keys::StateDiskKeyLength::Xts)
-            .unwrap();
-        for (key, measurement) in [
-            (&other_key[..], &measurement[..]),
-            (&key[..], &other.measurement_secret()[..]),
-        ] {
-            let err =
-                checked_master_secret(&[1; 32], &[2; 32], uuid, key, measurement).unwrap_err();
-            assert!(err.contains("does not derive the disk key"), "{err}");
-        }
-        let err =
-            checked_master_secret(&[1; 4], &[2; 32], uuid, &key[..], &measurement[..]).unwrap_err();
-        assert!(
-            err.starts_with("the join service sent an unusable master secret"),
-            "{err}"
-        );
-        assert!(!err.contains("0101"), "no key material in the error: {err}");
-    }
-}
+mod tests;

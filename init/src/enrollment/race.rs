@@ -5,7 +5,9 @@
 //! (`hawser.state_disk_key_source=join-service`). [`Enrollment::race`] (async) starts the init
 //! server (for `hawser init` on a new disk, `hawser recover` on an initialized one; only when the
 //! platform gave an init secret hash) and, when a join endpoint is configured, the join client,
-//! and returns the first of them to get secrets as a [`KeyGrant`]:
+//! and returns the first of them to get secrets as a [`Won`]: the state disk's [`KeyGrant`]
+//! apart from the node's [`Membership`] (the kubeadm ticket or the admin's call, the mesh
+//! grant, the cluster's secrets), which only the phases after the disk use:
 //!
 //! - the join service answered → its key, the cluster ID from its measurement secret and salt;
 //! - the admin's request was valid → the key derived from the master secret for this disk's
@@ -17,7 +19,8 @@
 //! by value; the boot checks it against the disk's LUKS2 digest first, and only then does
 //! [`KeyGrant::take_lock`] take the [`NodeLock`] (PCR 15 ← cluster ID): a key that does not
 //! open the disk never marks the node as belonging to a cluster. An admin's grant refused that
-//! way ([`KeyGrant::refuse`]) leaves the init server serving: the boot races again.
+//! way (the admin told through [`Membership::fail`]) leaves the init server serving: the boot
+//! races again.
 
 use std::sync::Arc;
 
@@ -28,27 +31,63 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
-use super::client::{JoinClient, KubeadmTicket, Secrets, describe};
+use hawser_kube_types::JoinTicket;
+
+use super::client::{JoinClient, Secrets, describe};
 use super::init_secret::InitSecretHash;
 use super::init_server::{self, Grant, GrantKind, InitServer, Progress};
 use super::lock::{LockError, MarkError, NodeLock, Owner, PCR_CLUSTER_ID, cluster_lock_pcr};
 use crate::disk::key::{DiskStatus, KeyError, VolumeKey};
 use crate::platform::error_chain;
 
-/// What the race and the lock decided.
+/// What the race won, as two values with two purposes: the state disk key, which the state
+/// disk phase consumes (checked against the disk, then the node lock, then the disk), and the
+/// node's membership, which goes on to the phases after the disk. The disk never sees the
+/// membership; the membership never carries the key.
 #[derive(Debug)]
-pub struct Outcome {
-    pub summary: JoinReport,
-    pub cluster_id: [u8; 32],
+pub struct Won {
+    pub key: KeyGrant,
+    pub membership: Membership,
+}
+
+/// What the winner granted besides the key: the node's place in the cluster, for the phases
+/// after the disk (and the one-time grants a new disk keeps before its "initialized" mark).
+#[derive(Debug)]
+pub struct Membership {
     /// The admin's open call, when the init server won: boot reports the result through it.
     pub admin: Option<(GrantKind, Progress)>,
     /// The join ticket's Kubernetes half, when the join service answered `IssueJoinTicket`.
-    pub kubeadm: Option<KubeadmTicket>,
-    /// The cluster's secrets, when the admin sent them (`hawser init`/`recover`): the first
-    /// control-plane node runs the cluster's join service with them.
+    pub kubeadm: Option<JoinTicket>,
+    /// The cluster's secrets, when the admin sent them (`hawser init`/`recover`) or a
+    /// control plane's join brought them: the control plane runs the cluster's join service
+    /// with them.
     pub secrets: Option<ClusterSecrets>,
     /// The node's place in the WireGuard mesh, when the join service gave one.
     pub mesh: Option<crate::mesh::MeshGrant>,
+}
+
+impl Membership {
+    /// Ends the winning admin's call (if an admin won) with `reason`; the membership is spent.
+    pub fn fail(self, reason: &str) {
+        if let Some((_, progress)) = self.admin {
+            progress.fail(reason);
+        }
+    }
+}
+
+/// The node lock, taken: the join summary and the cluster the node now belongs to.
+#[derive(Debug)]
+pub struct Locked {
+    pub summary: JoinReport,
+    pub cluster_id: [u8; 32],
+}
+
+/// What the state disk phase hands the phases after it: the lock it took and the membership
+/// it carried past the disk untouched.
+#[derive(Debug)]
+pub struct Outcome {
+    pub locked: Locked,
+    pub membership: Membership,
 }
 
 /// The master secret and measurement salt the admin sent (redacted in Debug).
@@ -101,7 +140,8 @@ enum Winner {
     Admin(init_server::Grant),
 }
 
-/// What the race won: the key (by value) and who gave it, before the node lock.
+/// What the race won for the state disk: the key (by value), who gave it and the cluster it
+/// locks the node to, before the node lock. Nothing of the membership rides along.
 #[derive(Debug)]
 pub struct KeyGrant {
     key: VolumeKey,
@@ -110,23 +150,12 @@ pub struct KeyGrant {
     owner: Owner,
     rpc: &'static str,
     attempts: u32,
-    admin: Option<(GrantKind, Progress)>,
-    kubeadm: Option<KubeadmTicket>,
-    secrets: Option<ClusterSecrets>,
-    mesh: Option<crate::mesh::MeshGrant>,
 }
 
 impl KeyGrant {
     /// The state disk key (a copy: the grant keeps its own until it is dropped).
     pub fn key(&self) -> VolumeKey {
         self.key.clone()
-    }
-
-    /// Ends the winning admin's call (if an admin won) with `reason`; the grant is spent.
-    pub fn fail(self, reason: &str) {
-        if let Some((_, progress)) = self.admin {
-            progress.fail(reason);
-        }
     }
 
     /// The RPC that gave the key (`Init`, `Recover`, or the join service's).
@@ -137,31 +166,26 @@ impl KeyGrant {
     /// Whether the admin's `hawser init`/`recover` gave this grant (rather than the join
     /// service).
     pub fn from_admin(&self) -> bool {
-        self.admin.is_some()
+        self.owner == Owner::InitServer
     }
 
     /// The point of no return: takes the node lock (PCR 15 ← cluster ID) for the winner.
-    /// Blocking (the TPM). Call only after the key was checked against the disk.
-    pub fn take_lock(self, lock: &NodeLock, tpm: &Tpm) -> Result<Outcome, EnrollmentError> {
-        let locked = lock.lock(self.owner, self.cluster_id, |id| {
+    /// Blocking (the TPM). Call only after the key was checked against the disk; when it
+    /// fails, the caller tells the winning admin ([`Membership::fail`]).
+    pub fn take_lock(self, lock: &NodeLock, tpm: &Tpm) -> Result<Locked, EnrollmentError> {
+        lock.lock(self.owner, self.cluster_id, |id| {
             super::lock::mark_tpm(tpm, id)
-        });
-        if let Err(e) = locked {
-            let e = EnrollmentError::Lock(e);
-            if let Some((_, progress)) = self.admin {
-                progress.fail(&error_chain(&e));
-            }
-            return Err(e);
-        }
+        })
+        .map_err(EnrollmentError::Lock)?;
+        let via = if self.from_admin() {
+            "admin"
+        } else {
+            "join-service"
+        };
         let summary = JoinReport {
             disk_uuid: self.luks_uuid,
             rpc: self.rpc.to_owned(),
-            via: if self.admin.is_some() {
-                "admin"
-            } else {
-                "join-service"
-            }
-            .to_owned(),
+            via: via.to_owned(),
             attempts: self.attempts,
             key_fingerprint: hawser_keys::fingerprint(self.key.as_bytes()),
             key_bytes: self.key.as_bytes().len(),
@@ -173,13 +197,9 @@ impl KeyGrant {
              extended; state disk key fingerprint {}",
             self.owner, self.rpc, self.attempts, summary.cluster_id, summary.key_fingerprint
         );
-        Ok(Outcome {
+        Ok(Locked {
             summary,
             cluster_id: self.cluster_id,
-            admin: self.admin,
-            kubeadm: self.kubeadm,
-            secrets: self.secrets,
-            mesh: self.mesh,
         })
     }
 }
@@ -235,13 +255,14 @@ impl Enrollment {
     }
 
     /// Races the join client against the init server for the key of the disk with this LUKS2
-    /// UUID (`len` bytes); returns the winner's grant, before the node lock.
+    /// UUID (`len` bytes); returns the winner's key grant, before the node lock, apart from
+    /// the membership it brought.
     pub async fn race(
         &mut self,
         luks_uuid: &str,
         len: usize,
         status: DiskStatus,
-    ) -> Result<KeyGrant, EnrollmentError> {
+    ) -> Result<Won, EnrollmentError> {
         match (&self.join, self.init_secret_hash.is_some()) {
             (Some(client), true) => info!(
                 "asking the join service at {} for the key of disk {luks_uuid} ({}), and \
@@ -269,22 +290,26 @@ impl Enrollment {
                 let cluster_id =
                     hawser_keys::cluster_id(&secrets.measurement_secret, &secrets.measurement_salt);
                 check_length(&secrets.state_disk_key, len)?;
-                Ok(KeyGrant {
-                    key: VolumeKey::new(Zeroizing::new(secrets.state_disk_key.to_vec())),
-                    luks_uuid: luks_uuid.to_owned(),
-                    cluster_id,
-                    owner: Owner::JoinClient,
-                    rpc: describe(status),
-                    attempts,
-                    admin: None,
-                    // A control plane's join brings the master secret: it runs the cluster's
-                    // join service too (the measurement salt is the cluster's).
-                    secrets: secrets.master_secret.map(|master| ClusterSecrets {
-                        master,
-                        measurement_salt: secrets.measurement_salt.clone(),
-                    }),
-                    kubeadm: secrets.ticket,
-                    mesh: secrets.mesh,
+                Ok(Won {
+                    key: KeyGrant {
+                        key: VolumeKey::new(Zeroizing::new(secrets.state_disk_key.to_vec())),
+                        luks_uuid: luks_uuid.to_owned(),
+                        cluster_id,
+                        owner: Owner::JoinClient,
+                        rpc: describe(status),
+                        attempts,
+                    },
+                    membership: Membership {
+                        admin: None,
+                        // A control plane's join brings the master secret: it runs the
+                        // cluster's join service too (the measurement salt is the cluster's).
+                        secrets: secrets.master_secret.map(|master| ClusterSecrets {
+                            master,
+                            measurement_salt: secrets.measurement_salt.clone(),
+                        }),
+                        kubeadm: secrets.ticket,
+                        mesh: secrets.mesh,
+                    },
                 })
             }
             Winner::Admin(grant) => {
@@ -311,20 +336,24 @@ impl Enrollment {
                     grant.master.measurement_secret().as_slice(),
                     &grant.measurement_salt,
                 );
-                Ok(KeyGrant {
-                    key: VolumeKey::new(Zeroizing::new(key.to_vec())),
-                    luks_uuid: luks_uuid.to_owned(),
-                    cluster_id,
-                    owner: Owner::InitServer,
-                    rpc: grant.kind.rpc(),
-                    attempts: 1,
-                    admin: Some((grant.kind, grant.progress)),
-                    kubeadm: None,
-                    mesh: None,
-                    secrets: Some(ClusterSecrets {
-                        master: grant.master,
-                        measurement_salt: grant.measurement_salt,
-                    }),
+                Ok(Won {
+                    key: KeyGrant {
+                        key: VolumeKey::new(Zeroizing::new(key.to_vec())),
+                        luks_uuid: luks_uuid.to_owned(),
+                        cluster_id,
+                        owner: Owner::InitServer,
+                        rpc: grant.kind.rpc(),
+                        attempts: 1,
+                    },
+                    membership: Membership {
+                        admin: Some((grant.kind, grant.progress)),
+                        kubeadm: None,
+                        mesh: None,
+                        secrets: Some(ClusterSecrets {
+                            master: grant.master,
+                            measurement_salt: grant.measurement_salt,
+                        }),
+                    },
                 })
             }
         }

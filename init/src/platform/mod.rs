@@ -1,6 +1,6 @@
 //! The platform layer: everything PID 1 asks of the kernel, and nothing about what a hawser
-//! node is. No module here imports a domain module (`disk`, `rootfs`, `enrollment`, `node`,
-//! `kubeadm`, `supervisor`, `boot`, …); `crate::layers`' test checks it on every `cargo test`.
+//! node is. No module here imports a domain module (`disk`, `rootfs`, `enrollment`, `kube`,
+//! `supervisor`, `boot`, …); `crate::layers`' test checks it on every `cargo test`.
 //!
 //! - [`syscalls`]: the [`syscalls::Syscalls`] trait (mount, pivot, modules, signals, reboot)
 //!   with the Linux implementation and a recording one for host tests.

@@ -17,6 +17,9 @@
 //!                     chroot .; delete the initramfs; chdir /
 //! ```
 //!
+//! [`pivot::pivot`] runs these steps for the boot; after the switch, [`networking`] loads
+//! Kubernetes networking's modules from the kept-open initramfs before it is deleted.
+//!
 //! The formats (GPT, the verity superblock, the root hash → PARTUUID rule) are the image
 //! builder's, from [`hawser_disk_format`]; this module reads devices and decides.
 //!
@@ -38,6 +41,8 @@
 
 pub mod activate;
 pub mod locate;
+pub mod networking;
+pub mod pivot;
 pub mod plan;
 pub mod verity;
 
@@ -55,6 +60,7 @@ use self::verity::VerityError;
 use crate::platform::block::SysfsError;
 use crate::platform::dm::DmError;
 
+pub use self::pivot::{PivotError, Pivoted, pivot};
 pub use self::plan::{
     MeasuredRole, NEW_ROOT_API_MOUNTS, RootfsPlan, StateBacking, SwitchOutcome, SwitchRootError,
     switch_root,

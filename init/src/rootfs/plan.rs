@@ -33,7 +33,7 @@
 //! moved onto `/` and the process chroots into it; the initramfs root is opened before the
 //! move and emptied through that descriptor afterwards ([`delete_old_root`]), without crossing
 //! mount points — not at once: the Kubernetes networking modules are loaded from it first, on
-//! a thread of their own while containerd starts (`node::pivot`). Deleting it only frees
+//! a thread of their own while containerd starts (`pivot.rs`). Deleting it only frees
 //! memory, so a failure there is a warning. Last, `/` becomes `rshared` as under systemd:
 //! kubelet and container runtimes rely on mount propagation.
 //!
@@ -75,7 +75,7 @@ const NOSUID_NODEV: MsFlags = MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV);
 /// API filesystems the new root needs and the initramfs did not: pseudo-terminals, POSIX
 /// shared memory, and the cgroup v2 hierarchy (kubelet and containerd refuse to run without
 /// it). Mounted after [`switch_root`], through PID 1's mount table so that they are unmounted
-/// at shutdown: `mounts.lock().mount_all(&sys, &NEW_ROOT_API_MOUNTS)` (`node::pivot`).
+/// at shutdown: `mounts.lock().mount_all(&sys, &NEW_ROOT_API_MOUNTS)` (`pivot.rs`).
 pub const NEW_ROOT_API_MOUNTS: [MountSpec; 3] = [
     MountSpec {
         source: "devpts",

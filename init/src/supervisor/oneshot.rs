@@ -9,7 +9,7 @@
 //! job's last lines of output, and no marker is written. `kubeadm init` and `kubeadm join` are
 //! not idempotent (a failed run leaves certificates, static pod manifests, kubeconfigs and
 //! possibly an etcd member behind, and a second run stops at its preflight checks), so the
-//! node's kubeadm retry ([`crate::node`], with [`super::retry`]) runs `kubeadm reset -f`
+//! node's kubeadm retry ([`crate::kube::attempts`], with [`super::retry`]) runs `kubeadm reset -f`
 //! through [`run_job`] before each further attempt.
 
 use std::io;

@@ -74,9 +74,13 @@ pub enum LifecycleError {
         #[source]
         source: io::Error,
     },
-    /// mke2fs could not run or failed; `detail` is its output.
-    #[error("cannot create the filesystem on {}: {detail}", mapped.display())]
-    Mkfs { mapped: PathBuf, detail: String },
+    /// mke2fs could not run or failed ([`MkfsError`]).
+    #[error("cannot create the filesystem on {}", mapped.display())]
+    Mkfs {
+        mapped: PathBuf,
+        #[source]
+        source: MkfsError,
+    },
     /// The state file system cannot be mounted.
     #[error("cannot mount {} (LUKS2 volume {uuid}) on {}", mapped.display(), target.display())]
     Mount {
@@ -100,5 +104,31 @@ pub enum LifecycleError {
         path: PathBuf,
         #[source]
         source: io::Error,
+    },
+}
+
+/// Why the filesystem was not created on the mapped device.
+#[derive(Debug, thiserror::Error)]
+pub enum MkfsError {
+    /// The mkfs program cannot be started.
+    #[error("cannot run {program}")]
+    Spawn {
+        program: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// Waiting for the mkfs program failed.
+    #[error("cannot wait for {program}")]
+    Wait {
+        program: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// The mkfs program failed; `output` is what it printed.
+    #[error("{program} exited with {status}: {output}")]
+    Failed {
+        program: &'static str,
+        status: std::process::ExitStatus,
+        output: String,
     },
 }

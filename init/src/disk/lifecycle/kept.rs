@@ -2,7 +2,7 @@
 //! of directories and files, in order, given by the caller ([`super::Options::first_boot`]).
 //!
 //! The lifecycle does not know what they are (the node's one-time grants: its WireGuard key,
-//! kubeadm's intent, a control plane's secrets; see `crate::node::grants`); it only promises
+//! kubeadm's intent, a control plane's secrets; see `crate::kube::grants`); it only promises
 //! where they land in its order: after the filesystem and its marker file, before the mark. A
 //! power cut before the mark leaves a disk that is formatted again (and the node asks for its
 //! grants again); a cut after it leaves every one of them on the disk.

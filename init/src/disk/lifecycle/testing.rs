@@ -1,5 +1,5 @@
 //! Test doubles of the lifecycle's seams, for its own tests and for the tests of what runs on
-//! top of it (the node's grants, `crate::node::grants`): an in-memory disk that can lose power
+//! top of it (the node's grants, `crate::kube::grants`): an in-memory disk that can lose power
 //! after a number of bytes, and a platform that records its calls, can fail mkfs or mount,
 //! and can lose power while the first boot keeps its files.
 
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use hawser_luks2::Integrity;
 
-use super::{BlockIo, DmError, Kept, Platform, VolumeKey};
+use super::{BlockIo, DmError, Kept, MkfsError, Platform, VolumeKey};
 use crate::disk::probe::MIN_DISK_SIZE;
 
 /// An in-memory disk; optionally fails writes once `budget` bytes have been written (a
@@ -106,14 +106,21 @@ impl Platform for Recorder {
         self.calls.borrow_mut().push(Call::Wipe);
         Ok(4096)
     }
-    fn mkfs(&self, _: &Path) -> Result<(), String> {
+    fn mkfs(&self, _: &Path) -> Result<(), MkfsError> {
         self.calls.borrow_mut().push(Call::Mkfs);
         if self.fail_mkfs {
-            return Err("power cut during mkfs".into());
+            return Err(MkfsError::Spawn {
+                program: "mke2fs",
+                source: std::io::Error::other("power cut during mkfs"),
+            });
         }
         if let Some(fs) = &self.filesystem {
-            std::fs::remove_dir_all(fs).map_err(|e| e.to_string())?;
-            std::fs::create_dir(fs).map_err(|e| e.to_string())?;
+            let failed = |source| MkfsError::Spawn {
+                program: "mke2fs",
+                source,
+            };
+            std::fs::remove_dir_all(fs).map_err(failed)?;
+            std::fs::create_dir(fs).map_err(failed)?;
         }
         Ok(())
     }

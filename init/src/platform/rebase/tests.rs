@@ -1,7 +1,10 @@
+//! Unit tests of `platform/rebase.rs`: smaps parsing, the move plan, the copies, and the thread
+//! park.
+
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::*;
 

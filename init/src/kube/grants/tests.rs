@@ -14,8 +14,8 @@ use super::*;
 use crate::disk::key::{DiskStatus, VolumeKey};
 use crate::disk::lifecycle::testing::{MemDisk, Recorder};
 use crate::disk::lifecycle::{self, Action, LifecycleError, Options};
-use crate::enrollment::client::ControlPlaneFile;
 use crate::platform::timings::PhaseTimer;
+use hawser_kube_types::ControlPlaneFile;
 
 const CLUSTER: [u8; 32] = [9; 32];
 
@@ -52,8 +52,8 @@ fn secrets() -> ClusterSecrets {
     }
 }
 
-fn ticket() -> KubeadmTicket {
-    KubeadmTicket {
+fn ticket() -> JoinTicket {
+    JoinTicket {
         api_server_endpoint: "10.0.2.100:6443".parse().unwrap(),
         token: "abcdef.0123456789abcdef".parse().unwrap(),
         ca_cert_hashes: vec![format!("sha256:{}", "00".repeat(32)).parse().unwrap()],

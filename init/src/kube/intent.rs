@@ -22,8 +22,8 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
-use crate::enrollment::client::ControlPlaneFile;
-use crate::kubeadm::KubeadmConfig;
+use crate::kube::kubeadm::KubeadmConfig;
+use hawser_kube_types::ControlPlaneFile;
 
 /// The kubeadm intent on the state disk (after the pivot).
 pub const KUBEADM_INTENT: &str = "/var/lib/hawser/kubeadm-intent.json";

@@ -37,16 +37,17 @@ use hawser_mesh::PrivateKey;
 use tracing::{info, warn};
 use zeroize::Zeroizing;
 
+use super::error::KubeadmRunError;
 use super::intent::{KUBEADM_INTENT, KubeadmIntent, Verb};
-use super::{KubeadmRunError, NodeIdentity, Role};
+use super::{NodeIdentity, Role};
 use crate::disk::lifecycle::Kept;
-use crate::enrollment::client::KubeadmTicket;
 use crate::enrollment::init_server::{ClusterSpec, GrantKind};
-use crate::enrollment::race::{ClusterSecrets, Outcome};
+use crate::enrollment::race::{ClusterSecrets, Membership};
 use crate::fatal::error_chain;
-use crate::join_service;
-use crate::kubeadm::{self, InitRequest, JoinTicket};
+use crate::kube::join_service;
+use crate::kube::kubeadm::{self, InitRequest, JoinRequest};
 use crate::mesh::{self, MeshGrant, MeshSetupError};
+use hawser_kube_types::JoinTicket;
 
 /// The directories the grants land in that are not 0700: the rootfs's `/var` and `/var/lib`.
 const SHARED_DIRS: [&str; 2] = ["var", "var/lib"];
@@ -55,7 +56,7 @@ const SHARED_DIRS: [&str; 2] = ["var", "var/lib"];
 #[derive(Clone, Copy)]
 pub enum KubeadmGrant<'a> {
     Init(&'a ClusterSpec),
-    Join(&'a KubeadmTicket),
+    Join(&'a JoinTicket),
 }
 
 impl Role {
@@ -80,20 +81,20 @@ pub struct Granted<'a> {
 }
 
 impl<'a> Granted<'a> {
-    /// The race's outcome, read as the node's role will be (`boot::after_disk::role`): the
-    /// admin's `hawser init` is kubeadm init on an image with a rootfs, `hawser recover`
-    /// grants nothing new, a join ticket is kubeadm join.
-    pub fn of(outcome: &'a Outcome, rootfs: bool) -> Self {
-        let kubeadm = match (&outcome.admin, &outcome.kubeadm) {
+    /// The race's membership for the disk `disk_uuid`, read as the node's role will be
+    /// (`boot::after_disk::role`): the admin's `hawser init` is kubeadm init on an image with
+    /// a rootfs, `hawser recover` grants nothing new, a join ticket is kubeadm join.
+    pub fn of(membership: &'a Membership, disk_uuid: &'a str, rootfs: bool) -> Self {
+        let kubeadm = match (&membership.admin, &membership.kubeadm) {
             (Some((GrantKind::Init(spec), _)), _) if rootfs => Some(KubeadmGrant::Init(spec)),
             (Some(_), _) => None,
             (None, ticket) => ticket.as_ref().map(KubeadmGrant::Join),
         };
         Granted {
-            disk_uuid: &outcome.summary.disk_uuid,
+            disk_uuid,
             kubeadm,
-            secrets: outcome.secrets.as_ref(),
-            mesh: outcome.mesh.as_ref(),
+            secrets: membership.secrets.as_ref(),
+            mesh: membership.mesh.as_ref(),
         }
     }
 }
@@ -225,7 +226,7 @@ pub(super) fn render_intent(
         ),
         KubeadmGrant::Join(ticket) => (
             Verb::Join,
-            kubeadm::join_config(&JoinTicket {
+            kubeadm::join_config(&JoinRequest {
                 api_server_endpoint: ticket.api_server_endpoint.clone(),
                 token: ticket.token.clone(),
                 ca_cert_hashes: ticket.ca_cert_hashes.clone(),

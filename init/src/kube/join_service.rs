@@ -9,7 +9,7 @@
 //!   control-plane join (the join service sends them only to AKs the admin approved, and the
 //!   node checks they derive the disk key and measurement secret it was sent). They rest on the
 //!   node's encrypted state disk ([`CLUSTER_DIR`], 0600), kept there before the disk is marked
-//!   initialized ([`secret_files`], `crate::node::grants`), so the service restarts on every
+//!   initialized ([`secret_files`], `crate::kube::grants`), so the service restarts on every
 //!   boot (a rejoin, or `hawser recover`) without anyone sending them again;
 //! - the Kubernetes version joining nodes install (kept with the secrets);
 //! - what a fresh node of this image measures, read at `enter-initrd`, and the provider CA the
@@ -24,7 +24,7 @@ use tracing::{info, warn};
 use zeroize::Zeroizing;
 
 use crate::enrollment::race::ClusterSecrets;
-use crate::kubeadm::{ADMIN_KUBECONFIG, KUBEADM, PKI_DIR};
+use crate::kube::kubeadm::{ADMIN_KUBECONFIG, KUBEADM, PKI_DIR};
 use crate::platform::error_chain;
 use crate::supervisor::{self, SharedSupervisor};
 
@@ -105,7 +105,7 @@ pub struct SecretFile {
 /// master secret, the measurement salt and the Kubernetes version under [`CLUSTER_DIR`] (0600),
 /// and with the admin's approvals from `hawser init` (the first control plane),
 /// [`JOIND_APPROVALS`]. The first boot keeps them before it marks the disk initialized
-/// (`crate::node::grants`), so every later boot finds them ([`load`]).
+/// (`crate::kube::grants`), so every later boot finds them ([`load`]).
 pub fn secret_files(
     secrets: &ClusterSecrets,
     kubernetes_version: &KubernetesVersion,
