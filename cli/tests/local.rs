@@ -6,6 +6,7 @@
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// A copy of the `hawser` binary alone in a new directory (so that no `hawser-local` of the
 /// target directory is beside it).
@@ -36,8 +37,18 @@ fn run(hawser: &Path, path: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// One test at a time: each writes executables and runs them, and a binary just written is
+/// "busy" (ETXTBSY) while a child that another test thread forks at that moment still holds the
+/// writer's descriptor, until that child's own exec.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 #[test]
 fn hawser_local_runs_the_binary_beside_it_with_every_argument_and_its_exit_code() {
+    let _serial = serial();
     let bin = tempfile::tempdir().unwrap();
     let on_path = tempfile::tempdir().unwrap();
     let hawser = lone_hawser(bin.path());
@@ -70,6 +81,7 @@ fn hawser_local_runs_the_binary_beside_it_with_every_argument_and_its_exit_code(
 
 #[test]
 fn hawser_local_without_the_binary_says_how_to_build_it() {
+    let _serial = serial();
     let bin = tempfile::tempdir().unwrap();
     let empty = tempfile::tempdir().unwrap();
     let hawser = lone_hawser(bin.path());
@@ -84,6 +96,7 @@ fn hawser_local_without_the_binary_says_how_to_build_it() {
 
 #[test]
 fn hawser_help_still_lists_local() {
+    let _serial = serial();
     let output = Command::new(env!("CARGO_BIN_EXE_hawser"))
         .arg("--help")
         .output()
