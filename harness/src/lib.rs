@@ -50,6 +50,7 @@ mod config;
 mod console;
 mod error;
 mod esp;
+pub mod fuzz_seeds;
 mod host;
 mod process;
 pub mod provider;

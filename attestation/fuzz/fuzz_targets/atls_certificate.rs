@@ -1,14 +1,16 @@
 //! A peer's aTLS certificate as the verifier receives it: X.509 parsing, the evidence
 //! extension's encoding, then the validator; and the nonce encodings of the handshake.
-#![no_main]
+// cargo-fuzz builds this file as a libFuzzer binary (`--cfg fuzzing`); `tests/fuzz_seeds.rs`
+// of the crate compiles it as a module and replays the seeds through `run`.
+#![cfg_attr(fuzzing, no_main)]
 
 #[path = "common.rs"]
 mod common;
 
 use hawser_attestation::atls::{nonce, parse_certificate};
-use libfuzzer_sys::fuzz_target;
 
-fuzz_target!(|data: &[u8]| {
+/// One input, as the fuzzer gives it.
+pub fn run(data: &[u8]) {
     if let Ok(parsed) = parse_certificate(data)
         && let Ok(evidence) = parsed.evidence()
     {
@@ -18,4 +20,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = nonce::from_sni(text);
     }
-});
+}
+
+#[cfg(fuzzing)]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| run(data));

@@ -5,17 +5,19 @@
 //! header is not authenticated — so that every mutation reaches the JSON parser and the policy.
 //! The seeds are real headers: hawser's (plain and integrity, formatting and initialized) and
 //! one cryptsetup wrote with hawser's parameters, a recovery keyslot and hawser's token.
-#![no_main]
+// cargo-fuzz builds this file as a libFuzzer binary (`--cfg fuzzing`); `tests/fuzz_seeds.rs`
+// of the crate compiles it as a module and replays the seeds through `run`.
+#![cfg_attr(fuzzing, no_main)]
 
-use hawser_luks2::{self as luks2, HeaderSlot, Integrity};
 use hawser_init::disk::probe;
-use libfuzzer_sys::fuzz_target;
+use hawser_luks2::{self as luks2, HeaderSlot, Integrity};
 use sha2::{Digest, Sha256};
 
 /// Offset of the checksum field in a binary header.
 const CSUM: usize = 448;
 
-fuzz_target!(|data: &[u8]| {
+/// One input, as the fuzzer gives it.
+pub fn run(data: &[u8]) {
     check(data);
     let mut area = data.to_vec();
     area.resize(luks2::HEADERS_LEN, 0);
@@ -25,7 +27,10 @@ fuzz_target!(|data: &[u8]| {
         copy[CSUM..CSUM + 32].copy_from_slice(&sum);
     }
     check(&area);
-});
+}
+
+#[cfg(fuzzing)]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| run(data));
 
 fn check(area: &[u8]) {
     for integrity in [Integrity::None, Integrity::HmacSha256] {

@@ -2,7 +2,9 @@
 //! endorsement: an HCL report (its binding and HCLAkPub), an SEV-SNP report (verified against
 //! virtee's genuine Milan VCEK chain, judged by a policy), RSA AK public areas and quote
 //! signatures, GCE's instance-information extension, a measurements file's profile.
-#![no_main]
+// cargo-fuzz builds this file as a libFuzzer binary (`--cfg fuzzing`); `tests/fuzz_seeds.rs`
+// of the crate compiles it as a module and replays the seeds through `run`.
+#![cfg_attr(fuzzing, no_main)]
 
 use std::sync::OnceLock;
 
@@ -11,15 +13,22 @@ use hawser_platforms::azure::HclReport;
 use hawser_platforms::profile::Platform;
 use hawser_platforms::snp::{self, AttestationReport, SnpEndorsement, SnpPolicy};
 use hawser_platforms::tpm_rsa::{RsaPublic, RsaSignature};
-use libfuzzer_sys::fuzz_target;
 
 /// virtee's Milan VCEK and AMD's Milan ASK and ARK (tests/vectors/, Apache-2.0).
 fn milan() -> &'static (Vec<u8>, Vec<u8>, Vec<u8>) {
     static CHAIN: OnceLock<(Vec<u8>, Vec<u8>, Vec<u8>)> = OnceLock::new();
     CHAIN.get_or_init(|| {
-        let vectors = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/vectors/");
+        // platforms/tests/vectors, from the fuzz crate (platforms/fuzz) or from platforms'
+        // own seed replay (tests/fuzz_seeds.rs).
+        let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let platforms = if manifest.ends_with("fuzz") {
+            manifest.join("..")
+        } else {
+            manifest.to_path_buf()
+        };
+        let vectors = platforms.join("tests/vectors");
         let read = |path: &str| {
-            std::fs::read(format!("{vectors}{path}")).unwrap_or_else(|e| panic!("{path}: {e}"))
+            std::fs::read(vectors.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
         };
         let pem = String::from_utf8(read("sev-snp/go-sev-guest/ask_ark_milan.pem"))
             .unwrap_or_else(|e| panic!("{e}"));
@@ -45,7 +54,8 @@ fn pem_ders(pem: &str) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fuzz_target!(|data: &[u8]| {
+/// One input, as the fuzzer gives it.
+pub fn run(data: &[u8]) {
     if let Ok(hcl) = HclReport::parse(data) {
         let _ = hcl.check_binding();
         let _ = hcl.ak_public();
@@ -75,4 +85,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = Platform::from_measurements(text);
     }
-});
+}
+
+#[cfg(fuzzing)]
+libfuzzer_sys::fuzz_target!(|data: &[u8]| run(data));
