@@ -174,11 +174,12 @@ async fn run_kubeadm(
     }
     kubeadm::write_config(Path::new(KUBEADM_CONFIG), &intent.config)
         .map_err(KubeadmRunError::WriteConfig)?;
-    let job = OneShotJob::new(
-        "kubeadm",
-        &[KUBEADM, verb, "--config", KUBEADM_CONFIG],
-        KUBEADM_MARKER,
-    );
+    // What the configuration's API cannot say (kubeadm 1.20: its preflight phase).
+    let mut args = vec![KUBEADM, verb, "--config", KUBEADM_CONFIG];
+    if let Some(api) = intent.config.api() {
+        args.extend_from_slice(kubeadm::command_flags(api));
+    }
+    let job = OneShotJob::new("kubeadm", &args, KUBEADM_MARKER);
     match supervisor::run_once(registry, &job).await {
         Ok(OneShotOutcome::Succeeded { took }) => {
             info!("kubeadm {verb} succeeded in {:.1} s", took.as_secs_f64());
