@@ -334,3 +334,20 @@ fn versions_without_a_writer_are_refused_by_name() {
         assert!(message.contains("v1.31.0 or later"), "{message}");
     }
 }
+
+/// The v1beta4 text, byte for byte as hawser wrote it before it learnt v1beta2 (the stand-in
+/// kubeadm and the QEMU tests read it; reference measurements do not change with it).
+#[test]
+fn v1beta4_text_is_byte_for_byte_unchanged() {
+    let mut text = String::new();
+    text.push_str(init_config(&init_request()).unwrap().as_str());
+    text.push_str("=====\n");
+    text.push_str(join_config(&ticket(true)).unwrap().as_str());
+    text.push_str("=====\n");
+    let worker = JoinRequest {
+        control_plane: None,
+        ..ticket(false)
+    };
+    text.push_str(join_config(&worker).unwrap().as_str());
+    assert_eq!(text, include_str!("v1beta4.golden"));
+}
