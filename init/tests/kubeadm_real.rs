@@ -14,7 +14,9 @@
 //!
 //! - init: `kubeadm init phase certs all`, `kubeconfig all`, `control-plane all`, `etcd local`,
 //!   `kubelet-start`: the PKI, the kubeconfigs, the static Pod manifests and the kubelet's
-//!   configuration are written, and carry the node's address, name and cgroup driver;
+//!   configuration are written, and carry the node's address, name and cgroup driver; then
+//!   PID 1's own command line, `kubeadm init --config … --skip-phases=preflight`, with
+//!   `--dry-run`;
 //! - joins (and init again): `kubeadm config migrate --old-config`, which in 1.20 decodes each
 //!   document, applies the dynamic defaults and runs kubeadm's validation
 //!   (`documentMapToInitConfiguration` / `documentMapToJoinConfiguration`), as `kubeadm join
@@ -245,6 +247,30 @@ fn init_phases(kubeadm: &Path, config: &str, node_ip: &str, node_name: &str) {
     );
     let kubelet = root.read("/var/lib/kubelet/config.yaml");
     assert!(kubelet.contains("cgroupDriver: cgroupfs"), "{kubelet}");
+    // The whole `kubeadm init` on PID 1's command line (`kube::attempts`), dry-run: every
+    // phase but the preflight one, writing only under /etc/kubernetes/tmp of a fresh chroot.
+    let root = Root::with(config);
+    let mut args = vec!["init", "--config", "/kubeadm.yaml"];
+    args.extend_from_slice(command_flags(KubeadmApi::V1beta2));
+    args.push("--dry-run");
+    let outcome = root.run(kubeadm, &args);
+    assert!(outcome.accepted, "refused: {}", outcome.output);
+    for text in [
+        "[init] Using Kubernetes version: v1.20.2",
+        "[etcd] Creating static Pod manifest for local etcd",
+        "Your Kubernetes control-plane has initialized successfully!",
+    ] {
+        assert!(
+            outcome.output.contains(text),
+            "{text:?} not in: {}",
+            outcome.output
+        );
+    }
+    assert!(
+        !outcome.output.contains("[preflight]"),
+        "{}",
+        outcome.output
+    );
 }
 
 /// `kubeadm config migrate` on hawser's configuration: decoded, defaulted, validated; the
