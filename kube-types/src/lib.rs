@@ -21,6 +21,8 @@
 //!   as kubeadm parses them;
 //! - [`KubernetesVersion`]: `v<major>.<minor>.<patch>[-<pre-release>]` without leading zeros,
 //!   the subset of kubeadm's `kubernetesVersion` a node installs without resolving labels;
+//! - [`KubeadmApi`]: the kubeadm configuration API hawser writes for a Kubernetes version
+//!   (`v1beta2` for 1.20, `v1beta4` for 1.31 and later), or [`NoKubeadmWriter`] naming it;
 //! - [`JoinTicket`]: the values above as the join service hands them to a joining node (with a
 //!   control plane's shared certificates), the one definition of the ticket.
 //!
@@ -41,6 +43,7 @@ pub mod ca_cert_hash;
 pub mod cidr;
 pub mod dns;
 pub mod endpoint;
+pub mod kubeadm_api;
 pub mod ticket;
 pub mod token;
 pub mod version;
@@ -49,6 +52,7 @@ pub use ca_cert_hash::{CaCertHash, CaCertHashError};
 pub use cidr::{Cidr, CidrError, ServiceCidr, ServiceCidrError};
 pub use dns::{DnsSubdomain, DnsSubdomainError};
 pub use endpoint::{ApiServerEndpoint, Endpoint, EndpointError, Host};
+pub use kubeadm_api::{KUBEADM_WRITERS, KubeadmApi, NoKubeadmWriter};
 pub use ticket::{ControlPlaneFile, JoinTicket};
 pub use token::{BootstrapToken, BootstrapTokenError};
 pub use version::{KubernetesVersion, KubernetesVersionError, VersionNumber};

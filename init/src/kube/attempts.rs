@@ -174,11 +174,7 @@ async fn run_kubeadm(
     }
     kubeadm::write_config(Path::new(KUBEADM_CONFIG), &intent.config)
         .map_err(KubeadmRunError::WriteConfig)?;
-    let job = OneShotJob::new(
-        "kubeadm",
-        &[KUBEADM, verb, "--config", KUBEADM_CONFIG],
-        KUBEADM_MARKER,
-    );
+    let job = OneShotJob::new("kubeadm", &kubeadm_args(intent), KUBEADM_MARKER);
     match supervisor::run_once(registry, &job).await {
         Ok(OneShotOutcome::Succeeded { took }) => {
             info!("kubeadm {verb} succeeded in {:.1} s", took.as_secs_f64());
@@ -191,6 +187,17 @@ async fn run_kubeadm(
             source,
         }),
     }
+}
+
+/// `kubeadm init|join --config`, with what the configuration's API cannot say (kubeadm 1.20:
+/// `--skip-phases=preflight`), read from the configuration itself, so an intent an earlier
+/// boot kept runs the same way.
+fn kubeadm_args(intent: &KubeadmIntent) -> Vec<&'static str> {
+    let mut args = vec![KUBEADM, intent.verb.as_str(), "--config", KUBEADM_CONFIG];
+    if let Some(api) = intent.config.api() {
+        args.extend_from_slice(kubeadm::command_flags(api));
+    }
+    args
 }
 
 /// Writes the join service's control-plane files under `pki_dir`: keys 0600, certificates

@@ -226,18 +226,21 @@ pub(super) fn render_intent(
         ),
         KubeadmGrant::Join(ticket) => (
             Verb::Join,
-            kubeadm::join_config(&JoinRequest {
-                api_server_endpoint: ticket.api_server_endpoint.clone(),
-                token: ticket.token.clone(),
-                ca_cert_hashes: ticket.ca_cert_hashes.clone(),
-                node_name: identity.name.clone(),
-                node_ip: identity.ip,
-                control_plane: ticket.control_plane_files.as_ref().map(|_| {
-                    kubeadm::ControlPlaneJoin {
-                        certificate_key: None,
-                    }
-                }),
-                ignore_preflight_errors: Vec::new(),
+            ticket_version(ticket).and_then(|kubernetes_version| {
+                kubeadm::join_config(&JoinRequest {
+                    kubernetes_version,
+                    api_server_endpoint: ticket.api_server_endpoint.clone(),
+                    token: ticket.token.clone(),
+                    ca_cert_hashes: ticket.ca_cert_hashes.clone(),
+                    node_name: identity.name.clone(),
+                    node_ip: identity.ip,
+                    control_plane: ticket.control_plane_files.as_ref().map(|_| {
+                        kubeadm::ControlPlaneJoin {
+                            certificate_key: None,
+                        }
+                    }),
+                    ignore_preflight_errors: Vec::new(),
+                })
             }),
             ticket.control_plane_files.clone().unwrap_or_default(),
         ),
@@ -247,6 +250,17 @@ pub(super) fn render_intent(
         config: config.map_err(KubeadmRunError::Config)?,
         control_plane_files,
     })
+}
+
+/// The join ticket's Kubernetes version, which chooses the kubeadm API.
+fn ticket_version(ticket: &JoinTicket) -> Result<KubernetesVersion, kubeadm::KubeadmConfigError> {
+    ticket
+        .kubernetes_version
+        .parse()
+        .map_err(|source| kubeadm::KubeadmConfigError::TicketVersion {
+            value: ticket.kubernetes_version.clone(),
+            source,
+        })
 }
 
 /// A path of the rootfs's `/var` as it lies on the state disk (its `var/` directory).

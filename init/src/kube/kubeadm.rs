@@ -4,9 +4,12 @@
 //! one JSON object from typed structs (serde), documents separated by `---` lines. No YAML
 //! library, no string templates: every value is escaped by the JSON encoder.
 //!
-//! The API is kubeadm's `v1beta4` (kubeadm 1.31 and later). Its notable change from `v1beta3`:
-//! `extraArgs` and `nodeRegistration.kubeletExtraArgs` are lists of `{name, value}` objects
-//! (duplicates allowed), no longer string maps.
+//! The API follows the Kubernetes version ([`KubeadmApi::for_version`]): `v1beta2` for 1.20
+//! ([`v1beta2`]), `v1beta4` for 1.31 and later ([`v1beta4`]); any other version is refused by
+//! name ([`KubeadmConfigError::NoWriter`]). The two say the same things in different shapes:
+//! `v1beta4`'s `extraArgs` and `nodeRegistration.kubeletExtraArgs` are lists of `{name, value}`
+//! objects, `v1beta2`'s are string maps; what `v1beta2` cannot say is on kubeadm's command line
+//! instead ([`command_flags`]).
 //!
 //! What hawser sets, and why:
 //!
@@ -41,11 +44,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use hawser_kube_types::{
-    ApiServerEndpoint, BootstrapToken, CaCertHash, Cidr, DnsSubdomain, Endpoint, KubernetesVersion,
-    ServiceCidr,
+    ApiServerEndpoint, BootstrapToken, CaCertHash, Cidr, DnsSubdomain, Endpoint, KubeadmApi,
+    KubernetesVersion, KubernetesVersionError, NoKubeadmWriter, ServiceCidr,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
+
+pub mod v1beta2;
+pub mod v1beta4;
 
 /// The admin kubeconfig `kubeadm init` (and a control-plane `kubeadm join`) writes.
 pub const ADMIN_KUBECONFIG: &str = "/etc/kubernetes/admin.conf";
@@ -54,8 +60,6 @@ pub const KUBEADM: &str = "/usr/bin/kubeadm";
 /// kubeadm's certificate directory (on the state disk, through the `/etc/kubernetes` bind).
 pub const PKI_DIR: &str = "/etc/kubernetes/pki";
 
-/// kubeadm's configuration API version.
-pub const KUBEADM_API_VERSION: &str = "kubeadm.k8s.io/v1beta4";
 /// The kubelet configuration API version.
 pub const KUBELET_API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
 /// containerd's CRI socket.
@@ -86,6 +90,18 @@ pub enum KubeadmConfigError {
         field: &'static str,
         /// What was expected instead.
         reason: &'static str,
+    },
+    /// hawser has no writer for the Kubernetes version: the message names it and the versions
+    /// hawser writes for.
+    #[error("kubeadm configuration: {0}")]
+    NoWriter(#[from] NoKubeadmWriter),
+    /// The join ticket's Kubernetes version is not one (the join service's configuration).
+    #[error("kubeadm configuration: the join ticket's Kubernetes version {value:?} is invalid")]
+    TicketVersion {
+        /// The version as the ticket gave it.
+        value: String,
+        #[source]
+        source: KubernetesVersionError,
     },
     /// A document cannot be encoded as JSON (a bug: every field is a plain string, number or
     /// list).
@@ -171,6 +187,8 @@ pub struct ControlPlaneJoin {
 /// the join service handed them) and this node's name, address and preflight choices.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JoinRequest {
+    /// The version the cluster runs (the ticket's): it chooses the API.
+    pub kubernetes_version: KubernetesVersion,
     /// `host:port` of the API server.
     pub api_server_endpoint: ApiServerEndpoint,
     pub token: BootstrapToken,
@@ -198,6 +216,38 @@ impl KubeadmConfig {
     pub fn from_stored(text: Zeroizing<String>) -> Self {
         KubeadmConfig(text)
     }
+
+    /// The kubeadm API of its documents (every hawser configuration has one); `None` if no
+    /// document names one hawser writes. Reads each document's `apiVersion` only: nothing
+    /// else is copied out of the text (it holds the token).
+    pub fn api(&self) -> Option<KubeadmApi> {
+        #[derive(Deserialize)]
+        struct Head<'a> {
+            #[serde(rename = "apiVersion", borrow)]
+            api_version: Option<&'a str>,
+        }
+        self.0.split("\n---\n").find_map(|document| {
+            let head: Head<'_> = serde_json::from_str(document).ok()?;
+            KubeadmApi::from_api_version(head.api_version?)
+        })
+    }
+}
+
+/// The flags `kubeadm init|join --config` needs besides the configuration for `api`: what the
+/// API cannot say.
+///
+/// - `v1beta2` (kubeadm 1.20): `--skip-phases=preflight`. kubeadm 1.20's preflight phase ends
+///   with its image-pull check, which needs `crictl` for any runtime but Docker and fails
+///   (`crictl is required for container runtime`) whatever `ignorePreflightErrors` says; crictl
+///   is not in Debian, and the images are in containerd already (imported at boot). `v1beta2`
+///   has no `skipPhases` (`v1beta3` added it), so the phase is skipped on the command line,
+///   and with it kubeadm's host checks (swap, ports, sysctls): PID 1 prepares the host itself.
+/// - `v1beta4`: nothing.
+pub fn command_flags(api: KubeadmApi) -> &'static [&'static str] {
+    match api {
+        KubeadmApi::V1beta2 => &["--skip-phases=preflight"],
+        KubeadmApi::V1beta4 => &[],
+    }
 }
 
 impl fmt::Debug for KubeadmConfig {
@@ -210,29 +260,22 @@ impl fmt::Debug for KubeadmConfig {
     }
 }
 
-// --- The v1beta4 documents (only the fields hawser sets). ---
-
-#[derive(Serialize)]
-struct Arg<'a> {
-    name: &'a str,
-    value: String,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct NodeRegistration<'a> {
-    name: &'a str,
-    cri_socket: &'a str,
-    kubelet_extra_args: Vec<Arg<'a>>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    ignore_preflight_errors: &'a [String],
-}
+// --- What both APIs write the same way (only the fields hawser sets). ---
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ApiEndpoint {
     advertise_address: String,
     bind_port: u16,
+}
+
+impl ApiEndpoint {
+    fn of(node_ip: IpAddr) -> Self {
+        ApiEndpoint {
+            advertise_address: node_ip.to_string(),
+            bind_port: API_SERVER_PORT,
+        }
+    }
 }
 
 #[derive(Serialize)]
@@ -247,41 +290,10 @@ struct BootstrapTokenSpec<'a> {
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct InitConfiguration<'a> {
-    api_version: &'a str,
-    kind: &'a str,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    bootstrap_tokens: Vec<BootstrapTokenSpec<'a>>,
-    node_registration: NodeRegistration<'a>,
-    #[serde(rename = "localAPIEndpoint")]
-    local_api_endpoint: ApiEndpoint,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
 struct Networking {
     service_subnet: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pod_subnet: Option<String>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ApiServer<'a> {
-    #[serde(rename = "certSANs", skip_serializing_if = "<[_]>::is_empty")]
-    cert_sans: &'a [String],
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct ClusterConfiguration<'a> {
-    api_version: &'a str,
-    kind: &'a str,
-    cluster_name: &'a str,
-    kubernetes_version: &'a str,
-    control_plane_endpoint: String,
-    networking: Networking,
-    api_server: ApiServer<'a>,
 }
 
 #[derive(Serialize)]
@@ -300,30 +312,43 @@ struct BootstrapTokenDiscovery<'a> {
     ca_cert_hashes: Vec<String>,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct Discovery<'a> {
-    bootstrap_token: BootstrapTokenDiscovery<'a>,
+/// An init request's values once checked, as both APIs write them.
+struct CheckedInit<'a> {
+    request: &'a InitRequest,
+    control_plane_endpoint: String,
+    bootstrap_tokens: Vec<BootstrapTokenSpec<'a>>,
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JoinControlPlane<'a> {
-    #[serde(rename = "localAPIEndpoint")]
-    local_api_endpoint: ApiEndpoint,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    certificate_key: Option<&'a str>,
+impl CheckedInit<'_> {
+    fn networking(&self) -> Networking {
+        Networking {
+            service_subnet: self.request.service_cidr.to_string(),
+            pod_subnet: self.request.pod_cidr.as_ref().map(Cidr::to_string),
+        }
+    }
+
+    /// The KubeletConfiguration: the cgroupfs driver (no systemd on a hawser node).
+    fn kubelet() -> KubeletConfiguration<'static> {
+        KubeletConfiguration {
+            api_version: KUBELET_API_VERSION,
+            kind: "KubeletConfiguration",
+            cgroup_driver: "cgroupfs",
+        }
+    }
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JoinConfiguration<'a> {
-    api_version: &'a str,
-    kind: &'a str,
-    discovery: Discovery<'a>,
-    node_registration: NodeRegistration<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    control_plane: Option<JoinControlPlane<'a>>,
+impl JoinRequest {
+    fn bootstrap_token_discovery(&self) -> BootstrapTokenDiscovery<'_> {
+        BootstrapTokenDiscovery {
+            token: self.token.expose_secret(),
+            api_server_endpoint: self.api_server_endpoint.to_string(),
+            ca_cert_hashes: self
+                .ca_cert_hashes
+                .iter()
+                .map(CaCertHash::to_string)
+                .collect(),
+        }
+    }
 }
 
 /// One document as pretty-printed JSON (zeroized on drop: it may hold the token).
@@ -347,25 +372,10 @@ fn stream(documents: &[Zeroizing<String>]) -> KubeadmConfig {
     KubeadmConfig(text)
 }
 
-fn node_registration<'a>(
-    node_name: &'a str,
-    node_ip: IpAddr,
-    ignore_preflight_errors: &'a [String],
-) -> NodeRegistration<'a> {
-    NodeRegistration {
-        name: node_name,
-        cri_socket: CRI_SOCKET,
-        kubelet_extra_args: vec![Arg {
-            name: "node-ip",
-            value: node_ip.to_string(),
-        }],
-        ignore_preflight_errors,
-    }
-}
-
 /// The configuration for `kubeadm init --config`: InitConfiguration, ClusterConfiguration,
-/// KubeletConfiguration.
+/// KubeletConfiguration, in the API of the request's Kubernetes version.
 pub fn init_config(request: &InitRequest) -> Result<KubeadmConfig, KubeadmConfigError> {
+    let api = KubeadmApi::for_version(&request.kubernetes_version)?;
     check_dns_subdomain("cluster name", &request.cluster_name)?;
     check_node(&request.node_name, request.node_ip)?;
     for san in &request.cert_sans {
@@ -395,48 +405,22 @@ pub fn init_config(request: &InitRequest) -> Result<KubeadmConfig, KubeadmConfig
         }
         None => Vec::new(),
     };
-    let init = InitConfiguration {
-        api_version: KUBEADM_API_VERSION,
-        kind: "InitConfiguration",
-        bootstrap_tokens,
-        node_registration: node_registration(
-            &request.node_name,
-            request.node_ip,
-            &request.ignore_preflight_errors,
-        ),
-        local_api_endpoint: ApiEndpoint {
-            advertise_address: request.node_ip.to_string(),
-            bind_port: API_SERVER_PORT,
-        },
-    };
-    let cluster = ClusterConfiguration {
-        api_version: KUBEADM_API_VERSION,
-        kind: "ClusterConfiguration",
-        cluster_name: &request.cluster_name,
-        kubernetes_version: request.kubernetes_version.as_str(),
+    let checked = CheckedInit {
+        request,
         control_plane_endpoint,
-        networking: Networking {
-            service_subnet: request.service_cidr.to_string(),
-            pod_subnet: request.pod_cidr.as_ref().map(Cidr::to_string),
-        },
-        api_server: ApiServer {
-            cert_sans: &request.cert_sans,
-        },
+        bootstrap_tokens,
     };
-    let kubelet = KubeletConfiguration {
-        api_version: KUBELET_API_VERSION,
-        kind: "KubeletConfiguration",
-        cgroup_driver: "cgroupfs",
+    let documents = match api {
+        KubeadmApi::V1beta2 => v1beta2::init(checked)?,
+        KubeadmApi::V1beta4 => v1beta4::init(checked)?,
     };
-    Ok(stream(&[
-        render(&init)?,
-        render(&cluster)?,
-        render(&kubelet)?,
-    ]))
+    Ok(stream(&documents))
 }
 
-/// The configuration for `kubeadm join --config`: one JoinConfiguration.
+/// The configuration for `kubeadm join --config`: one JoinConfiguration, in the API of the
+/// cluster's Kubernetes version.
 pub fn join_config(ticket: &JoinRequest) -> Result<KubeadmConfig, KubeadmConfigError> {
+    let api = KubeadmApi::for_version(&ticket.kubernetes_version)?;
     if ticket.ca_cert_hashes.is_empty() {
         return Err(invalid(
             "CA certificate hashes",
@@ -446,34 +430,11 @@ pub fn join_config(ticket: &JoinRequest) -> Result<KubeadmConfig, KubeadmConfigE
     }
     check_node(&ticket.node_name, ticket.node_ip)?;
     check_preflight_names(&ticket.ignore_preflight_errors)?;
-    let join = JoinConfiguration {
-        api_version: KUBEADM_API_VERSION,
-        kind: "JoinConfiguration",
-        discovery: Discovery {
-            bootstrap_token: BootstrapTokenDiscovery {
-                token: ticket.token.expose_secret(),
-                api_server_endpoint: ticket.api_server_endpoint.to_string(),
-                ca_cert_hashes: ticket
-                    .ca_cert_hashes
-                    .iter()
-                    .map(CaCertHash::to_string)
-                    .collect(),
-            },
-        },
-        node_registration: node_registration(
-            &ticket.node_name,
-            ticket.node_ip,
-            &ticket.ignore_preflight_errors,
-        ),
-        control_plane: ticket.control_plane.as_ref().map(|cp| JoinControlPlane {
-            local_api_endpoint: ApiEndpoint {
-                advertise_address: ticket.node_ip.to_string(),
-                bind_port: API_SERVER_PORT,
-            },
-            certificate_key: cp.certificate_key.as_ref().map(CertificateKey::expose),
-        }),
+    let document = match api {
+        KubeadmApi::V1beta2 => v1beta2::join(ticket)?,
+        KubeadmApi::V1beta4 => v1beta4::join(ticket)?,
     };
-    Ok(stream(&[render(&join)?]))
+    Ok(stream(&[document]))
 }
 
 /// Writes `config` to `path`, readable by root only (it holds the bootstrap token), replacing

@@ -1,5 +1,5 @@
 //! kubeadm's attempts: the control-plane files' modes and names, the errors' layers, and
-//! what each kind of boot runs.
+//! what each kind of boot runs; the ticket's version choosing the API and kubeadm's flags.
 
 use super::*;
 use crate::kube::intent::Verb;
@@ -160,5 +160,81 @@ fn control_plane_file_names_cannot_leave_the_pki_directory() {
     for name in ["../evil", "/etc/shadow", "", "a/../../b"] {
         let err = write_control_plane_files(dir.path(), &[file(name, b"x")]).unwrap_err();
         assert!(err.to_string().contains("refusing"), "{name}: {err}");
+    }
+}
+
+fn ticket_for(version: &str) -> JoinTicket {
+    JoinTicket {
+        api_server_endpoint: "10.0.2.100:6443".parse().unwrap(),
+        token: "abcdef.0123456789abcdef".parse().unwrap(),
+        ca_cert_hashes: vec![format!("sha256:{}", "00".repeat(32)).parse().unwrap()],
+        kubernetes_version: version.into(),
+        control_plane_files: None,
+    }
+}
+
+#[test]
+fn the_tickets_version_chooses_the_api_and_kubeadms_flags_also_for_a_kept_intent() {
+    for (version, api, args) in [
+        (
+            "v1.20.2",
+            "kubeadm.k8s.io/v1beta2",
+            &[
+                KUBEADM,
+                "join",
+                "--config",
+                KUBEADM_CONFIG,
+                "--skip-phases=preflight",
+            ][..],
+        ),
+        (
+            "v1.33.4",
+            "kubeadm.k8s.io/v1beta4",
+            &[KUBEADM, "join", "--config", KUBEADM_CONFIG],
+        ),
+    ] {
+        let KubeadmWork::Run { intent, .. } = kubeadm_work(
+            &Role::Join(ticket_for(version)),
+            &identity(),
+            Path::new("/"),
+        ) else {
+            panic!("{version}: a join runs kubeadm");
+        };
+        assert!(intent.config.as_str().contains(api), "{version}");
+        assert_eq!(kubeadm_args(&intent), args, "{version}");
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("intent.json");
+        intent.save(&path).unwrap();
+        let kept = KubeadmIntent::load(&path).unwrap().unwrap();
+        assert_eq!(kubeadm_args(&kept), args, "{version}: kept");
+    }
+    // An intent without a kubeadm apiVersion (not hawser's): no flags, kubeadm says why.
+    assert_eq!(
+        kubeadm_args(&join_intent()),
+        [KUBEADM, "join", "--config", KUBEADM_CONFIG]
+    );
+}
+
+#[test]
+fn a_ticket_for_a_version_hawser_cannot_write_for_is_unrunnable_saying_why() {
+    for (version, reason) in [
+        (
+            "v1.25.3",
+            "hawser writes no kubeadm configuration for Kubernetes v1.25.3: it writes for \
+             v1.20.x (kubeadm.k8s.io/v1beta2) and v1.31.0 or later 1.x (kubeadm.k8s.io/v1beta4)",
+        ),
+        (
+            "1.20.2",
+            "the join ticket's Kubernetes version \"1.20.2\" is invalid",
+        ),
+    ] {
+        let KubeadmWork::Unrunnable(message) = kubeadm_work(
+            &Role::Join(ticket_for(version)),
+            &identity(),
+            Path::new("/"),
+        ) else {
+            panic!("{version}: kubeadm cannot run");
+        };
+        assert!(message.contains(reason), "{message}");
     }
 }

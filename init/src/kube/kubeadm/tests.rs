@@ -4,10 +4,11 @@
 use super::*;
 use serde_json::json;
 
-const TOKEN: &str = "abcdef.0123456789abcdef";
-const HASH: &str = "sha256:1234567890abcdef1234567890abcdef1234567890abcdef1234567890abcdef";
+pub(super) const TOKEN: &str = "abcdef.0123456789abcdef";
+pub(super) const HASH: &str =
+    "sha256:1234567890abcdef1234567890abcdef1234567890abcdef1234567890abcdef";
 
-fn init_request() -> InitRequest {
+pub(super) fn init_request() -> InitRequest {
     InitRequest {
         cluster_name: "hawser".into(),
         kubernetes_version: "v1.31.2".parse().unwrap(),
@@ -25,8 +26,9 @@ fn init_request() -> InitRequest {
     }
 }
 
-fn ticket(control_plane: bool) -> JoinRequest {
+pub(super) fn ticket(control_plane: bool) -> JoinRequest {
     JoinRequest {
+        kubernetes_version: "v1.31.2".parse().unwrap(),
         api_server_endpoint: "10.0.2.15:6443".parse().unwrap(),
         token: TOKEN.parse().unwrap(),
         ca_cert_hashes: vec![HASH.parse().unwrap()],
@@ -40,7 +42,7 @@ fn ticket(control_plane: bool) -> JoinRequest {
 }
 
 /// The documents of a YAML stream of JSON objects.
-fn documents(config: &KubeadmConfig) -> Vec<serde_json::Value> {
+pub(super) fn documents(config: &KubeadmConfig) -> Vec<serde_json::Value> {
     config
         .as_str()
         .split("\n---\n")
@@ -285,4 +287,67 @@ fn the_config_file_is_private() {
         std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
         0o600
     );
+}
+
+#[test]
+fn v1beta4_needs_no_command_flags_and_is_read_back_from_the_text() {
+    let init = init_config(&init_request()).unwrap();
+    assert_eq!(init.api(), Some(KubeadmApi::V1beta4));
+    assert_eq!(command_flags(KubeadmApi::V1beta4), &[] as &[&str]);
+    let stored = KubeadmConfig::from_stored(Zeroizing::new(init.as_str().to_owned()));
+    assert_eq!(stored.api(), Some(KubeadmApi::V1beta4));
+    let join = join_config(&ticket(true)).unwrap();
+    assert_eq!(join.api(), Some(KubeadmApi::V1beta4));
+    // A text hawser did not write names no API: no flags, kubeadm says what is wrong.
+    for text in [
+        "",
+        "{}",
+        "{\"apiVersion\": \"kubeadm.k8s.io/v1beta3\"}",
+        "not json",
+    ] {
+        let config = KubeadmConfig::from_stored(Zeroizing::new(text.to_owned()));
+        assert_eq!(config.api(), None, "{text}");
+    }
+}
+
+#[test]
+fn versions_without_a_writer_are_refused_by_name() {
+    for version in ["v1.30.4", "v1.21.0", "v1.19.16", "v2.0.0"] {
+        let request = InitRequest {
+            kubernetes_version: version.parse().unwrap(),
+            ..init_request()
+        };
+        let err = init_config(&request).unwrap_err();
+        assert!(matches!(err, KubeadmConfigError::NoWriter(_)), "{err:?}");
+        let message = err.to_string();
+        assert!(message.contains(version), "{message}");
+        assert!(
+            message.contains("v1.20.x (kubeadm.k8s.io/v1beta2)"),
+            "{message}"
+        );
+        let ticket = JoinRequest {
+            kubernetes_version: version.parse().unwrap(),
+            ..ticket(false)
+        };
+        let message = join_config(&ticket).unwrap_err().to_string();
+        assert!(message.contains(version), "{message}");
+        assert!(message.contains("v1.31.0 or later"), "{message}");
+    }
+}
+
+/// The v1beta4 text, byte for byte as hawser wrote it before it learnt v1beta2 (the stand-in
+/// kubeadm and the QEMU tests read it; reference measurements do not change with it).
+#[test]
+fn v1beta4_text_is_byte_for_byte_unchanged() {
+    let mut text = String::new();
+    text.push_str(init_config(&init_request()).unwrap().as_str());
+    text.push_str("=====\n");
+    text.push_str(join_config(&ticket(true)).unwrap().as_str());
+    text.push_str("=====\n");
+    let worker = JoinRequest {
+        control_plane: None,
+        ..ticket(false)
+    };
+    text.push_str(join_config(&worker).unwrap().as_str());
+    assert_eq!(text, include_str!("v1beta4.golden"));
 }
