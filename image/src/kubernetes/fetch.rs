@@ -40,11 +40,11 @@ pub fn fetch(lock: &KubernetesLock, cache: &Path) -> Result<Unpacked, Kubernetes
     let dir = lock_dir(cache, lock);
     if std::fs::read_to_string(dir.join(STAMP)).is_ok_and(|s| s.trim() == lock.digest()) {
         tracing::info!("kubernetes: unpacked inputs cached at {}", dir.display());
-        return layout(&dir, false);
+        return locate(&dir, false);
     }
     download(lock, cache)?;
     unpack_into(lock, cache, &dir)?;
-    layout(&dir, true)
+    locate(&dir, true)
 }
 
 /// Downloads and verifies every locked file (kept if already there with the locked sha256).
@@ -137,6 +137,7 @@ pub fn unpack_into(lock: &KubernetesLock, cache: &Path, dir: &Path) -> Result<()
 }
 
 fn dpkg_deb_x(deb: &Path, into: &Path, name: &str) -> Result<(), KubernetesError> {
+    std::fs::create_dir_all(into).map_err(io_error("create directory", into))?;
     run(
         Command::new("dpkg-deb").arg("-x").arg(deb).arg(into),
         format!("unpacking {name}"),
@@ -191,8 +192,9 @@ fn replace_dir(from: &Path, into: &Path) -> Result<(), KubernetesError> {
     Ok(())
 }
 
-/// Finds GOPATH, source tree and GOROOT in an unpacked directory.
-fn layout(dir: &Path, fresh: bool) -> Result<Unpacked, KubernetesError> {
+/// Finds GOPATH, source tree and GOROOT in a directory [`unpack_into`] filled (`fresh`: whether
+/// it was just unpacked).
+pub fn locate(dir: &Path, fresh: bool) -> Result<Unpacked, KubernetesError> {
     let gopath = dir.join("gopath");
     let source = gopath.join("src").join(IMPORT_PATH);
     if !source.join("cmd/kubeadm").is_dir() {

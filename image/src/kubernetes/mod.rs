@@ -81,6 +81,28 @@ pub enum KubernetesError {
     Io(#[from] IoError),
 }
 
+/// Fetches and unpacks the lock's inputs (cached), then builds `binaries` (cached); the
+/// report's timeline starts with the fetch.
+pub fn fetch_and_build(
+    lock: &KubernetesLock,
+    cache: &std::path::Path,
+    epoch: u64,
+    binaries: &[Binary],
+) -> Result<(Unpacked, BuildReport), KubernetesError> {
+    let t = std::time::Instant::now();
+    let unpacked = fetch(lock, cache)?;
+    let fetch_step = if unpacked.fresh {
+        "fetch + unpack"
+    } else {
+        "fetch (cached)"
+    };
+    let mut report = build(&unpacked, lock, epoch, binaries)?;
+    report
+        .timeline
+        .insert(0, (fetch_step.to_owned(), t.elapsed()));
+    Ok((unpacked, report))
+}
+
 /// Where everything of one lock lives: `<cache>/kubernetes/<digest>`.
 pub fn lock_dir(cache: &std::path::Path, lock: &KubernetesLock) -> PathBuf {
     cache.join("kubernetes").join(lock.digest())
