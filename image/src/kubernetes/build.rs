@@ -80,7 +80,8 @@ pub struct Step {
 }
 
 impl Step {
-    fn command(&self) -> Command {
+    /// The command to run: the plan's environment only.
+    pub(crate) fn command(&self) -> Command {
         let mut cmd = Command::new(&self.program);
         cmd.args(&self.args)
             .current_dir(&self.cwd)

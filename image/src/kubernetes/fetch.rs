@@ -157,7 +157,7 @@ fn run(cmd: &mut Command, step: String, package: &'static str) -> Result<(), Kub
 
 /// Replaces the regular files of `into` (a vendored package, its subdirectories kept) by the
 /// regular files of `from`.
-fn replace_dir(from: &Path, into: &Path) -> Result<(), KubernetesError> {
+pub(super) fn replace_dir(from: &Path, into: &Path) -> Result<(), KubernetesError> {
     if !from.is_dir() || !into.is_dir() {
         return Err(KubernetesError::Layout {
             what: format!(

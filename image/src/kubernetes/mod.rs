@@ -96,10 +96,9 @@ pub fn fetch_and_build(
     } else {
         "fetch (cached)"
     };
+    let fetched = t.elapsed();
     let mut report = build(&unpacked, lock, epoch, binaries)?;
-    report
-        .timeline
-        .insert(0, (fetch_step.to_owned(), t.elapsed()));
+    report.timeline.insert(0, (fetch_step.to_owned(), fetched));
     Ok((unpacked, report))
 }
 

@@ -182,18 +182,25 @@ fn go_build_plan_is_closed_and_reproducible() {
             ("TMPDIR", "/cache/kubernetes/d1g/tmp"),
         ]
     );
-    // The environment is the whole environment.
-    let cmd_env: Vec<_> = step_command_env(&step);
-    assert_eq!(cmd_env.len(), step.env.len());
-}
-
-fn step_command_env(step: &build::Step) -> Vec<String> {
-    // Mirrors Step::command: env_clear then the plan's variables.
-    let mut cmd = std::process::Command::new(&step.program);
-    cmd.env_clear().envs(&step.env);
-    cmd.get_envs()
-        .map(|(k, _)| k.to_string_lossy().into_owned())
-        .collect()
+    // The environment is the whole environment: `env` run as a step prints exactly it.
+    let probe = build::Step {
+        program: PathBuf::from("/usr/bin/env"),
+        args: Vec::new(),
+        cwd: std::env::temp_dir(),
+        ..step.clone()
+    };
+    let out = probe.command().output().expect("run /usr/bin/env");
+    let printed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let planned: Vec<String> = step.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut printed_sorted = printed.clone();
+    printed_sorted.sort();
+    assert_eq!(
+        printed_sorted, planned,
+        "the step inherited or lost variables"
+    );
 }
 
 #[test]
@@ -286,4 +293,54 @@ fn openapi_tags_are_found_as_the_makefile_finds_them() {
             "k8s.io/kubernetes/vendor/k8s.io/api/core/v1",
         ]
     );
+}
+
+#[test]
+fn a_swap_replaces_the_vendored_files_and_keeps_subpackages() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let from = tmp.path().join("deb/usr/share/gocode/src/reflect2");
+    let into = tmp.path().join("tree/vendor/reflect2");
+    for (dir, files) in [
+        (&from, &["reflect2.go", "go_above_118.go"][..]),
+        (&into, &["reflect2.go", "go_below_17.go"][..]),
+    ] {
+        std::fs::create_dir_all(dir.join("sub")).expect("mkdir");
+        for f in files {
+            std::fs::write(dir.join(f), format!("{}", dir.display())).expect("write");
+        }
+    }
+    std::fs::write(into.join("sub/kept.go"), "kept").expect("write");
+    super::fetch::replace_dir(&from, &into).expect("swap");
+    let mut names: Vec<String> = std::fs::read_dir(&into)
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["go_above_118.go", "reflect2.go", "sub"]);
+    assert_eq!(
+        std::fs::read_to_string(into.join("reflect2.go")).expect("read"),
+        from.display().to_string()
+    );
+    assert_eq!(
+        std::fs::read_to_string(into.join("sub/kept.go")).expect("read"),
+        "kept"
+    );
+    // A swap whose directory is missing is refused by name, not skipped.
+    let err = super::fetch::replace_dir(&tmp.path().join("nowhere"), &into).expect_err("missing");
+    assert!(err.to_string().contains("nowhere"), "{err}");
+}
+
+#[test]
+fn an_unpack_without_a_go_toolchain_is_refused_by_name() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("gopath/src/k8s.io/kubernetes/cmd/kubeadm")).expect("mkdir");
+    std::fs::create_dir_all(dir.join("toolchain/usr/lib/go-1.19/bin")).expect("mkdir");
+    let err = super::fetch::locate(dir, false).expect_err("no go binary");
+    assert!(err.to_string().contains("Go toolchain"), "{err}");
+    std::fs::write(dir.join("toolchain/usr/lib/go-1.19/bin/go"), "").expect("write");
+    std::fs::create_dir_all(dir.join("toolchain/usr/lib/go-1.19/src/runtime")).expect("mkdir");
+    let found = super::fetch::locate(dir, false).expect("layout");
+    assert_eq!(found.goroot, dir.join("toolchain/usr/lib/go-1.19"));
+    assert_eq!(found.source, dir.join("gopath/src/k8s.io/kubernetes"));
 }
