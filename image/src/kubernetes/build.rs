@@ -404,6 +404,12 @@ fn generate_openapi(unpacked: &Unpacked) -> Result<bool, KubernetesError> {
         let _ = std::fs::remove_file(&out);
         return Err(KubernetesError::OpenApiViolations { report, known });
     }
+    tracing::info!(
+        "kubernetes: {OPENAPI_PKG}/zz_generated.openapi.go from {} packages (sha256 {}); its rule \
+         violations equal {KNOWN_VIOLATIONS}",
+        tagged.len(),
+        sha256_file(&out)?
+    );
     Ok(true)
 }
 
