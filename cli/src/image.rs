@@ -59,7 +59,7 @@ pub enum ImageCommand {
     },
     /// Fetch the Kubernetes input pinned in kubernetes.lock (Debian's source and Go toolchain)
     /// and build its binaries reproducibly, each cached by (lock digest, name); prints each
-    /// binary's path and sha256 (docs/kubernetes.md). A cold build of all six takes ~13 min
+    /// binary's path and sha256 (docs/kubernetes.md). A cold build of all six takes 10–13 min
     /// on 2 cores; a cached run under a second.
     Kubernetes {
         /// Build only these, comma-separated (kubeadm, kubelet, kube-apiserver,
