@@ -15,6 +15,8 @@
 //!   and `manifest.json`;
 //! - [`pipeline`]: fetch + compile PID 1 + build, as the CLI runs it ([`compile`]: the
 //!   reproducible cargo builds of PID 1 and the rootfs's binaries);
+//! - [`kubernetes`]: Kubernetes 1.20.2 built reproducibly from Debian's source as a pinned
+//!   input (`kubernetes.lock`);
 //! - [`profile`]: production or development, as the measured command line says it (the
 //!   state disk's integrity).
 
@@ -25,6 +27,7 @@ pub mod cpio;
 pub mod disk;
 pub mod initramfs;
 pub mod inputs;
+pub mod kubernetes;
 pub mod pipeline;
 pub mod profile;
 pub mod rootfs;

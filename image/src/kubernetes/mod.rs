@@ -1,0 +1,111 @@
+//! Kubernetes as a pinned input of the image: kubeadm, kubelet and the control plane built
+//! reproducibly from Debian's `kubernetes` source package with Debian's Go toolchain.
+//!
+//! Debian bookworm's `kubernetes` source (`1.20.5+really1.20.2-1.1+deb12u1`) is the full upstream
+//! v1.20.2 tree with its `vendor/`; later Debian releases ship kubectl only, so v1.20.2 is the
+//! newest Kubernetes these registries can build (`docs/kubernetes.md`). The pieces:
+//! - [`lock`]: `kubernetes.lock`, every file by URL and sha256, and its digest (the cache key);
+//! - [`fetch`](mod@fetch): download and verify through the shared input fetcher
+//!   ([`crate::inputs`]), unpack the source for GOPATH mode and the toolchain beside it under
+//!   `<cache>/kubernetes/<digest>/`;
+//! - [`build`](mod@build): the build plan (commands and a closed environment: GOPATH mode,
+//!   `CGO_ENABLED=0`, `-trimpath`, fixed build ID and date), the API server's generated OpenAPI
+//!   code, and the binaries cached by (digest, name) with their sha256 in a manifest.
+
+use std::path::PathBuf;
+
+pub mod build;
+pub mod fetch;
+pub mod lock;
+
+pub use build::{Binary, BuildReport, BuiltBinary, build};
+pub use fetch::{Unpacked, fetch};
+pub use lock::{KubernetesLock, KubernetesLockError, LOCK_FILE};
+
+use crate::inputs::InputError;
+use crate::tool::{IoError, ToolError};
+
+/// Why Kubernetes could not be fetched or built.
+#[derive(Debug, thiserror::Error)]
+pub enum KubernetesError {
+    /// The lock file is missing or unreadable.
+    #[error("cannot read the Kubernetes lock {path}")]
+    ReadLock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The lock is malformed (the source names the line or entry).
+    #[error("the Kubernetes lock {path} is malformed")]
+    ParseLock {
+        path: PathBuf,
+        #[source]
+        source: KubernetesLockError,
+    },
+    /// Downloading or verifying a locked file failed.
+    #[error("fetching the Kubernetes inputs failed")]
+    Fetch(#[from] InputError),
+    /// A host tool (dpkg-source, dpkg-deb) or a build step (go, openapi-gen) failed.
+    #[error("{step} failed (its tool comes with the Debian package {package})")]
+    Tool {
+        step: String,
+        package: &'static str,
+        #[source]
+        source: ToolError,
+    },
+    /// The unpacked inputs lack something the build needs.
+    #[error("{what} not found under {dir}")]
+    Layout { what: String, dir: PathBuf },
+    /// openapi-gen reported other API rule violations than the tree's known list.
+    #[error(
+        "openapi-gen's API rule violations ({report}) differ from the tree's known list ({known}): \
+         the generated code is not the one upstream released"
+    )]
+    OpenApiViolations { report: PathBuf, known: PathBuf },
+    /// A cached binary's sha256 differs from the manifest (and rebuilding it gave yet another).
+    #[error("{name}: built {actual}, but the manifest of this lock records {expected}")]
+    NotReproduced {
+        name: String,
+        expected: String,
+        actual: String,
+    },
+    /// The build manifest cannot be read or written as JSON.
+    #[error("the build manifest {path} is not valid JSON")]
+    Manifest {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A file or directory of the cache could not be read or written.
+    #[error(transparent)]
+    Io(#[from] IoError),
+}
+
+/// Fetches and unpacks the lock's inputs (cached), then builds `binaries` (cached); the
+/// report's timeline starts with the fetch.
+pub fn fetch_and_build(
+    lock: &KubernetesLock,
+    cache: &std::path::Path,
+    epoch: u64,
+    binaries: &[Binary],
+) -> Result<(Unpacked, BuildReport), KubernetesError> {
+    let t = std::time::Instant::now();
+    let unpacked = fetch(lock, cache)?;
+    let fetch_step = if unpacked.fresh {
+        "fetch + unpack"
+    } else {
+        "fetch (cached)"
+    };
+    let fetched = t.elapsed();
+    let mut report = build(&unpacked, lock, epoch, binaries)?;
+    report.timeline.insert(0, (fetch_step.to_owned(), fetched));
+    Ok((unpacked, report))
+}
+
+/// Where everything of one lock lives: `<cache>/kubernetes/<digest>`.
+pub fn lock_dir(cache: &std::path::Path, lock: &KubernetesLock) -> PathBuf {
+    cache.join("kubernetes").join(lock.digest())
+}
+
+#[cfg(test)]
+mod tests;
