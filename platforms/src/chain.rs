@@ -62,26 +62,16 @@ impl VerificationTime {
     }
 }
 
-/// `2025-06-01T00:00:00Z` for Unix seconds (civil calendar, UTC).
+/// `2025-06-01T00:00:00Z` for Unix seconds (UTC); for a time no RFC 3339 date can say (past
+/// the year 9999), the seconds themselves: the text is for messages only.
 fn rfc3339(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    // Howard Hinnant's days → civil date.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    time::OffsetDateTime::from_unix_timestamp(secs)
+        .ok()
+        .and_then(|at| {
+            at.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("{secs} s after 1970-01-01T00:00:00Z"))
 }
 
 /// A parsed certificate with the name the errors use for it.

@@ -92,29 +92,20 @@ impl Step {
 }
 
 /// `buildDate` of the version packages: `SOURCE_DATE_EPOCH` as RFC 3339 UTC.
-pub fn build_date(epoch: u64) -> String {
-    let days = epoch / 86_400;
-    let secs = epoch % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3600,
-        secs % 3600 / 60,
-        secs % 60
-    )
+pub fn build_date(epoch: u64) -> Result<String, KubernetesError> {
+    i64::try_from(epoch)
+        .ok()
+        .and_then(|secs| time::OffsetDateTime::from_unix_timestamp(secs).ok())
+        .and_then(|at| {
+            at.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .ok_or(KubernetesError::BuildDate(epoch))
 }
 
 /// The `-ldflags` of every binary: stripped, no build ID, the version of the lock.
-pub fn ldflags(lock: &KubernetesLock, epoch: u64) -> String {
+pub fn ldflags(lock: &KubernetesLock, epoch: u64) -> Result<String, KubernetesError> {
+    let date = build_date(epoch)?;
     let mut flags = String::from("-s -w -buildid=");
     let v = lock.version.trim_start_matches('v');
     let mut parts = v.split('.');
@@ -125,14 +116,14 @@ pub fn ldflags(lock: &KubernetesLock, epoch: u64) -> String {
             ("gitVersion", lock.version.as_str()),
             ("gitCommit", lock.git_commit.as_str()),
             ("gitTreeState", "clean"),
-            ("buildDate", build_date(epoch).as_str()),
+            ("buildDate", date.as_str()),
             ("gitMajor", major),
             ("gitMinor", minor),
         ] {
             flags.push_str(&format!(" -X {var}.{name}={value}"));
         }
     }
-    flags
+    Ok(flags)
 }
 
 /// The closed environment of every Go command.
@@ -170,22 +161,22 @@ pub fn go_build_step(
     epoch: u64,
     binary: Binary,
     out: &Path,
-) -> Step {
-    Step {
+) -> Result<Step, KubernetesError> {
+    Ok(Step {
         label: format!("build {}", binary.name()),
         program: unpacked.goroot.join("bin/go"),
         args: vec![
             "build".into(),
             "-trimpath".into(),
             "-ldflags".into(),
-            ldflags(lock, epoch),
+            ldflags(lock, epoch)?,
             "-o".into(),
             out.display().to_string(),
             format!("./cmd/{}", binary.name()),
         ],
         cwd: unpacked.source.clone(),
         env: go_env(unpacked),
-    }
+    })
 }
 
 /// The OpenAPI generation: build the vendored openapi-gen, then run it over `tagged` (import
@@ -351,7 +342,7 @@ pub fn build(
         }
         let t = Instant::now();
         let partial = path.with_extension("partial");
-        run_step(&go_build_step(unpacked, lock, epoch, binary, &partial))?;
+        run_step(&go_build_step(unpacked, lock, epoch, binary, &partial)?)?;
         std::fs::rename(&partial, &path).map_err(io_error("rename the binary to", &path))?;
         let sha256 = sha256_file(&path)?;
         if let Some(expected) = manifest.get(binary.name())

@@ -28,6 +28,9 @@ use crate::tool::{IoError, ToolError};
 /// Why Kubernetes could not be fetched or built.
 #[derive(Debug, thiserror::Error)]
 pub enum KubernetesError {
+    /// `SOURCE_DATE_EPOCH` is past what an RFC 3339 date can say (the year 9999).
+    #[error("SOURCE_DATE_EPOCH {0} is not a date kubernetes' buildDate can carry")]
+    BuildDate(u64),
     /// The lock file is missing or unreadable.
     #[error("cannot read the Kubernetes lock {path}")]
     ReadLock {

@@ -115,9 +115,16 @@ fn digest_follows_content_not_comments() {
 
 #[test]
 fn build_date_is_rfc3339_utc_of_the_epoch() {
-    assert_eq!(build::build_date(0), "1970-01-01T00:00:00Z");
-    assert_eq!(build::build_date(1_795_305_600), "2026-11-22T00:00:00Z");
-    assert_eq!(build::build_date(951_825_599), "2000-02-29T11:59:59Z");
+    assert_eq!(build::build_date(0).unwrap(), "1970-01-01T00:00:00Z");
+    assert_eq!(
+        build::build_date(1_795_305_600).unwrap(),
+        "2026-11-22T00:00:00Z"
+    );
+    assert_eq!(
+        build::build_date(951_825_599).unwrap(),
+        "2000-02-29T11:59:59Z"
+    );
+    assert!(build::build_date(u64::MAX).is_err());
 }
 
 fn unpacked() -> Unpacked {
@@ -135,7 +142,8 @@ fn unpacked() -> Unpacked {
 fn go_build_plan_is_closed_and_reproducible() {
     let lock = committed_lock();
     let u = unpacked();
-    let step = build::go_build_step(&u, &lock, 1_795_305_600, Binary::Kubeadm, Path::new("/o/k"));
+    let step =
+        build::go_build_step(&u, &lock, 1_795_305_600, Binary::Kubeadm, Path::new("/o/k")).unwrap();
     assert_eq!(
         step.program,
         Path::new("/cache/kubernetes/d1g/toolchain/usr/lib/go-1.19/bin/go")
