@@ -3,9 +3,10 @@
 //! tests (`hawser_harness::fuzz_seeds`): the targets compile as modules here, and each seed (and
 //! a local corpus, if `scripts/fuzz` grew one) goes through the target's `run`. Real fuzzing:
 //! `scripts/fuzz`.
-// A test: a failed assumption fails it. And evidence.rs and atls_certificate.rs each load their
+// evidence.rs and atls_certificate.rs each load their
 // shared validator (common.rs), as the two fuzz binaries they are.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::duplicate_mod)]
+// The targets assert as a fuzzer sees a crash: with expect.
+#![allow(clippy::expect_used, clippy::unwrap_used, clippy::duplicate_mod)]
 
 #[path = "../fuzz/fuzz_targets/atls_certificate.rs"]
 mod atls_certificate;
@@ -14,27 +15,29 @@ mod evidence;
 #[path = "../fuzz/fuzz_targets/tpm_structures.rs"]
 mod tpm_structures;
 
-fn replay(target: &str, run: fn(&[u8])) {
-    let ran = hawser_harness::fuzz_seeds::replay(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")),
-        target,
-        run,
-    )
-    .unwrap();
-    assert!(ran > 0);
-}
-
 #[test]
 fn evidence_seeds() {
-    replay("evidence", evidence::run);
+    hawser_harness::fuzz_seeds::replay_or_fail(
+        env!("CARGO_MANIFEST_DIR"),
+        "evidence",
+        evidence::run,
+    );
 }
 
 #[test]
 fn tpm_structures_seeds() {
-    replay("tpm_structures", tpm_structures::run);
+    hawser_harness::fuzz_seeds::replay_or_fail(
+        env!("CARGO_MANIFEST_DIR"),
+        "tpm_structures",
+        tpm_structures::run,
+    );
 }
 
 #[test]
 fn atls_certificate_seeds() {
-    replay("atls_certificate", atls_certificate::run);
+    hawser_harness::fuzz_seeds::replay_or_fail(
+        env!("CARGO_MANIFEST_DIR"),
+        "atls_certificate",
+        atls_certificate::run,
+    );
 }

@@ -50,6 +50,15 @@ pub fn replay(crate_dir: &Path, target: &str, run: fn(&[u8])) -> Result<usize, S
     Ok(seeds.len() + corpus.len())
 }
 
+/// [`replay`] for a crate's `tests/fuzz_seeds.rs` (`crate_dir` is its `CARGO_MANIFEST_DIR`):
+/// a target without seeds, or a seed that cannot be read, fails the test by name.
+#[allow(clippy::panic)]
+pub fn replay_or_fail(crate_dir: &str, target: &str, run: fn(&[u8])) {
+    if let Err(e) = replay(Path::new(crate_dir), target, run) {
+        panic!("fuzz seeds of {target}: {e}");
+    }
+}
+
 /// The files of `dir`, sorted; none if it does not exist.
 fn files(dir: &Path) -> Result<Vec<PathBuf>, SeedError> {
     let entries = match std::fs::read_dir(dir) {
