@@ -23,6 +23,9 @@
 //!   the subset of kubeadm's `kubernetesVersion` a node installs without resolving labels;
 //! - [`KubeadmApi`]: the kubeadm configuration API hawser writes for a Kubernetes version
 //!   (`v1beta2` for 1.20, `v1beta4` for 1.31 and later), or [`NoKubeadmWriter`] naming it;
+//! - [`ImageKubernetes`]: what a node image says about its Kubernetes (origin, version, the
+//!   control-plane images), `/usr/share/hawser/kubernetes.json`, written by the image builder
+//!   and read by PID 1;
 //! - [`JoinTicket`]: the values above as the join service hands them to a joining node (with a
 //!   control plane's shared certificates), the one definition of the ticket.
 //!
@@ -32,7 +35,7 @@
 //! repeat the input: a token is a secret, and for the other values the caller, which knows the
 //! field, names it and its value.
 //!
-//! Everything here is pure: no I/O, no async runtime, no random number generator (a new token
+//! Everything here is pure (the image description is JSON text in, JSON text out): no I/O, no async runtime, no random number generator (a new token
 //! is made from random bytes the caller passes in). `standin/`, hawser's stand-in for kubeadm,
 //! deliberately does not use this crate: it checks what hawser writes with kubeadm's rules in
 //! its own code, a second opinion that a shared bug here could not silence.
@@ -43,6 +46,7 @@ pub mod ca_cert_hash;
 pub mod cidr;
 pub mod dns;
 pub mod endpoint;
+pub mod image_kubernetes;
 pub mod kubeadm_api;
 pub mod ticket;
 pub mod token;
@@ -52,6 +56,10 @@ pub use ca_cert_hash::{CaCertHash, CaCertHashError};
 pub use cidr::{Cidr, CidrError, ServiceCidr, ServiceCidrError};
 pub use dns::{DnsSubdomain, DnsSubdomainError};
 pub use endpoint::{ApiServerEndpoint, Endpoint, EndpointError, Host};
+pub use image_kubernetes::{
+    IMAGE_KUBERNETES_PATH, ImageKubernetes, ImageKubernetesError, ImageRef, ImageSet,
+    KubernetesOrigin,
+};
 pub use kubeadm_api::{KUBEADM_WRITERS, KubeadmApi, NoKubeadmWriter};
 pub use ticket::{ControlPlaneFile, JoinTicket};
 pub use token::{BootstrapToken, BootstrapTokenError};

@@ -1,0 +1,211 @@
+//! What a node image says about its Kubernetes: `/usr/share/hawser/kubernetes.json` in the
+//! rootfs, written by the image builder and read by PID 1.
+//!
+//! ```text
+//!   hawser image build:  kubernetes.lock ─► binaries + OCI images ─► ImageKubernetes (JSON)
+//!   hawser-init:         ImageKubernetes ─► the cluster's default version, the early refusal
+//!                        of another, the images imported into containerd, and kubeadm's
+//!                        imageRepository / etcd image / pause image
+//! ```
+//!
+//! An image carries Kubernetes built from the pinned source, official release binaries (both
+//! with their control-plane images in one OCI archive), or hawser's stand-ins (no images; the
+//! version is the one whose kubeadm configuration the stand-ins check). The file is part of the
+//! verified rootfs, so what it says is measured through the root hash.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::KubernetesVersion;
+
+/// Where the file is, relative to the rootfs.
+pub const IMAGE_KUBERNETES_PATH: &str = "usr/share/hawser/kubernetes.json";
+
+/// Where the node's Kubernetes binaries came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KubernetesOrigin {
+    /// Built by hawser from the Debian source package pinned in `kubernetes.lock`.
+    Source,
+    /// Upstream's release binaries pinned in `kubernetes.lock`.
+    Release,
+    /// hawser's stand-ins for kubeadm and kubelet (crate `hawser-standin`): not Kubernetes.
+    StandIn,
+}
+
+impl KubernetesOrigin {
+    /// Whether the image carries real Kubernetes.
+    pub fn is_real(self) -> bool {
+        self != KubernetesOrigin::StandIn
+    }
+}
+
+impl fmt::Display for KubernetesOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KubernetesOrigin::Source => "built from the pinned source",
+            KubernetesOrigin::Release => "upstream release binaries",
+            KubernetesOrigin::StandIn => "hawser's stand-ins (NOT Kubernetes)",
+        })
+    }
+}
+
+/// An image reference `repository:tag`, as containerd names an imported image.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageRef {
+    /// `registry.hawser.invalid/kubernetes/etcd`
+    pub repository: String,
+    /// `3.4.23-0`
+    pub tag: String,
+}
+
+impl fmt::Display for ImageRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.repository, self.tag)
+    }
+}
+
+/// The control-plane images of a real-Kubernetes image, as kubeadm's configuration names them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageSet {
+    /// The OCI archive (an `index.json` with one manifest per image), absolute in the rootfs:
+    /// `/usr/share/hawser/kubernetes/images.tar`, what `ctr -n k8s.io images import` reads.
+    pub archive: String,
+    /// kubeadm's `imageRepository`: `<repository>/kube-apiserver:<version>` and the other
+    /// control-plane components are found under it.
+    pub image_repository: String,
+    /// kubeadm's `etcd.local.imageRepository` / `imageTag`.
+    pub etcd: ImageRef,
+    /// containerd's `sandbox_image` (and kubelet's `--pod-infra-container-image`).
+    pub pause: ImageRef,
+    /// Every image in the archive, as `repository:tag`.
+    pub images: Vec<String>,
+}
+
+/// `/usr/share/hawser/kubernetes.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageKubernetes {
+    pub origin: KubernetesOrigin,
+    /// The version of the image's kubeadm and kubelet (`v1.20.2`); for stand-ins, the version
+    /// whose kubeadm configuration they check. The default of `hawser init`, and the only one
+    /// this image installs.
+    pub version: String,
+    /// The control-plane images; `None` for stand-ins.
+    pub images: Option<ImageSet>,
+    /// What a stock kubeadm cluster has and this image does not (e.g. CoreDNS), one line each;
+    /// PID 1 prints them in the node's status.
+    #[serde(default)]
+    pub absent: Vec<String>,
+}
+
+/// Why an `ImageKubernetes` is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageKubernetesError {
+    #[error("not the JSON of an image's Kubernetes description")]
+    Json(#[from] serde_json::Error),
+    #[error("the image's Kubernetes version {value:?} is not a Kubernetes version")]
+    Version {
+        value: String,
+        #[source]
+        source: crate::KubernetesVersionError,
+    },
+    #[error("the image carries real Kubernetes ({origin}) but names no control-plane images")]
+    NoImages { origin: KubernetesOrigin },
+}
+
+impl ImageKubernetes {
+    /// Parses and checks the file's text.
+    pub fn from_json(text: &str) -> Result<ImageKubernetes, ImageKubernetesError> {
+        let parsed: ImageKubernetes = serde_json::from_str(text)?;
+        parsed.kubernetes_version()?;
+        if parsed.origin.is_real() && parsed.images.is_none() {
+            return Err(ImageKubernetesError::NoImages {
+                origin: parsed.origin,
+            });
+        }
+        Ok(parsed)
+    }
+
+    /// The file's text: pretty JSON with a final newline (the same bytes for the same value).
+    pub fn to_json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).unwrap_or_default();
+        text.push('\n');
+        text
+    }
+
+    /// [`Self::version`], parsed.
+    pub fn kubernetes_version(&self) -> Result<KubernetesVersion, ImageKubernetesError> {
+        KubernetesVersion::from_str(&self.version).map_err(|source| ImageKubernetesError::Version {
+            value: self.version.clone(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn real() -> ImageKubernetes {
+        let repo = "registry.hawser.invalid/kubernetes";
+        ImageKubernetes {
+            origin: KubernetesOrigin::Source,
+            version: "v1.20.2".into(),
+            images: Some(ImageSet {
+                archive: "/usr/share/hawser/kubernetes/images.tar".into(),
+                image_repository: repo.into(),
+                etcd: ImageRef {
+                    repository: format!("{repo}/etcd"),
+                    tag: "3.4.23-0".into(),
+                },
+                pause: ImageRef {
+                    repository: format!("{repo}/pause"),
+                    tag: "3.2".into(),
+                },
+                images: vec![format!("{repo}/kube-apiserver:v1.20.2")],
+            }),
+            absent: vec!["CoreDNS".into()],
+        }
+    }
+
+    #[test]
+    fn round_trips_through_its_json() {
+        let image = real();
+        let text = image.to_json();
+        assert!(text.contains("\"origin\": \"source\""), "{text}");
+        assert!(text.contains("\"imageRepository\""), "{text}");
+        assert_eq!(ImageKubernetes::from_json(&text).unwrap(), image);
+    }
+
+    #[test]
+    fn refuses_a_bad_version_and_real_kubernetes_without_images() {
+        let mut bad = real();
+        bad.version = "1.20".into();
+        let err = ImageKubernetes::from_json(&bad.to_json()).unwrap_err();
+        assert!(err.to_string().contains("\"1.20\""), "{err}");
+
+        let mut no_images = real();
+        no_images.images = None;
+        let err = ImageKubernetes::from_json(&no_images.to_json()).unwrap_err();
+        assert!(
+            err.to_string().contains("names no control-plane images"),
+            "{err}"
+        );
+
+        let mut standin = no_images;
+        standin.origin = KubernetesOrigin::StandIn;
+        standin.version = "v1.33.4".into();
+        assert!(ImageKubernetes::from_json(&standin.to_json()).is_ok());
+    }
+
+    #[test]
+    fn refuses_unknown_fields() {
+        let text = real().to_json().replacen('{', "{\"extra\": 1,", 1);
+        assert!(ImageKubernetes::from_json(&text).is_err());
+    }
+}
