@@ -9,6 +9,7 @@ use hawser_image::kubernetes::{self, KubernetesLock};
 use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_image::profile::ImageProfile;
 use hawser_image::rootfs::{self, lock::RootfsLock};
+use hawser_kube_types::KubernetesOrigin;
 
 use hawser_cli::image_build::{print_timeline, workspace};
 
@@ -45,6 +46,11 @@ pub enum ImageCommand {
         /// the state disk: the image of the boot-phase tests).
         #[arg(long)]
         uki_only: bool,
+        /// Where the node's Kubernetes comes from: built from the source pinned in
+        /// kubernetes.lock (cached; 10–13 min cold), upstream's release binaries pinned there,
+        /// or hawser's stand-ins (NOT Kubernetes: for tests that need a fast boot).
+        #[arg(long, value_enum, default_value_t = KubernetesFrom::Source)]
+        kubernetes: KubernetesFrom,
     },
     /// Download, verify and unpack the inputs named in inputs.lock, and download and verify
     /// the rootfs packages named in rootfs.lock.
@@ -72,6 +78,27 @@ pub enum ImageCommand {
     },
 }
 
+/// `--kubernetes`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KubernetesFrom {
+    /// Built from Debian's source package pinned in kubernetes.lock.
+    Source,
+    /// Upstream's release binaries pinned in kubernetes.lock.
+    Release,
+    /// hawser's stand-ins for kubeadm and kubelet: not Kubernetes.
+    StandIn,
+}
+
+impl From<KubernetesFrom> for KubernetesOrigin {
+    fn from(from: KubernetesFrom) -> KubernetesOrigin {
+        match from {
+            KubernetesFrom::Source => KubernetesOrigin::Source,
+            KubernetesFrom::Release => KubernetesOrigin::Release,
+            KubernetesFrom::StandIn => KubernetesOrigin::StandIn,
+        }
+    }
+}
+
 /// One of the two lock files.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LockFile {
@@ -93,6 +120,7 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
             target_dir,
             provider_ca,
             uki_only,
+            kubernetes,
         } => {
             let profile = if development {
                 ImageProfile::Development
@@ -106,6 +134,7 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
                 cmdline,
                 target_dir,
                 provider_ca,
+                kubernetes: kubernetes.into(),
                 ..PipelineOptions::new(&ws, &out)
             };
             if uki_only {

@@ -17,7 +17,9 @@ use crate::build::{self, BuildInputs, BuildOutput};
 use crate::compile::{image_cargo_build, image_target_dir};
 use crate::disk::{self, DiskImage, DiskLayout};
 use crate::inputs::{self, InputLock};
-use crate::rootfs::{self, Rootfs, RootfsOptions};
+use crate::kubernetes::{self as k8s, Binary, KubernetesLock};
+use crate::rootfs::{self, Rootfs, RootfsKubernetes, RootfsOptions};
+pub use hawser_kube_types::KubernetesOrigin;
 
 /// What to build, and from where.
 #[derive(Debug, Clone)]
@@ -37,6 +39,9 @@ pub struct PipelineOptions {
     /// A PEM file of the CA(s) that certify attestation keys, for PID 1 to verify an attesting
     /// join service with; `None` = the image carries none (the default image).
     pub provider_ca: Option<PathBuf>,
+    /// A node image's Kubernetes: built from the source pinned in `kubernetes.lock` (the
+    /// default), upstream's release binaries pinned there, or hawser's stand-ins (tests).
+    pub kubernetes: KubernetesOrigin,
 }
 
 /// The kernel command line of the QEMU image: serial console, quiet kernel, and PID 1's
@@ -54,6 +59,7 @@ impl PipelineOptions {
             cmdline: DEFAULT_CMDLINE.to_owned(),
             source_date_epoch: None,
             provider_ca: None,
+            kubernetes: KubernetesOrigin::Source,
         }
     }
 }
@@ -86,6 +92,9 @@ pub enum PipelineError {
     /// The disk image could not be built.
     #[error(transparent)]
     Disk(#[from] disk::DiskError),
+    /// Kubernetes could not be fetched or built.
+    #[error(transparent)]
+    Kubernetes(#[from] k8s::KubernetesError),
 }
 
 /// Timings of one pipeline run, for the summary line.
@@ -170,13 +179,19 @@ impl std::fmt::Display for NodeImage {
             self.rootfs.erofs.display()
         )?;
         writeln!(f, "roothash {}", hex::encode(self.rootfs.root_hash))?;
-        match &self.rootfs.kubernetes {
-            rootfs::KubernetesSource::Upstream { version } => {
-                writeln!(f, "k8s      kubeadm {version} from pkgs.k8s.io")?
-            }
-            rootfs::KubernetesSource::StandIn { reason } => writeln!(
+        let k = &self.rootfs.kubernetes;
+        match &k.images {
+            Some(images) => writeln!(
                 f,
-                "k8s      STAND-INS for kubeadm and kubelet, NOT Kubernetes ({reason})"
+                "k8s      Kubernetes {} ({}), {} images in {}",
+                k.version,
+                k.origin,
+                images.images.len(),
+                images.archive
+            )?,
+            None => writeln!(
+                f,
+                "k8s      STAND-INS for kubeadm and kubelet, NOT Kubernetes (--kubernetes stand-in)"
             )?,
         }
         write!(
@@ -211,6 +226,9 @@ pub fn build_node_image(
     let fetched = inputs::fetch(&lock, &inputs::cache_dir())?;
     let pid1_files = crate::initramfs::pid1_elf_files(&init_binary, &fetched.lib_roots)?;
     let t = Instant::now();
+    let kubernetes = node_kubernetes(opts, epoch, progress)?;
+    timeline.steps.push(("kubernetes", t.elapsed()));
+    let t = Instant::now();
     let rootfs = rootfs::build_rootfs(
         &RootfsOptions {
             workspace: opts.workspace.clone(),
@@ -218,6 +236,7 @@ pub fn build_node_image(
             cache_dir: inputs::cache_dir(),
             source_date_epoch: epoch,
             standin_bin_dir: bin_dir,
+            kubernetes,
             pid1_files,
         },
         progress,
@@ -226,9 +245,10 @@ pub fn build_node_image(
 
     let uki_opts = PipelineOptions {
         cmdline: format!(
-            "{} {}",
+            "{} {} {}",
             opts.cmdline,
-            rootfs::root_hash_cmdline_arg(&rootfs.root_hash)
+            rootfs::root_hash_cmdline_arg(&rootfs.root_hash),
+            rootfs::kubernetes_cmdline_arg(&rootfs.kubernetes.version)
         ),
         source_date_epoch: Some(epoch),
         init_binary: Some(init_binary),
@@ -258,6 +278,42 @@ pub fn build_node_image(
         },
         timeline,
     ))
+}
+
+/// The node image's Kubernetes: the stand-ins, or the binaries of `kubernetes.lock` (fetched
+/// and built, or taken from the cache).
+fn node_kubernetes(
+    opts: &PipelineOptions,
+    epoch: u64,
+    progress: &mut dyn FnMut(&str),
+) -> Result<RootfsKubernetes, PipelineError> {
+    if opts.kubernetes == KubernetesOrigin::StandIn {
+        return Ok(RootfsKubernetes::StandIn);
+    }
+    let lock = KubernetesLock::load(&opts.workspace.join(k8s::LOCK_FILE))?;
+    progress(&format!(
+        "kubernetes: {} ({}) from {}, cached by its digest {}",
+        lock.version,
+        opts.kubernetes,
+        k8s::LOCK_FILE,
+        &lock.digest()[..16]
+    ));
+    let (unpacked, report) =
+        k8s::fetch_and_build(&lock, &inputs::cache_dir(), epoch, &Binary::ALL)?;
+    for (step, took) in &report.timeline {
+        progress(&format!("kubernetes: {step} {:.1}s", took.as_secs_f64()));
+    }
+    let bin_dir = k8s::build::binary_path(&unpacked, Binary::Kubeadm)
+        .parent()
+        .map(Path::to_owned)
+        .unwrap_or_default();
+    Ok(RootfsKubernetes::Real {
+        origin: opts.kubernetes,
+        version: lock.version.clone(),
+        bin_dir,
+        // The pause container's source is in the tree (upstream builds its image from it).
+        pause_source: unpacked.source.join("build/pause/linux/pause.c"),
+    })
 }
 
 /// Reads a provider CA PEM file, refusing one without a certificate.

@@ -13,9 +13,10 @@ use std::process::Command;
 use hawser_disk_format::verity::VeritySuperblock;
 use hawser_image::inputs::InputLock;
 use hawser_image::rootfs::{
-    self, KubernetesSource, RootfsOptions, STANDIN_MARKER, TOOL_PATH, TreeImages,
+    self, RootfsKubernetes, RootfsOptions, STANDIN_MARKER, TOOL_PATH, TreeImages,
 };
 use hawser_image::test_support;
+use hawser_kube_types::{IMAGE_KUBERNETES_PATH, ImageKubernetes, KubernetesOrigin};
 
 const EPOCH: u64 = 1_767_225_600;
 
@@ -248,6 +249,9 @@ fn the_full_rootfs_build_is_reproducible() {
             cache_dir: hawser_image::inputs::cache_dir(),
             source_date_epoch: lock.source_date_epoch,
             standin_bin_dir: standin_bin_dir.clone(),
+            // The stand-ins: this test is about the rootfs's bytes; the image with real
+            // Kubernetes is built (twice, in two clones) by scripts/check-reproducible-node.
+            kubernetes: RootfsKubernetes::StandIn,
             pid1_files: pid1_files.clone(),
         };
         let mut lines = Vec::new();
@@ -274,40 +278,35 @@ fn the_full_rootfs_build_is_reproducible() {
     )
     .unwrap();
     assert_eq!(summary["root_hash"], hex::encode(a.root_hash));
-    match &a.kubernetes {
-        KubernetesSource::StandIn { reason } => {
-            assert_eq!(summary["kubernetes"]["source"], "stand-in (NOT Kubernetes)");
-            assert!(reason.contains("pkgs.k8s.io"), "{reason}");
-            assert!(
-                a_lines
-                    .iter()
-                    .any(|l| l.contains("OFFLINE BUILD") && l.contains("STAND-INS")),
-                "the offline build did not say so: {a_lines:#?}"
-            );
-            for path in [
-                "/usr/bin/kubeadm",
-                "/usr/bin/kubelet",
-                &format!("/{STANDIN_MARKER}"),
-            ] {
-                assert!(dump_erofs_has(&a.erofs, path), "{path} is not in the image");
-            }
-            let marker = std::fs::read_to_string(a.tree.join(STANDIN_MARKER)).unwrap();
-            assert!(marker.contains("NOT Kubernetes"), "{marker}");
-            // The installed kubeadm is the stand-in and says so.
-            let version = Command::new(a.tree.join("usr/bin/kubeadm"))
-                .arg("version")
-                .output()
-                .unwrap();
-            assert!(String::from_utf8_lossy(&version.stdout).contains("STAND-IN (not Kubernetes)"));
-        }
-        KubernetesSource::Upstream { version } => {
-            assert!(!a.tree.join(STANDIN_MARKER).exists());
-            assert!(
-                dump_erofs_has(&a.erofs, "/usr/bin/kubeadm"),
-                "kubeadm {version} missing"
-            );
-        }
+    assert_eq!(a.kubernetes.origin, KubernetesOrigin::StandIn);
+    assert_eq!(summary["kubernetes"]["origin"], "stand-in");
+    assert!(
+        a_lines
+            .iter()
+            .any(|l| l.contains("--kubernetes stand-in") && l.contains("STAND-INS")),
+        "the stand-in build did not say so: {a_lines:#?}"
+    );
+    for path in [
+        "/usr/bin/kubeadm",
+        "/usr/bin/kubelet",
+        &format!("/{STANDIN_MARKER}"),
+        &format!("/{IMAGE_KUBERNETES_PATH}"),
+    ] {
+        assert!(dump_erofs_has(&a.erofs, path), "{path} is not in the image");
     }
+    let marker = std::fs::read_to_string(a.tree.join(STANDIN_MARKER)).unwrap();
+    assert!(marker.contains("NOT Kubernetes"), "{marker}");
+    let described = std::fs::read_to_string(a.tree.join(IMAGE_KUBERNETES_PATH)).unwrap();
+    assert_eq!(
+        ImageKubernetes::from_json(&described).unwrap(),
+        a.kubernetes
+    );
+    // The installed kubeadm is the stand-in and says so.
+    let version = Command::new(a.tree.join("usr/bin/kubeadm"))
+        .arg("version")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&version.stdout).contains("STAND-IN (not Kubernetes)"));
     // Only the images are compared: drop a's 200 MiB tree before building b (disk space).
     std::fs::remove_dir_all(&a.tree).unwrap();
     let (b, _) = build("b");

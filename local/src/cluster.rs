@@ -266,6 +266,9 @@ fn node_image(
     }
     let ws = hawser_cli::image_build::workspace()?;
     let mut build = PipelineOptions::new(&ws, &opts.out);
+    // hawser's stand-ins for kubeadm and kubelet until the local cluster runs real Kubernetes
+    // (a real control plane takes minutes per node under TCG); the image says so as it builds.
+    build.kubernetes = hawser_kube_types::KubernetesOrigin::StandIn;
     // Nodes given no join endpoint look for the join service on the LAN (mDNS).
     // The admin's init secret hash is measured: only `hawser init` with this
     // cluster's init secret can initialize (or recover) its nodes.

@@ -116,6 +116,9 @@ fn node_image(
     }
     let ws = hawser_cli::image_build::workspace()?;
     let mut build = PipelineOptions::new(&ws, &opts.out);
+    // hawser's stand-ins for kubeadm and kubelet until the local cluster runs real Kubernetes
+    // (a real control plane takes minutes per node under TCG); the image says so as it builds.
+    build.kubernetes = hawser_kube_types::KubernetesOrigin::StandIn;
     build.cmdline = opts.profile().cmdline(&localhost::node_cmdline(
         pipeline::DEFAULT_CMDLINE,
         !opts.init,

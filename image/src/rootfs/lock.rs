@@ -224,19 +224,12 @@ pub fn package_drift(
 }
 
 /// Checks what mkosi installed (its manifest: name → version) against the lock: every locked
-/// package at its version, and nothing else except the `unlocked` names (Kubernetes' packages
-/// when they come from pkgs.k8s.io).
+/// package at its version, and nothing else.
 pub fn verify_installed(
     lock: &RootfsLock,
     installed: &BTreeMap<String, String>,
-    unlocked: &[&str],
 ) -> Result<(), RootfsLockError> {
-    let installed: BTreeMap<String, String> = installed
-        .iter()
-        .filter(|(name, _)| !unlocked.contains(&name.as_str()))
-        .map(|(n, v)| (n.clone(), v.clone()))
-        .collect();
-    let changes = package_drift(&lock.versions(), &installed);
+    let changes = package_drift(&lock.versions(), installed);
     if changes.is_empty() {
         Ok(())
     } else {
@@ -542,14 +535,12 @@ mod tests {
             verify_installed(
                 &l,
                 &versions(&[("bash", "5.2.15-2+b7"), ("libc6", "2.36-9+deb12u13")]),
-                &[]
             )
             .is_ok()
         );
         let err = verify_installed(
             &l,
             &versions(&[("bash", "5.2.15-2+b8"), ("libc6", "2.36-9+deb12u13")]),
-            &[],
         )
         .unwrap_err();
         let RootfsLockError::Drift { changes } = &err else {
@@ -571,18 +562,12 @@ mod tests {
     }
 
     #[test]
-    fn extra_and_missing_packages_are_drift_unless_left_unlocked() {
+    fn extra_and_missing_packages_are_drift() {
         let l = lock(&[("bash", "1"), ("gone", "2")]);
         let installed = versions(&[("bash", "1"), ("kubeadm", "1.33.1-1.1"), ("new", "3")]);
-        let err = verify_installed(&l, &installed, &["kubeadm"])
-            .unwrap_err()
-            .to_string();
+        let err = verify_installed(&l, &installed).unwrap_err().to_string();
         assert!(err.contains("gone 2 → (none)"), "{err}");
         assert!(err.contains("new (none) → 3"), "{err}");
-        assert!(!err.contains("kubeadm"), "{err}");
-        let err = verify_installed(&l, &installed, &[])
-            .unwrap_err()
-            .to_string();
         assert!(err.contains("kubeadm (none) → 1.33.1-1.1"), "{err}");
     }
 

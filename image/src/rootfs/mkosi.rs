@@ -1,5 +1,4 @@
-//! mkosi, which builds the Debian tree, and the probe of pkgs.k8s.io that decides whether
-//! Kubernetes comes from there or the stand-ins go in.
+//! mkosi, which builds the Debian tree from the locked packages only.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::BufRead as _;
@@ -7,68 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{
-    PROBE_TIMEOUT_SECS, RootfsError, TOOL_PATH, TREE_DIR, find_tool, kubernetes_repository,
-    run_tool,
-};
+use super::{RootfsError, TOOL_PATH, TREE_DIR, find_tool};
 use crate::tool::{self, ToolError, io_error};
-
-/// `Ok` when pkgs.k8s.io answers within a few seconds; `Err` says why not.
-pub fn probe_kubernetes_repository() -> Result<(), String> {
-    let url = format!("{}InRelease", kubernetes_repository());
-    let output = Command::new("curl")
-        .args(["--silent", "--show-error", "--fail", "--head", "--max-time"])
-        .arg(PROBE_TIMEOUT_SECS.to_string())
-        .arg(&url)
-        .env("PATH", TOOL_PATH)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run curl: {e}"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
-        Err(if stderr.is_empty() {
-            format!("curl {}", output.status)
-        } else {
-            stderr
-        })
-    }
-}
-
-/// A package manager tree adding the pkgs.k8s.io repository and its signing key.
-pub(super) fn kubernetes_package_manager_tree(out_dir: &Path) -> Result<PathBuf, RootfsError> {
-    let tree = out_dir.join("kubernetes.pkgmngr");
-    let keyrings = tree.join("etc/apt/keyrings");
-    let sources = tree.join("etc/apt/sources.list.d");
-    for dir in [&keyrings, &sources] {
-        std::fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
-    }
-    let key = keyrings.join("kubernetes.asc");
-    let mut curl = Command::new("curl");
-    curl.args([
-        "--silent",
-        "--show-error",
-        "--fail",
-        "--location",
-        "--max-time",
-        "60",
-        "--output",
-    ])
-    .arg(&key)
-    .arg(format!("{}Release.key", kubernetes_repository()));
-    run_tool(curl, "downloading the pkgs.k8s.io signing key", "")?;
-    let list = sources.join("kubernetes.sources");
-    std::fs::write(
-        &list,
-        format!(
-            "Types: deb\nURIs: {}\nSuites: /\nSigned-By: /etc/apt/keyrings/kubernetes.asc\n",
-            kubernetes_repository()
-        ),
-    )
-    .map_err(io_error("write", &list))?;
-    Ok(tree)
-}
 
 fn read_manifest(manifest: &Path) -> Result<(String, serde_json::Value), RootfsError> {
     let text = std::fs::read_to_string(manifest).map_err(io_error("read", manifest))?;
@@ -98,21 +37,6 @@ pub fn manifest_packages(manifest: &Path) -> Result<BTreeMap<String, String>, Ro
             ))
         })
         .collect())
-}
-
-/// The kubeadm package version in mkosi's JSON manifest.
-pub(super) fn kubeadm_version_from_manifest(manifest: &Path) -> Result<String, RootfsError> {
-    let (text, json) = read_manifest(manifest)?;
-    json["packages"]
-        .as_array()
-        .and_then(|packages| packages.iter().find(|p| p["name"] == "kubeadm"))
-        .and_then(|p| p["version"].as_str())
-        .map(str::to_owned)
-        .ok_or_else(|| RootfsError::ToolOutput {
-            tool: "mkosi",
-            what: "kubeadm package in its manifest",
-            output: tool::tail(&text, 10),
-        })
 }
 
 /// Strips ANSI colour sequences.
@@ -153,8 +77,6 @@ pub(super) struct MkosiRun<'a> {
     /// Package manager trees applied after the workspace's `mkosi.pkgmngr/`, in order (a file
     /// of a later tree replaces the same file of an earlier one).
     pub package_manager_trees: Vec<PathBuf>,
-    /// Packages installed besides those of `mkosi.conf`.
-    pub extra_packages: &'a [&'a str],
 }
 
 /// Runs mkosi, streaming its phases to `progress`; returns the tree.
@@ -184,9 +106,6 @@ pub(super) fn run_mkosi(
     }
     for tree in &run.package_manager_trees {
         cmd.arg(format!("--package-manager-tree={}", tree.display()));
-    }
-    if !run.extra_packages.is_empty() {
-        cmd.arg(format!("--package={}", run.extra_packages.join(",")));
     }
     cmd.arg("build")
         .env("PATH", TOOL_PATH)

@@ -19,13 +19,12 @@
 //!   the erofs image's sha256, so the same image always gets the same hash tree and root hash.
 //!   The verity superblock stays at the start of the hash file (sha256, 4096/4096 blocks), and
 //!   `veritysetup verify` checks the result on the host (it needs no device-mapper).
-//! - Kubernetes comes from pkgs.k8s.io when this machine can reach it. When it cannot, the build
-//!   says so — on the terminal, in [`Rootfs::kubernetes`] and in the image's
-//!   `/usr/share/hawser/STAND-IN` — and installs hawser's stand-ins for kubeadm and kubelet
-//!   (crate `hawser-standin`), which never pretend to be Kubernetes. Kubernetes' own packages
-//!   ([`KUBERNETES_PACKAGES`]) are not in `rootfs.lock`: they come from pkgs.k8s.io as it is
-//!   at build time (so such an image is not reproducible), while their Debian dependencies
-//!   must be in the lock (made by `hawser image lock` on a machine that reaches pkgs.k8s.io).
+//! - Kubernetes comes from `kubernetes.lock` ([`crate::kubernetes`]): built from Debian's source
+//!   or upstream's release binaries, kubeadm and kubelet in `/usr/bin`, the control plane as OCI
+//!   images in one archive, described in `/usr/share/hawser/kubernetes.json` ([`kubernetes`]).
+//!   Tests that need a fast boot build with hawser's stand-ins instead (crate `hawser-standin`),
+//!   which never pretend to be Kubernetes: the build says so on the terminal, in
+//!   [`Rootfs::kubernetes`], in `kubernetes.json` and in the image's `/usr/share/hawser/STAND-IN`.
 //!
 //! The contract with the initramfs: the kernel command line carries
 //! `hawser.root_hash=<64 hex>` ([`root_hash_cmdline_arg`]); the GPT data partition's PARTUUID
@@ -34,9 +33,9 @@
 //! (block size, hash) is the one PID 1 accepts, from [`hawser_disk_format::verity`].
 //!
 //! The code: this module has the options, the result, [`build_rootfs`] and [`lock_rootfs`];
-//! `lock` is the lock file, `repo` the local repository made from it, `mkosi` runs mkosi
-//! (and probes pkgs.k8s.io), `standins` installs hawser's binaries into the tree, `tree`
-//! normalises it, `images` makes the erofs image and its verity tree.
+//! `lock` is the lock file, `repo` the local repository made from it, `mkosi` runs mkosi,
+//! `standins` installs hawser's binaries into the tree, `kubernetes` Kubernetes (or the
+//! stand-ins), `tree` normalises it, `images` makes the erofs image and its verity tree.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -50,6 +49,7 @@ use crate::inputs::InputError;
 use crate::tool::{self, IoError, ToolError, io_error};
 
 mod images;
+pub mod kubernetes;
 pub mod lock;
 mod mkosi;
 pub mod repo;
@@ -57,9 +57,10 @@ mod standins;
 mod tree;
 
 pub use images::{TreeImages, image_tree, verify_verity};
+pub use kubernetes::{RootfsKubernetes, install_kubernetes, kubernetes_cmdline_arg};
 use lock::{MkosiConf, RootfsLock, RootfsLockError};
-use mkosi::{MkosiRun, kubeadm_version_from_manifest, kubernetes_package_manager_tree, run_mkosi};
-pub use mkosi::{manifest_packages, probe_kubernetes_repository};
+pub use mkosi::manifest_packages;
+use mkosi::{MkosiRun, run_mkosi};
 pub use standins::{
     JOIND_PATH, compile_rootfs_binaries, install_joind, install_pid1_copies, install_standins,
     standin_marker_text,
@@ -69,16 +70,6 @@ pub use tree::normalize_tree;
 /// `PATH` for the tools run here: mkosi runs helpers with the Python it finds on PATH, and a
 /// user's pyenv Python lacks the modules they need.
 pub const TOOL_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
-/// The Kubernetes minor release whose packages the rootfs carries when it can get them.
-pub const KUBERNETES_MINOR: &str = "v1.33";
-/// The Kubernetes packages installed from pkgs.k8s.io.
-pub const KUBERNETES_PACKAGES: &[&str] = &[
-    "kubeadm",
-    "kubelet",
-    "kubectl",
-    "kubernetes-cni",
-    "cri-tools",
-];
 /// The tree, image and hash tree in the output directory.
 pub const TREE_DIR: &str = "rootfs";
 pub const EROFS_FILE: &str = "rootfs.erofs";
@@ -98,13 +89,6 @@ pub const MKOSI_SOURCES_DIR: &str = "mkosi.pkgmngr/etc/apt/sources.list.d";
 pub const STANDIN_MARKER: &str = "usr/share/hawser/STAND-IN";
 /// dm-verity's block sizes (data and hash), and erofs's block size.
 pub const BLOCK_SIZE: u64 = verity::BLOCK_SIZE as u64;
-/// How long the pkgs.k8s.io probe may take.
-const PROBE_TIMEOUT_SECS: u32 = 5;
-
-/// The APT repository of [`KUBERNETES_MINOR`].
-pub fn kubernetes_repository() -> String {
-    format!("https://pkgs.k8s.io/core:/stable:/{KUBERNETES_MINOR}/deb/")
-}
 
 /// What to build, and from where.
 #[derive(Debug, Clone)]
@@ -121,18 +105,11 @@ pub struct RootfsOptions {
     /// Where the built binaries `hawser-joind`, `kubeadm` and `kubelet` (stand-ins) are
     /// (`target/<profile>/`).
     pub standin_bin_dir: PathBuf,
+    /// Kubernetes, or the stand-ins.
+    pub kubernetes: RootfsKubernetes,
     /// PID 1's ELF files as the initramfs holds them (path in the initramfs, file): copied
     /// under [`hawser_disk_format::rootfs::PID1_COPIES`] ([`crate::initramfs::pid1_elf_files`]).
     pub pid1_files: Vec<(String, PathBuf)>,
-}
-
-/// Where the image's kubeadm and kubelet come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KubernetesSource {
-    /// Kubernetes' own packages from pkgs.k8s.io, at this kubeadm package version.
-    Upstream { version: String },
-    /// hawser's stand-ins (not Kubernetes), and why.
-    StandIn { reason: String },
 }
 
 /// The built rootfs.
@@ -148,7 +125,9 @@ pub struct Rootfs {
     pub data_blocks: u64,
     pub erofs_bytes: u64,
     pub verity_bytes: u64,
-    pub kubernetes: KubernetesSource,
+    /// What `/usr/share/hawser/kubernetes.json` says: real Kubernetes (which, its images) or
+    /// the stand-ins.
+    pub kubernetes: hawser_kube_types::ImageKubernetes,
     /// sha256 of the `rootfs.lock` the packages came from ([`RootfsLock::digest`]).
     pub lock_digest: String,
     /// Wall time of each step.
@@ -192,6 +171,9 @@ pub enum RootfsError {
         #[source]
         source: serde_json::Error,
     },
+    /// Kubernetes' control-plane images could not be built.
+    #[error("building the rootfs's Kubernetes images failed")]
+    Kubernetes(#[from] crate::kubernetes::KubernetesError),
     /// The stand-in binaries were not built.
     #[error(
         "the kubeadm/kubelet stand-ins are not at {path}: build them first (cargo build --locked --profile image -p hawser-init -p hawser-joinservice -p hawser-standin, or rootfs::compile_rootfs_binaries)"
@@ -280,47 +262,25 @@ pub fn build_rootfs(
     std::fs::create_dir_all(&opts.out_dir).map_err(io_error("create directory", &opts.out_dir))?;
     let lock = load_rootfs_lock(&opts.workspace)?;
 
-    let t = Instant::now();
-    let kubernetes_reachable = probe_kubernetes_repository();
-    let upstream_tree = match &kubernetes_reachable {
-        Ok(()) => {
-            progress(&format!(
-                "rootfs: Kubernetes packages from {} ({})",
-                kubernetes_repository(),
-                KUBERNETES_PACKAGES.join(", ")
-            ));
-            Some(kubernetes_package_manager_tree(&opts.out_dir)?)
+    if opts.kubernetes == RootfsKubernetes::StandIn {
+        let message = "rootfs: STAND-INS for kubeadm and kubelet (--kubernetes stand-in): this \
+                       image does NOT contain Kubernetes";
+        tracing::warn!("{message}");
+        progress(message);
+        let kubeadm = opts.standin_bin_dir.join("kubeadm");
+        let kubelet = opts.standin_bin_dir.join("kubelet");
+        if !kubeadm.is_file() || !kubelet.is_file() {
+            return Err(RootfsError::StandInsMissing {
+                path: opts.standin_bin_dir.clone(),
+            });
         }
-        Err(why) => {
-            let message = format!(
-                "rootfs: OFFLINE BUILD: {} is not reachable ({why}); installing hawser's \
-                 STAND-INS for kubeadm and kubelet — this image does NOT contain Kubernetes",
-                kubernetes_repository()
-            );
-            tracing::warn!("{message}");
-            progress(&message);
-            let kubeadm = opts.standin_bin_dir.join("kubeadm");
-            let kubelet = opts.standin_bin_dir.join("kubelet");
-            if !kubeadm.is_file() || !kubelet.is_file() {
-                return Err(RootfsError::StandInsMissing {
-                    path: opts.standin_bin_dir.clone(),
-                });
-            }
-            None
-        }
-    };
-    timings.push(("probe pkgs.k8s.io".to_owned(), t.elapsed()));
+    }
 
     let t = Instant::now();
     let repository = repo::prepare_repository(&lock, &opts.cache_dir, &opts.out_dir, progress)?;
     timings.push((format!("fetch {}", lock::LOCK_FILE), t.elapsed()));
 
     let t = Instant::now();
-    let unlocked: &[&str] = if upstream_tree.is_some() {
-        KUBERNETES_PACKAGES
-    } else {
-        &[]
-    };
     let tree = run_mkosi(
         &MkosiRun {
             workspace: &opts.workspace,
@@ -328,26 +288,18 @@ pub fn build_rootfs(
             cache_dir: &opts.cache_dir,
             source_date_epoch: opts.source_date_epoch,
             local_mirror: Some(&repository.dir),
-            package_manager_trees: std::iter::once(repository.package_manager_tree.clone())
-                .chain(upstream_tree)
-                .collect(),
-            extra_packages: unlocked,
+            package_manager_trees: vec![repository.package_manager_tree.clone()],
         },
         progress,
     )?;
     repository.remove()?;
     timings.push(("mkosi".to_owned(), t.elapsed()));
     let manifest = opts.out_dir.join(MANIFEST_FILE);
-    lock::verify_installed(&lock, &manifest_packages(&manifest)?, unlocked)?;
+    lock::verify_installed(&lock, &manifest_packages(&manifest)?)?;
     progress(&format!(
-        "rootfs: mkosi installed exactly the {} packages of {}{}",
+        "rootfs: mkosi installed exactly the {} packages of {}",
         lock.packages.len(),
         lock::LOCK_FILE,
-        if unlocked.is_empty() {
-            ""
-        } else {
-            " (and Kubernetes' own from pkgs.k8s.io, not locked)"
-        }
     ));
     install_joind(&tree, &opts.standin_bin_dir, opts.source_date_epoch)?;
     progress(&format!("rootfs: installed /{JOIND_PATH}"));
@@ -358,36 +310,22 @@ pub fn build_rootfs(
         hawser_disk_format::rootfs::PID1_COPIES
     ));
 
-    let kubernetes = match kubernetes_reachable {
-        Ok(()) => {
-            let version = kubeadm_version_from_manifest(&manifest)?;
-            progress(&format!("rootfs: Kubernetes kubeadm {version} installed"));
-            KubernetesSource::Upstream { version }
-        }
-        Err(why) => {
-            let t = Instant::now();
-            install_standins(&tree, &opts.standin_bin_dir, opts.source_date_epoch)?;
-            progress(&format!(
-                "rootfs: installed the STAND-INS at /usr/bin/kubeadm and /usr/bin/kubelet, marker /{STANDIN_MARKER}"
-            ));
-            timings.push(("install stand-ins".to_owned(), t.elapsed()));
-            KubernetesSource::StandIn {
-                reason: format!("{} is not reachable: {why}", kubernetes_repository()),
-            }
-        }
-    };
+    let t = Instant::now();
+    let kubernetes = install_kubernetes(
+        &tree,
+        &opts.kubernetes,
+        &opts.standin_bin_dir,
+        &opts.cache_dir,
+        opts.source_date_epoch,
+        progress,
+    )?;
+    timings.push(("install Kubernetes".to_owned(), t.elapsed()));
 
     let images = image_tree(&tree, &opts.out_dir, opts.source_date_epoch, progress)?;
     timings.extend(images.timings);
     let summary = opts.out_dir.join(SUMMARY_FILE);
-    let kubernetes_json = match &kubernetes {
-        KubernetesSource::Upstream { version } => serde_json::json!({
-            "source": "upstream", "repository": kubernetes_repository(), "kubeadm_version": version,
-        }),
-        KubernetesSource::StandIn { reason } => serde_json::json!({
-            "source": "stand-in (NOT Kubernetes)", "reason": reason,
-        }),
-    };
+    let kubernetes_json =
+        serde_json::from_str::<serde_json::Value>(&kubernetes.to_json()).unwrap_or_default();
     let text = serde_json::to_string_pretty(&serde_json::json!({
         "root_hash": hex::encode(images.root_hash),
         "cmdline": root_hash_cmdline_arg(&images.root_hash),
@@ -418,11 +356,10 @@ pub fn build_rootfs(
 }
 
 /// Re-pins the rootfs for `hawser image lock`: builds the tree once with mkosi from the live
-/// archive (the sources of `mkosi.pkgmngr/`; with Kubernetes from pkgs.k8s.io when it is
-/// reachable, as a build would), takes every installed package and version from mkosi's
-/// manifest, and resolves each to its archive file with a private apt of the same sources.
-/// Kubernetes' own packages are left out ([`KUBERNETES_PACKAGES`]). The tree is deleted
-/// afterwards; nothing in the workspace is written (the caller writes the lock).
+/// archive (the sources of `mkosi.pkgmngr/`), takes every installed package and version from
+/// mkosi's manifest, and resolves each to its archive file with a private apt of the same
+/// sources. The tree is deleted afterwards; nothing in the workspace is written (the caller
+/// writes the lock).
 pub fn lock_rootfs(
     workspace: &Path,
     cache_dir: &Path,
@@ -438,28 +375,6 @@ pub fn lock_rootfs(
         std::fs::remove_dir_all(&out_dir).map_err(io_error("remove", &out_dir))?;
     }
     std::fs::create_dir_all(&out_dir).map_err(io_error("create directory", &out_dir))?;
-    let upstream_tree = match probe_kubernetes_repository() {
-        Ok(()) => {
-            progress(&format!(
-                "rootfs lock: {} is reachable: Kubernetes' Debian dependencies are pinned too",
-                kubernetes_repository()
-            ));
-            Some(kubernetes_package_manager_tree(&out_dir)?)
-        }
-        Err(why) => {
-            progress(&format!(
-                "rootfs lock: {} is not reachable ({why}): pinning the packages of an offline \
-                 build (the stand-ins need none of Kubernetes' dependencies)",
-                kubernetes_repository()
-            ));
-            None
-        }
-    };
-    let unlocked: &[&str] = if upstream_tree.is_some() {
-        KUBERNETES_PACKAGES
-    } else {
-        &[]
-    };
     run_mkosi(
         &MkosiRun {
             workspace,
@@ -467,13 +382,11 @@ pub fn lock_rootfs(
             cache_dir,
             source_date_epoch,
             local_mirror: None,
-            package_manager_trees: upstream_tree.into_iter().collect(),
-            extra_packages: unlocked,
+            package_manager_trees: Vec::new(),
         },
         progress,
     )?;
-    let mut installed = manifest_packages(&out_dir.join(MANIFEST_FILE))?;
-    installed.retain(|name, _| !unlocked.contains(&name.as_str()));
+    let installed = manifest_packages(&out_dir.join(MANIFEST_FILE))?;
     progress(&format!(
         "rootfs lock: mkosi installed {} packages from the live {suite} archive; resolving their files",
         installed.len()

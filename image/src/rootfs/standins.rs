@@ -1,35 +1,26 @@
-//! hawser's own binaries in the rootfs: `hawser-joind`, and the kubeadm/kubelet stand-ins of
-//! an offline build with the marker that says so.
+//! hawser's own binaries in the rootfs: `hawser-joind`, PID 1's copies, and the kubeadm/kubelet
+//! stand-ins of a `--kubernetes stand-in` build with the marker that says so.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use super::{KUBERNETES_PACKAGES, RootfsError, STANDIN_MARKER, kubernetes_repository};
+use super::{RootfsError, STANDIN_MARKER};
 use crate::tool::{ToolError, io_error};
 
-/// The text of `/usr/share/hawser/STAND-IN`. It carries no build-time detail (such as the probe's
-/// error), so it is the same in every offline build.
+/// The text of `/usr/share/hawser/STAND-IN`: the same in every stand-in image.
 pub fn standin_marker_text() -> String {
-    format!(
-        "This image carries hawser STAND-INS, NOT Kubernetes.\n\
-         \n\
-         Substituted:\n\
-         \x20 /usr/bin/kubeadm  hawser-standin's kubeadm: checks kubeadm v1beta4 configurations, writes a\n\
-         \x20                   stand-in CA and kubeconfigs, starts no control plane\n\
-         \x20 /usr/bin/kubelet  hawser-standin's kubelet: checks its flags, runs no pods\n\
-         Not installed: {}.\n\
-         \n\
-         Why: the Kubernetes package repository {} could not be reached when this\n\
-         image was built.\n",
-        KUBERNETES_PACKAGES
-            .iter()
-            .filter(|p| !matches!(**p, "kubeadm" | "kubelet"))
-            .copied()
-            .collect::<Vec<_>>()
-            .join(", "),
-        kubernetes_repository()
-    )
+    "This image carries hawser STAND-INS, NOT Kubernetes.\n\
+     \n\
+     Substituted:\n\
+     \x20 /usr/bin/kubeadm  hawser-standin's kubeadm: checks kubeadm v1beta4 configurations, writes a\n\
+     \x20                   stand-in CA and kubeconfigs, starts no control plane\n\
+     \x20 /usr/bin/kubelet  hawser-standin's kubelet: checks its flags, runs no pods\n\
+     Not installed: the control-plane images, kube-proxy.\n\
+     \n\
+     Why: it was built with `--kubernetes stand-in`, for tests that need a node's boot to be fast;\n\
+     an image for a cluster carries Kubernetes (`--kubernetes source` or `release`).\n"
+        .to_owned()
 }
 
 /// Copies the stand-ins to `/usr/bin` of `tree` and writes the marker, all timestamped `epoch`.
@@ -107,7 +98,10 @@ pub fn install_pid1_copies(
 }
 
 /// Sets each path's mode (if given) and its mtime to `epoch`.
-fn set_modes_and_epoch(paths: Vec<(PathBuf, Option<u32>)>, epoch: u64) -> Result<(), RootfsError> {
+pub(super) fn set_modes_and_epoch(
+    paths: Vec<(PathBuf, Option<u32>)>,
+    epoch: u64,
+) -> Result<(), RootfsError> {
     let epoch_time = SystemTime::UNIX_EPOCH + Duration::from_secs(epoch);
     for (path, mode) in paths {
         if let Some(mode) = mode {

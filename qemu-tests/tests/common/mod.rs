@@ -61,6 +61,11 @@ pub fn build_node_image(dir: &Path, cmdline: &str, provider_ca: Option<&Path>) -
     let mut opts = PipelineOptions::new(&workspace(), dir);
     opts.cmdline = cmdline.to_owned();
     opts.provider_ca = provider_ca.map(Path::to_owned);
+    // hawser's stand-ins for kubeadm and kubelet: these tests are about the boot path (join,
+    // disk, pivot, kubeadm run once), and real Kubernetes' control plane takes minutes per
+    // node under TCG. The image with real Kubernetes is built by `measurements check --node`
+    // and scripts/check-reproducible-node, and its configurations run through real kubeadm.
+    opts.kubernetes = pipeline::KubernetesOrigin::StandIn;
     let (node, timeline) = pipeline::build_node_image(&opts, &mut |line| eprintln!("{line}"))
         .unwrap_or_else(|e| panic!("node image build failed: {e}"));
     eprintln!("{node}\nnode image built: {timeline:?}");

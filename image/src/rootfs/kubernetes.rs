@@ -1,0 +1,223 @@
+//! Kubernetes in the rootfs: the real binaries and control-plane images, or hawser's stand-ins,
+//! and the description PID 1 reads (`/usr/share/hawser/kubernetes.json`).
+//!
+//! A real image (built from the pinned source, or upstream's release binaries) gets:
+//! - `/usr/bin/kubeadm` and `/usr/bin/kubelet`, the host's two Kubernetes programs;
+//! - the control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy,
+//!   etcd from the tree's Debian etcd-server, pause) as OCI images in one archive
+//!   ([`crate::kubernetes::images`]), imported into containerd by PID 1 at boot;
+//! - `/etc/containerd/config.toml`: Debian's settings with the archive's pause image as the CRI
+//!   sandbox image, so nothing is ever pulled;
+//! - `kubernetes.json` naming the version, the images and what a stock cluster has that this one
+//!   lacks (CoreDNS).
+//!
+//! A stand-in image gets the stand-ins (`standins.rs`), the `STAND-IN` marker and a
+//! `kubernetes.json` that says so; it exists for the QEMU tests that need a node's boot fast.
+
+use std::path::{Path, PathBuf};
+
+use hawser_kube_types::{IMAGE_KUBERNETES_PATH, ImageKubernetes, ImageSet, KubernetesOrigin};
+
+use super::standins::set_modes_and_epoch;
+use super::{RootfsError, install_standins};
+use crate::kubernetes::images::{IMAGES_ARCHIVE_PATH, build_images};
+use crate::tool::io_error;
+
+/// The version whose kubeadm configuration API (`v1beta4`) the stand-ins check: what a
+/// stand-in image records as its Kubernetes version.
+pub const STANDIN_KUBERNETES_VERSION: &str = "v1.33.4";
+
+/// containerd's configuration file in the rootfs.
+pub const CONTAINERD_CONFIG_PATH: &str = "etc/containerd/config.toml";
+
+/// What a real image lacks of a stock kubeadm cluster, as `kubernetes.json` says it.
+pub const ABSENT_IN_REAL_IMAGES: &[&str] = &[
+    "CoreDNS: Debian ships no CoreDNS, so the image has no image of it; kubeadm's addon/coredns \
+     phase is skipped and the cluster serves no DNS (Service names do not resolve in pods)",
+];
+
+/// The Kubernetes a rootfs gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RootfsKubernetes {
+    /// Real Kubernetes, as `kubernetes::fetch_and_build` left it.
+    Real {
+        /// Source-built or upstream's release binaries.
+        origin: KubernetesOrigin,
+        /// `v1.20.2`.
+        version: String,
+        /// Holds kubeadm, kubelet, kube-apiserver, kube-controller-manager, kube-scheduler and
+        /// kube-proxy.
+        bin_dir: PathBuf,
+        /// The tree's `build/pause/linux/pause.c`, built static into the pause image.
+        pause_source: PathBuf,
+    },
+    /// hawser's stand-ins for kubeadm and kubelet (from the rootfs options' binary directory):
+    /// NOT Kubernetes.
+    StandIn,
+}
+
+impl RootfsKubernetes {
+    /// The version the image will carry.
+    pub fn version(&self) -> &str {
+        match self {
+            RootfsKubernetes::Real { version, .. } => version,
+            RootfsKubernetes::StandIn => STANDIN_KUBERNETES_VERSION,
+        }
+    }
+}
+
+/// `hawser.kubernetes=<version>`: the image's Kubernetes version on the UKI's measured command
+/// line, where PID 1 finds it before the rootfs is mounted (to refuse another version before the
+/// state disk is formatted).
+pub fn kubernetes_cmdline_arg(version: &str) -> String {
+    format!("hawser.kubernetes={version}")
+}
+
+/// Installs `kubernetes` into `tree` and writes its description; `standin_bin_dir` holds the
+/// stand-ins, `cache` is hawser's cache (the pause build is kept there).
+pub fn install_kubernetes(
+    tree: &Path,
+    kubernetes: &RootfsKubernetes,
+    standin_bin_dir: &Path,
+    cache: &Path,
+    epoch: u64,
+    progress: &mut dyn FnMut(&str),
+) -> Result<ImageKubernetes, RootfsError> {
+    let description = match kubernetes {
+        RootfsKubernetes::StandIn => {
+            install_standins(tree, standin_bin_dir, epoch)?;
+            progress(&format!(
+                "rootfs: installed the STAND-INS at /usr/bin/kubeadm and /usr/bin/kubelet, marker /{}",
+                super::STANDIN_MARKER
+            ));
+            ImageKubernetes {
+                origin: KubernetesOrigin::StandIn,
+                version: STANDIN_KUBERNETES_VERSION.to_owned(),
+                images: None,
+                absent: vec![
+                    "Kubernetes: this image carries hawser's stand-ins for kubeadm and kubelet \
+                     (for fast tests), no Kubernetes"
+                        .to_owned(),
+                ],
+            }
+        }
+        RootfsKubernetes::Real {
+            origin,
+            version,
+            bin_dir,
+            pause_source,
+        } => {
+            let usr_bin = tree.join("usr/bin");
+            let mut installed = vec![(usr_bin.clone(), None)];
+            for name in ["kubeadm", "kubelet"] {
+                let from = bin_dir.join(name);
+                let to = usr_bin.join(name);
+                std::fs::copy(&from, &to).map_err(io_error("copy a Kubernetes binary to", &to))?;
+                installed.push((to, Some(0o755)));
+            }
+            set_modes_and_epoch(installed, epoch)?;
+            progress(&format!(
+                "rootfs: Kubernetes {version} ({origin}): /usr/bin/kubeadm, /usr/bin/kubelet"
+            ));
+            let archive = tree.join(IMAGES_ARCHIVE_PATH.trim_start_matches('/'));
+            if let Some(dir) = archive.parent() {
+                std::fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
+            }
+            let images = build_images(
+                bin_dir,
+                tree,
+                pause_source,
+                cache,
+                version,
+                epoch,
+                &archive,
+                progress,
+            )?;
+            write_containerd_config(tree, &images, epoch)?;
+            ImageKubernetes {
+                origin: *origin,
+                version: version.clone(),
+                images: Some(images),
+                absent: ABSENT_IN_REAL_IMAGES
+                    .iter()
+                    .map(|s| (*s).to_owned())
+                    .collect(),
+            }
+        }
+    };
+    let path = tree.join(IMAGE_KUBERNETES_PATH);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
+    }
+    std::fs::write(&path, description.to_json()).map_err(io_error("write", &path))?;
+    set_modes_and_epoch(vec![(path, Some(0o644))], epoch)?;
+    Ok(description)
+}
+
+/// containerd's configuration: Debian's package default (CNI directories, the `opt` plugin's
+/// path) plus the sandbox image from the archive.
+pub fn containerd_config(images: &ImageSet) -> String {
+    format!(
+        "# containerd in a hawser node image (written by hawser-image): Debian's defaults, and the\n\
+         # pause image of the image's own archive as the CRI sandbox image (nothing is pulled).\n\
+         version = 2\n\
+         \n\
+         [plugins]\n\
+         \x20 [plugins.\"io.containerd.grpc.v1.cri\"]\n\
+         \x20   sandbox_image = \"{}\"\n\
+         \x20   [plugins.\"io.containerd.grpc.v1.cri\".cni]\n\
+         \x20     bin_dir = \"/usr/lib/cni\"\n\
+         \x20     conf_dir = \"/etc/cni/net.d\"\n\
+         \x20 [plugins.\"io.containerd.internal.v1.opt\"]\n\
+         \x20   path = \"/var/lib/containerd/opt\"\n",
+        images.pause
+    )
+}
+
+fn write_containerd_config(tree: &Path, images: &ImageSet, epoch: u64) -> Result<(), RootfsError> {
+    let path = tree.join(CONTAINERD_CONFIG_PATH);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
+    }
+    std::fs::write(&path, containerd_config(images)).map_err(io_error("write", &path))?;
+    set_modes_and_epoch(vec![(path, Some(0o644))], epoch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hawser_kube_types::ImageRef;
+
+    #[test]
+    fn containerd_sandbox_image_is_the_archives_pause() {
+        let images = ImageSet {
+            archive: IMAGES_ARCHIVE_PATH.into(),
+            image_repository: "registry.hawser.invalid/kubernetes".into(),
+            etcd: ImageRef {
+                repository: "registry.hawser.invalid/kubernetes/etcd".into(),
+                tag: "3.4.23-0".into(),
+            },
+            pause: ImageRef {
+                repository: "registry.hawser.invalid/kubernetes/pause".into(),
+                tag: "3.2".into(),
+            },
+            images: vec![],
+        };
+        let config = containerd_config(&images);
+        assert!(
+            config
+                .contains("    sandbox_image = \"registry.hawser.invalid/kubernetes/pause:3.2\"\n"),
+            "{config}"
+        );
+        assert!(config.contains("bin_dir = \"/usr/lib/cni\""), "{config}");
+    }
+
+    #[test]
+    fn stand_ins_record_the_version_they_check() {
+        assert_eq!(RootfsKubernetes::StandIn.version(), "v1.33.4");
+        assert_eq!(
+            kubernetes_cmdline_arg("v1.20.2"),
+            "hawser.kubernetes=v1.20.2"
+        );
+    }
+}
