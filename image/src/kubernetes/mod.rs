@@ -11,12 +11,17 @@
 //! - [`build`](mod@build): the build plan (commands and a closed environment: GOPATH mode,
 //!   `CGO_ENABLED=0`, `-trimpath`, fixed build ID and date), the API server's generated OpenAPI
 //!   code, and the binaries cached by (digest, name) with their sha256 in a manifest.
+//! - [`images`]: the control-plane images containerd imports offline, one deterministic OCI
+//!   archive ([`oci`]) with pause built static from the tree ([`pause`]).
 
 use std::path::PathBuf;
 
 pub mod build;
 pub mod fetch;
+pub mod images;
 pub mod lock;
+pub mod oci;
+pub mod pause;
 
 pub use build::{Binary, BuildReport, BuiltBinary, build};
 pub use fetch::{Unpacked, fetch};
@@ -79,6 +84,19 @@ pub enum KubernetesError {
         #[source]
         source: serde_json::Error,
     },
+    /// The control-plane images' OCI archive could not be written.
+    #[error("writing the control-plane image archive failed")]
+    ImageArchive(#[from] oci::OciError),
+    /// etcd's shared libraries are not all in the root it is taken from.
+    #[error("resolving the shared libraries of etcd ({path}) failed")]
+    EtcdClosure {
+        path: PathBuf,
+        #[source]
+        source: crate::closure::ClosureError,
+    },
+    /// The etcd-server version is not a Debian version of it.
+    #[error("{0:?} is not a Debian version of etcd-server (like 3.4.23-4+b4)")]
+    EtcdVersion(String),
     /// A file or directory of the cache could not be read or written.
     #[error(transparent)]
     Io(#[from] IoError),

@@ -20,7 +20,7 @@ use hawser_kube_types::{IMAGE_KUBERNETES_PATH, ImageKubernetes, ImageSet, Kubern
 
 use super::standins::set_modes_and_epoch;
 use super::{RootfsError, install_standins};
-use crate::kubernetes::images::{IMAGES_ARCHIVE_PATH, build_images};
+use crate::kubernetes::images::{IMAGE_GAPS, IMAGES_ARCHIVE_PATH, ImageInputs, build_images};
 use crate::tool::io_error;
 
 /// The version whose kubeadm configuration API (`v1beta4`) the stand-ins check: what a
@@ -73,16 +73,33 @@ pub fn kubernetes_cmdline_arg(version: &str) -> String {
     format!("hawser.kubernetes={version}")
 }
 
-/// Installs `kubernetes` into `tree` and writes its description; `standin_bin_dir` holds the
-/// stand-ins, `cache` is hawser's cache (the pause build is kept there).
+/// Where [`install_kubernetes`] puts things and takes them from.
+#[derive(Debug, Clone, Copy)]
+pub struct InstallTarget<'a> {
+    /// mkosi's tree (its etcd goes into the etcd image).
+    pub tree: &'a Path,
+    /// The Debian version of `etcd-server` in the tree (from `rootfs.lock`).
+    pub etcd_version: &'a str,
+    /// Where the stand-ins are.
+    pub standin_bin_dir: &'a Path,
+    /// hawser's cache (the pause build is kept there).
+    pub cache: &'a Path,
+    pub epoch: u64,
+}
+
+/// Installs `kubernetes` into the tree and writes its description.
 pub fn install_kubernetes(
-    tree: &Path,
+    target: InstallTarget<'_>,
     kubernetes: &RootfsKubernetes,
-    standin_bin_dir: &Path,
-    cache: &Path,
-    epoch: u64,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ImageKubernetes, RootfsError> {
+    let InstallTarget {
+        tree,
+        etcd_version,
+        standin_bin_dir,
+        cache,
+        epoch,
+    } = target;
     let description = match kubernetes {
         RootfsKubernetes::StandIn => {
             install_standins(tree, standin_bin_dir, epoch)?;
@@ -124,12 +141,15 @@ pub fn install_kubernetes(
                 std::fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
             }
             let images = build_images(
-                bin_dir,
-                tree,
-                pause_source,
-                cache,
-                version,
-                epoch,
+                &ImageInputs {
+                    bin_dir,
+                    etcd_roots: &[tree.to_owned()],
+                    etcd_version,
+                    pause_source,
+                    cache,
+                    version,
+                    epoch,
+                },
                 &archive,
                 progress,
             )?;
@@ -140,6 +160,7 @@ pub fn install_kubernetes(
                 images: Some(images),
                 absent: ABSENT_IN_REAL_IMAGES
                     .iter()
+                    .chain(IMAGE_GAPS)
                     .map(|s| (*s).to_owned())
                     .collect(),
             }

@@ -311,12 +311,20 @@ pub fn build_rootfs(
     ));
 
     let t = Instant::now();
+    let etcd_version = lock
+        .versions()
+        .get("etcd-server")
+        .cloned()
+        .unwrap_or_default();
     let kubernetes = install_kubernetes(
-        &tree,
+        kubernetes::InstallTarget {
+            tree: &tree,
+            etcd_version: &etcd_version,
+            standin_bin_dir: &opts.standin_bin_dir,
+            cache: &opts.cache_dir,
+            epoch: opts.source_date_epoch,
+        },
         &opts.kubernetes,
-        &opts.standin_bin_dir,
-        &opts.cache_dir,
-        opts.source_date_epoch,
         progress,
     )?;
     timings.push(("install Kubernetes".to_owned(), t.elapsed()));
