@@ -60,8 +60,13 @@ pub enum ImageCommand {
     /// Fetch the Kubernetes input pinned in kubernetes.lock (Debian's source and Go toolchain)
     /// and build its binaries reproducibly, each cached by (lock digest, name); prints each
     /// binary's path and sha256 (docs/kubernetes.md). A cold build of all six takes 10–13 min
-    /// on 2 cores; a cached run under a second.
+    /// on 2 cores; a cached run under a second. `--from release` takes upstream's release
+    /// binaries pinned in the same lock instead (needs dl.k8s.io), into the same layout.
     Kubernetes {
+        /// Where the binaries come from: built from the pinned source, or upstream's release
+        /// tarball pinned by sha512.
+        #[arg(long, value_enum, default_value = "source")]
+        from: KubernetesFrom,
         /// Build only these, comma-separated (kubeadm, kubelet, kube-apiserver,
         /// kube-controller-manager, kube-scheduler, kube-proxy); default all.
         #[arg(long, value_delimiter = ',')]
@@ -70,6 +75,24 @@ pub enum ImageCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+}
+
+/// `--from` of `hawser image kubernetes`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KubernetesFrom {
+    /// Build from Debian's source package and Go toolchain ([[source]], [[toolchain]]).
+    Source,
+    /// Upstream's release binaries ([[release]]), downloaded from the release site.
+    Release,
+}
+
+impl From<KubernetesFrom> for kubernetes::Origin {
+    fn from(from: KubernetesFrom) -> Self {
+        match from {
+            KubernetesFrom::Source => kubernetes::Origin::Source,
+            KubernetesFrom::Release => kubernetes::Origin::Release,
+        }
+    }
 }
 
 /// One of the two lock files.
@@ -133,8 +156,8 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
                 eprintln!("{line}");
             })?;
         }
-        ImageCommand::Kubernetes { only, out } => {
-            build_kubernetes(&ws, &lock_path, &only, out.as_deref())?;
+        ImageCommand::Kubernetes { from, only, out } => {
+            build_kubernetes(&ws, &lock_path, from.into(), &only, out.as_deref())?;
         }
         ImageCommand::Lock { only } => {
             if only != Some(LockFile::Rootfs) {
@@ -148,10 +171,12 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `hawser image kubernetes`: fetch + build (cached), then one line per binary.
+/// `hawser image kubernetes`: fetch + build or read out of the release (cached), then one line
+/// per binary.
 fn build_kubernetes(
     ws: &Path,
     inputs_lock: &Path,
+    origin: kubernetes::Origin,
     only: &[String],
     out: Option<&Path>,
 ) -> anyhow::Result<()> {
@@ -172,12 +197,15 @@ fn build_kubernetes(
     let lock = KubernetesLock::load(&ws.join(kubernetes::LOCK_FILE))?;
     let epoch = InputLock::load(inputs_lock)?.source_date_epoch;
     eprintln!(
-        "Kubernetes {} from {} (lock digest {})",
+        "Kubernetes {}, {}, from {} ({} digest {})",
         lock.version,
+        hawser_kube_types::KubernetesOrigin::from(origin),
         kubernetes::LOCK_FILE,
-        &lock.digest()[..16]
+        origin.name(),
+        &lock.digest_for(origin)[..16]
     );
-    let (_, report) = kubernetes::fetch_and_build(&lock, &inputs::cache_dir(), epoch, &binaries)?;
+    let (_, report) =
+        kubernetes::fetch_and_build(&lock, &inputs::cache_dir(), epoch, &binaries, origin)?;
     if let Some(out) = out {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     }

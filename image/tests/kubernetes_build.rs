@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 
 use hawser_image::inputs::{self, InputLock};
-use hawser_image::kubernetes::{self, Binary, KubernetesLock, fetch};
+use hawser_image::kubernetes::{self, Binary, KubernetesLock, Origin, fetch};
 
 fn locks() -> (KubernetesLock, u64) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -29,7 +29,8 @@ fn kubeadm_from_the_pinned_source_is_v1_20_2_cached_and_reproducible() {
     let (lock, epoch) = locks();
     let cache = inputs::cache_dir();
     let (_, first) =
-        kubernetes::fetch_and_build(&lock, &cache, epoch, &[Binary::Kubeadm]).expect("build");
+        kubernetes::fetch_and_build(&lock, &cache, epoch, &[Binary::Kubeadm], Origin::Source)
+            .expect("build");
     let kubeadm = &first.binaries[0];
     let out = Command::new(&kubeadm.path)
         .args(["version", "-o", "short"])
@@ -40,7 +41,9 @@ fn kubeadm_from_the_pinned_source_is_v1_20_2_cached_and_reproducible() {
 
     // A second run reuses the binary (its sha256 checked against the manifest).
     let (again, second) =
-        kubernetes::fetch_and_build(&lock, &cache, epoch, &[Binary::Kubeadm]).expect("rebuild");
+        kubernetes::fetch_and_build(&lock, &cache, epoch, &[Binary::Kubeadm], Origin::Source)
+            .expect("rebuild");
+    let again = again.expect("the source origin returns its unpacked tree");
     assert!(!again.fresh, "the unpacked input was not reused");
     assert!(second.binaries[0].cached, "kubeadm was rebuilt, not reused");
     assert_eq!(second.binaries[0].sha256, kubeadm.sha256);
