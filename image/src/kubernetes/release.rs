@@ -53,6 +53,8 @@ pub fn fetch_release(
     let manifest_path = bin.join("manifest.json");
     let mut manifest = read_manifest(&manifest_path)?;
     let mut report = BuildReport::default();
+    // The timeline starts with the fetch, as the source build's does; cache hits follow it.
+    let mut cached_steps = Vec::new();
 
     // Each release file with the members still wanted from it, in lock order.
     let mut needed: Vec<(&ReleaseFile, Vec<(Binary, &str)>)> = Vec::new();
@@ -69,9 +71,7 @@ pub fn fetch_release(
                     binary.name(),
                     path.display()
                 );
-                report
-                    .timeline
-                    .push((format!("{} (cached)", binary.name()), t.elapsed()));
+                cached_steps.push((format!("{} (cached)", binary.name()), t.elapsed()));
                 report.binaries.push(BuiltBinary {
                     binary,
                     path,
@@ -94,7 +94,8 @@ pub fn fetch_release(
     if needed.is_empty() {
         report
             .timeline
-            .insert(0, ("fetch (cached)".into(), std::time::Duration::ZERO));
+            .push(("fetch (cached)".into(), std::time::Duration::ZERO));
+        report.timeline.extend(cached_steps);
         return Ok(report);
     }
 
@@ -135,6 +136,7 @@ pub fn fetch_release(
     });
     let _ = std::fs::remove_dir_all(&scratch);
     moved?;
+    report.timeline.extend(cached_steps);
     report.binaries.sort_by_key(|b| b.binary);
     Ok(report)
 }
