@@ -49,8 +49,8 @@ pub enum ImageCommand {
         /// Where the node's Kubernetes comes from: built from the source pinned in
         /// kubernetes.lock (cached; 10–13 min cold), upstream's release binaries pinned there,
         /// or hawser's stand-ins (NOT Kubernetes: for tests that need a fast boot).
-        #[arg(long, value_enum, default_value_t = KubernetesFrom::Source)]
-        kubernetes: KubernetesFrom,
+        #[arg(long, value_enum, default_value_t = NodeKubernetes::Source)]
+        kubernetes: NodeKubernetes,
     },
     /// Download, verify and unpack the inputs named in inputs.lock, and download and verify
     /// the rootfs packages named in rootfs.lock.
@@ -66,8 +66,13 @@ pub enum ImageCommand {
     /// Fetch the Kubernetes input pinned in kubernetes.lock (Debian's source and Go toolchain)
     /// and build its binaries reproducibly, each cached by (lock digest, name); prints each
     /// binary's path and sha256 (docs/kubernetes.md). A cold build of all six takes 10–13 min
-    /// on 2 cores; a cached run under a second.
+    /// on 2 cores; a cached run under a second. `--from release` takes upstream's release
+    /// binaries pinned in the same lock instead (needs dl.k8s.io), into the same layout.
     Kubernetes {
+        /// Where the binaries come from: built from the pinned source, or upstream's release
+        /// tarball pinned by sha512.
+        #[arg(long, value_enum, default_value = "source")]
+        from: KubernetesFrom,
         /// Build only these, comma-separated (kubeadm, kubelet, kube-apiserver,
         /// kube-controller-manager, kube-scheduler, kube-proxy); default all.
         #[arg(long, value_delimiter = ',')]
@@ -78,9 +83,27 @@ pub enum ImageCommand {
     },
 }
 
-/// `--kubernetes`.
+/// `--from` of `hawser image kubernetes`.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum KubernetesFrom {
+    /// Build from Debian's source package and Go toolchain ([[source]], [[toolchain]]).
+    Source,
+    /// Upstream's release binaries ([[release]]), downloaded from the release site.
+    Release,
+}
+
+impl From<KubernetesFrom> for kubernetes::Origin {
+    fn from(from: KubernetesFrom) -> Self {
+        match from {
+            KubernetesFrom::Source => kubernetes::Origin::Source,
+            KubernetesFrom::Release => kubernetes::Origin::Release,
+        }
+    }
+}
+
+/// `--kubernetes` of `hawser image build`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum NodeKubernetes {
     /// Built from Debian's source package pinned in kubernetes.lock.
     Source,
     /// Upstream's release binaries pinned in kubernetes.lock.
@@ -89,12 +112,12 @@ pub enum KubernetesFrom {
     StandIn,
 }
 
-impl From<KubernetesFrom> for KubernetesOrigin {
-    fn from(from: KubernetesFrom) -> KubernetesOrigin {
+impl From<NodeKubernetes> for KubernetesOrigin {
+    fn from(from: NodeKubernetes) -> KubernetesOrigin {
         match from {
-            KubernetesFrom::Source => KubernetesOrigin::Source,
-            KubernetesFrom::Release => KubernetesOrigin::Release,
-            KubernetesFrom::StandIn => KubernetesOrigin::StandIn,
+            NodeKubernetes::Source => KubernetesOrigin::Source,
+            NodeKubernetes::Release => KubernetesOrigin::Release,
+            NodeKubernetes::StandIn => KubernetesOrigin::StandIn,
         }
     }
 }
@@ -162,8 +185,8 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
                 eprintln!("{line}");
             })?;
         }
-        ImageCommand::Kubernetes { only, out } => {
-            build_kubernetes(&ws, &lock_path, &only, out.as_deref())?;
+        ImageCommand::Kubernetes { from, only, out } => {
+            build_kubernetes(&ws, &lock_path, from.into(), &only, out.as_deref())?;
         }
         ImageCommand::Lock { only } => {
             if only != Some(LockFile::Rootfs) {
@@ -177,10 +200,12 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `hawser image kubernetes`: fetch + build (cached), then one line per binary.
+/// `hawser image kubernetes`: fetch + build or read out of the release (cached), then one line
+/// per binary.
 fn build_kubernetes(
     ws: &Path,
     inputs_lock: &Path,
+    origin: kubernetes::Origin,
     only: &[String],
     out: Option<&Path>,
 ) -> anyhow::Result<()> {
@@ -201,12 +226,15 @@ fn build_kubernetes(
     let lock = KubernetesLock::load(&ws.join(kubernetes::LOCK_FILE))?;
     let epoch = InputLock::load(inputs_lock)?.source_date_epoch;
     eprintln!(
-        "Kubernetes {} from {} (lock digest {})",
+        "Kubernetes {}, {}, from {} ({} digest {})",
         lock.version,
+        hawser_kube_types::KubernetesOrigin::from(origin),
         kubernetes::LOCK_FILE,
-        &lock.digest()[..16]
+        origin.name(),
+        &lock.digest_for(origin)[..16]
     );
-    let (_, report) = kubernetes::fetch_and_build(&lock, &inputs::cache_dir(), epoch, &binaries)?;
+    let (_, report) =
+        kubernetes::fetch_and_build(&lock, &inputs::cache_dir(), epoch, &binaries, origin)?;
     if let Some(out) = out {
         std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     }

@@ -27,7 +27,7 @@ mod fetch;
 pub use apt::resolve_lock;
 pub(crate) use apt::{PrivateApt, parse_print_uris};
 pub use fetch::{FetchedInputs, UKIFY, cached, fetch, fetch_package};
-pub(crate) use fetch::{cached_deb, download_verified};
+pub(crate) use fetch::{Pin, PinnedFile, cached_deb, download_pinned, download_verified};
 
 /// The Debian suite the image content comes from.
 pub const SUITE: &str = "trixie";
@@ -149,13 +149,15 @@ pub enum InputError {
         url: String,
         http_status: String,
     },
-    /// A downloaded file's sha256 differs from the lock.
+    /// A downloaded file's digest differs from the lock.
     #[error(
-        "{name} {version}: sha256 {actual} does not match the locked {expected}; the file was discarded"
+        "{name} {version}: {algorithm} {actual} does not match the locked {expected}; the file was discarded"
     )]
     Checksum {
         name: String,
         version: String,
+        /// `sha256` or `sha512`.
+        algorithm: &'static str,
         expected: String,
         actual: String,
     },

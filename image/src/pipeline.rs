@@ -298,20 +298,25 @@ fn node_kubernetes(
         k8s::LOCK_FILE,
         &lock.digest()[..16]
     ));
-    let (unpacked, report) =
-        k8s::fetch_and_build(&lock, &inputs::cache_dir(), epoch, &Binary::ALL)?;
+    let origin = match opts.kubernetes {
+        KubernetesOrigin::Release => k8s::Origin::Release,
+        _ => k8s::Origin::Source,
+    };
+    let cache = inputs::cache_dir();
+    let (unpacked, report) = k8s::fetch_and_build(&lock, &cache, epoch, &Binary::ALL, origin)?;
     for (step, took) in &report.timeline {
         progress(&format!("kubernetes: {step} {:.1}s", took.as_secs_f64()));
     }
-    let bin_dir = k8s::build::binary_path(&unpacked, Binary::Kubeadm)
-        .parent()
-        .map(Path::to_owned)
-        .unwrap_or_default();
+    // The pause container is built from the source tree (upstream's release tarball has no
+    // pause): a release image unpacks the locked source for that one file.
+    let unpacked = match unpacked {
+        Some(unpacked) => unpacked,
+        None => k8s::fetch(&lock, &cache)?,
+    };
     Ok(RootfsKubernetes::Real {
         origin: opts.kubernetes,
         version: lock.version.clone(),
-        bin_dir,
-        // The pause container's source is in the tree (upstream builds its image from it).
+        bin_dir: k8s::origin_dir(&cache, &lock, origin).join("bin"),
         pause_source: unpacked.source.join("build/pause/linux/pause.c"),
     })
 }

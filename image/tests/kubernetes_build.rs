@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 
 use hawser_image::inputs::{self, InputLock};
-use hawser_image::kubernetes::{self, Binary, KubernetesLock, fetch};
+use hawser_image::kubernetes::{self, Binary, KubernetesLock, Origin, fetch};
 
 fn locks() -> (KubernetesLock, u64) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -30,7 +30,8 @@ fn kubernetes_from_the_pinned_source_is_v1_20_2_cached_and_reproducible() {
     let (lock, epoch) = locks();
     let cache = inputs::cache_dir();
     let (_, first) =
-        kubernetes::fetch_and_build(&lock, &cache, epoch, &Binary::ALL).expect("build");
+        kubernetes::fetch_and_build(&lock, &cache, epoch, &Binary::ALL, Origin::Source)
+            .expect("build");
     for (step, took) in &first.timeline {
         println!("timing: {step}: {:.1} s", took.as_secs_f64());
     }
@@ -62,7 +63,9 @@ fn kubernetes_from_the_pinned_source_is_v1_20_2_cached_and_reproducible() {
 
     // A second run reuses every binary (its sha256 checked against the manifest).
     let (again, second) =
-        kubernetes::fetch_and_build(&lock, &cache, epoch, &Binary::ALL).expect("rebuild");
+        kubernetes::fetch_and_build(&lock, &cache, epoch, &Binary::ALL, Origin::Source)
+            .expect("rebuild");
+    let again = again.expect("the source origin returns its unpacked tree");
     assert!(!again.fresh, "the unpacked input was not reused");
     for (built, cached) in first.binaries.iter().zip(&second.binaries) {
         assert!(

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use sha2::{Digest, Sha256};
+use sha2::{Digest, Sha256, Sha512};
 
 use super::{InputError, InputLock, LockedPackage, Role};
 use crate::tool::{self, ToolError, io_error};
@@ -101,11 +101,51 @@ pub fn cached(lock: &InputLock, cache: &Path) -> Result<FetchedInputs, InputErro
     locate(lock, roots)
 }
 
-fn sha256_file(path: &Path) -> Result<String, InputError> {
+fn hash_file<D: Digest + std::io::Write>(path: &Path) -> Result<String, InputError> {
     let mut file = std::fs::File::open(path).map_err(io_error("open", path))?;
-    let mut hasher = Sha256::new();
+    let mut hasher = D::new();
     std::io::copy(&mut file, &mut hasher).map_err(io_error("read", path))?;
     Ok(hex::encode(hasher.finalize()))
+}
+
+/// The digest a pinned file must have: Debian's archive pins by sha256, upstream Kubernetes
+/// publishes sha512.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pin<'a> {
+    Sha256(&'a str),
+    Sha512(&'a str),
+}
+
+impl<'a> Pin<'a> {
+    fn algorithm(self) -> &'static str {
+        match self {
+            Pin::Sha256(_) => "sha256",
+            Pin::Sha512(_) => "sha512",
+        }
+    }
+
+    fn expected(self) -> &'a str {
+        match self {
+            Pin::Sha256(hex) | Pin::Sha512(hex) => hex,
+        }
+    }
+
+    fn actual(self, path: &Path) -> Result<String, InputError> {
+        match self {
+            Pin::Sha256(_) => hash_file::<Sha256>(path),
+            Pin::Sha512(_) => hash_file::<Sha512>(path),
+        }
+    }
+}
+
+/// A file to download: what the error messages call it, where it is, what it must hash to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PinnedFile<'a> {
+    pub name: &'a str,
+    pub version: &'a str,
+    /// http(s), or `file://` (a local mirror; the tests).
+    pub url: &'a str,
+    pub pin: Pin<'a>,
 }
 
 /// Where the `.deb` of a locked package is kept in the cache.
@@ -121,10 +161,27 @@ pub(crate) fn cached_deb(cache: &Path, pkg: &LockedPackage) -> PathBuf {
 /// and verified. A download with another sha256 is discarded ([`InputError::Checksum`]); a file
 /// the archive no longer has is [`InputError::Gone`].
 pub(crate) fn download_verified(pkg: &LockedPackage, deb: &Path) -> Result<(), InputError> {
-    if deb.is_file() && sha256_file(deb)? == pkg.sha256 {
+    download_pinned(
+        &PinnedFile {
+            name: &pkg.name,
+            version: &pkg.version,
+            url: &pkg.url,
+            pin: Pin::Sha256(&pkg.sha256),
+        },
+        deb,
+    )
+}
+
+/// Makes `path` the pinned file: kept if its digest is the pinned one, else downloaded (by way
+/// of `<path>.partial`) and verified; a download with another digest is discarded.
+pub(crate) fn download_pinned(file: &PinnedFile<'_>, path: &Path) -> Result<(), InputError> {
+    let expected = file.pin.expected();
+    if path.is_file() && file.pin.actual(path)? == expected {
         return Ok(());
     }
-    let partial = deb.with_extension("deb.partial");
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
     let output = Command::new("curl")
         .args([
             "--fail",
@@ -138,11 +195,11 @@ pub(crate) fn download_verified(pkg: &LockedPackage, deb: &Path) -> Result<(), I
             "--output",
         ])
         .arg(&partial)
-        .arg(&pkg.url)
+        .arg(file.url)
         .stdin(std::process::Stdio::null())
         .output()
         .map_err(|source| InputError::Tool {
-            step: format!("downloading {}", pkg.name),
+            step: format!("downloading {}", file.name),
             package: "curl",
             source: ToolError::Spawn {
                 tool: "curl".into(),
@@ -154,34 +211,39 @@ pub(crate) fn download_verified(pkg: &LockedPackage, deb: &Path) -> Result<(), I
         let http_status = String::from_utf8_lossy(&output.stdout).trim().to_owned();
         if matches!(http_status.as_str(), "404" | "410") {
             return Err(InputError::Gone {
-                name: pkg.name.clone(),
-                version: pkg.version.clone(),
-                url: pkg.url.clone(),
+                name: file.name.to_owned(),
+                version: file.version.to_owned(),
+                url: file.url.to_owned(),
                 http_status,
             });
         }
+        // Each of curl's retries repeats its message: say it once.
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let mut lines: Vec<&str> = stderr
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        lines.dedup();
         return Err(InputError::Download {
-            name: pkg.name.clone(),
-            version: pkg.version.clone(),
-            url: pkg.url.clone(),
-            reason: format!(
-                "curl exited with {}: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
+            name: file.name.to_owned(),
+            version: file.version.to_owned(),
+            url: file.url.to_owned(),
+            reason: format!("curl exited with {}: {}", output.status, lines.join("; ")),
         });
     }
-    let actual = sha256_file(&partial)?;
-    if actual != pkg.sha256 {
+    let actual = file.pin.actual(&partial)?;
+    if actual != expected {
         let _ = std::fs::remove_file(&partial);
         return Err(InputError::Checksum {
-            name: pkg.name.clone(),
-            version: pkg.version.clone(),
-            expected: pkg.sha256.clone(),
+            name: file.name.to_owned(),
+            version: file.version.to_owned(),
+            algorithm: file.pin.algorithm(),
+            expected: expected.to_owned(),
             actual,
         });
     }
-    std::fs::rename(&partial, deb).map_err(io_error("rename the download to", deb))?;
+    std::fs::rename(&partial, path).map_err(io_error("rename the download to", path))?;
     Ok(())
 }
 

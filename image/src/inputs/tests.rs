@@ -94,3 +94,48 @@ fn a_corrupted_download_is_refused_and_discarded() {
     assert!(matches!(err, InputError::Checksum { .. }), "{err}");
     assert!(!deb.exists() && !deb.with_extension("deb.partial").exists());
 }
+
+#[test]
+fn a_sha512_pin_is_checked_and_a_tarball_is_kept_under_its_own_name() {
+    use sha2::{Digest, Sha512};
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("upstream.tar.gz");
+    std::fs::write(&src, b"the pinned bytes").unwrap();
+    let url = format!("file://{}", src.display());
+    let good = hex::encode(Sha512::digest(b"the pinned bytes"));
+    let path = dir.path().join("cache/k.tar.gz");
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let file = |pin| PinnedFile {
+        name: "k.tar.gz",
+        version: "v1",
+        url: &url,
+        pin,
+    };
+
+    let wrong = "ab".repeat(64);
+    let err = download_pinned(&file(Pin::Sha512(&wrong)), &path).unwrap_err();
+    match &err {
+        InputError::Checksum {
+            name,
+            algorithm,
+            expected,
+            actual,
+            ..
+        } => {
+            assert_eq!(
+                (name.as_str(), *algorithm, expected, actual),
+                ("k.tar.gz", "sha512", &wrong, &good)
+            );
+        }
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains("sha512"), "{err}");
+    let partial = dir.path().join("cache/k.tar.gz.partial");
+    assert!(!path.exists() && !partial.exists());
+
+    download_pinned(&file(Pin::Sha512(&good)), &path).unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), b"the pinned bytes");
+    // Kept: a second call with the source gone does not download.
+    std::fs::remove_file(&src).unwrap();
+    download_pinned(&file(Pin::Sha512(&good)), &path).unwrap();
+}

@@ -23,49 +23,8 @@ use super::fetch::IMPORT_PATH;
 use super::{KubernetesError, KubernetesLock, Unpacked};
 use crate::tool::{self, io_error};
 
-/// The binaries the tree builds, in build order (cheapest first after kubeadm and kubelet).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Binary {
-    Kubeadm,
-    Kubelet,
-    KubeApiserver,
-    KubeControllerManager,
-    KubeScheduler,
-    KubeProxy,
-}
-
-impl Binary {
-    pub const ALL: [Binary; 6] = [
-        Binary::Kubeadm,
-        Binary::Kubelet,
-        Binary::KubeApiserver,
-        Binary::KubeControllerManager,
-        Binary::KubeScheduler,
-        Binary::KubeProxy,
-    ];
-
-    /// The binary's name, also its `cmd/` directory.
-    pub fn name(self) -> &'static str {
-        match self {
-            Binary::Kubeadm => "kubeadm",
-            Binary::Kubelet => "kubelet",
-            Binary::KubeApiserver => "kube-apiserver",
-            Binary::KubeControllerManager => "kube-controller-manager",
-            Binary::KubeScheduler => "kube-scheduler",
-            Binary::KubeProxy => "kube-proxy",
-        }
-    }
-
-    /// The binary called `name`, if the tree builds one.
-    pub fn from_name(name: &str) -> Option<Binary> {
-        Binary::ALL.into_iter().find(|b| b.name() == name)
-    }
-
-    /// Whether it links `k8s.io/kubernetes/pkg/generated/openapi` (only the API server does).
-    pub fn needs_openapi(self) -> bool {
-        self == Binary::KubeApiserver
-    }
-}
+// Where `Binary` used to be; the lock names binaries too, and must not import the build.
+pub use super::binary::Binary;
 
 /// One command of the build.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -415,7 +374,7 @@ fn run_step(step: &Step) -> Result<(), KubernetesError> {
         })
 }
 
-fn read_manifest(path: &Path) -> Result<BTreeMap<String, String>, KubernetesError> {
+pub(super) fn read_manifest(path: &Path) -> Result<BTreeMap<String, String>, KubernetesError> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map_err(|source| KubernetesError::Manifest {
             path: path.to_owned(),
@@ -426,7 +385,10 @@ fn read_manifest(path: &Path) -> Result<BTreeMap<String, String>, KubernetesErro
     }
 }
 
-fn write_manifest(path: &Path, manifest: &BTreeMap<String, String>) -> Result<(), KubernetesError> {
+pub(super) fn write_manifest(
+    path: &Path,
+    manifest: &BTreeMap<String, String>,
+) -> Result<(), KubernetesError> {
     let json = serde_json::to_vec_pretty(manifest).map_err(|source| KubernetesError::Manifest {
         path: path.to_owned(),
         source,

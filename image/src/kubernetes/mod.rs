@@ -10,22 +10,34 @@
 //!   `<cache>/kubernetes/<digest>/`;
 //! - [`build`](mod@build): the build plan (commands and a closed environment: GOPATH mode,
 //!   `CGO_ENABLED=0`, `-trimpath`, fixed build ID and date), the API server's generated OpenAPI
-//!   code, and the binaries cached by (digest, name) with their sha256 in a manifest.
+//!   code, and the binaries cached by (digest, name) with their sha256 in a manifest;
+//! - [`release`](mod@release): the other origin, upstream's release tarball pinned in the same
+//!   lock, its binaries read out into the same `bin/` layout and manifest;
 //! - [`images`]: the control-plane images containerd imports offline, one deterministic OCI
 //!   archive ([`oci`]) with pause built static from the tree ([`pause`]).
+//!
+//! [`fetch_and_build`] is the one entry point for both origins ([`Origin`]): what it returns, the
+//! binaries at `<cache>/kubernetes/<digest>/bin/<name>` and `bin/manifest.json`, looks the same
+//! whichever made them, so nothing downstream knows.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use hawser_kube_types::KubernetesOrigin;
+
+pub mod binary;
 pub mod build;
 pub mod fetch;
 pub mod images;
 pub mod lock;
 pub mod oci;
 pub mod pause;
+pub mod release;
 
-pub use build::{Binary, BuildReport, BuiltBinary, build};
+pub use binary::Binary;
+pub use build::{BuildReport, BuiltBinary, build};
 pub use fetch::{Unpacked, fetch};
-pub use lock::{KubernetesLock, KubernetesLockError, LOCK_FILE};
+pub use lock::{KubernetesLock, KubernetesLockError, LOCK_FILE, ReleaseFile};
+pub use release::fetch_release;
 
 use crate::inputs::InputError;
 use crate::tool::{IoError, ToolError};
@@ -77,6 +89,45 @@ pub enum KubernetesError {
         expected: String,
         actual: String,
     },
+    /// The lock pins no release binaries.
+    #[error(
+        "kubernetes.lock has no [[release]] entry: pin upstream's server tarball there \
+         (docs/kubernetes.md, \"Release binaries\"), or build from the pinned source (--from source)"
+    )]
+    NoRelease,
+    /// Upstream's release site could not be reached, or does not have the file.
+    #[error(
+        "cannot download the release file {file} from {url} ({reason}); the release origin needs \
+         the upstream release site (dl.k8s.io): where it is out of reach, build from the pinned \
+         source instead (hawser image kubernetes --from source)"
+    )]
+    ReleaseDownload {
+        file: String,
+        url: String,
+        reason: String,
+    },
+    /// A release tarball cannot be read (not gzip, not tar, or cut short).
+    #[error("cannot read the release file {file} as a gzip-compressed tar")]
+    ReleaseArchive {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A release tarball lacks a member the lock names.
+    #[error(
+        "the release file {file} has no member {member}: the lock's [[release]] entry names a \
+         binary its tarball does not hold; fix the entry's binaries"
+    )]
+    ReleaseMemberMissing { file: String, member: String },
+    /// A release tarball's member is not what a binary must be.
+    #[error(
+        "the release file {file}'s member {member} is {found}, not a regular file of mode 0755"
+    )]
+    ReleaseMember {
+        file: String,
+        member: String,
+        found: String,
+    },
     /// The build manifest cannot be read or written as JSON.
     #[error("the build manifest {path} is not valid JSON")]
     Manifest {
@@ -102,14 +153,48 @@ pub enum KubernetesError {
     Io(#[from] IoError),
 }
 
-/// Fetches and unpacks the lock's inputs (cached), then builds `binaries` (cached); the
-/// report's timeline starts with the fetch.
+/// Where the node's Kubernetes binaries come from; the lock pins both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Origin {
+    /// Built here from the Debian source package and Go toolchain of `[[source]]`/`[[toolchain]]`.
+    Source,
+    /// Read out of upstream's release tarballs of `[[release]]`.
+    Release,
+}
+
+impl Origin {
+    /// `source` or `release`, as `--from` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Origin::Source => "source",
+            Origin::Release => "release",
+        }
+    }
+}
+
+impl From<Origin> for KubernetesOrigin {
+    fn from(origin: Origin) -> Self {
+        match origin {
+            Origin::Source => KubernetesOrigin::Source,
+            Origin::Release => KubernetesOrigin::Release,
+        }
+    }
+}
+
+/// Provides `binaries` from `origin` (cached) at `<cache>/kubernetes/<origin's digest>/bin/<name>`
+/// with their sha256 in `bin/manifest.json`. Source: fetch and unpack the inputs, then build (the
+/// unpacked tree is returned); release: download, verify and read out upstream's tarball (no
+/// tree). The report's timeline starts with the fetch.
 pub fn fetch_and_build(
     lock: &KubernetesLock,
-    cache: &std::path::Path,
+    cache: &Path,
     epoch: u64,
     binaries: &[Binary],
-) -> Result<(Unpacked, BuildReport), KubernetesError> {
+    origin: Origin,
+) -> Result<(Option<Unpacked>, BuildReport), KubernetesError> {
+    if origin == Origin::Release {
+        return Ok((None, fetch_release(lock, cache, binaries)?));
+    }
     let t = std::time::Instant::now();
     let unpacked = fetch(lock, cache)?;
     let fetch_step = if unpacked.fresh {
@@ -120,12 +205,17 @@ pub fn fetch_and_build(
     let fetched = t.elapsed();
     let mut report = build(&unpacked, lock, epoch, binaries)?;
     report.timeline.insert(0, (fetch_step.to_owned(), fetched));
-    Ok((unpacked, report))
+    Ok((Some(unpacked), report))
 }
 
-/// Where everything of one lock lives: `<cache>/kubernetes/<digest>`.
-pub fn lock_dir(cache: &std::path::Path, lock: &KubernetesLock) -> PathBuf {
-    cache.join("kubernetes").join(lock.digest())
+/// Where everything of the lock's source origin lives: `<cache>/kubernetes/<digest>`.
+pub fn lock_dir(cache: &Path, lock: &KubernetesLock) -> PathBuf {
+    origin_dir(cache, lock, Origin::Source)
+}
+
+/// Where `origin`'s binaries live: `<cache>/kubernetes/<origin's digest>` (its `bin/`).
+pub fn origin_dir(cache: &Path, lock: &KubernetesLock, origin: Origin) -> PathBuf {
+    cache.join("kubernetes").join(lock.digest_for(origin))
 }
 
 #[cfg(test)]
