@@ -118,6 +118,10 @@ pub enum BootError {
         #[source]
         source: Box<EnrollmentError>,
     },
+    /// The join ticket names another Kubernetes than the image carries (refused before the
+    /// node lock).
+    #[error("the join is refused before the node lock; the state disk is untouched")]
+    Ticket(#[source] kube::grants::TicketVersionError),
     /// The network (`hawser.net`) cannot be brought up.
     #[error(transparent)]
     Net(#[from] crate::platform::net::NetError),
@@ -420,6 +424,7 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     boot.await_state_disk_modules().await?;
     boot.watch_power_buttons();
     let first_boot = kube::grants::FirstBoot {
+        image_kubernetes: config.kubernetes.as_ref(),
         mesh_key: &mesh_key,
         rootfs: config.root_hash.is_some(),
         underlay_ip: after_disk::underlay_ip(lan_address, &config),

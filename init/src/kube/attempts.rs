@@ -172,9 +172,18 @@ async fn run_kubeadm(
             intent.control_plane_files.len()
         );
     }
-    kubeadm::write_config(Path::new(KUBEADM_CONFIG), &intent.config)
+    // The image's control-plane images (after the pivot, on every boot: never kept).
+    let config = match &intent.images {
+        Some(images) => {
+            kubeadm::with_images(&intent.config, images).map_err(KubeadmRunError::Config)?
+        }
+        None => intent.config.clone(),
+    };
+    kubeadm::write_config(Path::new(KUBEADM_CONFIG), &config)
         .map_err(KubeadmRunError::WriteConfig)?;
-    let job = OneShotJob::new("kubeadm", &kubeadm_args(intent), KUBEADM_MARKER);
+    let args = kubeadm_args(intent);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let job = OneShotJob::new("kubeadm", &args, KUBEADM_MARKER);
     match supervisor::run_once(registry, &job).await {
         Ok(OneShotOutcome::Succeeded { took }) => {
             info!("kubeadm {verb} succeeded in {:.1} s", took.as_secs_f64());
@@ -190,12 +199,18 @@ async fn run_kubeadm(
 }
 
 /// `kubeadm init|join --config`, with what the configuration's API cannot say (kubeadm 1.20:
-/// `--skip-phases=preflight`), read from the configuration itself, so an intent an earlier
-/// boot kept runs the same way.
-fn kubeadm_args(intent: &KubeadmIntent) -> Vec<&'static str> {
-    let mut args = vec![KUBEADM, intent.verb.as_str(), "--config", KUBEADM_CONFIG];
+/// `--skip-phases=preflight`, and for an image without CoreDNS `addon/coredns`), read from the
+/// configuration itself and the image, so an intent an earlier boot kept runs the same way.
+pub(super) fn kubeadm_args(intent: &KubeadmIntent) -> Vec<String> {
+    let mut args: Vec<String> = [KUBEADM, intent.verb.as_str(), "--config", KUBEADM_CONFIG]
+        .map(str::to_owned)
+        .into();
     if let Some(api) = intent.config.api() {
-        args.extend_from_slice(kubeadm::command_flags(api));
+        args.extend(kubeadm::command_flags(
+            api,
+            intent.verb,
+            intent.images.as_ref(),
+        ));
     }
     args
 }

@@ -67,6 +67,7 @@ fn join_intent() -> KubeadmIntent {
             "{\"kind\":\"JoinConfiguration\"}".into(),
         )),
         control_plane_files: Vec::new(),
+        images: None,
     }
 }
 
@@ -87,6 +88,7 @@ fn a_join_runs_the_intent_its_first_boot_kept_on_the_state_disk() {
         mesh: None,
     };
     let first_boot = grants::FirstBoot {
+        image_kubernetes: None,
         mesh_key: &hawser_mesh::PrivateKey::from_random([1; 32]),
         rootfs: true,
         underlay_ip: Some("10.0.2.15".parse().unwrap()),
