@@ -140,6 +140,12 @@ pub enum BootError {
     /// The pivot into the verified rootfs failed.
     #[error("cannot pivot into the rootfs")]
     Pivot(#[source] crate::rootfs::PivotError),
+    /// The rootfs's Kubernetes description is unreadable, or disagrees with the command line.
+    #[error(transparent)]
+    ImageKubernetes(#[from] kube::image::ImageKubernetesError),
+    /// The image's control-plane images cannot be put into containerd.
+    #[error("the control plane cannot start")]
+    Images(#[source] kube::image::ImagesImportError),
     /// The boot report cannot be encoded as JSON.
     #[error("cannot encode the boot report")]
     Report(#[source] serde_json::Error),
