@@ -24,9 +24,9 @@ pub(super) enum KubeadmWork {
     Nothing,
     /// No configuration can be rendered (the reason, for the admin's `hawser init`).
     Unrunnable(String),
-    /// Run `intent`; `status` counts the attempts of earlier boots.
+    /// Run `intent` (boxed: it is large); `status` counts the attempts of earlier boots.
     Run {
-        intent: KubeadmIntent,
+        intent: Box<KubeadmIntent>,
         status: KubeadmStatus,
     },
 }
@@ -63,7 +63,10 @@ fn earlier_boot_work(on_disk: &dyn Fn(&str) -> std::path::PathBuf) -> KubeadmWor
                 intent.verb.as_str(),
                 status.attempts
             );
-            KubeadmWork::Run { intent, status }
+            KubeadmWork::Run {
+                intent: Box::new(intent),
+                status,
+            }
         }
         Ok(None) => {
             warn!(
@@ -94,7 +97,10 @@ pub(super) fn kubeadm_work(role: &Role, identity: &NodeIdentity, root: &Path) ->
     match grants::render_intent(grant, identity) {
         Ok(intent) => {
             let status = KubeadmStatus::new(intent.verb);
-            KubeadmWork::Run { intent, status }
+            KubeadmWork::Run {
+                intent: Box::new(intent),
+                status,
+            }
         }
         Err(e) => {
             warn!("{}; the node stays up without Kubernetes", error_chain(&e));

@@ -208,7 +208,7 @@ fn rejoin_comes_back(disk: &MemDisk, fs: &Path, n: u8, expected: &Expected) {
         assert_eq!(key.public_key(), mesh_key(n).public_key());
     }
     match kubeadm_work(&Role::Rejoin, &expected.identity, fs) {
-        KubeadmWork::Run { intent, .. } => assert_eq!(intent, expected.intent),
+        KubeadmWork::Run { intent, .. } => assert_eq!(*intent, expected.intent),
         _ => panic!("the rejoin has no kubeadm intent: services only"),
     }
     let cluster = fs.join(on_state_disk(Path::new(join_service::CLUSTER_DIR)));
