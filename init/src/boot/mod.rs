@@ -25,7 +25,9 @@
 //!       ─ boot report line; firmware event log line
 //!       ─ hawser.root_hash: pivot into the rootfs (PCR 11 ← ["control-plane",] "leave-initrd":
 //!         the marker for a node holding its cluster's master secret, `pivot_role.rs`), then
-//!         containerd, kubelet, kubeadm once (kube/)
+//!         the rootfs's kubernetes.json checked against hawser.kubernetes, containerd, the
+//!         image's control-plane images                          [images-import]
+//!         kubelet, kubeadm once (kube/)
 //!       ─ "hawser: boot complete; idle"
 //!       ─ shutdown request → stop processes, unmount, power off
 //! ```

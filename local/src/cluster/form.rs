@@ -14,8 +14,8 @@ use super::node::{boot, check_reports, wait_for, wait_for_kubeadm};
 use super::{
     API_SERVER_PORT, Formation, JOIN_SERVICE_UP, Node, PROVIDER_CA, UpOptions, WAITING_FOR_ADMIN,
 };
-use crate::local_cluster::Role;
 use crate::lan;
+use crate::local_cluster::Role;
 
 /// A node booted, with the nonce its boot report must carry.
 type Booted = (Arc<Node>, Vec<u8>);
