@@ -43,10 +43,11 @@ pub struct InitArgs {
     /// The cluster's name (a DNS label).
     #[arg(long, default_value = "hawser")]
     name: String,
-    /// The Kubernetes version to install, v<major>.<minor>.<patch> (refused here, before the node
-    /// is touched, if kubeadm would refuse it).
-    #[arg(long, default_value = hawser_cli::cluster::KUBERNETES_VERSION)]
-    kubernetes_version: hawser_kube_types::KubernetesVersion,
+    /// The Kubernetes version to install, v<major>.<minor>.<patch>. Default: the version the
+    /// node's image carries (the only one it installs). Refused here, before the node is
+    /// touched, if malformed or a version hawser writes no kubeadm configuration for.
+    #[arg(long, value_parser = parse_kubernetes_version)]
+    kubernetes_version: Option<hawser_kube_types::KubernetesVersion>,
     /// The cluster's service CIDR.
     #[arg(long, default_value = "10.96.0.0/12")]
     service_cidr: String,
@@ -62,6 +63,13 @@ pub struct InitArgs {
     /// join the cluster as a control plane (repeatable).
     #[arg(long = "approve-control-plane", value_parser = parse_ak_name)]
     approve_control_plane: Vec<Vec<u8>>,
+}
+
+/// A Kubernetes version hawser can install: well-formed, with a kubeadm writer.
+fn parse_kubernetes_version(text: &str) -> Result<hawser_kube_types::KubernetesVersion, String> {
+    let version: hawser_kube_types::KubernetesVersion = text.parse().map_err(|e| format!("{e}"))?;
+    hawser_kube_types::KubeadmApi::for_version(&version).map_err(|e| e.to_string())?;
+    Ok(version)
 }
 
 fn parse_ak_name(text: &str) -> Result<Vec<u8>, String> {
@@ -141,4 +149,31 @@ pub fn recover(args: RecoverArgs) -> anyhow::Result<()> {
         hex::encode(done.cluster_id)
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kubernetes_version_is_optional_and_refused_when_malformed_or_without_a_writer() {
+        assert_eq!(
+            parse_kubernetes_version("v1.20.2").unwrap().as_str(),
+            "v1.20.2"
+        );
+        assert_eq!(
+            parse_kubernetes_version("v1.33.4").unwrap().as_str(),
+            "v1.33.4"
+        );
+        let malformed = parse_kubernetes_version("1.20").unwrap_err();
+        assert!(
+            malformed.contains("not a Kubernetes version"),
+            "{malformed}"
+        );
+        let unwritten = parse_kubernetes_version("v1.25.0").unwrap_err();
+        assert!(
+            unwritten.contains("hawser writes no kubeadm configuration for Kubernetes v1.25.0"),
+            "{unwritten}"
+        );
+    }
 }

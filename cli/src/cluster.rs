@@ -36,9 +36,6 @@ use hawser_pcr::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, cluster_lock_pcr, pcr11_after_
 pub const INIT_SECRET_LEN: usize = 32;
 /// Default name of the init secret file.
 pub const INIT_SECRET_FILE: &str = "hawser-init-secret";
-/// The Kubernetes version `hawser init` asks for unless told otherwise, and the one local
-/// clusters ask for.
-pub const KUBERNETES_VERSION: &str = "v1.33.4";
 
 /// Generates an init secret, writes it to `path` (hex, 0600, never over an existing file) and
 /// returns the SHA-256 the node's image must carry on its measured command line
@@ -90,6 +87,8 @@ pub struct ClusterFile {
     pub cluster_id: String,
     /// Hex, [`MEASUREMENT_SALT_LEN`] bytes.
     pub measurement_salt: String,
+    /// The version `hawser init` asked for; empty: the node image's (`hawser.kubernetes` on
+    /// its command line), the only one it installs.
     pub kubernetes_version: String,
     /// The node `hawser init` initialized (`host:port`).
     pub init_node: String,
@@ -291,7 +290,9 @@ pub struct InitOptions {
     pub cluster_file: PathBuf,
     pub kubeconfig: PathBuf,
     pub cluster_name: String,
-    pub kubernetes_version: hawser_kube_types::KubernetesVersion,
+    /// The Kubernetes version to install; `None`: the node image's (the request leaves it
+    /// empty, and the node installs the version its image carries).
+    pub kubernetes_version: Option<hawser_kube_types::KubernetesVersion>,
     pub service_cidr: String,
     pub api_server_cert_sans: Vec<String>,
     /// kubeadm's `controlPlaneEndpoint` (`host[:port]`); `None`: the first node's address.
@@ -341,6 +342,10 @@ pub async fn init(
     say: &mut dyn FnMut(&str),
     log: &mut dyn FnMut(&str),
 ) -> anyhow::Result<Established> {
+    if let Some(version) = &opts.kubernetes_version {
+        // Refused here, before the node is touched (the node refuses it too).
+        hawser_kube_types::KubeadmApi::for_version(version)?;
+    }
     for path in [&opts.master_secret, &opts.cluster_file, &opts.kubeconfig] {
         if path.exists() {
             bail!(
@@ -373,7 +378,7 @@ pub async fn init(
         cluster_name: opts.cluster_name.clone(),
         cluster_id: hex::encode(cluster_id),
         measurement_salt: hex::encode(&salt),
-        kubernetes_version: opts.kubernetes_version.to_string(),
+        kubernetes_version: requested_version(opts),
         init_node: opts.node.clone(),
     }
     .write_new(&opts.cluster_file)?;
@@ -384,7 +389,7 @@ pub async fn init(
         master_secret_salt: master.salt_bytes().to_vec(),
         measurement_salt: salt,
         cluster_name: opts.cluster_name.clone(),
-        kubernetes_version: opts.kubernetes_version.to_string(),
+        kubernetes_version: requested_version(opts),
         service_cidr: opts.service_cidr.clone(),
         api_server_cert_sans: opts.api_server_cert_sans.clone(),
         init_secret: init_secret.to_vec(),
@@ -429,6 +434,14 @@ pub async fn init(
         kubeconfig_written,
         ..established
     })
+}
+
+/// The Init request's `kubernetes_version`: the one asked for, or empty for the image's.
+fn requested_version(opts: &InitOptions) -> String {
+    opts.kubernetes_version
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default()
 }
 
 /// The options of `hawser recover`.
@@ -611,5 +624,52 @@ mod tests {
             "{err}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn init_refuses_a_version_without_a_kubeadm_writer_before_any_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = InitOptions {
+            // Nothing listens there: the refusal must come first.
+            node: "127.0.0.1:1".into(),
+            measurements: dir.path().join("measurements.json"),
+            provider_ca: dir.path().join("ca.pem"),
+            master_secret: dir.path().join("master-secret.json"),
+            cluster_file: dir.path().join("cluster.json"),
+            kubeconfig: dir.path().join("admin.conf"),
+            cluster_name: "demo".into(),
+            kubernetes_version: Some("v1.25.0".parse().unwrap()),
+            service_cidr: "10.96.0.0/12".into(),
+            api_server_cert_sans: Vec::new(),
+            control_plane_endpoint: None,
+            init_secret: dir.path().join("init-secret"),
+            control_plane_approvals: Vec::new(),
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let err = runtime
+            .block_on(init(&opts, &mut |_| {}, &mut |_| {}))
+            .unwrap_err();
+        assert!(
+            format!("{err:#}")
+                .starts_with("hawser writes no kubeadm configuration for Kubernetes v1.25.0"),
+            "{err:#}"
+        );
+        assert!(!opts.master_secret.exists(), "nothing is written");
+        // No version: the node image's; the request leaves it empty.
+        let image = InitOptions {
+            kubernetes_version: None,
+            ..opts.clone()
+        };
+        assert_eq!(requested_version(&image), "");
+        assert_eq!(
+            requested_version(&InitOptions {
+                kubernetes_version: Some("v1.20.2".parse().unwrap()),
+                ..opts
+            }),
+            "v1.20.2"
+        );
     }
 }

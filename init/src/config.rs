@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use hawser_kube_types::{KubeadmApi, KubernetesVersion, NoKubeadmWriter};
 use hawser_luks2::Integrity;
 use tracing::level_filters::LevelFilter;
 use zeroize::Zeroizing;
@@ -60,6 +61,18 @@ pub enum ConfigError {
         value: String,
         /// What was expected instead.
         reason: &'static str,
+    },
+    /// `hawser.kubernetes` names a Kubernetes version hawser writes no kubeadm configuration
+    /// for: the image cannot be made a node (a mistake of whoever built it).
+    #[error(
+        "kernel command line key hawser.kubernetes={version}: this image's Kubernetes cannot be \
+         configured by this hawser"
+    )]
+    KubernetesWithoutWriter {
+        /// The version as given.
+        version: String,
+        #[source]
+        source: NoKubeadmWriter,
     },
     /// An allowed fw_cfg key (`opt/hawser/<key>`) has a value hawser cannot use.
     #[error("fw_cfg key opt/hawser/{key} has malformed value {value:?}: {reason}")]
@@ -111,6 +124,10 @@ pub struct CmdlineConfig {
     pub root_hash: Option<crate::rootfs::RootHash>,
     /// `hawser.init_secret_hash`: SHA-256 of the admin's init secret; wins over fw_cfg's.
     pub init_secret_hash: Option<[u8; 32]>,
+    /// `hawser.kubernetes`: the Kubernetes version the image's rootfs carries (written by the
+    /// image builder), known before the rootfs is mounted: the default of `hawser init` and the
+    /// only version this node installs or joins. `None` on images without a rootfs.
+    pub kubernetes: Option<KubernetesVersion>,
     /// Things worth a warning line (unknown keys, repeated keys).
     pub warnings: Vec<String>,
 }
@@ -128,6 +145,7 @@ impl Default for CmdlineConfig {
             join_discovery: JoinDiscovery::None,
             root_hash: None,
             init_secret_hash: None,
+            kubernetes: None,
             warnings: Vec::new(),
         }
     }
@@ -293,6 +311,22 @@ fn parse_integrity(value: Option<&str>) -> Result<Integrity, ConfigError> {
     }
 }
 
+/// `hawser.kubernetes`: a Kubernetes version hawser writes a kubeadm configuration for.
+fn parse_kubernetes(value: Option<&str>) -> Result<KubernetesVersion, ConfigError> {
+    let version: KubernetesVersion = value.unwrap_or_default().parse().map_err(|_| {
+        malformed(
+            "kubernetes",
+            value,
+            "expected a Kubernetes version v<major>.<minor>.<patch>[-<pre-release>], e.g. v1.20.2",
+        )
+    })?;
+    KubeadmApi::for_version(&version).map_err(|source| ConfigError::KubernetesWithoutWriter {
+        version: version.to_string(),
+        source,
+    })?;
+    Ok(version)
+}
+
 /// A disk without a key source, or a key source without a disk, is a configuration mistake:
 /// refusing to boot beats silently ignoring (or guessing) the disk.
 fn check_state_disk(
@@ -363,6 +397,7 @@ pub fn parse_kernel_cmdline(cmdline: &str) -> Result<CmdlineConfig, ConfigError>
                         .ok_or_else(|| malformed(key, value, JoinEndpoints::SYNTAX))?,
                 );
             }
+            "kubernetes" => config.kubernetes = Some(parse_kubernetes(value)?),
             "join_discovery" => {
                 config.join_discovery = match value {
                     Some("none") => JoinDiscovery::None,

@@ -17,6 +17,10 @@
 //!   configuration are written, and carry the node's address, name and cgroup driver; then
 //!   PID 1's own command line, `kubeadm init --config … --skip-phases=preflight`, with
 //!   `--dry-run`;
+//! - with the images of a real-Kubernetes image (`kube::kubeadm::images`): `kubeadm config
+//!   images list` names exactly the images the image's archive carries, but CoreDNS, whose
+//!   addon phase PID 1's command line skips; the manifests of `init phase control-plane all`
+//!   and `etcd local` name those images, and the kubelet's flags the pause image;
 //! - joins (and init again): `kubeadm config migrate --old-config`, which in 1.20 decodes each
 //!   document, applies the dynamic defaults and runs kubeadm's validation
 //!   (`documentMapToInitConfiguration` / `documentMapToJoinConfiguration`), as `kubeadm join
@@ -43,9 +47,9 @@ use std::time::{Duration, Instant};
 
 use hawser_init::kube::kubeadm::{
     CertificateKey, ControlPlaneJoin, InitBootstrapToken, InitRequest, JoinRequest, KubeadmConfig,
-    command_flags, init_config, join_config,
+    Verb, command_flags, init_config, join_config, with_images,
 };
-use hawser_kube_types::KubeadmApi;
+use hawser_kube_types::{ImageRef, ImageSet, KubeadmApi};
 
 /// The version kubeadm must be: what the image builds from Debian's source.
 const KUBEADM_VERSION: &str = "v1.20.2";
@@ -253,8 +257,9 @@ fn init_phases(kubeadm: &Path, config: &str, node_ip: &str, node_name: &str) {
     // The whole `kubeadm init` on PID 1's command line (`kube::attempts`), dry-run: every
     // phase but the preflight one, writing only under /etc/kubernetes/tmp of a fresh chroot.
     let root = Root::with(config);
+    let flags = command_flags(KubeadmApi::V1beta2, Verb::Init, None);
     let mut args = vec!["init", "--config", "/kubeadm.yaml"];
-    args.extend_from_slice(command_flags(KubeadmApi::V1beta2));
+    args.extend(flags.iter().map(String::as_str));
     args.push("--dry-run");
     let outcome = root.run(kubeadm, &args);
     assert!(outcome.accepted, "refused: {}", outcome.output);
@@ -345,8 +350,9 @@ fn real_kubeadm_accepts_every_configuration_hawser_writes_for_1_20() {
         }
     }
     // The flag PID 1 adds for v1beta2 is one kubeadm 1.20's init and join know.
-    for verb in ["init", "join"] {
-        let flag = command_flags(KubeadmApi::V1beta2)[0];
+    for (verb, command) in [("init", Verb::Init), ("join", Verb::Join)] {
+        let flags = command_flags(KubeadmApi::V1beta2, command, None);
+        let flag = &flags[0];
         let out = Command::new(&kubeadm)
             .args([verb, "--help"])
             .output()
@@ -491,4 +497,167 @@ fn real_kubeadm_refuses_broken_configurations_with_the_same_commands() {
         );
         refused(&broken, &MIGRATE, what, because);
     }
+}
+
+/// The repository of the images a real-Kubernetes image carries.
+const IMAGE_REPOSITORY: &str = "registry.hawser.invalid/kubernetes";
+
+/// What the image builder writes into `/usr/share/hawser/kubernetes.json` for v1.20.2: the six
+/// images it puts into the archive.
+fn image_set() -> ImageSet {
+    let repo = IMAGE_REPOSITORY;
+    ImageSet {
+        archive: "/usr/share/hawser/kubernetes/images.tar".into(),
+        image_repository: repo.into(),
+        etcd: ImageRef {
+            repository: format!("{repo}/etcd"),
+            tag: "3.4.23-0".into(),
+        },
+        pause: ImageRef {
+            repository: format!("{repo}/pause"),
+            tag: "3.2".into(),
+        },
+        images: [
+            "kube-apiserver:v1.20.2",
+            "kube-controller-manager:v1.20.2",
+            "kube-scheduler:v1.20.2",
+            "kube-proxy:v1.20.2",
+            "pause:3.2",
+            "etcd:3.4.23-0",
+        ]
+        .iter()
+        .map(|name| format!("{repo}/{name}"))
+        .collect(),
+    }
+}
+
+#[test]
+#[ignore = "needs the real kubeadm 1.20.2 (HAWSER_KUBEADM) and root; run by scripts/test's \
+            real-kubeadm stage"]
+fn real_kubeadm_names_exactly_the_images_the_image_carries() {
+    let kubeadm = kubeadm();
+    let images = image_set();
+    let plain = init_config(&init_request(LAN_IP, false)).unwrap();
+    let config = v1beta2(with_images(&plain, &images).unwrap());
+    let root = Root::with(&config);
+
+    // The images kubeadm would run: the archive's, but CoreDNS.
+    let out = Command::new(&kubeadm)
+        .args([
+            "config",
+            "images",
+            "list",
+            "--config",
+            "/kubeadm.yaml",
+            "--rootfs",
+        ])
+        .arg(root.dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "kubeadm config images list: {}{stdout}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: std::collections::BTreeSet<&str> = stdout
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let carried: std::collections::BTreeSet<&str> =
+        images.images.iter().map(String::as_str).collect();
+    let missing: Vec<&&str> = carried.difference(&listed).collect();
+    assert!(
+        missing.is_empty(),
+        "kubeadm does not name {missing:?}: {stdout}"
+    );
+    let extra: Vec<&&str> = listed.difference(&carried).collect();
+    assert!(
+        extra.len() <= 1
+            && extra
+                .iter()
+                .all(|name| name.starts_with(&format!("{IMAGE_REPOSITORY}/coredns:"))),
+        "kubeadm names images the archive lacks (only CoreDNS may be one): {extra:?}"
+    );
+    if !extra.is_empty() {
+        let flags = command_flags(KubeadmApi::V1beta2, Verb::Init, Some(&images));
+        assert_eq!(flags, ["--skip-phases=preflight,addon/coredns"]);
+    }
+    eprintln!("kubeadm config images list: {listed:?} (the archive: {carried:?})");
+
+    // The static Pods name the archive's images; the kubelet, its pause image.
+    for phase in [
+        &["certs", "all"][..],
+        &["control-plane", "all"],
+        &["etcd", "local"],
+        &["kubelet-start"],
+    ] {
+        let mut args = vec!["init", "phase"];
+        args.extend_from_slice(phase);
+        args.extend_from_slice(&["--config", "/kubeadm.yaml"]);
+        root.accepts(&kubeadm, &args);
+    }
+    for (manifest, image) in [
+        ("kube-apiserver", "kube-apiserver:v1.20.2"),
+        ("kube-controller-manager", "kube-controller-manager:v1.20.2"),
+        ("kube-scheduler", "kube-scheduler:v1.20.2"),
+        ("etcd", "etcd:3.4.23-0"),
+    ] {
+        let text = root.read(&format!("/etc/kubernetes/manifests/{manifest}.yaml"));
+        let line = format!("image: {IMAGE_REPOSITORY}/{image}");
+        assert!(
+            text.contains(&line),
+            "{manifest}.yaml lacks {line:?}:\n{text}"
+        );
+    }
+    let flags = root.read("/var/lib/kubelet/kubeadm-flags.env");
+    let pause = format!("--pod-infra-container-image={IMAGE_REPOSITORY}/pause:3.2");
+    assert!(flags.contains(&pause), "{flags}");
+
+    // PID 1's whole `kubeadm init`, dry-run: CoreDNS's addon is skipped, kube-proxy's is not.
+    let flags = command_flags(KubeadmApi::V1beta2, Verb::Init, Some(&images));
+    let mut args = vec!["init", "--config", "/kubeadm.yaml"];
+    args.extend(flags.iter().map(String::as_str));
+    args.push("--dry-run");
+    let outcome = Root::with(&config).run(&kubeadm, &args);
+    assert!(outcome.accepted, "refused: {}", outcome.output);
+    assert!(
+        outcome
+            .output
+            .contains("Applied essential addon: kube-proxy"),
+        "{}",
+        outcome.output
+    );
+    assert!(
+        !outcome.output.contains("Applied essential addon: CoreDNS")
+            && !outcome.output.contains("/coredns:"),
+        "{}",
+        outcome.output
+    );
+
+    // A join with the image's pause image.
+    let join = with_images(
+        &join_config(&join_request(LAN_JOIN_IP, true, false)).unwrap(),
+        &images,
+    )
+    .unwrap();
+    let pause_arg = format!("pod-infra-container-image: {IMAGE_REPOSITORY}/pause:3.2");
+    migrate(
+        &kubeadm,
+        &v1beta2(join),
+        &["kind: JoinConfiguration", pause_arg.as_str()],
+    );
+    // And the init configuration's image settings survive kubeadm's decoding.
+    let repository = format!("imageRepository: {IMAGE_REPOSITORY}");
+    migrate(
+        &kubeadm,
+        &config,
+        &[
+            repository.as_str(),
+            "imageTag: 3.4.23-0",
+            pause_arg.as_str(),
+        ],
+    );
 }

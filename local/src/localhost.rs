@@ -38,8 +38,12 @@ pub const GUEST_NET: &str = "10.0.2.15/24,10.0.2.2";
 pub const STATE_DISK_SERIAL: &str = "hawser-state";
 /// The node's init server port (PID 1's `INIT_PORT`).
 pub const NODE_INIT_PORT: u16 = 9000;
-/// The Kubernetes version local clusters ask for.
-pub use hawser_cli::cluster::KUBERNETES_VERSION;
+/// The Kubernetes version the host's in-process join service hands out in join tickets: the
+/// stand-in image's (its kubeadm stand-in checks the v1beta4 configuration of this version).
+/// A node refuses a ticket for another version than its image's, by name: a local cluster of a
+/// real-Kubernetes image gives its version with [`LocalCluster::kubernetes_version`]. `hawser
+/// init` of a local cluster names none: the node installs its image's.
+pub const JOIN_SERVICE_KUBERNETES_VERSION: &str = "v1.33.4";
 
 /// The measured command-line additions of a local development node: static network, state
 /// disk keyed by the cluster, and — with a join service — its endpoint and the *insecure*
@@ -165,6 +169,31 @@ pub fn state_disk_key_length(uki: &Path) -> anyhow::Result<StateDiskKeyLength> {
     Ok(key_length_of_cmdline(&prediction.cmdline))
 }
 
+/// The Kubernetes version a node booted from `uki` carries: `hawser.kubernetes` on its
+/// measured command line (the last value, as PID 1 reads it); `None` for an image without one.
+pub fn image_kubernetes_version(
+    uki: &Path,
+) -> anyhow::Result<Option<hawser_kube_types::KubernetesVersion>> {
+    let bytes = std::fs::read(uki).with_context(|| format!("reading {}", uki.display()))?;
+    let prediction = Prediction::from_uki(&bytes, &uki.display().to_string())?;
+    kubernetes_of_cmdline(&prediction.cmdline)
+}
+
+/// [`image_kubernetes_version`] of a command line.
+fn kubernetes_of_cmdline(
+    cmdline: &str,
+) -> anyhow::Result<Option<hawser_kube_types::KubernetesVersion>> {
+    cmdline
+        .split_ascii_whitespace()
+        .filter_map(|word| word.strip_prefix("hawser.kubernetes="))
+        .next_back()
+        .map(|text| {
+            text.parse()
+                .with_context(|| format!("hawser.kubernetes={text} on the image's command line"))
+        })
+        .transpose()
+}
+
 /// [`state_disk_key_length`] of a command line (PID 1 takes the last value of a key).
 fn key_length_of_cmdline(cmdline: &str) -> StateDiskKeyLength {
     let prefix = format!("{}=", profile::INTEGRITY_KEY);
@@ -227,6 +256,9 @@ pub struct LocalCluster {
     pub provider: ProviderCa,
     master: MasterSecret,
     measurement_salt: Vec<u8>,
+    /// What the in-process join service hands out ([`JOIN_SERVICE_KUBERNETES_VERSION`] unless
+    /// set).
+    kubernetes_version: String,
 }
 
 impl LocalCluster {
@@ -247,7 +279,15 @@ impl LocalCluster {
             provider,
             master,
             measurement_salt,
+            kubernetes_version: JOIN_SERVICE_KUBERNETES_VERSION.to_owned(),
         })
+    }
+
+    /// The Kubernetes version the in-process join service hands out: the nodes' image's
+    /// (see [`image_kubernetes_version`]), which is the only one they install.
+    pub fn kubernetes_version(mut self, version: &hawser_kube_types::KubernetesVersion) -> Self {
+        self.kubernetes_version = version.to_string();
+        self
     }
 
     pub fn provider_ca_path(&self) -> PathBuf {
@@ -295,7 +335,7 @@ impl LocalCluster {
             JoinCoreConfig {
                 master_secret: self.master.clone(),
                 measurement_salt: self.measurement_salt.clone(),
-                kubernetes_version: KUBERNETES_VERSION.to_owned(),
+                kubernetes_version: self.kubernetes_version.clone(),
                 token_ttl: Duration::from_secs(600),
                 pki_dir: None,
                 registry_file: self.dir.join("joined-disks"),
@@ -381,6 +421,26 @@ mod tests {
         assert_eq!(
             key_length_of_cmdline(&format!("{production} hawser.state_disk_integrity=none")),
             StateDiskKeyLength::Xts
+        );
+    }
+
+    #[test]
+    fn the_images_kubernetes_version_is_read_from_its_command_line() {
+        assert_eq!(kubernetes_of_cmdline("console=ttyS0 quiet").unwrap(), None);
+        let version = kubernetes_of_cmdline(
+            "quiet hawser.kubernetes=v1.33.4 hawser.root_hash=00 hawser.kubernetes=v1.20.2",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            version.as_str(),
+            "v1.20.2",
+            "the last value counts, as in PID 1"
+        );
+        let err = kubernetes_of_cmdline("hawser.kubernetes=1.20").unwrap_err();
+        assert!(
+            format!("{err:#}").starts_with("hawser.kubernetes=1.20 on the image's command line"),
+            "{err:#}"
         );
     }
 

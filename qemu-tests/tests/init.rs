@@ -203,7 +203,7 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         cluster_file: admin.join("cluster.json"),
         kubeconfig: admin.join("admin.conf"),
         cluster_name: "demo".into(),
-        kubernetes_version: "v1.33.4".parse().unwrap(),
+        kubernetes_version: Some("v1.33.4".parse().unwrap()),
         service_cidr: "10.96.0.0/12".into(),
         api_server_cert_sans: vec!["10.0.2.15".into(), "10.0.2.100".into()],
         // What other nodes reach the API server at: forwarded to this node's port 6443.

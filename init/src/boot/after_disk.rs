@@ -198,6 +198,20 @@ impl Boot {
                 return Err(BootError::Pivot(e));
             }
         };
+        // What the verified rootfs says about its Kubernetes must be what the command line
+        // said before the disk (the init server's and the join's checks used that).
+        let image = match kube::image::read(std::path::Path::new("/"), config.kubernetes.as_ref()) {
+            Ok(image) => image,
+            Err(e) => {
+                if let kube::Role::Init { progress, .. } = role {
+                    progress.fail(&error_chain(&e));
+                }
+                return Err(BootError::ImageKubernetes(e));
+            }
+        };
+        if let Some(image) = &image {
+            kube::image::report(image);
+        }
         let identity = match (node_ip, node_name) {
             (Some(ip), Some(name)) => Some(kube::NodeIdentity {
                 name,
@@ -207,15 +221,16 @@ impl Boot {
         };
         match identity {
             Some(identity) => {
-                kube::run(
-                    role,
-                    identity,
-                    control_plane,
-                    self.registry(),
-                    self.services(),
-                    networking,
-                )
-                .await
+                let (registry, services) = (self.registry().clone(), self.services().clone());
+                let runtime = kube::Runtime {
+                    registry: &registry,
+                    services: &services,
+                    image: image.as_ref(),
+                    timer: self.timer_mut(),
+                };
+                kube::run(role, identity, control_plane, runtime, networking)
+                    .await
+                    .map_err(BootError::Images)?;
             }
             None => {
                 let reason = "no node identity for Kubernetes (needs hawser.net and a cluster \

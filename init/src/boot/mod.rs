@@ -25,7 +25,9 @@
 //!       ─ boot report line; firmware event log line
 //!       ─ hawser.root_hash: pivot into the rootfs (PCR 11 ← ["control-plane",] "leave-initrd":
 //!         the marker for a node holding its cluster's master secret, `pivot_role.rs`), then
-//!         containerd, kubelet, kubeadm once (kube/)
+//!         the rootfs's kubernetes.json checked against hawser.kubernetes, containerd, the
+//!         image's control-plane images                          [images-import]
+//!         kubelet, kubeadm once (kube/)
 //!       ─ "hawser: boot complete; idle"
 //!       ─ shutdown request → stop processes, unmount, power off
 //! ```
@@ -118,6 +120,10 @@ pub enum BootError {
         #[source]
         source: Box<EnrollmentError>,
     },
+    /// The join ticket names another Kubernetes than the image carries (refused before the
+    /// node lock).
+    #[error("the join is refused before the node lock; the state disk is untouched")]
+    Ticket(#[source] kube::grants::TicketVersionError),
     /// The network (`hawser.net`) cannot be brought up.
     #[error(transparent)]
     Net(#[from] crate::platform::net::NetError),
@@ -136,6 +142,12 @@ pub enum BootError {
     /// The pivot into the verified rootfs failed.
     #[error("cannot pivot into the rootfs")]
     Pivot(#[source] crate::rootfs::PivotError),
+    /// The rootfs's Kubernetes description is unreadable, or disagrees with the command line.
+    #[error(transparent)]
+    ImageKubernetes(#[from] kube::image::ImageKubernetesError),
+    /// The image's control-plane images cannot be put into containerd.
+    #[error("the control plane cannot start")]
+    Images(#[source] kube::image::ImagesImportError),
     /// The boot report cannot be encoded as JSON.
     #[error("cannot encode the boot report")]
     Report(#[source] serde_json::Error),
@@ -420,6 +432,7 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     boot.await_state_disk_modules().await?;
     boot.watch_power_buttons();
     let first_boot = kube::grants::FirstBoot {
+        image_kubernetes: config.kubernetes.as_ref(),
         mesh_key: &mesh_key,
         rootfs: config.root_hash.is_some(),
         underlay_ip: after_disk::underlay_ip(lan_address, &config),

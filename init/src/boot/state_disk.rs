@@ -99,12 +99,10 @@ impl Boot {
             }
             None => None,
         };
-        Ok(Some(Enrollment::new(
-            join,
-            INIT_PORT,
-            init_secret_hash(config),
-            issuer,
-        )))
+        Ok(Some(
+            Enrollment::new(join, INIT_PORT, init_secret_hash(config), issuer)
+                .image_kubernetes(config.kubernetes.clone()),
+        ))
     }
 
     /// Brings the state disk up (prepare → race → apply); the lock and the membership when
@@ -174,6 +172,14 @@ impl Boot {
             key: grant,
             membership,
         } = won;
+        // A ticket for another Kubernetes than the image's: refused before the lock, so the
+        // node stays fresh and nothing is formatted.
+        if let Err(e) =
+            grants::check_ticket_version(membership.kubeadm.as_ref(), first_boot.image_kubernetes)
+        {
+            membership.fail(&error_chain(&e));
+            return Err(BootError::Ticket(e));
+        }
         // 3. apply: the key was checked against the disk; now the lock, then the disk.
         let locked = match self.lock(grant, enrollment.node_lock()).await? {
             Ok(locked) => locked,

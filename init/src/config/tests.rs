@@ -185,6 +185,27 @@ fn unknown_and_repeated_keys_warn() {
 }
 
 #[test]
+fn the_image_kubernetes_version_is_read_and_one_without_a_kubeadm_writer_refused() {
+    assert_eq!(parse_kernel_cmdline("quiet").unwrap().kubernetes, None);
+    for version in ["v1.20.2", "v1.33.4"] {
+        let config = parse_kernel_cmdline(&format!("hawser.kubernetes={version}")).unwrap();
+        assert_eq!(config.kubernetes.unwrap().as_str(), version);
+        assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    }
+    let err = parse_kernel_cmdline("hawser.kubernetes=v1.25.0").unwrap_err();
+    assert!(
+        matches!(err, ConfigError::KubernetesWithoutWriter { .. }),
+        "{err:?}"
+    );
+    let chain = crate::platform::error_chain(&err);
+    assert!(
+        chain.starts_with("kernel command line key hawser.kubernetes=v1.25.0: ")
+            && chain.contains("hawser writes no kubeadm configuration for Kubernetes v1.25.0"),
+        "{chain}"
+    );
+}
+
+#[test]
 fn malformed_values_are_errors_naming_key_and_value() {
     for (cmdline, key, value) in [
         ("hawser.reboot_delay=soon", "hawser.reboot_delay", "soon"),
@@ -205,6 +226,9 @@ fn malformed_values_are_errors_naming_key_and_value() {
             "/dev/../etc/shadow",
         ),
         ("hawser.tpm=/dev/", "hawser.tpm", "/dev/"),
+        ("hawser.kubernetes=1.20.2", "hawser.kubernetes", "1.20.2"),
+        ("hawser.kubernetes=stable", "hawser.kubernetes", "stable"),
+        ("hawser.kubernetes", "hawser.kubernetes", ""),
     ] {
         let err = parse_kernel_cmdline(cmdline).unwrap_err();
         let ConfigError::MalformedCmdline {

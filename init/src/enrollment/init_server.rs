@@ -55,7 +55,7 @@ use crate::disk::key::DiskStatus;
 
 mod validate;
 
-pub use self::validate::{RequestError, validate_init, validate_recover};
+pub use self::validate::{RequestError, init_kubernetes_version, validate_init, validate_recover};
 
 /// The TCP port the init server listens on (Constellation's bootstrapper uses the same).
 pub const INIT_PORT: u16 = 9000;
@@ -265,6 +265,9 @@ pub struct InitServer {
     grants: mpsc::Sender<Grant>,
     busy: Arc<AtomicBool>,
     stop: Arc<Notify>,
+    /// The image's Kubernetes version (`hawser.kubernetes`): what an Init without a version
+    /// installs, and the only one it may ask for.
+    image_kubernetes: Option<KubernetesVersion>,
 }
 
 impl InitServer {
@@ -285,7 +288,15 @@ impl InitServer {
             grants,
             busy: Arc::new(AtomicBool::new(false)),
             stop,
+            image_kubernetes: None,
         }
+    }
+
+    /// The image's Kubernetes version (`hawser.kubernetes`), when it names one: an Init
+    /// request asking for another is refused by name before anything changes on the node.
+    pub fn image_kubernetes(mut self, version: Option<KubernetesVersion>) -> Self {
+        self.image_kubernetes = version;
+        self
     }
 
     /// The first check of every request: the init secret. A refusal is logged without the
@@ -374,7 +385,7 @@ impl InitService for InitServer {
     ) -> Result<Response<Self::InitStream>, Status> {
         let mut request = request.into_inner();
         self.check_secret("Init", &mut request.init_secret).await?;
-        let validated = validate_init(&mut request);
+        let validated = validate_init(&mut request, self.image_kubernetes.as_ref());
         let receiver = self.admit("Init", validated)?;
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(receiver),

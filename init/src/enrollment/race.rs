@@ -215,6 +215,8 @@ pub struct Enrollment {
     lock: Arc<NodeLock>,
     /// The init server, once started (it outlives a refused grant).
     init_server: Option<RunningInitServer>,
+    /// The image's Kubernetes version, for the init server's checks.
+    image_kubernetes: Option<hawser_kube_types::KubernetesVersion>,
 }
 
 /// A listening init server: where its grants arrive and how to stop it.
@@ -239,7 +241,18 @@ impl Enrollment {
             issuer,
             lock: Arc::new(NodeLock::new()),
             init_server: None,
+            image_kubernetes: None,
         }
+    }
+
+    /// The image's Kubernetes version (`hawser.kubernetes`): the init server installs it when
+    /// `hawser init` names none, and refuses any other ([`InitServer::image_kubernetes`]).
+    pub fn image_kubernetes(
+        mut self,
+        version: Option<hawser_kube_types::KubernetesVersion>,
+    ) -> Self {
+        self.image_kubernetes = version;
+        self
     }
 
     /// The cluster the state disk records: the join client refuses (and asks past) a join
@@ -376,7 +389,8 @@ impl Enrollment {
             secret_hash,
             grant_sender,
             Arc::clone(&stop),
-        );
+        )
+        .image_kubernetes(self.image_kubernetes.clone());
         let spawned = init_server::spawn(
             server,
             self.init_port,

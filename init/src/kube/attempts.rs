@@ -24,9 +24,9 @@ pub(super) enum KubeadmWork {
     Nothing,
     /// No configuration can be rendered (the reason, for the admin's `hawser init`).
     Unrunnable(String),
-    /// Run `intent`; `status` counts the attempts of earlier boots.
+    /// Run `intent` (boxed: it is large); `status` counts the attempts of earlier boots.
     Run {
-        intent: KubeadmIntent,
+        intent: Box<KubeadmIntent>,
         status: KubeadmStatus,
     },
 }
@@ -63,7 +63,10 @@ fn earlier_boot_work(on_disk: &dyn Fn(&str) -> std::path::PathBuf) -> KubeadmWor
                 intent.verb.as_str(),
                 status.attempts
             );
-            KubeadmWork::Run { intent, status }
+            KubeadmWork::Run {
+                intent: Box::new(intent),
+                status,
+            }
         }
         Ok(None) => {
             warn!(
@@ -94,7 +97,10 @@ pub(super) fn kubeadm_work(role: &Role, identity: &NodeIdentity, root: &Path) ->
     match grants::render_intent(grant, identity) {
         Ok(intent) => {
             let status = KubeadmStatus::new(intent.verb);
-            KubeadmWork::Run { intent, status }
+            KubeadmWork::Run {
+                intent: Box::new(intent),
+                status,
+            }
         }
         Err(e) => {
             warn!("{}; the node stays up without Kubernetes", error_chain(&e));
@@ -172,9 +178,18 @@ async fn run_kubeadm(
             intent.control_plane_files.len()
         );
     }
-    kubeadm::write_config(Path::new(KUBEADM_CONFIG), &intent.config)
+    // The image's control-plane images (after the pivot, on every boot: never kept).
+    let config = match &intent.images {
+        Some(images) => {
+            kubeadm::with_images(&intent.config, images).map_err(KubeadmRunError::Config)?
+        }
+        None => intent.config.clone(),
+    };
+    kubeadm::write_config(Path::new(KUBEADM_CONFIG), &config)
         .map_err(KubeadmRunError::WriteConfig)?;
-    let job = OneShotJob::new("kubeadm", &kubeadm_args(intent), KUBEADM_MARKER);
+    let args = kubeadm_args(intent);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let job = OneShotJob::new("kubeadm", &args, KUBEADM_MARKER);
     match supervisor::run_once(registry, &job).await {
         Ok(OneShotOutcome::Succeeded { took }) => {
             info!("kubeadm {verb} succeeded in {:.1} s", took.as_secs_f64());
@@ -190,12 +205,18 @@ async fn run_kubeadm(
 }
 
 /// `kubeadm init|join --config`, with what the configuration's API cannot say (kubeadm 1.20:
-/// `--skip-phases=preflight`), read from the configuration itself, so an intent an earlier
-/// boot kept runs the same way.
-fn kubeadm_args(intent: &KubeadmIntent) -> Vec<&'static str> {
-    let mut args = vec![KUBEADM, intent.verb.as_str(), "--config", KUBEADM_CONFIG];
+/// `--skip-phases=preflight`, and for an image without CoreDNS `addon/coredns`), read from the
+/// configuration itself and the image, so an intent an earlier boot kept runs the same way.
+pub(super) fn kubeadm_args(intent: &KubeadmIntent) -> Vec<String> {
+    let mut args: Vec<String> = [KUBEADM, intent.verb.as_str(), "--config", KUBEADM_CONFIG]
+        .map(str::to_owned)
+        .into();
     if let Some(api) = intent.config.api() {
-        args.extend_from_slice(kubeadm::command_flags(api));
+        args.extend(kubeadm::command_flags(
+            api,
+            intent.verb,
+            intent.images.as_ref(),
+        ));
     }
     args
 }

@@ -101,12 +101,65 @@ impl<'a> Granted<'a> {
 
 /// This boot's node, as far as its grants need it.
 pub struct FirstBoot<'a> {
+    /// The image's Kubernetes version (`hawser.kubernetes`): a join ticket must name it.
+    pub image_kubernetes: Option<&'a KubernetesVersion>,
     /// The WireGuard key generated before the join: its public half went in the request.
     pub mesh_key: &'a PrivateKey,
     /// The image has a rootfs (`hawser.root_hash`): kubeadm and a join service run here.
     pub rootfs: bool,
     /// The node IP without a mesh (its LAN or `hawser.net` address).
     pub underlay_ip: Option<Ipv4Addr>,
+}
+
+/// A join ticket this image cannot act on: checked after the race, before the node lock and
+/// the state disk, so a refused node stays fresh.
+#[derive(Debug, thiserror::Error)]
+pub enum TicketVersionError {
+    /// The ticket's version is not a Kubernetes version (the join service's configuration).
+    #[error("the join ticket's Kubernetes version {value:?} is not one")]
+    Malformed {
+        /// The version as the ticket gave it.
+        value: String,
+        #[source]
+        source: hawser_kube_types::KubernetesVersionError,
+    },
+    /// The cluster runs another version than the image carries.
+    #[error(
+        "the join service hands out Kubernetes {ticket}, but this image carries {image} \
+         (hawser.kubernetes on its command line) and installs no other: run the cluster's join \
+         service with --kubernetes-version {image}, or boot this node from an image of {ticket}"
+    )]
+    NotTheImages {
+        /// The ticket's version.
+        ticket: KubernetesVersion,
+        /// The image's version.
+        image: KubernetesVersion,
+    },
+}
+
+/// Refuses a join ticket whose Kubernetes version is not the image's, naming both. Nothing to
+/// check without a ticket or without a version on the image's command line (no rootfs).
+pub fn check_ticket_version(
+    ticket: Option<&JoinTicket>,
+    image: Option<&KubernetesVersion>,
+) -> Result<(), TicketVersionError> {
+    let (Some(ticket), Some(image)) = (ticket, image) else {
+        return Ok(());
+    };
+    let version = ticket
+        .kubernetes_version
+        .parse::<KubernetesVersion>()
+        .map_err(|source| TicketVersionError::Malformed {
+            value: ticket.kubernetes_version.clone(),
+            source,
+        })?;
+    if version != *image {
+        return Err(TicketVersionError::NotTheImages {
+            ticket: version,
+            image: image.clone(),
+        });
+    }
+    Ok(())
 }
 
 /// What a first boot keeps on its new state disk before marking it initialized, in order:
@@ -249,6 +302,7 @@ pub(super) fn render_intent(
         verb,
         config: config.map_err(KubeadmRunError::Config)?,
         control_plane_files,
+        images: None,
     })
 }
 

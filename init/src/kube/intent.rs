@@ -34,33 +34,7 @@ pub const KUBEADM_STATUS_MARKER: &str = "HAWSER_KUBEADM_STATUS ";
 /// The intent format's version.
 const INTENT_VERSION: u32 = 1;
 
-/// Which kubeadm command the intent runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verb {
-    /// `kubeadm init`: the cluster's first control plane.
-    Init,
-    /// `kubeadm join`: a worker or a further control plane.
-    Join,
-}
-
-impl Verb {
-    /// `init` or `join`, as on kubeadm's command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Verb::Init => "init",
-            Verb::Join => "join",
-        }
-    }
-
-    /// The kubeadm document the configuration of this verb must contain.
-    fn document_kind(self) -> &'static str {
-        match self {
-            Verb::Init => "InitConfiguration",
-            Verb::Join => "JoinConfiguration",
-        }
-    }
-}
+pub use crate::kube::kubeadm::Verb;
 
 /// What kubeadm needs to run again. Holds secrets: `Debug` shows only their sizes.
 #[derive(Clone, PartialEq, Eq)]
@@ -71,6 +45,10 @@ pub struct KubeadmIntent {
     /// A control-plane join's shared certificates and keys (names relative to the PKI
     /// directory); put back before each attempt, since `kubeadm reset` removes them.
     pub control_plane_files: Vec<ControlPlaneFile>,
+    /// The image's control-plane images (`/usr/share/hawser/kubernetes.json`), set after the
+    /// pivot on every boot and never kept: they belong to the image, not to the cluster, so
+    /// an intent kept before the pivot runs with them too ([`crate::kube::kubeadm::images`]).
+    pub images: Option<hawser_kube_types::ImageSet>,
 }
 
 impl std::fmt::Debug for KubeadmIntent {
@@ -79,6 +57,7 @@ impl std::fmt::Debug for KubeadmIntent {
             .field("verb", &self.verb)
             .field("config", &self.config)
             .field("control_plane_files", &self.control_plane_files)
+            .field("images", &self.images)
             .finish()
     }
 }
@@ -247,6 +226,7 @@ impl KubeadmIntent {
             verb: stored.verb,
             config: KubeadmConfig::from_stored(Zeroizing::new(stored.config.clone())),
             control_plane_files,
+            images: None,
         }))
     }
 }
@@ -383,6 +363,7 @@ mod tests {
                 name: "etcd/ca.key".into(),
                 data: Zeroizing::new(b"KEY MATERIAL".to_vec()),
             }],
+            images: None,
         }
     }
 

@@ -50,8 +50,13 @@ use hawser_kube_types::{
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
+use hawser_kube_types::ImageSet;
+
+pub mod images;
 pub mod v1beta2;
 pub mod v1beta4;
+
+pub use self::images::with_images;
 
 /// The admin kubeconfig `kubeadm init` (and a control-plane `kubeadm join`) writes.
 pub const ADMIN_KUBECONFIG: &str = "/etc/kubernetes/admin.conf";
@@ -103,6 +108,10 @@ pub enum KubeadmConfigError {
         #[source]
         source: KubernetesVersionError,
     },
+    /// A document of a configuration hawser rendered (or kept on the state disk) is not a
+    /// JSON object (a corrupted intent); serde_json's message names a line and column only.
+    #[error("a document of the kubeadm configuration is not JSON")]
+    NotJson(#[source] serde_json::Error),
     /// A document cannot be encoded as JSON (a bug: every field is a plain string, number or
     /// list).
     #[error("cannot encode the kubeadm configuration")]
@@ -233,7 +242,7 @@ impl KubeadmConfig {
     }
 }
 
-/// The flags `kubeadm init|join --config` needs besides the configuration for `api`: what the
+/// The flags `kubeadm <verb> --config` needs besides the configuration for `api`: what the
 /// API cannot say.
 ///
 /// - `v1beta2` (kubeadm 1.20): `--skip-phases=preflight`. kubeadm 1.20's preflight phase ends
@@ -242,11 +251,20 @@ impl KubeadmConfig {
 ///   is not in Debian, and the images are in containerd already (imported at boot). `v1beta2`
 ///   has no `skipPhases` (`v1beta3` added it), so the phase is skipped on the command line,
 ///   and with it kubeadm's host checks (swap, ports, sysctls): PID 1 prepares the host itself.
-/// - `v1beta4`: nothing.
-pub fn command_flags(api: KubeadmApi) -> &'static [&'static str] {
+///   `kubeadm init` also skips `addon/coredns` when the image's `images` carry no CoreDNS
+///   (none of hawser's do: CoreDNS is not in Debian), since its Deployment would pull an image
+///   that exists nowhere the node can reach.
+/// - `v1beta4`: nothing (its stand-in images carry no control-plane images).
+pub fn command_flags(api: KubeadmApi, verb: Verb, images: Option<&ImageSet>) -> Vec<String> {
     match api {
-        KubeadmApi::V1beta2 => &["--skip-phases=preflight"],
-        KubeadmApi::V1beta4 => &[],
+        KubeadmApi::V1beta2 => {
+            let mut phases = vec!["preflight"];
+            if verb == Verb::Init && images.is_some_and(|images| !images::has_coredns(images)) {
+                phases.push("addon/coredns");
+            }
+            vec![format!("--skip-phases={}", phases.join(","))]
+        }
+        KubeadmApi::V1beta4 => Vec::new(),
     }
 }
 
@@ -257,6 +275,34 @@ impl fmt::Debug for KubeadmConfig {
             "KubeadmConfig({} bytes, contents redacted)",
             self.0.len()
         )
+    }
+}
+
+/// Which kubeadm command runs: `init` or `join`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verb {
+    /// `kubeadm init`: the cluster's first control plane.
+    Init,
+    /// `kubeadm join`: a worker or a further control plane.
+    Join,
+}
+
+impl Verb {
+    /// `init` or `join`, as on kubeadm's command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Init => "init",
+            Verb::Join => "join",
+        }
+    }
+
+    /// The kubeadm document the configuration of this verb must contain.
+    pub(crate) fn document_kind(self) -> &'static str {
+        match self {
+            Verb::Init => "InitConfiguration",
+            Verb::Join => "JoinConfiguration",
+        }
     }
 }
 

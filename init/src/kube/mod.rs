@@ -3,7 +3,8 @@
 //!
 //! Runs only for images with a rootfs (`hawser.root_hash` on the measured command line):
 //!
-//! 1. the supervisor starts containerd and the kubelet (restart with backoff);
+//! 1. the supervisor starts containerd; a real-Kubernetes image's control-plane images are
+//!    imported into it ([`image`]); then the kubelet (restart with backoff);
 //! 2. `kubeadm init` (the admin's `hawser init`) or `kubeadm join` (the join ticket) runs until
 //!    it succeeded once in the node's life (the marker [`KUBEADM_MARKER`] on the state disk;
 //!    [`attempts`]);
@@ -12,6 +13,7 @@
 //!
 //! ```text
 //!  grants ──── what a first boot keeps on its new disk (intent, secrets, WireGuard key)
+//!  image ───── the image's kubernetes.json, checked; its images imported into containerd
 //!  intent ──── kubeadm's rendered configuration and status on the state disk
 //!  kubeadm ─── the configuration rendered from the join ticket or `hawser init`
 //!  attempts ── one kubeadm attempt, what this boot has to do, the retries' errors
@@ -40,7 +42,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use hawser_kube_types::JoinTicket;
+use hawser_kube_types::{ImageKubernetes, JoinTicket};
 use tracing::{info, warn};
 
 use self::attempts::{KubeadmWork, attempt_kubeadm, kubeadm_work};
@@ -49,12 +51,14 @@ use crate::enrollment::init_server::{ClusterSpec, Progress};
 use crate::fatal::error_chain;
 use crate::platform::poll;
 use crate::platform::reaper::ChildRegistry;
+use crate::platform::timings::PhaseTimer;
 use crate::supervisor::retry::{self, KUBEADM_RETRY};
 use crate::supervisor::{self, SharedSupervisor, Supervisor};
 
 pub mod attempts;
 mod error;
 pub mod grants;
+pub mod image;
 pub mod intent;
 pub mod join_service;
 pub mod kubeadm;
@@ -124,30 +128,63 @@ pub struct NodeIdentity {
     pub ip: IpAddr,
 }
 
+/// What the node runs Kubernetes with: its child registry and services, and the image's
+/// Kubernetes (`None` on an image that names none).
+pub struct Runtime<'a> {
+    pub registry: &'a ChildRegistry,
+    pub services: &'a SharedSupervisor,
+    pub image: Option<&'a ImageKubernetes>,
+    /// The bring-up's timer: the images' import is phase `images-import`.
+    pub timer: &'a mut PhaseTimer,
+}
+
 /// Starts the node's services and runs kubeadm for `role` (steps 1–4); hands the services to
-/// `services`, where the shutdown stops them. Never fails: what goes wrong is logged (and
-/// reported to the admin), and the node stays up; a failed kubeadm runs again in the
-/// background with backoff until it succeeds.
+/// `services`, where the shutdown stops them. Fails only when the image's control-plane images
+/// cannot be put into containerd (the control plane cannot start without them); anything else
+/// that goes wrong is logged (and reported to the admin), and the node stays up; a failed
+/// kubeadm runs again in the background with backoff until it succeeds.
 pub async fn run(
     role: Role,
     identity: NodeIdentity,
     control_plane: ControlPlane,
-    registry: &ChildRegistry,
-    services: &SharedSupervisor,
+    runtime: Runtime<'_>,
     networking: tokio::task::JoinHandle<bool>,
-) {
+) -> Result<(), image::ImagesImportError> {
+    let Runtime {
+        registry,
+        services,
+        image,
+        timer,
+    } = runtime;
     // The kubelet and kubeadm name the node after the host unless told otherwise.
     match nix::unistd::sethostname(&identity.name) {
         Ok(()) => info!("hostname set to {}", identity.name),
         Err(e) => warn!("cannot set the hostname to {}: {e}", identity.name),
     }
-    let work = kubeadm_work(&role, &identity, Path::new("/"));
+    let images = image.and_then(|image| image.images.as_ref());
+    let mut work = kubeadm_work(&role, &identity, Path::new("/"));
+    if let KubeadmWork::Run { intent, .. } = &mut work {
+        intent.images = images.cloned();
+    }
     let inputs = control_plane.inputs;
     let mut started = Supervisor::new(registry.clone());
     started.start(supervisor::containerd());
     // As systemd's `After=containerd.service` (with containerd's sd_notify) does: the kubelet
     // refuses to start without the runtime's socket. The supervisor restarts it either way.
     wait_for_path(Path::new(CONTAINERD_SOCKET), CONTAINERD_WAIT).await;
+    if let Some(images) = images {
+        let start = timer.elapsed_ms();
+        let imported = image::import(registry, images).await;
+        timer.record("images-import", start);
+        if let Err(e) = imported {
+            // containerd runs: the shutdown stops it.
+            let _ = services.install(started).await;
+            if let Role::Init { progress, .. } = role {
+                progress.fail(&error_chain(&e));
+            }
+            return Err(e);
+        }
+    }
     // The networking modules and sysctls (kubeadm's preflight checks them), prepared while
     // containerd started. A failure was logged; the node goes on without pod networking.
     if let Err(e) = networking.await {
@@ -156,19 +193,19 @@ pub async fn run(
     started.start(supervisor::kubelet());
     if services.install(started).await.is_err() {
         warn!("the node's services were already started once; not starting them again");
-        return;
+        return Ok(());
     }
     let (intent, status) = match work {
         KubeadmWork::Run { intent, status } => (intent, status),
         KubeadmWork::Nothing => {
             join_service::start_on_control_plane(inputs.as_ref(), services).await;
-            return;
+            return Ok(());
         }
         KubeadmWork::Unrunnable(reason) => {
             if let Role::Init { progress, .. } = role {
                 progress.fail(&reason);
             }
-            return;
+            return Ok(());
         }
     };
     let first = status.attempts.saturating_add(1);
@@ -206,7 +243,7 @@ pub async fn run(
     };
     if outcome.is_ok() {
         join_service::start_on_control_plane(inputs.as_ref(), services).await;
-        return;
+        return Ok(());
     }
     let registry = registry.clone();
     let shared = services.clone();
@@ -233,6 +270,7 @@ pub async fn run(
         }
     });
     services.adopt(retries).await;
+    Ok(())
 }
 
 /// Stops the node's services in reverse start order (the shutdown path); nothing if none run.

@@ -39,7 +39,7 @@ use tracing::{info, warn};
 use self::output::Redaction;
 use crate::platform::reaper::{ChildRegistry, SupervisedChild};
 
-pub use self::oneshot::{OneShotError, OneShotJob, OneShotOutcome, run_job, run_once};
+pub use self::oneshot::{OneShotError, OneShotJob, OneShotOutcome, run_job, run_once, run_query};
 
 /// `PATH` of every supervised program (the unit files' default).
 pub const SERVICE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";

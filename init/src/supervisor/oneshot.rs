@@ -264,6 +264,95 @@ pub async fn run_job(
     Ok(started.elapsed())
 }
 
+/// Most standard output [`run_query`] keeps; the rest is read and dropped.
+pub const MAX_QUERY_OUTPUT: usize = 1 << 20;
+
+/// Runs `job` to its end, like [`run_job`], and returns its standard output as text (at most
+/// [`MAX_QUERY_OUTPUT`] bytes), which is not logged: a query such as `ctr images ls -q`. Its
+/// standard error is logged, and its last lines are in a failure's report.
+pub async fn run_query(registry: &ChildRegistry, job: &OneShotJob) -> Result<String, OneShotError> {
+    use tokio::io::AsyncReadExt as _;
+    let mut command = tokio::process::Command::new(&job.program);
+    command
+        .args(&job.args)
+        .env_clear()
+        .envs(job.env.iter().map(|(k, v)| (k, v)))
+        .current_dir("/")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = registry
+        .spawn(&mut command)
+        .map_err(|source| OneShotError::Spawn {
+            name: job.name.clone(),
+            program: job.program.clone(),
+            source,
+        })?;
+    info!(
+        "running {} to ask: {} {}",
+        job.name,
+        job.program.display(),
+        job.args.join(" ")
+    );
+    let tail = Tail::default();
+    let stdout = child.inner().stdout.take();
+    let forwarders: Vec<_> = child
+        .inner()
+        .stderr
+        .take()
+        .map(|pipe| {
+            tokio::spawn(output::forward(
+                job.name.clone(),
+                pipe,
+                Redaction::TokensAndKeys,
+                Some(tail.clone()),
+            ))
+        })
+        .into_iter()
+        .collect();
+    let read = async move {
+        let mut kept = Vec::new();
+        if let Some(mut pipe) = stdout {
+            let mut chunk = [0u8; 8192];
+            while let Ok(n @ 1..) = pipe.read(&mut chunk).await {
+                let room = MAX_QUERY_OUTPUT.saturating_sub(kept.len());
+                kept.extend_from_slice(&chunk[..n.min(room)]);
+            }
+        }
+        kept
+    };
+    let both = async { tokio::join!(read, child.wait()) };
+    let finished = match job.timeout {
+        Some(limit) => tokio::time::timeout(limit, both).await.ok(),
+        None => Some(both.await),
+    };
+    let Some((stdout, status)) = finished else {
+        if terminate(&mut child, &job.name, JOB_STOP_TIMEOUT).await == ServiceStop::Stuck {
+            warn!("{} did not exit after SIGKILL", job.name);
+        }
+        drain(forwarders).await;
+        return Err(OneShotError::Timeout {
+            name: job.name.clone(),
+            timeout: job.timeout.unwrap_or_default(),
+            tail: tail.lines(),
+        });
+    };
+    let status = status.map_err(|source| OneShotError::Wait {
+        name: job.name.clone(),
+        source,
+    })?;
+    drain(forwarders).await;
+    if !status.success() {
+        return Err(OneShotError::Failed {
+            name: job.name.clone(),
+            status,
+            tail: tail.lines(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&stdout).into_owned())
+}
+
 async fn drain(forwarders: Vec<tokio::task::JoinHandle<()>>) {
     for forwarder in forwarders {
         let _ = tokio::time::timeout(Duration::from_secs(1), forwarder).await;
@@ -356,6 +445,31 @@ mod tests {
             "job did not finish within 0.3 s and was stopped; last output: waiting"
         );
         assert!(!job.marker.exists());
+    }
+
+    #[tokio::test]
+    async fn a_query_returns_its_standard_output_and_a_failure_its_standard_error() {
+        let (logs, _guard) = capture_logs();
+        let dir = tempfile::tempdir().unwrap();
+        let registry = ChildRegistry::new();
+        let query = job(dir.path(), "echo one; echo two; echo 'a note' >&2");
+        assert_eq!(run_query(&registry, &query).await.unwrap(), "one\ntwo\n");
+        assert!(logs.contains("[job] a note"), "{:?}", logs.lines());
+        assert!(!logs.lines().iter().any(|l| l.contains("[job] one")));
+        assert!(!query.marker.exists(), "a query writes no marker");
+        let failing = job(
+            dir.path(),
+            "echo listed; echo 'ctr: connection refused' >&2; exit 1",
+        );
+        let err = run_query(&registry, &failing).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "job failed with exit status: 1; last output: ctr: connection refused"
+        );
+        let mut slow = job(dir.path(), "exec sleep 60");
+        slow.timeout = Some(Duration::from_millis(200));
+        let err = run_query(&registry, &slow).await.unwrap_err();
+        assert!(matches!(err, OneShotError::Timeout { .. }), "{err:?}");
     }
 
     #[tokio::test]

@@ -67,9 +67,10 @@ struct Args {
     /// approvals by default).
     #[arg(long, default_value = "/var/lib/hawser-joind")]
     state_dir: PathBuf,
-    /// The Kubernetes version joining nodes install, e.g. v1.33.4.
+    /// The Kubernetes version joining nodes install, e.g. v1.20.2. Default: the version this
+    /// node's image carries (/usr/share/hawser/kubernetes.json); required elsewhere.
     #[arg(long)]
-    kubernetes_version: hawser_kube_types::KubernetesVersion,
+    kubernetes_version: Option<hawser_kube_types::KubernetesVersion>,
     /// Lifetime of each join's bootstrap token, in seconds: long enough for a control plane's
     /// `kubeadm join` under TCG (minutes), short enough that a token left on a disk soon
     /// admits nothing.
@@ -177,7 +178,43 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(run(args))
 }
 
+/// Where a hawser node's image says which Kubernetes it carries.
+const IMAGE_KUBERNETES: &str = "/usr/share/hawser/kubernetes.json";
+
+/// The version joining nodes install: `--kubernetes-version`, else the one the image of the
+/// node this runs on carries (`image_file`), else an error saying to give the flag.
+fn kubernetes_version(
+    flag: Option<&hawser_kube_types::KubernetesVersion>,
+    image_file: &Path,
+) -> anyhow::Result<hawser_kube_types::KubernetesVersion> {
+    if let Some(version) = flag {
+        return Ok(version.clone());
+    }
+    let text = match std::fs::read_to_string(image_file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "--kubernetes-version is required: this machine has no {} (a hawser node's image \
+             says its Kubernetes version there)",
+            image_file.display()
+        ),
+        Err(e) => {
+            return Err(e).with_context(|| format!("cannot read {}", image_file.display()));
+        }
+    };
+    let image = hawser_kube_types::ImageKubernetes::from_json(&text).with_context(|| {
+        format!(
+            "{} is not an image's Kubernetes description; give --kubernetes-version",
+            image_file.display()
+        )
+    })?;
+    Ok(image.kubernetes_version()?)
+}
+
 async fn run(args: Args) -> anyhow::Result<()> {
+    let kubernetes_version = kubernetes_version(
+        args.kubernetes_version.as_ref(),
+        Path::new(IMAGE_KUBERNETES),
+    )?;
     let master_secret = MasterSecret::read_file(&args.master_secret).with_context(|| {
         format!(
             "cannot read the master secret {}",
@@ -219,7 +256,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let core_config = JoinCoreConfig {
         master_secret,
         measurement_salt,
-        kubernetes_version: args.kubernetes_version.to_string(),
+        kubernetes_version: kubernetes_version.to_string(),
         token_ttl: Duration::from_secs(args.token_ttl_secs),
         pki_dir: args.pki_dir.clone(),
         registry_file: args.state_dir.join("joined-disks"),
@@ -592,4 +629,37 @@ fn salt_in_state_dir(path: &Path) -> anyhow::Result<Vec<u8>> {
         .with_context(|| format!("cannot write {}", path.display()))?;
     tracing::info!(file = %path.display(), "created a new measurement salt");
     Ok(salt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kubernetes_version_defaults_to_the_images_and_is_required_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kubernetes.json");
+        let flag: hawser_kube_types::KubernetesVersion = "v1.33.4".parse().unwrap();
+        assert_eq!(kubernetes_version(Some(&flag), &file).unwrap(), flag);
+        let err = format!("{:#}", kubernetes_version(None, &file).unwrap_err());
+        assert!(
+            err.starts_with("--kubernetes-version is required: this machine has no "),
+            "{err}"
+        );
+        std::fs::write(
+            &file,
+            r#"{"origin": "stand-in", "version": "v1.33.4", "images": null}"#,
+        )
+        .unwrap();
+        assert_eq!(kubernetes_version(None, &file).unwrap().as_str(), "v1.33.4");
+        // The flag wins over the image's.
+        let other: hawser_kube_types::KubernetesVersion = "v1.20.2".parse().unwrap();
+        assert_eq!(kubernetes_version(Some(&other), &file).unwrap(), other);
+        std::fs::write(&file, r#"{"origin": "stand-in", "version": "1.33"}"#).unwrap();
+        let err = format!("{:#}", kubernetes_version(None, &file).unwrap_err());
+        assert!(
+            err.contains("is not an image's Kubernetes description; give --kubernetes-version"),
+            "{err}"
+        );
+    }
 }

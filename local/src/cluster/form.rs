@@ -14,8 +14,8 @@ use super::node::{boot, check_reports, wait_for, wait_for_kubeadm};
 use super::{
     API_SERVER_PORT, Formation, JOIN_SERVICE_UP, Node, PROVIDER_CA, UpOptions, WAITING_FOR_ADMIN,
 };
+use crate::lan;
 use crate::local_cluster::Role;
-use crate::{lan, localhost};
 
 /// A node booted, with the nonce its boot report must carry.
 type Booted = (Arc<Node>, Vec<u8>);
@@ -204,7 +204,8 @@ fn init_options(f: &Formation<'_>) -> anyhow::Result<InitOptions> {
         cluster_file: f.admin.cluster_file(),
         kubeconfig: f.admin.kubeconfig(),
         cluster_name: "hawser-local".into(),
-        kubernetes_version: localhost::KUBERNETES_VERSION.parse()?,
+        // The node installs the version its image carries.
+        kubernetes_version: None,
         service_cidr: "10.96.0.0/12".into(),
         api_server_cert_sans: vec![lan::host(0)],
         // Where the other nodes reach the API server, and a joining control plane the

@@ -29,7 +29,7 @@ fn good_init() -> InitRequest {
 #[test]
 fn a_good_init_request_is_accepted_and_its_secrets_are_wiped_from_the_request() {
     let mut request = good_init();
-    let (kind, _master, salt) = validate_init(&mut request).unwrap();
+    let (kind, _master, salt) = validate_init(&mut request, None).unwrap();
     assert_eq!(salt, vec![9; 32]);
     assert!(request.measurement_salt.is_empty());
     assert!(request.master_secret.iter().all(|&b| b == 0));
@@ -45,7 +45,7 @@ fn a_good_init_request_is_accepted_and_its_secrets_are_wiped_from_the_request() 
     );
     let mut with_endpoint = good_init();
     with_endpoint.control_plane_endpoint = "api.example:6443".into();
-    let (GrantKind::Init(spec), _, _) = validate_init(&mut with_endpoint).unwrap() else {
+    let (GrantKind::Init(spec), _, _) = validate_init(&mut with_endpoint, None).unwrap() else {
         panic!("an Init request gives an Init grant");
     };
     assert_eq!(
@@ -69,7 +69,7 @@ fn control_plane_approvals_must_be_tpm_names() {
     ] {
         let mut request = good_init();
         request.control_plane_approvals = vec![ak_name(1), bad];
-        let err = validate_init(&mut request).unwrap_err();
+        let err = validate_init(&mut request, None).unwrap_err();
         assert!(
             matches!(err, RequestError::ControlPlaneApproval { index: 1, .. }),
             "{err:?}"
@@ -79,7 +79,7 @@ fn control_plane_approvals_must_be_tpm_names() {
     let mut request = good_init();
     request.control_plane_approvals = vec![ak_name(1); MAX_CONTROL_PLANE_APPROVALS + 1];
     assert!(matches!(
-        validate_init(&mut request),
+        validate_init(&mut request, None),
         Err(RequestError::TooManyApprovals(65))
     ));
 }
@@ -142,9 +142,54 @@ fn each_bad_field_is_named() {
     for (mutate, expected) in cases {
         let mut request = good_init();
         mutate(&mut request);
-        let err = crate::platform::error_chain(&validate_init(&mut request).unwrap_err());
+        let err = crate::platform::error_chain(&validate_init(&mut request, None).unwrap_err());
         assert!(err.contains(expected), "{err} should contain {expected}");
     }
+}
+
+#[test]
+fn an_empty_version_is_the_images_and_another_one_is_refused_by_name() {
+    let image: KubernetesVersion = "v1.20.2".parse().unwrap();
+    let mut request = good_init();
+    request.kubernetes_version = String::new();
+    let (GrantKind::Init(spec), _, _) = validate_init(&mut request, Some(&image)).unwrap() else {
+        panic!("an Init request gives an Init grant");
+    };
+    assert_eq!(spec.kubernetes_version, image);
+    // The image's own version, spelled out, is the same request.
+    let mut request = good_init();
+    request.kubernetes_version = "v1.20.2".into();
+    assert!(validate_init(&mut request, Some(&image)).is_ok());
+
+    let mut request = good_init();
+    let err = validate_init(&mut request, Some(&image)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "this image carries Kubernetes v1.20.2 (hawser.kubernetes on its command line); it \
+         cannot install v1.33.4: omit --kubernetes-version or build an image of that version"
+    );
+
+    // An image without a rootfs names no version: the request must.
+    let mut request = good_init();
+    request.kubernetes_version = String::new();
+    let err = validate_init(&mut request, None).unwrap_err();
+    assert!(matches!(err, RequestError::NoImageVersion), "{err:?}");
+    assert!(err.to_string().contains("--kubernetes-version"), "{err}");
+}
+
+#[test]
+fn a_version_without_a_kubeadm_writer_is_refused_before_the_lock() {
+    let mut request = good_init();
+    request.kubernetes_version = "v1.25.0".into();
+    let err = crate::platform::error_chain(&validate_init(&mut request, None).unwrap_err());
+    assert_eq!(
+        err,
+        format!(
+            "kubernetes_version v1.25.0 cannot be installed: hawser writes no kubeadm \
+             configuration for Kubernetes v1.25.0: it writes for {}",
+            hawser_kube_types::KUBEADM_WRITERS
+        )
+    );
 }
 
 #[test]
@@ -289,6 +334,33 @@ async fn after_a_refused_grant_the_server_takes_the_next_request() {
     assert!(matches!(lock.state(), State::Unlocked));
     let _second = s.recover(Request::new(good_recover())).await.unwrap();
     assert_eq!(grants.recv().await.unwrap().kind.rpc(), "Recover");
+}
+
+#[tokio::test]
+async fn an_init_for_another_version_than_the_images_gives_no_grant_and_leaves_the_node_as_it_was()
+{
+    let (s, mut grants, lock) = server(DiskStatus::New);
+    let s = s.image_kubernetes(Some("v1.20.2".parse().unwrap()));
+    let status = s.init(Request::new(good_init())).await.err().unwrap();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("this image carries Kubernetes v1.20.2 (hawser.kubernetes on its command line); it cannot install v1.33.4"),
+        "{}",
+        status.message()
+    );
+    // No grant: the race has no winner, so the disk is neither locked nor formatted.
+    assert!(grants.try_recv().is_err(), "a refused request gave a grant");
+    assert!(matches!(lock.state(), State::Unlocked));
+    // The admin omits the version: the image's is installed.
+    let mut request = good_init();
+    request.kubernetes_version = String::new();
+    let _stream = s.init(Request::new(request)).await.unwrap();
+    let GrantKind::Init(spec) = grants.recv().await.unwrap().kind else {
+        panic!("an Init request gives an Init grant");
+    };
+    assert_eq!(spec.kubernetes_version.as_str(), "v1.20.2");
 }
 
 #[tokio::test]

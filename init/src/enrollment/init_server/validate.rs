@@ -5,7 +5,10 @@
 use std::net::IpAddr;
 
 use hawser_keys::MasterSecret;
-use hawser_kube_types::{DnsSubdomain, Endpoint, KubernetesVersionError, ServiceCidrError};
+use hawser_kube_types::{
+    DnsSubdomain, Endpoint, KubeadmApi, KubernetesVersion, KubernetesVersionError, NoKubeadmWriter,
+    ServiceCidrError,
+};
 use hawser_proto::init::{InitRequest, RecoverRequest};
 use zeroize::Zeroize as _;
 
@@ -32,6 +35,33 @@ pub enum RequestError {
         /// Why it is not one.
         #[source]
         source: KubernetesVersionError,
+    },
+    /// The request leaves the version to the image, and the image names none (no
+    /// `hawser.kubernetes` on its command line: an image without a rootfs).
+    #[error(
+        "kubernetes_version is empty (the image's), but this image names no Kubernetes version \
+         (no hawser.kubernetes on its command line): give one with --kubernetes-version"
+    )]
+    NoImageVersion,
+    /// The request asks for another version than the image carries: the image's kubeadm and
+    /// kubelet install only their own.
+    #[error(
+        "this image carries Kubernetes {image} (hawser.kubernetes on its command line); it \
+         cannot install {requested}: omit --kubernetes-version or build an image of that version"
+    )]
+    NotTheImageVersion {
+        /// The image's version.
+        image: KubernetesVersion,
+        /// The version the request asked for.
+        requested: KubernetesVersion,
+    },
+    /// hawser writes no kubeadm configuration for the version.
+    #[error("kubernetes_version {version} cannot be installed")]
+    NoKubeadmWriter {
+        /// The version the request asked for.
+        version: KubernetesVersion,
+        #[source]
+        source: NoKubeadmWriter,
     },
     /// The Service range is not a CIDR, or is larger than the API server allows.
     #[error("service_cidr {value:?} is not a usable Service range (e.g. 10.96.0.0/12)")]
@@ -101,9 +131,45 @@ fn validate_approvals(approvals: &[Vec<u8>]) -> Result<Vec<String>, RequestError
         .collect()
 }
 
-/// Validates an Init request, taking (and wiping from the request) its secrets.
+/// The Kubernetes version an Init request installs: the image's when the request leaves it
+/// empty; else the request's, which must be the image's (when the image names one) and one
+/// hawser writes a kubeadm configuration for. Checked before the node is locked or its disk
+/// formatted.
+pub fn init_kubernetes_version(
+    requested: &str,
+    image: Option<&KubernetesVersion>,
+) -> Result<KubernetesVersion, RequestError> {
+    let version = match (requested, image) {
+        ("", Some(image)) => return Ok(image.clone()),
+        ("", None) => return Err(RequestError::NoImageVersion),
+        (text, _) => {
+            text.parse::<KubernetesVersion>()
+                .map_err(|source| RequestError::KubernetesVersion {
+                    value: text.to_owned(),
+                    source,
+                })?
+        }
+    };
+    if let Some(image) = image
+        && *image != version
+    {
+        return Err(RequestError::NotTheImageVersion {
+            image: image.clone(),
+            requested: version,
+        });
+    }
+    KubeadmApi::for_version(&version).map_err(|source| RequestError::NoKubeadmWriter {
+        version: version.clone(),
+        source,
+    })?;
+    Ok(version)
+}
+
+/// Validates an Init request, taking (and wiping from the request) its secrets. `image` is the
+/// image's Kubernetes version (`hawser.kubernetes`), if it names one.
 pub fn validate_init(
     request: &mut InitRequest,
+    image: Option<&KubernetesVersion>,
 ) -> Result<(GrantKind, MasterSecret, Vec<u8>), RequestError> {
     let master = take_master(&mut request.master_secret, &mut request.master_secret_salt);
     let salt = std::mem::take(&mut request.measurement_salt);
@@ -112,14 +178,7 @@ pub fn validate_init(
     if !is_dns_label(&request.cluster_name) {
         return Err(RequestError::ClusterName(request.cluster_name.clone()));
     }
-    let kubernetes_version =
-        request
-            .kubernetes_version
-            .parse()
-            .map_err(|source| RequestError::KubernetesVersion {
-                value: request.kubernetes_version.clone(),
-                source,
-            })?;
+    let kubernetes_version = init_kubernetes_version(&request.kubernetes_version, image)?;
     let service_cidr =
         request
             .service_cidr

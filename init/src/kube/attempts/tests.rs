@@ -67,6 +67,7 @@ fn join_intent() -> KubeadmIntent {
             "{\"kind\":\"JoinConfiguration\"}".into(),
         )),
         control_plane_files: Vec::new(),
+        images: None,
     }
 }
 
@@ -87,6 +88,7 @@ fn a_join_runs_the_intent_its_first_boot_kept_on_the_state_disk() {
         mesh: None,
     };
     let first_boot = grants::FirstBoot {
+        image_kubernetes: None,
         mesh_key: &hawser_mesh::PrivateKey::from_random([1; 32]),
         rootfs: true,
         underlay_ip: Some("10.0.2.15".parse().unwrap()),
@@ -104,7 +106,7 @@ fn a_join_runs_the_intent_its_first_boot_kept_on_the_state_disk() {
     let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     let kept = KubeadmIntent::load(&path).unwrap().unwrap();
-    assert_eq!(kept, intent);
+    assert_eq!(kept, *intent);
     assert_eq!(kept.verb, Verb::Join);
     assert!(kept.config.as_str().contains("10.0.2.100:6443"));
     assert!(kept.config.as_str().contains("hawser-0123abcd"));
@@ -139,7 +141,7 @@ fn a_rejoin_without_the_marker_runs_the_kept_intent_counting_earlier_attempts() 
     else {
         panic!("kubeadm does not run again");
     };
-    assert_eq!(intent, join_intent());
+    assert_eq!(*intent, join_intent());
     assert_eq!(kept, status);
 }
 
@@ -237,4 +239,56 @@ fn a_ticket_for_a_version_hawser_cannot_write_for_is_unrunnable_saying_why() {
         };
         assert!(message.contains(reason), "{message}");
     }
+}
+
+#[test]
+fn an_init_intent_kept_before_the_pivot_runs_with_the_images_of_the_image_it_boots() {
+    let spec = crate::enrollment::init_server::ClusterSpec {
+        cluster_name: "hawser".into(),
+        kubernetes_version: "v1.20.2".parse().unwrap(),
+        service_cidr: "10.96.0.0/12".parse().unwrap(),
+        api_server_cert_sans: Vec::new(),
+        control_plane_endpoint: None,
+        control_plane_approvals: Vec::new(),
+    };
+    let rendered = grants::render_intent(grants::KubeadmGrant::Init(&spec), &identity()).unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let path = root.path().join("intent.json");
+    rendered.save(&path).unwrap();
+    let mut kept = KubeadmIntent::load(&path).unwrap().unwrap();
+    assert_eq!(kept.images, None, "images are never kept");
+    assert_eq!(
+        kubeadm_args(&kept),
+        [
+            KUBEADM,
+            "init",
+            "--config",
+            KUBEADM_CONFIG,
+            "--skip-phases=preflight"
+        ]
+    );
+    let repo = "registry.hawser.invalid/kubernetes";
+    kept.images = Some(hawser_kube_types::ImageSet {
+        archive: "/usr/share/hawser/kubernetes/images.tar".into(),
+        image_repository: repo.into(),
+        etcd: hawser_kube_types::ImageRef {
+            repository: format!("{repo}/etcd"),
+            tag: "3.4.23-0".into(),
+        },
+        pause: hawser_kube_types::ImageRef {
+            repository: format!("{repo}/pause"),
+            tag: "3.2".into(),
+        },
+        images: vec![format!("{repo}/kube-apiserver:v1.20.2")],
+    });
+    assert_eq!(
+        kubeadm_args(&kept),
+        [
+            KUBEADM,
+            "init",
+            "--config",
+            KUBEADM_CONFIG,
+            "--skip-phases=preflight,addon/coredns"
+        ]
+    );
 }

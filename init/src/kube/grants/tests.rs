@@ -107,6 +107,7 @@ fn granted(grant: Grant, n: u8, uuid: &str) -> Expected {
         mesh: mesh.as_ref(),
     };
     let first = FirstBoot {
+        image_kubernetes: None,
         mesh_key: &mesh_key(n),
         rootfs: true,
         underlay_ip: Some("10.0.2.15".parse().unwrap()),
@@ -207,7 +208,7 @@ fn rejoin_comes_back(disk: &MemDisk, fs: &Path, n: u8, expected: &Expected) {
         assert_eq!(key.public_key(), mesh_key(n).public_key());
     }
     match kubeadm_work(&Role::Rejoin, &expected.identity, fs) {
-        KubeadmWork::Run { intent, .. } => assert_eq!(intent, expected.intent),
+        KubeadmWork::Run { intent, .. } => assert_eq!(*intent, expected.intent),
         _ => panic!("the rejoin has no kubeadm intent: services only"),
     }
     let cluster = fs.join(on_state_disk(Path::new(join_service::CLUSTER_DIR)));
@@ -374,6 +375,7 @@ fn a_ticket_for_another_wireguard_key_is_refused_before_anything_is_kept() {
         mesh: Some(&grant),
     };
     let first = FirstBoot {
+        image_kubernetes: None,
         mesh_key: &mesh_key(1),
         rootfs: true,
         underlay_ip: None,
@@ -395,6 +397,7 @@ fn an_image_without_kubernetes_keeps_only_the_wireguard_key() {
         mesh: Some(&grant),
     };
     let first = FirstBoot {
+        image_kubernetes: None,
         mesh_key: &mesh_key(1),
         rootfs: false,
         underlay_ip: None,
@@ -407,4 +410,29 @@ fn an_image_without_kubernetes_keeps_only_the_wireguard_key() {
         Some("lib/hawser/mesh/wireguard.key"),
         "{kept:?}"
     );
+}
+
+#[test]
+fn a_ticket_for_another_kubernetes_than_the_images_is_refused_naming_both() {
+    let image: KubernetesVersion = "v1.20.2".parse().unwrap();
+    let mut ticket = ticket();
+    let err = check_ticket_version(Some(&ticket), Some(&image)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "the join service hands out Kubernetes v1.33.4, but this image carries v1.20.2 \
+         (hawser.kubernetes on its command line) and installs no other: run the cluster's join \
+         service with --kubernetes-version v1.20.2, or boot this node from an image of v1.33.4"
+    );
+    ticket.kubernetes_version = "1.20".into();
+    let err = check_ticket_version(Some(&ticket), Some(&image)).unwrap_err();
+    assert!(
+        matches!(err, TicketVersionError::Malformed { .. }),
+        "{err:?}"
+    );
+    // The image's own version; no ticket (the admin's init, a recover); no version on the
+    // image's command line (no rootfs): nothing to refuse.
+    ticket.kubernetes_version = "v1.20.2".into();
+    assert!(check_ticket_version(Some(&ticket), Some(&image)).is_ok());
+    assert!(check_ticket_version(None, Some(&image)).is_ok());
+    assert!(check_ticket_version(Some(&self::ticket()), None).is_ok());
 }

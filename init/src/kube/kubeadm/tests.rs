@@ -293,7 +293,9 @@ fn the_config_file_is_private() {
 fn v1beta4_needs_no_command_flags_and_is_read_back_from_the_text() {
     let init = init_config(&init_request()).unwrap();
     assert_eq!(init.api(), Some(KubeadmApi::V1beta4));
-    assert_eq!(command_flags(KubeadmApi::V1beta4), &[] as &[&str]);
+    for verb in [Verb::Init, Verb::Join] {
+        assert!(command_flags(KubeadmApi::V1beta4, verb, None).is_empty());
+    }
     let stored = KubeadmConfig::from_stored(Zeroizing::new(init.as_str().to_owned()));
     assert_eq!(stored.api(), Some(KubeadmApi::V1beta4));
     let join = join_config(&ticket(true)).unwrap();

@@ -7,7 +7,7 @@ use zeroize::Zeroizing;
 
 use super::super::tests::{HASH, TOKEN, documents, init_request, ticket};
 use super::super::{
-    ControlPlaneJoin, InitRequest, JoinRequest, KubeadmConfig, command_flags, init_config,
+    ControlPlaneJoin, InitRequest, JoinRequest, KubeadmConfig, Verb, command_flags, init_config,
     join_config,
 };
 use super::TIMEOUT_FOR_CONTROL_PLANE;
@@ -158,10 +158,12 @@ fn control_plane_join_configuration() {
 
 #[test]
 fn the_preflight_phase_is_skipped_on_the_command_line_also_for_a_stored_config() {
-    assert_eq!(
-        command_flags(KubeadmApi::V1beta2),
-        &["--skip-phases=preflight"]
-    );
+    for verb in [Verb::Init, Verb::Join] {
+        assert_eq!(
+            command_flags(KubeadmApi::V1beta2, verb, None),
+            ["--skip-phases=preflight"]
+        );
+    }
     for config in [
         init_config(&v1_20(init_request())).unwrap(),
         join_config(&join_1_20(false)).unwrap(),

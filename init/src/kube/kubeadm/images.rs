@@ -1,0 +1,162 @@
+//! The image's control-plane images in a kubeadm configuration, applied after the pivot.
+//!
+//! A real-Kubernetes image carries its control-plane images in one OCI archive, imported into
+//! containerd at boot under `registry.hawser.invalid/kubernetes/…` (a name no registry
+//! answers: a node never pulls). kubeadm must name exactly those images:
+//!
+//! - `ClusterConfiguration.imageRepository`: where kube-apiserver, kube-controller-manager,
+//!   kube-scheduler, kube-proxy (at the cluster's version) and pause are found;
+//! - `ClusterConfiguration.etcd.local.imageRepository` / `imageTag`: etcd (Debian's 3.4.23, not
+//!   1.20's default 3.4.13). kubeadm appends `/etcd` to the repository, so the image's etcd
+//!   repository must end in `/etcd`;
+//! - `nodeRegistration.kubeletExtraArgs["pod-infra-container-image"]`: the pause image, which
+//!   the kubelet then never garbage-collects (kubeadm 1.20 sets it only for Docker).
+//!
+//! The images belong to the image, not to the cluster: the kubeadm intent a first boot keeps
+//! before the pivot (`crate::kube::grants`) cannot know them, and a node that boots a newer
+//! image must run with its images. So they are applied to the configuration at every attempt,
+//! on the documents hawser rendered (JSON objects): the values are set, the rest is unchanged.
+//! The documents hold the bootstrap token: every string of the parsed documents is wiped
+//! before it is freed, and errors never quote the text.
+
+use hawser_kube_types::{ImageSet, KubeadmApi};
+use serde_json::{Map, Value};
+use zeroize::{Zeroize as _, Zeroizing};
+
+use super::{KubeadmConfig, KubeadmConfigError, stream};
+
+/// The kubelet flag that names the pause image.
+pub const PAUSE_IMAGE_ARG: &str = "pod-infra-container-image";
+
+/// Whether the image's archive has a CoreDNS image (hawser's never do: not in Debian).
+pub fn has_coredns(images: &ImageSet) -> bool {
+    images.images.iter().any(|name| {
+        let repository = name
+            .rsplit_once(':')
+            .map_or(name.as_str(), |(repo, _)| repo);
+        repository.rsplit('/').next() == Some("coredns")
+    })
+}
+
+/// kubeadm's `etcd.local.imageRepository`: the image's etcd repository without its last
+/// `/etcd`, which kubeadm appends.
+fn etcd_repository(images: &ImageSet) -> Result<&str, KubeadmConfigError> {
+    images
+        .etcd
+        .repository
+        .strip_suffix("/etcd")
+        .filter(|prefix| !prefix.is_empty())
+        .ok_or_else(|| KubeadmConfigError::Invalid {
+            field: "the image's etcd repository",
+            value: images.etcd.repository.clone(),
+            reason: "expected <repository>/etcd: kubeadm appends /etcd to \
+                     etcd.local.imageRepository",
+        })
+}
+
+/// `config` with the image's images set (see the module docs).
+pub fn with_images(
+    config: &KubeadmConfig,
+    images: &ImageSet,
+) -> Result<KubeadmConfig, KubeadmConfigError> {
+    let etcd_repository = etcd_repository(images)?;
+    let pause = images.pause.to_string();
+    let mut documents = Vec::new();
+    for text in config.as_str().split("\n---\n") {
+        let mut document: Value =
+            serde_json::from_str(text).map_err(KubeadmConfigError::NotJson)?;
+        let api = document
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .and_then(KubeadmApi::from_api_version);
+        let kind = document
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        if let (Some(api), Some(fields)) = (api, document.as_object_mut()) {
+            match kind.as_str() {
+                "ClusterConfiguration" => {
+                    fields.insert(
+                        "imageRepository".to_owned(),
+                        Value::from(images.image_repository.as_str()),
+                    );
+                    if let Some(local) =
+                        object(fields, "etcd").and_then(|etcd| object(etcd, "local"))
+                    {
+                        local.insert("imageRepository".to_owned(), Value::from(etcd_repository));
+                        local.insert("imageTag".to_owned(), Value::from(images.etcd.tag.as_str()));
+                    }
+                }
+                "InitConfiguration" | "JoinConfiguration" => {
+                    if let Some(registration) = object(fields, "nodeRegistration") {
+                        set_kubelet_arg(registration, api, PAUSE_IMAGE_ARG, &pause);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let rendered = serde_json::to_string_pretty(&document)
+            .map(Zeroizing::new)
+            .map_err(KubeadmConfigError::Encode);
+        wipe(&mut document);
+        documents.push(rendered?);
+    }
+    Ok(stream(&documents))
+}
+
+/// The object under `key`, made if absent (or not an object); always `Some`.
+fn object<'a>(fields: &'a mut Map<String, Value>, key: &str) -> Option<&'a mut Map<String, Value>> {
+    let entry = fields
+        .entry(key.to_owned())
+        .or_insert_with(|| Value::Object(Map::new()));
+    if !entry.is_object() {
+        *entry = Value::Object(Map::new());
+    }
+    entry.as_object_mut()
+}
+
+/// Sets a kubelet flag in `nodeRegistration.kubeletExtraArgs`, in the API's shape: a string
+/// map (`v1beta2`) or a `{name, value}` list (`v1beta4`).
+fn set_kubelet_arg(
+    registration: &mut Map<String, Value>,
+    api: KubeadmApi,
+    name: &str,
+    value: &str,
+) {
+    match api {
+        KubeadmApi::V1beta2 => {
+            if let Some(args) = object(registration, "kubeletExtraArgs") {
+                args.insert(name.to_owned(), Value::from(value));
+            }
+        }
+        KubeadmApi::V1beta4 => {
+            let args = registration
+                .entry("kubeletExtraArgs".to_owned())
+                .or_insert_with(|| Value::Array(Vec::new()));
+            if !args.is_array() {
+                *args = Value::Array(Vec::new());
+            }
+            if let Value::Array(list) = args {
+                list.retain(|arg| arg.get("name").and_then(Value::as_str) != Some(name));
+                let mut arg = Map::new();
+                arg.insert("name".to_owned(), Value::from(name));
+                arg.insert("value".to_owned(), Value::from(value));
+                list.push(Value::Object(arg));
+            }
+        }
+    }
+}
+
+/// Wipes every string of a parsed document (it may hold the bootstrap token).
+fn wipe(value: &mut Value) {
+    match value {
+        Value::String(text) => text.zeroize(),
+        Value::Array(items) => items.iter_mut().for_each(wipe),
+        Value::Object(fields) => fields.values_mut().for_each(wipe),
+        Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests;
