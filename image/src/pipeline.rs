@@ -94,7 +94,13 @@ pub enum PipelineError {
     Disk(#[from] disk::DiskError),
     /// Kubernetes could not be fetched or built.
     #[error(transparent)]
-    Kubernetes(#[from] k8s::KubernetesError),
+    Kubernetes(Box<k8s::KubernetesError>),
+}
+
+impl From<k8s::KubernetesError> for PipelineError {
+    fn from(error: k8s::KubernetesError) -> Self {
+        PipelineError::Kubernetes(Box::new(error))
+    }
 }
 
 /// Timings of one pipeline run, for the summary line.

@@ -78,7 +78,8 @@ pub struct ImageSet {
     /// kubeadm's `imageRepository`: `<repository>/kube-apiserver:<version>` and the other
     /// control-plane components are found under it.
     pub image_repository: String,
-    /// kubeadm's `etcd.local.imageRepository` / `imageTag`.
+    /// etcd's image, `<repository>/etcd:<tag>`: kubeadm's `etcd.local.imageRepository` is the
+    /// repository without its last `/etcd` (kubeadm appends it), `imageTag` the tag.
     pub etcd: ImageRef,
     /// containerd's `sandbox_image` (and kubelet's `--pod-infra-container-image`).
     pub pause: ImageRef,

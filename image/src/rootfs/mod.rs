@@ -173,7 +173,7 @@ pub enum RootfsError {
     },
     /// Kubernetes' control-plane images could not be built.
     #[error("building the rootfs's Kubernetes images failed")]
-    Kubernetes(#[from] crate::kubernetes::KubernetesError),
+    Kubernetes(#[source] Box<crate::kubernetes::KubernetesError>),
     /// The stand-in binaries were not built.
     #[error(
         "the kubeadm/kubelet stand-ins are not at {path}: build them first (cargo build --locked --profile image -p hawser-init -p hawser-joinservice -p hawser-standin, or rootfs::compile_rootfs_binaries)"
@@ -187,6 +187,12 @@ pub enum RootfsError {
     /// The erofs image cannot be covered by 4096-byte verity data blocks.
     #[error("the erofs image {path} is {bytes} bytes, not a whole number of 4096-byte blocks")]
     UnalignedImage { path: PathBuf, bytes: u64 },
+}
+
+impl From<crate::kubernetes::KubernetesError> for RootfsError {
+    fn from(error: crate::kubernetes::KubernetesError) -> Self {
+        RootfsError::Kubernetes(Box::new(error))
+    }
 }
 
 /// `: hint`, or nothing for an empty hint.
