@@ -169,7 +169,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
         if !file.is_file() {
             bail!(
                 "{} does not exist: build the node image with `hawser image build --out {} \
-                 --provider-ca {}`",
+                 --provider-ca {} --kubernetes stand-in`",
                 file.display(),
                 image_dir.display(),
                 dir.join(PROVIDER_CA).display()

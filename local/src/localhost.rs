@@ -285,9 +285,8 @@ impl LocalCluster {
 
     /// The Kubernetes version the in-process join service hands out: the nodes' image's
     /// (see [`image_kubernetes_version`]), which is the only one they install.
-    pub fn kubernetes_version(mut self, version: &hawser_kube_types::KubernetesVersion) -> Self {
+    pub fn set_kubernetes_version(&mut self, version: &hawser_kube_types::KubernetesVersion) {
         self.kubernetes_version = version.to_string();
-        self
     }
 
     pub fn provider_ca_path(&self) -> PathBuf {

@@ -40,7 +40,7 @@ pub(crate) fn up_single(opts: UpOptions, stop: &AtomicBool) -> anyhow::Result<()
     // nodes' attestation keys with it (without, the node says it does not start the service).
     // Its own directory: `LocalCluster::create` empties it (a cluster's is never touched).
     let dir = local_dir().join("single");
-    let cluster = LocalCluster::create(&dir)?;
+    let mut cluster = LocalCluster::create(&dir)?;
     let init_secret = dir.join(hawser_cli::cluster::INIT_SECRET_FILE);
     let image_dir = node_image(&opts, &cluster, &init_secret)?;
     let uki = image_dir.join(hawser_image::build::UKI_FILE);
@@ -48,11 +48,17 @@ pub(crate) fn up_single(opts: UpOptions, stop: &AtomicBool) -> anyhow::Result<()
     for file in [&uki, &disk_image] {
         if !file.is_file() {
             bail!(
-                "{} does not exist: build the node image with `hawser image build --out {}`",
+                "{} does not exist: build the node image with `hawser image build --out {} \
+                 --kubernetes stand-in`",
                 file.display(),
                 image_dir.display()
             );
         }
+    }
+    // The join service hands out the Kubernetes version the image carries (a node refuses any
+    // other before it formats its disk).
+    if let Some(version) = localhost::image_kubernetes_version(&uki)? {
+        cluster.set_kubernetes_version(&version);
     }
 
     // Expected measurements and the join service.

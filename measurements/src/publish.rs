@@ -130,6 +130,7 @@ pub fn publish(reference: &ReferenceMeasurements, release: &Release) -> Value {
             "inputs": md.inputs,
             "rootfsLockDigest": md.rootfs_lock_digest,
             "rootfsPackages": md.rootfs_packages,
+            "kubernetesLockDigest": md.kubernetes_lock_digest,
             "generatedBy": md.generated_by,
         },
     })

@@ -150,6 +150,10 @@ pub struct Metadata {
     /// The rootfs's locked Debian packages, name → version, for a node image.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub rootfs_packages: BTreeMap<String, String>,
+    /// The digest of the `kubernetes.lock` entries the node image's Kubernetes was made from
+    /// (source or release), for a node image with real Kubernetes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_lock_digest: Option<String>,
     /// sha256 and size of the UKI file.
     pub uki: FileDigest,
     /// Authenticode hashes OVMF extends into PCR 4.
@@ -225,6 +229,8 @@ pub struct ReferenceInputs {
     /// The rootfs lock's digest and packages (name → version), for a node image.
     pub rootfs_lock_digest: Option<String>,
     pub rootfs_packages: BTreeMap<String, String>,
+    /// The `kubernetes.lock` digest of the node image's Kubernetes, if it has real Kubernetes.
+    pub kubernetes_lock_digest: Option<String>,
     pub initramfs: BTreeMap<String, String>,
     /// Firmware PCR values (warn-only), e.g. from a verified boot report.
     pub firmware_pcrs: BTreeMap<u8, [u8; 32]>,
@@ -283,6 +289,7 @@ impl ReferenceMeasurements {
                 inputs: inputs.inputs,
                 rootfs_lock_digest: inputs.rootfs_lock_digest,
                 rootfs_packages: inputs.rootfs_packages,
+                kubernetes_lock_digest: inputs.kubernetes_lock_digest,
                 uki: FileDigest {
                     size: prediction.uki_size,
                     sha256: hex::encode(prediction.uki_sha256),

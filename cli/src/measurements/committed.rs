@@ -102,10 +102,11 @@ fn is_node_image(prediction: &Prediction) -> bool {
 fn reference_inputs(
     ws: &Path,
     uki: &Path,
-    node: bool,
+    prediction: &Prediction,
     firmware: BTreeMap<u8, [u8; 32]>,
     firmware_from: Option<String>,
 ) -> anyhow::Result<ReferenceInputs> {
+    let node = is_node_image(prediction);
     let lock = InputLock::load(&ws.join("inputs.lock"))?;
     let rootfs_lock = if node {
         Some(RootfsLock::load(&ws.join(lock::LOCK_FILE))?)
@@ -113,6 +114,18 @@ fn reference_inputs(
         None
     };
     let boot_managers = vec![systemd_boot(&lock)?];
+    // The references are of images built from this workspace's defaults: Kubernetes from the
+    // pinned source, whose version the node image's command line carries.
+    let kubernetes_lock_digest = if node {
+        let k8s = hawser_image::kubernetes::KubernetesLock::load(
+            &ws.join(hawser_image::kubernetes::LOCK_FILE),
+        )?;
+        let pin = format!("hawser.kubernetes={}", k8s.version);
+        let carries = prediction.cmdline.split_whitespace().any(|arg| arg == pin);
+        carries.then(|| k8s.digest())
+    } else {
+        None
+    };
     Ok(ReferenceInputs {
         boot_managers,
         image: "hawser-qemu".to_owned(),
@@ -125,6 +138,7 @@ fn reference_inputs(
             .as_ref()
             .map(RootfsLock::versions)
             .unwrap_or_default(),
+        kubernetes_lock_digest,
         initramfs: manifest_entries(uki)?,
         firmware_pcrs: firmware,
         firmware_values_from: firmware_from,
@@ -212,10 +226,9 @@ pub(super) fn write_reference(
             }
         },
     };
-    let node = is_node_image(&prediction);
     let reference = ReferenceMeasurements::new(
         &prediction,
-        reference_inputs(&ws, uki, node, firmware, from)?,
+        reference_inputs(&ws, uki, &prediction, firmware, from)?,
     );
     std::fs::write(&out, reference.render())
         .with_context(|| format!("cannot write {}", out.display()))?;
@@ -279,7 +292,7 @@ pub(super) fn check(
     let (firmware, from) = firmware_of(&reference);
     let current = ReferenceMeasurements::new(
         &prediction,
-        reference_inputs(&ws, &uki, is_node_image(&prediction), firmware, from)?,
+        reference_inputs(&ws, &uki, &prediction, firmware, from)?,
     );
     let diff = reference::diff(&reference, &current);
     let locks = |r: &ReferenceMeasurements| {

@@ -162,6 +162,13 @@ pub fn diff(reference: &ReferenceMeasurements, current: &ReferenceMeasurements) 
             after: cm.rootfs_lock_digest.clone(),
         });
     }
+    if rm.kubernetes_lock_digest != cm.kubernetes_lock_digest {
+        d.rootfs.push(Change {
+            what: "kubernetes.lock digest".to_owned(),
+            before: rm.kubernetes_lock_digest.clone(),
+            after: cm.kubernetes_lock_digest.clone(),
+        });
+    }
     d.initramfs = compare_maps(
         rm.initramfs.iter().map(|(k, v)| (k.clone(), v.clone())),
         cm.initramfs.iter().map(|(k, v)| (k.clone(), v.clone())),
