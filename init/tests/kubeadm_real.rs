@@ -49,7 +49,7 @@ use hawser_init::kube::kubeadm::{
     CertificateKey, ControlPlaneJoin, InitBootstrapToken, InitRequest, JoinRequest, KubeadmConfig,
     Verb, command_flags, init_config, join_config, with_images,
 };
-use hawser_kube_types::{ImageRef, ImageSet, KubeadmApi};
+use hawser_kube_types::{ImageSet, KubeadmApi};
 
 /// The version kubeadm must be: what the image builds from Debian's source.
 const KUBEADM_VERSION: &str = "v1.20.2";
@@ -505,30 +505,13 @@ const IMAGE_REPOSITORY: &str = "registry.hawser.invalid/kubernetes";
 /// What the image builder writes into `/usr/share/hawser/kubernetes.json` for v1.20.2: the six
 /// images it puts into the archive.
 fn image_set() -> ImageSet {
-    let repo = IMAGE_REPOSITORY;
-    ImageSet {
-        archive: "/usr/share/hawser/kubernetes/images.tar".into(),
-        image_repository: repo.into(),
-        etcd: ImageRef {
-            repository: format!("{repo}/etcd"),
-            tag: "3.4.23-0".into(),
-        },
-        pause: ImageRef {
-            repository: format!("{repo}/pause"),
-            tag: "3.2".into(),
-        },
-        images: [
-            "kube-apiserver:v1.20.2",
-            "kube-controller-manager:v1.20.2",
-            "kube-scheduler:v1.20.2",
-            "kube-proxy:v1.20.2",
-            "pause:3.2",
-            "etcd:3.4.23-0",
-        ]
-        .iter()
-        .map(|name| format!("{repo}/{name}"))
-        .collect(),
-    }
+    ImageSet::named(
+        IMAGE_REPOSITORY,
+        "/usr/share/hawser/kubernetes/images.tar",
+        "v1.20.2",
+        "3.4.23-0",
+        "3.2",
+    )
 }
 
 #[test]

@@ -87,6 +87,47 @@ pub struct ImageSet {
     pub images: Vec<String>,
 }
 
+/// The control-plane components whose images are tagged with the Kubernetes version, as
+/// kubeadm names them under its `imageRepository`.
+pub const KUBERNETES_IMAGES: &[&str] = &[
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kube-proxy",
+];
+
+impl ImageSet {
+    /// The set of an image whose archive is at `archive`: [`KUBERNETES_IMAGES`] at `version`,
+    /// `etcd:<etcd_tag>` and `pause:<pause_tag>`, all under `repository`; `images` sorted.
+    pub fn named(
+        repository: &str,
+        archive: &str,
+        version: &str,
+        etcd_tag: &str,
+        pause_tag: &str,
+    ) -> ImageSet {
+        let reference = |name: &str, tag: &str| ImageRef {
+            repository: format!("{repository}/{name}"),
+            tag: tag.to_owned(),
+        };
+        let etcd = reference("etcd", etcd_tag);
+        let pause = reference("pause", pause_tag);
+        let mut images: Vec<String> = KUBERNETES_IMAGES
+            .iter()
+            .map(|name| reference(name, version).to_string())
+            .chain([etcd.to_string(), pause.to_string()])
+            .collect();
+        images.sort();
+        ImageSet {
+            archive: archive.to_owned(),
+            image_repository: repository.to_owned(),
+            etcd,
+            pause,
+            images,
+        }
+    }
+}
+
 /// `/usr/share/hawser/kubernetes.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -153,25 +194,43 @@ mod tests {
     use super::*;
 
     fn real() -> ImageKubernetes {
-        let repo = "registry.hawser.invalid/kubernetes";
         ImageKubernetes {
             origin: KubernetesOrigin::Source,
             version: "v1.20.2".into(),
-            images: Some(ImageSet {
-                archive: "/usr/share/hawser/kubernetes/images.tar".into(),
-                image_repository: repo.into(),
-                etcd: ImageRef {
-                    repository: format!("{repo}/etcd"),
-                    tag: "3.4.23-0".into(),
-                },
-                pause: ImageRef {
-                    repository: format!("{repo}/pause"),
-                    tag: "3.2".into(),
-                },
-                images: vec![format!("{repo}/kube-apiserver:v1.20.2")],
-            }),
+            images: Some(ImageSet::named(
+                "registry.hawser.invalid/kubernetes",
+                "/usr/share/hawser/kubernetes/images.tar",
+                "v1.20.2",
+                "3.4.23-0",
+                "3.2",
+            )),
             absent: vec!["CoreDNS".into()],
         }
+    }
+
+    #[test]
+    fn a_named_set_has_the_four_components_etcd_and_pause_sorted() {
+        let set = real().images.unwrap();
+        assert_eq!(
+            set.etcd.to_string(),
+            "registry.hawser.invalid/kubernetes/etcd:3.4.23-0"
+        );
+        assert_eq!(
+            set.pause.to_string(),
+            "registry.hawser.invalid/kubernetes/pause:3.2"
+        );
+        assert_eq!(
+            set.images,
+            [
+                "etcd:3.4.23-0",
+                "kube-apiserver:v1.20.2",
+                "kube-controller-manager:v1.20.2",
+                "kube-proxy:v1.20.2",
+                "kube-scheduler:v1.20.2",
+                "pause:3.2",
+            ]
+            .map(|name| format!("registry.hawser.invalid/kubernetes/{name}"))
+        );
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub use dns::{DnsSubdomain, DnsSubdomainError};
 pub use endpoint::{ApiServerEndpoint, Endpoint, EndpointError, Host};
 pub use image_kubernetes::{
     IMAGE_KUBERNETES_PATH, ImageKubernetes, ImageKubernetesError, ImageRef, ImageSet,
-    KubernetesOrigin,
+    KUBERNETES_IMAGES, KubernetesOrigin,
 };
 pub use kubeadm_api::{KUBEADM_WRITERS, KubeadmApi, NoKubeadmWriter};
 pub use ticket::{ControlPlaneFile, JoinTicket};

@@ -246,6 +246,42 @@ pub struct BuildReport {
     pub timeline: Vec<(String, Duration)>,
 }
 
+/// The binary at `path` if the manifest records it and its sha256 still matches (verified
+/// now); `None` (after a warning naming both sha256 when they differ, and what happens
+/// `instead`) when it must be made again.
+pub(super) fn cached_binary(
+    manifest: &BTreeMap<String, String>,
+    binary: Binary,
+    path: &Path,
+    instead: &str,
+) -> Result<Option<BuiltBinary>, KubernetesError> {
+    let Some(expected) = manifest.get(binary.name()) else {
+        return Ok(None);
+    };
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let actual = sha256_file(path)?;
+    if &actual != expected {
+        tracing::warn!(
+            "kubernetes: cached {} has sha256 {actual}, the manifest {expected}: {instead}",
+            binary.name()
+        );
+        return Ok(None);
+    }
+    tracing::info!(
+        "kubernetes: {} cached ({}, sha256 {actual} verified)",
+        binary.name(),
+        path.display()
+    );
+    Ok(Some(BuiltBinary {
+        binary,
+        path: path.to_owned(),
+        sha256: actual,
+        cached: true,
+    }))
+}
+
 /// Builds `binaries` (each once, in [`Binary::ALL`] order) unless cached, and records them in
 /// the manifest.
 pub fn build(
@@ -267,31 +303,12 @@ pub fn build(
     for binary in wanted {
         let path = binary_path(unpacked, binary);
         let t = Instant::now();
-        if let Some(expected) = manifest.get(binary.name())
-            && path.is_file()
-        {
-            let actual = sha256_file(&path)?;
-            if &actual == expected {
-                tracing::info!(
-                    "kubernetes: {} cached ({}, sha256 {actual} verified)",
-                    binary.name(),
-                    path.display()
-                );
-                report
-                    .timeline
-                    .push((format!("{} (cached)", binary.name()), t.elapsed()));
-                report.binaries.push(BuiltBinary {
-                    binary,
-                    path,
-                    sha256: actual,
-                    cached: true,
-                });
-                continue;
-            }
-            tracing::warn!(
-                "kubernetes: cached {} has sha256 {actual}, the manifest {expected}: rebuilding",
-                binary.name()
-            );
+        if let Some(built) = cached_binary(&manifest, binary, &path, "rebuilding")? {
+            report
+                .timeline
+                .push((format!("{} (cached)", binary.name()), t.elapsed()));
+            report.binaries.push(built);
+            continue;
         }
         if binary.needs_openapi() {
             let t = Instant::now();

@@ -15,7 +15,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::build::{read_manifest, sha256_file, write_manifest};
+use super::build::{cached_binary, read_manifest, sha256_file, write_manifest};
 use super::{
     Binary, BuildReport, BuiltBinary, KubernetesError, KubernetesLock, Origin, ReleaseFile,
     origin_dir,
@@ -61,29 +61,10 @@ pub fn fetch_release(
     for binary in wanted {
         let t = Instant::now();
         let path = bin.join(binary.name());
-        if let Some(expected) = manifest.get(binary.name())
-            && path.is_file()
-        {
-            let actual = sha256_file(&path)?;
-            if &actual == expected {
-                tracing::info!(
-                    "kubernetes: {} cached ({}, sha256 {actual} verified)",
-                    binary.name(),
-                    path.display()
-                );
-                cached_steps.push((format!("{} (cached)", binary.name()), t.elapsed()));
-                report.binaries.push(BuiltBinary {
-                    binary,
-                    path,
-                    sha256: actual,
-                    cached: true,
-                });
-                continue;
-            }
-            tracing::warn!(
-                "kubernetes: cached {} has sha256 {actual}, the manifest {expected}: reading it out again",
-                binary.name()
-            );
+        if let Some(built) = cached_binary(&manifest, binary, &path, "reading it out again")? {
+            cached_steps.push((format!("{} (cached)", binary.name()), t.elapsed()));
+            report.binaries.push(built);
+            continue;
         }
         let (release, member) = lock.release_of(binary).ok_or(KubernetesError::NoRelease)?;
         match needed.iter_mut().find(|(r, _)| r.file == release.file) {

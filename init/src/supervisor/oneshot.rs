@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use super::output::{self, Redaction, Tail};
 use super::{SERVICE_PATH, ServiceStop, terminate};
-use crate::platform::reaper::ChildRegistry;
+use crate::platform::reaper::{ChildRegistry, SupervisedChild};
 
 /// How long a job past its [`OneShotJob::timeout`] gets between SIGTERM and SIGKILL.
 pub const JOB_STOP_TIMEOUT: Duration = Duration::from_secs(3);
@@ -188,14 +188,9 @@ pub async fn run_once(
     Ok(OneShotOutcome::Succeeded { took })
 }
 
-/// Runs `job` to its end without looking at or writing its marker (a clean-up such as
-/// `kubeadm reset`, which runs whenever it is needed); returns how long it took. `how` is
-/// logged with the command line (`once`, `to clean up`).
-pub async fn run_job(
-    registry: &ChildRegistry,
-    job: &OneShotJob,
-    how: &str,
-) -> Result<Duration, OneShotError> {
+/// Starts `job` through `registry`: its program, arguments and environment only, in `/`, no
+/// standard input, standard output and error piped, in a process group of its own.
+fn spawn_job(registry: &ChildRegistry, job: &OneShotJob) -> Result<SupervisedChild, OneShotError> {
     let mut command = tokio::process::Command::new(&job.program);
     command
         .args(&job.args)
@@ -206,14 +201,25 @@ pub async fn run_job(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    let started = Instant::now();
-    let mut child = registry
+    registry
         .spawn(&mut command)
         .map_err(|source| OneShotError::Spawn {
             name: job.name.clone(),
             program: job.program.clone(),
             source,
-        })?;
+        })
+}
+
+/// Runs `job` to its end without looking at or writing its marker (a clean-up such as
+/// `kubeadm reset`, which runs whenever it is needed); returns how long it took. `how` is
+/// logged with the command line (`once`, `to clean up`).
+pub async fn run_job(
+    registry: &ChildRegistry,
+    job: &OneShotJob,
+    how: &str,
+) -> Result<Duration, OneShotError> {
+    let started = Instant::now();
+    let mut child = spawn_job(registry, job)?;
     info!(
         "running {} {how}: {}",
         job.name,
@@ -272,23 +278,7 @@ pub const MAX_QUERY_OUTPUT: usize = 1 << 20;
 /// standard error is logged, and its last lines are in a failure's report.
 pub async fn run_query(registry: &ChildRegistry, job: &OneShotJob) -> Result<String, OneShotError> {
     use tokio::io::AsyncReadExt as _;
-    let mut command = tokio::process::Command::new(&job.program);
-    command
-        .args(&job.args)
-        .env_clear()
-        .envs(job.env.iter().map(|(k, v)| (k, v)))
-        .current_dir("/")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
-    let mut child = registry
-        .spawn(&mut command)
-        .map_err(|source| OneShotError::Spawn {
-            name: job.name.clone(),
-            program: job.program.clone(),
-            source,
-        })?;
+    let mut child = spawn_job(registry, job)?;
     info!(
         "running {} to ask: {} {}",
         job.name,

@@ -6,35 +6,18 @@ use serde_json::json;
 use super::super::tests::{TOKEN, documents, init_request, ticket};
 use super::super::{InitRequest, JoinRequest, Verb, command_flags, init_config, join_config};
 use super::*;
-use hawser_kube_types::ImageRef;
 
 const REPO: &str = "registry.hawser.invalid/kubernetes";
 
 /// What a real v1.20.2 image says (`/usr/share/hawser/kubernetes.json`).
 pub(crate) fn images() -> ImageSet {
-    ImageSet {
-        archive: "/usr/share/hawser/kubernetes/images.tar".into(),
-        image_repository: REPO.into(),
-        etcd: ImageRef {
-            repository: format!("{REPO}/etcd"),
-            tag: "3.4.23-0".into(),
-        },
-        pause: ImageRef {
-            repository: format!("{REPO}/pause"),
-            tag: "3.2".into(),
-        },
-        images: [
-            "kube-apiserver:v1.20.2",
-            "kube-controller-manager:v1.20.2",
-            "kube-scheduler:v1.20.2",
-            "kube-proxy:v1.20.2",
-            "pause:3.2",
-            "etcd:3.4.23-0",
-        ]
-        .iter()
-        .map(|name| format!("{REPO}/{name}"))
-        .collect(),
-    }
+    ImageSet::named(
+        "registry.hawser.invalid/kubernetes",
+        "/usr/share/hawser/kubernetes/images.tar",
+        "v1.20.2",
+        "3.4.23-0",
+        "3.2",
+    )
 }
 
 fn v1_20_init() -> InitRequest {
