@@ -58,14 +58,26 @@ pub fn build_image(dir: &Path, cmdline: Option<&str>) -> BuildOutput {
 /// measured command line `cmdline` (the root hash is appended) and, if given, the provider CA
 /// that certifies nodes' attestation keys.
 pub fn build_node_image(dir: &Path, cmdline: &str, provider_ca: Option<&Path>) -> NodeImage {
+    // hawser's stand-ins for kubeadm and kubelet: these tests are about the boot path (join,
+    // disk, pivot, kubeadm run once), and real Kubernetes' control plane takes minutes per
+    // node under TCG. The image with real Kubernetes is booted by tests/kubernetes_image.rs,
+    // built by `measurements check --node` and scripts/check-reproducible-node, and its
+    // configurations run through real kubeadm.
+    build_node_image_of(dir, cmdline, provider_ca, pipeline::KubernetesOrigin::StandIn)
+}
+
+/// [`build_node_image`] with Kubernetes from `kubernetes` (the pinned source, release binaries
+/// or the stand-ins).
+pub fn build_node_image_of(
+    dir: &Path,
+    cmdline: &str,
+    provider_ca: Option<&Path>,
+    kubernetes: pipeline::KubernetesOrigin,
+) -> NodeImage {
     let mut opts = PipelineOptions::new(&workspace(), dir);
     opts.cmdline = cmdline.to_owned();
     opts.provider_ca = provider_ca.map(Path::to_owned);
-    // hawser's stand-ins for kubeadm and kubelet: these tests are about the boot path (join,
-    // disk, pivot, kubeadm run once), and real Kubernetes' control plane takes minutes per
-    // node under TCG. The image with real Kubernetes is built by `measurements check --node`
-    // and scripts/check-reproducible-node, and its configurations run through real kubeadm.
-    opts.kubernetes = pipeline::KubernetesOrigin::StandIn;
+    opts.kubernetes = kubernetes;
     let (node, timeline) = pipeline::build_node_image(&opts, &mut |line| eprintln!("{line}"))
         .unwrap_or_else(|e| panic!("node image build failed: {e}"));
     eprintln!("{node}\nnode image built: {timeline:?}");

@@ -1,0 +1,134 @@
+//! The node image with real Kubernetes booted as a node: v1.20.2 built from the pinned source
+//! (`kubernetes.lock`), as `hawser image build` makes it by default.
+//!
+//! 1. A fresh node joins (the host's join service hands out the image's version, which PID 1
+//!    checks against `hawser.kubernetes` before it formats the disk), pivots, reads the rootfs's
+//!    `/usr/share/hawser/kubernetes.json` (its version the command line's), starts containerd,
+//!    imports the control-plane images from the image's archive into containerd's store on the
+//!    encrypted state disk (all six listed afterwards, or the boot stops), then starts the real
+//!    kubelet and runs the real `kubeadm join`, which waits in discovery: no control plane
+//!    answers the ticket's endpoint here. ACPI power-off: the services stop, the disk closes.
+//! 2. The node boots again: it rejoins, and containerd's store already holds every image, so
+//!    nothing is imported.
+//!
+//! No cluster forms here; forming one of real Kubernetes is the local cluster's. The other QEMU
+//! tests of the boot path use stand-in images (`common::build_node_image`) for speed.
+//!
+//! `#[ignore]`d in plain `cargo test`; run with
+//! `cargo test -p hawser-qemu --test kubernetes_image -- --ignored --test-threads=1 --nocapture`
+//! after the Kubernetes build (`hawser image kubernetes`), which the image build would otherwise
+//! run (10–13 min cold).
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hawser_harness::{Vm, VmConfig, format_timeline};
+use hawser_image::pipeline::{DEFAULT_CMDLINE, KubernetesOrigin};
+use hawser_local::localhost::{self, free_port};
+
+mod common;
+use common::{Host, build_node_image_of};
+
+/// Generous: OVMF + pivot + containerd + importing 315 MB of images under TCG.
+const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
+/// Room for containerd's store: the archive's blobs and their unpacked snapshots (~630 MB).
+const STATE_DISK_BYTES: u64 = 2 << 30;
+/// PID 1's teardown with every file system unmounted and the state disk closed.
+const CLEAN_TEARDOWN: &str = "device-mapper devices (0 failed)";
+const IMPORTED: &str = "imported 6 control-plane images in ";
+const ALREADY_THERE: &str = "containerd has the 6 control-plane images already: nothing to import";
+
+fn scratch(name: &str) -> PathBuf {
+    common::fresh_scratch("e2e-kubernetes", name)
+}
+
+fn console(vm: &Vm) -> String {
+    vm.console_lines().join("\n")
+}
+
+fn wait(vm: &Vm, label: &str, what: &str) -> String {
+    vm.wait_for_marker(label, what, BOOT_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", console(vm)))
+}
+
+/// Powers the node off by ACPI and returns its console; the teardown must be clean.
+fn power_off(vm: Vm, boot: &str) -> String {
+    vm.powerdown().unwrap();
+    let status = vm
+        .wait_for_exit(Duration::from_secs(180))
+        .unwrap_or_else(|e| panic!("no power-off after ACPI: {e}\n{}", console(&vm)));
+    let text = console(&vm);
+    eprintln!("{boot}: {}", format_timeline(&vm.timeline()));
+    assert!(status.success(), "{status:?}\n{text}");
+    assert!(text.contains(CLEAN_TEARDOWN), "{text}");
+    assert!(!text.contains("FATAL"), "{text}");
+    text
+}
+
+#[test]
+#[ignore = "builds the node image with real Kubernetes and boots it twice (~6 min under TCG); run by scripts/test"]
+fn a_node_of_the_real_kubernetes_image_imports_its_images_once_and_runs_real_kubeadm() {
+    let image = build_node_image_of(
+        &scratch("image"),
+        &localhost::node_cmdline(DEFAULT_CMDLINE, true),
+        None,
+        KubernetesOrigin::Source,
+    );
+    assert_eq!(image.rootfs.kubernetes.origin, KubernetesOrigin::Source);
+    assert_eq!(image.rootfs.kubernetes.version, "v1.20.2");
+    let uki = &image.image.uki.path;
+    let version = localhost::image_kubernetes_version(uki)
+        .unwrap()
+        .expect("hawser.kubernetes on the image's command line");
+    assert_eq!(version.to_string(), "v1.20.2");
+
+    let mut host = Host::new(&scratch("cluster"), uki);
+    // The join service hands out the image's version: a node refuses any other.
+    host.cluster.set_kubernetes_version(&version);
+    let port = free_port().unwrap();
+    let _service = host.start_service(SocketAddr::from(([127, 0, 0, 1], port)));
+    std::fs::File::create(host.state_disk())
+        .and_then(|f| f.set_len(STATE_DISK_BYTES))
+        .unwrap();
+    let node = |name: &str| {
+        // `fresh: false` keeps the state disk made above (the TPM is provisioned once).
+        host.node(VmConfig::uefi_disk(&image.disk.path), name, port, false)
+            .memory_mib(1536)
+    };
+
+    // Boot 1: join, pivot, the images imported, the real kubelet and kubeadm.
+    let vm = Vm::start(node("node-1")).unwrap();
+    wait(&vm, "pivot", "switched into the rootfs");
+    wait(
+        &vm,
+        "the image's Kubernetes",
+        "this image carries Kubernetes v1.20.2 (built from the pinned source), 6 control-plane image(s)",
+    );
+    wait(&vm, "images imported", IMPORTED);
+    wait(&vm, "kubeadm join", "running kubeadm once: /usr/bin/kubeadm join");
+    // Real kubeadm 1.20 in discovery, the real kubelet restarting until kubeadm writes its
+    // configuration: a moment for both to say something.
+    std::thread::sleep(Duration::from_secs(20));
+    let first = power_off(vm, "boot 1");
+    assert!(
+        first.contains("this node's Kubernetes differs from a stock kubeadm cluster: CoreDNS"),
+        "{first}"
+    );
+    assert!(!first.contains("STAND-IN"), "a stand-in ran: {first}");
+    assert!(first.contains("--skip-phases=preflight"), "{first}");
+    let took = first
+        .lines()
+        .find_map(|l| l.split(IMPORTED).nth(1))
+        .unwrap_or_default();
+    eprintln!("boot 1: the images imported in {took}");
+
+    // Boot 2: rejoin; containerd's store on the state disk has every image.
+    let vm = Vm::start(node("node-2")).unwrap();
+    wait(&vm, "pivot", "switched into the rootfs");
+    wait(&vm, "images present", ALREADY_THERE);
+    wait(&vm, "kubeadm join", "running kubeadm once: /usr/bin/kubeadm join");
+    let second = power_off(vm, "boot 2");
+    assert!(!second.contains(IMPORTED), "imported again: {second}");
+}
