@@ -107,7 +107,11 @@ fn a_node_of_the_real_kubernetes_image_imports_its_images_once_and_runs_real_kub
         "this image carries Kubernetes v1.20.2 (built from the pinned source), 6 control-plane image(s)",
     );
     wait(&vm, "images imported", IMPORTED);
-    wait(&vm, "kubeadm join", "running kubeadm once: /usr/bin/kubeadm join");
+    wait(
+        &vm,
+        "kubeadm join",
+        "running kubeadm once: /usr/bin/kubeadm join",
+    );
     // Real kubeadm 1.20 in discovery, the real kubelet restarting until kubeadm writes its
     // configuration: a moment for both to say something.
     std::thread::sleep(Duration::from_secs(20));
@@ -128,7 +132,11 @@ fn a_node_of_the_real_kubernetes_image_imports_its_images_once_and_runs_real_kub
     let vm = Vm::start(node("node-2")).unwrap();
     wait(&vm, "pivot", "switched into the rootfs");
     wait(&vm, "images present", ALREADY_THERE);
-    wait(&vm, "kubeadm join", "running kubeadm once: /usr/bin/kubeadm join");
+    wait(
+        &vm,
+        "kubeadm join",
+        "running kubeadm once: /usr/bin/kubeadm join",
+    );
     let second = power_off(vm, "boot 2");
     assert!(!second.contains(IMPORTED), "imported again: {second}");
 }

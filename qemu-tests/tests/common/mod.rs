@@ -63,7 +63,12 @@ pub fn build_node_image(dir: &Path, cmdline: &str, provider_ca: Option<&Path>) -
     // node under TCG. The image with real Kubernetes is booted by tests/kubernetes_image.rs,
     // built by `measurements check --node` and scripts/check-reproducible-node, and its
     // configurations run through real kubeadm.
-    build_node_image_of(dir, cmdline, provider_ca, pipeline::KubernetesOrigin::StandIn)
+    build_node_image_of(
+        dir,
+        cmdline,
+        provider_ca,
+        pipeline::KubernetesOrigin::StandIn,
+    )
 }
 
 /// [`build_node_image`] with Kubernetes from `kubernetes` (the pinned source, release binaries
