@@ -1,12 +1,13 @@
 //! Building the Kubernetes binaries reproducibly from an unpacked input.
 //!
-//! The build is data first ([`plan`]): each step a program, its arguments, its directory and a
-//! closed environment (nothing from the caller's: `PATH`, `GOROOT`, `GOPATH`, `HOME`, `GOCACHE`,
-//! `GOFLAGS` set, the rest cleared). GOPATH mode (`GO111MODULE=off`: module mode asks to update
-//! `go.mod`), `CGO_ENABLED=0` (static binaries), `-trimpath`, and `-ldflags "-s -w -buildid="`
-//! with the version variables of both version packages set from the lock and the build date
-//! from `SOURCE_DATE_EPOCH`. kube-apiserver first needs `pkg/generated/openapi/zz_generated.openapi.go`, which the
-//! release tarball lacks: the vendored `openapi-gen` makes it from the packages tagged
+//! The build is data first ([`go_build_step`], [`openapi_steps`]): each step a program, its
+//! arguments, its directory and a closed environment (nothing from the caller's: `PATH`,
+//! `GOROOT`, `GOPATH`, `HOME`, `GOCACHE`, `GOFLAGS` set, the rest cleared). GOPATH mode
+//! (`GO111MODULE=off`: module mode asks to update `go.mod`), `CGO_ENABLED=0` (static binaries),
+//! `-trimpath`, and `-ldflags "-s -w -buildid="` with the version variables of both version
+//! packages set from the lock and the build date from `SOURCE_DATE_EPOCH`. kube-apiserver first
+//! needs `pkg/generated/openapi/zz_generated.openapi.go`, which the release tarball lacks: the
+//! vendored `openapi-gen` makes it from the packages tagged
 //! `+k8s:openapi-gen=`, and its rule-violation report must equal the tree's known list.
 //!
 //! Each binary is kept at `<lock dir>/bin/<name>` with its sha256 in `bin/manifest.json`; a

@@ -348,7 +348,7 @@ impl KubernetesLock {
         })
     }
 
-    /// The `.dsc` entry ([`check`](Self::check) made sure there is one).
+    /// The `.dsc` entry (parsing made sure there is one).
     pub fn dsc(&self) -> Option<&SourceFile> {
         self.sources.iter().find(|s| s.file.ends_with(".dsc"))
     }

@@ -7,7 +7,7 @@
 //! members are then streamed out of the gzip-compressed tar into a scratch directory, each
 //! checked to be a regular file of mode 0755; only when every one is there do they move to
 //! `<cache>/kubernetes/<release digest>/bin/<name>`, with their sha256 in `bin/manifest.json`,
-//! the layout and manifest of [`super::build`]. A refused download or tarball leaves `bin/` as it
+//! the layout and manifest of [`super::build`](mod@super::build). A refused download or tarball leaves `bin/` as it
 //! was. A binary whose sha256 still matches the manifest is reused, not read out again.
 
 use std::collections::BTreeMap;
