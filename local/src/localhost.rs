@@ -41,9 +41,10 @@ pub const NODE_INIT_PORT: u16 = 9000;
 /// The Kubernetes version the host's in-process join service hands out in join tickets: the
 /// stand-in image's (its kubeadm stand-in checks the v1beta4 configuration of this version).
 /// A node refuses a ticket for another version than its image's, by name: a local cluster of a
-/// real-Kubernetes image gives its version with [`LocalCluster::kubernetes_version`]. `hawser
-/// init` of a local cluster names none: the node installs its image's.
-pub const JOIN_SERVICE_KUBERNETES_VERSION: &str = "v1.33.4";
+/// real-Kubernetes image gives its version with [`LocalCluster::set_kubernetes_version`].
+/// `hawser init` of a local cluster names none: the node installs its image's.
+pub const JOIN_SERVICE_KUBERNETES_VERSION: &str =
+    hawser_image::rootfs::kubernetes::STANDIN_KUBERNETES_VERSION;
 
 /// The measured command-line additions of a local development node: static network, state
 /// disk keyed by the cluster, and — with a join service — its endpoint and the *insecure*

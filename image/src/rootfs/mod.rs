@@ -338,8 +338,7 @@ pub fn build_rootfs(
     let images = image_tree(&tree, &opts.out_dir, opts.source_date_epoch, progress)?;
     timings.extend(images.timings);
     let summary = opts.out_dir.join(SUMMARY_FILE);
-    let kubernetes_json =
-        serde_json::from_str::<serde_json::Value>(&kubernetes.to_json()).unwrap_or_default();
+    let kubernetes_json = serde_json::to_value(&kubernetes).unwrap_or_default();
     let text = serde_json::to_string_pretty(&serde_json::json!({
         "root_hash": hex::encode(images.root_hash),
         "cmdline": root_hash_cmdline_arg(&images.root_hash),
