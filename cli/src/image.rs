@@ -9,9 +9,8 @@ use hawser_image::kubernetes::{self, KubernetesLock};
 use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_image::profile::ImageProfile;
 use hawser_image::rootfs::{self, lock::RootfsLock};
-use hawser_kube_types::KubernetesOrigin;
 
-use hawser_cli::image_build::{print_timeline, workspace};
+use hawser_cli::image_build::{NodeKubernetes, print_timeline, workspace};
 
 #[derive(Subcommand)]
 pub enum ImageCommand {
@@ -97,27 +96,6 @@ impl From<KubernetesFrom> for kubernetes::Origin {
         match from {
             KubernetesFrom::Source => kubernetes::Origin::Source,
             KubernetesFrom::Release => kubernetes::Origin::Release,
-        }
-    }
-}
-
-/// `--kubernetes` of `hawser image build`.
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum NodeKubernetes {
-    /// Built from Debian's source package pinned in kubernetes.lock.
-    Source,
-    /// Upstream's release binaries pinned in kubernetes.lock.
-    Release,
-    /// hawser's stand-ins for kubeadm and kubelet: not Kubernetes.
-    StandIn,
-}
-
-impl From<NodeKubernetes> for KubernetesOrigin {
-    fn from(from: NodeKubernetes) -> KubernetesOrigin {
-        match from {
-            NodeKubernetes::Source => KubernetesOrigin::Source,
-            NodeKubernetes::Release => KubernetesOrigin::Release,
-            NodeKubernetes::StandIn => KubernetesOrigin::StandIn,
         }
     }
 }

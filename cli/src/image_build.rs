@@ -29,3 +29,24 @@ pub fn print_timeline(timeline: &pipeline::PipelineTimeline) {
         .collect();
     println!("timeline: {}", steps.join(", "));
 }
+
+/// `--kubernetes` of `hawser image build`.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum NodeKubernetes {
+    /// Built from Debian's source package pinned in kubernetes.lock.
+    Source,
+    /// Upstream's release binaries pinned in kubernetes.lock.
+    Release,
+    /// hawser's stand-ins for kubeadm and kubelet: not Kubernetes.
+    StandIn,
+}
+
+impl From<NodeKubernetes> for hawser_kube_types::KubernetesOrigin {
+    fn from(from: NodeKubernetes) -> hawser_kube_types::KubernetesOrigin {
+        match from {
+            NodeKubernetes::Source => hawser_kube_types::KubernetesOrigin::Source,
+            NodeKubernetes::Release => hawser_kube_types::KubernetesOrigin::Release,
+            NodeKubernetes::StandIn => hawser_kube_types::KubernetesOrigin::StandIn,
+        }
+    }
+}

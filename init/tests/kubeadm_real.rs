@@ -598,6 +598,15 @@ fn real_kubeadm_names_exactly_the_images_the_image_carries() {
     let flags = root.read("/var/lib/kubelet/kubeadm-flags.env");
     let pause = format!("--pod-infra-container-image={IMAGE_REPOSITORY}/pause:3.2");
     assert!(flags.contains(&pause), "{flags}");
+    // The controller manager's FlexVolume host path is on the state disk: kubeadm's default
+    // under /usr cannot be created in the read-only rootfs, and its pod would never start.
+    let manager = root.read("/etc/kubernetes/manifests/kube-controller-manager.yaml");
+    assert!(
+        manager.contains("--flex-volume-plugin-dir=/var/lib/kubelet/volumeplugins")
+            && manager.contains("path: /var/lib/kubelet/volumeplugins")
+            && !manager.contains("/usr/libexec/kubernetes"),
+        "{manager}"
+    );
 
     // PID 1's whole `kubeadm init`, dry-run: CoreDNS's addon is skipped, kube-proxy's is not.
     let flags = command_flags(KubeadmApi::V1beta2, Verb::Init, Some(&images));

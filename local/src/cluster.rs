@@ -44,6 +44,7 @@ use crate::{lan, localhost};
 
 mod control;
 mod form;
+mod kube;
 mod node;
 mod status;
 
@@ -67,10 +68,9 @@ const WAITING_FOR_ADMIN: &str = "init server listening on";
 /// What the cluster's join service on node-1 prints once it serves.
 const JOIN_SERVICE_UP: &str = "[hawser-joind] listening on";
 const BOOT_TIMEOUT: Duration = Duration::from_secs(900);
-/// The port of the API server (the kubelet stand-in's listener) on a control plane.
+/// The port of the API server (with stand-ins: the kubelet stand-in's listener) on a control
+/// plane.
 const API_SERVER_PORT: u16 = 6443;
-/// Size of a local node's (sparse) state disk.
-const STATE_DISK_BYTES: u64 = 256 << 20;
 
 /// The admin's files of the local cluster.
 struct Admin {
@@ -87,6 +87,10 @@ impl Admin {
     fn kubeconfig(&self) -> PathBuf {
         self.dir.join("admin.conf")
     }
+    /// `admin.conf` pointed at node-1's API server forwarded to the host's loopback.
+    fn host_kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
     fn init_secret(&self) -> PathBuf {
         self.dir.join(hawser_cli::cluster::INIT_SECRET_FILE)
     }
@@ -99,11 +103,12 @@ impl Admin {
     }
 }
 
-/// The host ports forwarded to one node's init server and join service.
+/// The host ports forwarded to one node's init server, join service and API server.
 #[derive(Debug, Clone, Copy)]
 struct Ports {
     init: u16,
     joind: u16,
+    api: u16,
 }
 
 impl Ports {
@@ -111,6 +116,7 @@ impl Ports {
         Ok(Ports {
             init: localhost::free_port()?,
             joind: localhost::free_port()?,
+            api: localhost::free_port()?,
         })
     }
 }
@@ -201,7 +207,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
     let result = form_and_serve(opts, stop, &formation, &nodes);
     // How each node ended, for `hawser local status` after this process is gone.
     let nodes = nodes.into_inner().unwrap_or_default();
-    write_status(&dir, &admin, &layout, &nodes);
+    write_status(&dir, &admin, &layout, &nodes, None);
     match result {
         Err(e) if e.is::<Interrupted>() => {
             eprintln!("{e}; the nodes are off, their disks kept (`hawser local up` rejoins them)");
@@ -247,7 +253,7 @@ fn open_layout(
             opts.control_planes
         ),
         None => {
-            create(dir, admin, &wanted, events)?;
+            create(dir, admin, &wanted, opts.state_disk_bytes(), events)?;
             Ok(wanted)
         }
     }
@@ -266,9 +272,9 @@ fn node_image(
     }
     let ws = hawser_cli::image_build::workspace()?;
     let mut build = PipelineOptions::new(&ws, &opts.out);
-    // hawser's stand-ins for kubeadm and kubelet until the local cluster runs real Kubernetes
-    // (a real control plane takes minutes per node under TCG); the image says so as it builds.
-    build.kubernetes = hawser_kube_types::KubernetesOrigin::StandIn;
+    // Real Kubernetes (minutes per node under TCG), or the stand-ins with `--kubernetes
+    // stand-in`; the image build says which.
+    build.kubernetes = opts.kubernetes().into();
     // Nodes given no join endpoint look for the join service on the LAN (mDNS).
     // The admin's init secret hash is measured: only `hawser init` with this
     // cluster's init secret can initialize (or recover) its nodes.
@@ -315,7 +321,12 @@ fn form_and_serve(
         scope.spawn(|| keep_status(dir, admin, layout, nodes, &running));
         let result = form(opts, stop, formation, nodes).and_then(|()| {
             let formed = nodes.lock().map(|n| n.clone()).unwrap_or_default();
-            if !summary(&formed, admin, events) {
+            let kubernetes = if opts.real_kubernetes() {
+                Some(kube::wait_ready(formation, &formed, stop)?)
+            } else {
+                None
+            };
+            if !summary(&formed, layout, admin, kubernetes.as_deref(), events) {
                 bail!("not every node is verified and locked to the cluster (see the table)");
             }
             if opts.once {
@@ -349,7 +360,13 @@ fn describe(layout: &Layout) -> String {
 /// Creates the cluster's host side: provider CA, one certified TPM and one blank state disk per
 /// node, the admin's init secret and the control planes the admin will approve. The layout
 /// file is written last: a directory without it is an unfinished creation, made again.
-fn create(dir: &Path, admin: &Admin, layout: &Layout, events: &Events) -> anyhow::Result<()> {
+fn create(
+    dir: &Path,
+    admin: &Admin,
+    layout: &Layout,
+    disk_bytes: u64,
+    events: &Events,
+) -> anyhow::Result<()> {
     if dir.exists() {
         std::fs::remove_dir_all(dir)
             .with_context(|| format!("removing the unfinished cluster in {}", dir.display()))?;
@@ -370,7 +387,7 @@ fn create(dir: &Path, admin: &Admin, layout: &Layout, events: &Events) -> anyhow
             approvals.push(hex::encode(&ak));
         }
         std::fs::File::create(node_dir.join("state.img"))
-            .and_then(|f| f.set_len(STATE_DISK_BYTES))
+            .and_then(|f| f.set_len(disk_bytes))
             .with_context(|| format!("creating {}'s state disk", node.name))?;
     }
     std::fs::write(admin.approvals(), approvals.join("\n"))?;

@@ -12,11 +12,14 @@
 //!   the guest's network), used by `hawser local up` and the QEMU tests.
 //! - [`local_cluster`]: a local cluster's layout, its nodes' state read off their consoles
 //!   (`hawser local status`), and the console filter of `hawser local up`.
+//! - [`kubectl`]: Kubernetes' view of a local cluster from the host (the API server forwarded
+//!   to the loopback, a kubeconfig for it, Debian's kubectl).
 //! - [`lan`]: the LAN between local VMs (a hub of QEMU `dgram` netdevs), where mDNS finds the
 //!   join service.
 
 mod cluster;
 pub mod command;
+pub mod kubectl;
 pub mod lan;
 pub mod local_cluster;
 pub mod localhost;

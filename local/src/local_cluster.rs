@@ -81,6 +81,11 @@ impl Layout {
         Ok(Layout { nodes })
     }
 
+    /// The position of the node called `name` (its LAN address is `lan::host` of it).
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+
     pub fn control_planes(&self) -> usize {
         self.nodes
             .iter()
@@ -293,6 +298,11 @@ pub struct NodeStatus {
     /// Whether `local up` verified the node's signed boot report (quote, nonce, PCR 15).
     pub quote_verified: bool,
     pub console_log: PathBuf,
+    /// Kubernetes' view of the node (`kubectl get nodes` through the forwarded API server,
+    /// matched by the node's address), when it was last asked; `None` with stand-ins, before
+    /// the API server answered, or while the node is not registered.
+    #[serde(default)]
+    pub kubernetes: Option<crate::kubectl::KubeNode>,
 }
 
 /// What `hawser local up` writes for `hawser local status` (and keeps current while it runs).
@@ -338,8 +348,8 @@ impl StatusFile {
     /// The status as a table: one line per node, then each node's last warning or error.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "{:<8} {:<14} {:<26} {:<6} {:<15} {}\n",
-            "NODE", "ROLE", "STATE", "QUOTE", "VPN IP", "CLUSTER (PCR 15 lock)"
+            "{:<8} {:<14} {:<26} {:<6} {:<15} {:<9} {:<8} {}\n",
+            "NODE", "ROLE", "STATE", "QUOTE", "VPN IP", "K8S", "KUBELET", "CLUSTER (PCR 15 lock)"
         );
         for node in &self.nodes {
             let cluster = match (&node.seen.cluster_id, &self.cluster_id) {
@@ -348,13 +358,16 @@ impl StatusFile {
                 (Some(id), None) => format!("{}…", &id[..16.min(id.len())]),
                 (None, _) => "-".to_owned(),
             };
+            let kube = node.kubernetes.as_ref();
             out.push_str(&format!(
-                "{:<8} {:<14} {:<26} {:<6} {:<15} {}\n",
+                "{:<8} {:<14} {:<26} {:<6} {:<15} {:<9} {:<8} {}\n",
                 node.name,
                 node.role.to_string(),
                 node.seen.stage.unwrap_or(Stage::Off).to_string(),
                 if node.quote_verified { "ok" } else { "-" },
                 node.seen.vpn_ip.as_deref().unwrap_or("-"),
+                kube.map_or("-", |k| if k.ready { "Ready" } else { "NotReady" }),
+                kube.map_or("-", |k| k.kubelet_version.as_str()),
                 cluster
             ));
         }
@@ -527,6 +540,13 @@ mod tests {
                     },
                     quote_verified: true,
                     console_log: "/x/node-1.console.log".into(),
+                    kubernetes: Some(crate::kubectl::KubeNode {
+                        name: "hawser-1d4c7b44".into(),
+                        ready: true,
+                        kubelet_version: "v1.20.2".into(),
+                        internal_ip: Some("192.168.76.10".into()),
+                        not_ready_reason: None,
+                    }),
                 },
                 NodeStatus {
                     name: "node-2".into(),
@@ -541,11 +561,19 @@ mod tests {
                     },
                     quote_verified: false,
                     console_log: "/x/node-2.console.log".into(),
+                    kubernetes: None,
                 },
             ],
         };
         let table = status.table();
         assert!(table.contains("kubeadm done"), "{table}");
+        let node1 = table.lines().find(|l| l.starts_with("node-1")).unwrap();
+        assert!(
+            node1.contains("Ready") && node1.contains("v1.20.2"),
+            "{table}"
+        );
+        let node2 = table.lines().find(|l| l.starts_with("node-2")).unwrap();
+        assert!(!node2.contains("Ready"), "{table}");
         assert!(table.contains("1d4c7b44c584b492… (this)"), "{table}");
         assert!(table.contains("ANOTHER CLUSTER"), "{table}");
         assert!(

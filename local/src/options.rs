@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use hawser_cli::image_build::NodeKubernetes;
 use hawser_harness::Vm;
 use hawser_image::inputs;
 use hawser_image::profile::ImageProfile;
@@ -49,12 +50,20 @@ pub struct UpOptions {
     /// disk). Without it `local up` builds a development image (AES-XTS only), the fast path.
     #[arg(long, conflicts_with = "image")]
     pub(crate) production: bool,
+    /// The Kubernetes the node image carries: v1.20.2 built from the pinned Debian source (a
+    /// real cluster: minutes per node under TCG), upstream's release binaries, or hawser's
+    /// stand-ins (not Kubernetes: the fast path for working on the boot chain).
+    /// Default: `source` for a cluster; `stand-in` for one node (`--init`,
+    /// `--insecure-dev-join-service`), whose join service is on the host with no API server.
+    #[arg(long, value_enum, conflicts_with = "image")]
+    pub(crate) kubernetes: Option<NodeKubernetes>,
     /// QEMU accelerator (tcg, kvm); default: $HAWSER_QEMU_ACCEL or tcg.
     #[arg(long)]
     pub(crate) accel: Option<String>,
-    /// Guest memory in MiB.
-    #[arg(long, default_value_t = 1024)]
-    pub(crate) memory: u32,
+    /// Guest memory in MiB; default: 2560 for a control plane of real Kubernetes (etcd, the
+    /// API server, the controllers and the kubelet), 1536 for a worker, 1024 with stand-ins.
+    #[arg(long)]
+    pub(crate) memory: Option<u32>,
     /// Do not echo the serial console (the boot report summary is still printed).
     #[arg(long)]
     pub(crate) quiet: bool,
@@ -74,6 +83,43 @@ pub struct UpOptions {
 }
 
 impl UpOptions {
+    /// Whether the nodes run real Kubernetes: an image built here with `--kubernetes source`
+    /// or `release`, or one given with `--image` (sized as real: more memory does no harm).
+    pub(crate) fn real_kubernetes(&self) -> bool {
+        self.image.is_some() || self.kubernetes() != NodeKubernetes::StandIn
+    }
+
+    /// `--kubernetes`, or its default for this kind of `local up`.
+    pub(crate) fn kubernetes(&self) -> NodeKubernetes {
+        self.kubernetes
+            .unwrap_or(if self.init || self.insecure_dev_join_service {
+                NodeKubernetes::StandIn
+            } else {
+                NodeKubernetes::Source
+            })
+    }
+
+    /// The size of a new node's (sparse) state disk: room for containerd's store of the
+    /// control-plane images (~630 MB unpacked) and etcd with real Kubernetes; 256 MiB with
+    /// stand-ins. A production image wipes all of it on the first boot (~33 s per GiB, TCG).
+    pub(crate) fn state_disk_bytes(&self) -> u64 {
+        if self.real_kubernetes() {
+            2 << 30
+        } else {
+            256 << 20
+        }
+    }
+
+    /// The guest memory of a node of `role` (see `--memory`).
+    pub(crate) fn memory_mib(&self, role: crate::local_cluster::Role) -> u32 {
+        match (self.memory, self.real_kubernetes(), role) {
+            (Some(mib), _, _) => mib,
+            (None, false, _) => 1024,
+            (None, true, crate::local_cluster::Role::ControlPlane) => 2560,
+            (None, true, crate::local_cluster::Role::Worker) => 1536,
+        }
+    }
+
     /// The image profile `--production` asks for.
     pub(crate) fn profile(&self) -> ImageProfile {
         if self.production {

@@ -20,9 +20,6 @@ use hawser_image::pipeline::{self, PipelineOptions};
 use crate::localhost::{self, LocalCluster};
 use crate::options::{UpOptions, local_dir, wait_or_stop};
 
-/// Size of a local node's (sparse) state disk.
-const STATE_DISK_BYTES: u64 = 256 << 20;
-
 /// One node: `--init` (it waits for the user's `hawser init`) or
 /// `--insecure-dev-join-service`.
 pub(crate) fn up_single(opts: UpOptions, stop: &AtomicBool) -> anyhow::Result<()> {
@@ -122,9 +119,9 @@ fn node_image(
     }
     let ws = hawser_cli::image_build::workspace()?;
     let mut build = PipelineOptions::new(&ws, &opts.out);
-    // hawser's stand-ins for kubeadm and kubelet until the local cluster runs real Kubernetes
-    // (a real control plane takes minutes per node under TCG); the image says so as it builds.
-    build.kubernetes = hawser_kube_types::KubernetesOrigin::StandIn;
+    // Real Kubernetes (minutes per node under TCG), or the stand-ins with `--kubernetes
+    // stand-in`; the image build says which.
+    build.kubernetes = opts.kubernetes().into();
     build.cmdline = opts.profile().cmdline(&localhost::node_cmdline(
         pipeline::DEFAULT_CMDLINE,
         !opts.init,
@@ -222,12 +219,12 @@ fn boot(
     cluster.provision_tpm(&tpm_dir)?;
     let disk = cluster.dir.join("state.img");
     std::fs::File::create(&disk)
-        .and_then(|f| f.set_len(STATE_DISK_BYTES))
+        .and_then(|f| f.set_len(opts.state_disk_bytes()))
         .with_context(|| format!("creating the state disk {}", disk.display()))?;
 
     let mut config = VmConfig::uefi_disk(disk_image)
         .name("hawser-local")
-        .memory_mib(opts.memory)
+        .memory_mib(opts.memory_mib(crate::local_cluster::Role::ControlPlane))
         .tpm(TpmConfig {
             state_dir: Some(tpm_dir),
             ..TpmConfig::default()

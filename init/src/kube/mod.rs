@@ -4,7 +4,8 @@
 //! Runs only for images with a rootfs (`hawser.root_hash` on the measured command line):
 //!
 //! 1. the supervisor starts containerd; a real-Kubernetes image's control-plane images are
-//!    imported into it ([`image`]); then the kubelet (restart with backoff);
+//!    imported into it ([`image`]) and the pod network configured ([`cni`]); then the kubelet
+//!    (restart with backoff);
 //! 2. `kubeadm init` (the admin's `hawser init`) or `kubeadm join` (the join ticket) runs until
 //!    it succeeded once in the node's life (the marker [`KUBEADM_MARKER`] on the state disk;
 //!    [`attempts`]);
@@ -12,6 +13,7 @@
 //! 4. a control plane runs the cluster's join service ([`join_service`]).
 //!
 //! ```text
+//!  cni ─────── the pod network's configuration (bridge, this node's pod range)
 //!  grants ──── what a first boot keeps on its new disk (intent, secrets, WireGuard key)
 //!  image ───── the image's kubernetes.json, checked; its images imported into containerd
 //!  intent ──── kubeadm's rendered configuration and status on the state disk
@@ -56,6 +58,7 @@ use crate::supervisor::retry::{self, KUBEADM_RETRY};
 use crate::supervisor::{self, SharedSupervisor, Supervisor};
 
 pub mod attempts;
+pub mod cni;
 mod error;
 pub mod grants;
 pub mod image;
@@ -189,6 +192,26 @@ pub async fn run(
     // containerd started. A failure was logged; the node goes on without pod networking.
     if let Err(e) = networking.await {
         warn!("preparing Kubernetes networking failed: {e}");
+    }
+    // The pod network's configuration, before the kubelet looks for it (a real Kubernetes
+    // image: the stand-ins run no pods).
+    if images.is_some() {
+        match cni::write(Path::new("/"), identity.ip) {
+            Ok((network, len)) => info!(
+                "pod network: bridge {} with pod range {network}/{len} ({})",
+                cni::BRIDGE,
+                cni::CNI_CONFIG
+            ),
+            Err(e) => warn!("the node has no pod network: {}", error_chain(&e)),
+        }
+        match cni::ensure_resolv_conf(Path::new("/")) {
+            Ok(true) => info!(
+                "{}: none was there; wrote one without a resolver (the kubelet needs the file)",
+                cni::RESOLV_CONF
+            ),
+            Ok(false) => {}
+            Err(e) => warn!("pods cannot start: {}", error_chain(&e)),
+        }
     }
     started.start(supervisor::kubelet());
     if services.install(started).await.is_err() {

@@ -15,8 +15,8 @@ use hawser_cli::cluster::ClusterFile;
 use hawser_keys::MasterSecret;
 
 use super::{
-    Formation, Node, STATE_DISK_BYTES, UpOptions, WAITING_FOR_ADMIN, check_reports, cluster_dir,
-    power_off, recover_control_plane, start_node, wait_for, wait_for_kubeadm, write_status,
+    Formation, Node, UpOptions, WAITING_FOR_ADMIN, check_reports, cluster_dir, power_off,
+    recover_control_plane, start_node, wait_for, wait_for_kubeadm, write_status,
 };
 
 thread_local! {
@@ -157,7 +157,7 @@ fn answer(
         let outcome = act(opts, stop, f, nodes, action, name, new_disk);
         // `hawser local status` right after the answer shows what it did.
         let now = nodes.lock().map(|n| n.clone()).unwrap_or_default();
-        write_status(f.dir, f.admin, f.layout, &now);
+        write_status(f.dir, f.admin, f.layout, &now, None);
         if let Ok(mut busy) = busy.lock() {
             busy.retain(|b| b != name);
         }
@@ -206,7 +206,7 @@ fn act(
                 power_off(node, f.events);
                 // `hawser local status` right after `stop` shows it off.
                 let now = nodes.lock().map(|n| n.clone()).unwrap_or_default();
-                write_status(f.dir, f.admin, f.layout, &now);
+                write_status(f.dir, f.admin, f.layout, &now, None);
             }
             None if action == NodeAction::Stop => bail!("{name} is off already"),
             None => {}
@@ -223,7 +223,7 @@ fn act(
         // joins anew — its admission needs the cluster store to take a new binding.
         let disk = f.dir.join(name).join("state.img");
         std::fs::File::create(&disk)
-            .and_then(|file| file.set_len(STATE_DISK_BYTES))
+            .and_then(|file| file.set_len(opts.state_disk_bytes()))
             .with_context(|| format!("giving {name} a blank state disk {}", disk.display()))?;
         f.events.say(format!(
             "{name} has a blank state disk: it joins as a new node"

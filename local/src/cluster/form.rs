@@ -207,7 +207,8 @@ fn init_options(f: &Formation<'_>) -> anyhow::Result<InitOptions> {
         // The node installs the version its image carries.
         kubernetes_version: None,
         service_cidr: "10.96.0.0/12".into(),
-        api_server_cert_sans: vec![lan::host(0)],
+        // The host's kubectl reaches the API server forwarded to its loopback.
+        api_server_cert_sans: vec![lan::host(0), "127.0.0.1".to_owned()],
         // Where the other nodes reach the API server, and a joining control plane the
         // stand-in's etcd: node-1's LAN address, kubeadm's choice when no load balancer is
         // in front of the control planes. (Its kubelet stand-in listens on port 6443.)

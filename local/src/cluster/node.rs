@@ -11,7 +11,7 @@ use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MAR
 use hawser_harness::{TpmConfig, Vm, VmConfig};
 use hawser_keys::{MasterSecret, StateDiskKeyLength};
 
-use super::{BOOT_TIMEOUT, Events, Formation, Interrupted, Node, UpOptions};
+use super::{API_SERVER_PORT, BOOT_TIMEOUT, Events, Formation, Interrupted, Node, UpOptions};
 use crate::local_cluster::{Role, Stage, observe};
 use crate::options::wait_or_stop;
 use crate::{lan, localhost};
@@ -75,7 +75,7 @@ pub(super) fn boot(
     let node_dir = f.dir.join(&spec.name);
     let mut config = VmConfig::uefi_disk(f.disk_image)
         .name(&spec.name)
-        .memory_mib(opts.memory)
+        .memory_mib(opts.memory_mib(spec.role))
         .tpm(TpmConfig {
             state_dir: Some(node_dir.join("tpm")),
             ..TpmConfig::default()
@@ -94,8 +94,11 @@ pub(super) fn boot(
     }
     // Every control plane waits for the admin too (`hawser recover` after a whole-cluster
     // restart); node-1 also for `hawser init`.
+    // The host reaches the API server of every control plane (`kubectl` with the admin's
+    // host kubeconfig).
     if spec.role == Role::ControlPlane {
         published.push((own.init, localhost::NODE_INIT_PORT));
+        published.push((own.api, API_SERVER_PORT));
     }
     config
         .extra_args

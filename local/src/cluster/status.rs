@@ -5,11 +5,13 @@ use std::io::Write as _;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hawser_cli::cluster::ClusterFile;
 
 use super::{Admin, Events, Node};
+use crate::kubectl::{self, KubeNode};
+use crate::lan;
 use crate::local_cluster::{Layout, NodeStatus, Stage, StatusFile, observe};
 
 /// Keeps `status.json` current while `local up` runs.
@@ -20,14 +22,32 @@ pub(super) fn keep_status(
     nodes: &Mutex<Vec<Arc<Node>>>,
     running: &AtomicBool,
 ) {
+    let mut kubernetes = None;
+    let mut asked: Option<Instant> = None;
     while running.load(Ordering::Relaxed) {
         let nodes = nodes.lock().map(|n| n.clone()).unwrap_or_default();
-        write_status(dir, admin, layout, &nodes);
+        // Kubernetes' view once the host kubeconfig exists (after kubeadm), every POLL.
+        if asked.is_none_or(|at| at.elapsed() >= super::kube::POLL)
+            && admin.host_kubeconfig().is_file()
+        {
+            asked = Some(Instant::now());
+            match kubectl::nodes(&admin.host_kubeconfig()) {
+                Ok(view) => kubernetes = Some(view),
+                Err(e) => tracing::debug!("kubectl get nodes: {e:#}"),
+            }
+        }
+        write_status(dir, admin, layout, &nodes, kubernetes.as_deref());
         std::thread::sleep(Duration::from_secs(1));
     }
 }
 
-pub(super) fn write_status(dir: &Path, admin: &Admin, layout: &Layout, nodes: &[Arc<Node>]) {
+pub(super) fn write_status(
+    dir: &Path,
+    admin: &Admin,
+    layout: &Layout,
+    nodes: &[Arc<Node>],
+    kubernetes: Option<&[KubeNode]>,
+) {
     let status = StatusFile {
         pid: std::process::id(),
         cluster_id: ClusterFile::read(&admin.cluster_file())
@@ -36,7 +56,8 @@ pub(super) fn write_status(dir: &Path, admin: &Admin, layout: &Layout, nodes: &[
         nodes: layout
             .nodes
             .iter()
-            .map(|spec| {
+            .enumerate()
+            .map(|(i, spec)| {
                 let node = nodes.iter().find(|n| n.spec.name == spec.name);
                 let mut seen = node
                     .map(|n| observe(&n.vm.console_lines()))
@@ -61,6 +82,9 @@ pub(super) fn write_status(dir: &Path, admin: &Admin, layout: &Layout, nodes: &[
                             },
                             |n| n.vm.console_log_path().to_owned(),
                         ),
+                    kubernetes: kubernetes
+                        .and_then(|view| kubectl::node_at(view, &lan::host(i)))
+                        .cloned(),
                 }
             })
             .collect(),
@@ -71,7 +95,13 @@ pub(super) fn write_status(dir: &Path, admin: &Admin, layout: &Layout, nodes: &[
 }
 
 /// The closing summary: one line per node, the cluster, and the timeline.
-pub(super) fn summary(nodes: &[Arc<Node>], admin: &Admin, events: &Events) -> bool {
+pub(super) fn summary(
+    nodes: &[Arc<Node>],
+    layout: &Layout,
+    admin: &Admin,
+    kubernetes: Option<&[KubeNode]>,
+    events: &Events,
+) -> bool {
     let mut out = std::io::stdout().lock();
     let cluster_id = ClusterFile::read(&admin.cluster_file())
         .ok()
@@ -91,6 +121,10 @@ pub(super) fn summary(nodes: &[Arc<Node>], admin: &Admin, events: &Events) -> bo
                 seen: observe(&n.vm.console_lines()),
                 quote_verified: n.quote_verified.load(Ordering::Relaxed),
                 console_log: n.vm.console_log_path().to_owned(),
+                kubernetes: kubernetes
+                    .zip(layout.index_of(&n.spec.name))
+                    .and_then(|(view, i)| kubectl::node_at(view, &lan::host(i)))
+                    .cloned(),
             })
             .collect(),
     };
@@ -100,15 +134,29 @@ pub(super) fn summary(nodes: &[Arc<Node>], admin: &Admin, events: &Events) -> bo
             && n.seen.cluster_id == cluster_id
             && n.seen.cluster_id.is_some()
             && n.seen.stage == Some(Stage::KubeadmDone)
+            && (kubernetes.is_none() || n.kubernetes.as_ref().is_some_and(|k| k.ready))
     });
     let _ = writeln!(
         out,
         "{} node(s) attested (both ways on joins), quotes verified here, locked to cluster {}, \
-         past kubeadm: {}",
+         past kubeadm{}: {}",
         status.nodes.len(),
         cluster_id.as_deref().unwrap_or("-"),
+        if kubernetes.is_some() {
+            ", Ready in Kubernetes"
+        } else {
+            ""
+        },
         if all { "yes" } else { "NO" }
     );
+    if kubernetes.is_some() {
+        let _ = writeln!(
+            out,
+            "kubectl: {} --kubeconfig {} get nodes",
+            kubectl::program().display(),
+            admin.host_kubeconfig().display()
+        );
+    }
     let _ = writeln!(
         out,
         "admin files (master secret, cluster file, kubeconfig): {}",

@@ -12,6 +12,9 @@
 //! - `nodeRegistration.kubeletExtraArgs["pod-infra-container-image"]`: the pause image, which
 //!   the kubelet then never garbage-collects (kubeadm 1.20 sets it only for Docker).
 //!
+//! The same holds for one fact of the image that is not an image: its `/usr` is read-only, so the
+//! FlexVolume plugins' directory moves to the state disk ([`FLEX_VOLUME_DIR`]).
+//!
 //! The images belong to the image, not to the cluster: the kubeadm intent a first boot keeps
 //! before the pivot (`crate::kube::grants`) cannot know them, and a node that boots a newer
 //! image must run with its images. So they are applied to the configuration at every attempt,
@@ -27,6 +30,15 @@ use super::{KubeadmConfig, KubeadmConfigError, stream};
 
 /// The kubelet flag that names the pause image.
 pub const PAUSE_IMAGE_ARG: &str = "pod-infra-container-image";
+/// The controller manager's flag for the FlexVolume plugins' directory.
+pub const FLEX_VOLUME_ARG: &str = "flex-volume-plugin-dir";
+/// Where the FlexVolume plugins' directory is on a hawser node: on the state disk. kubeadm
+/// mounts the controller manager's (`/usr/libexec/kubernetes/kubelet-plugins/volume/exec` by
+/// default) into its static pod as a `DirectoryOrCreate` host path, which cannot be created
+/// in the read-only `/usr` of the verified rootfs: the controller manager would never start
+/// (and with it neither the bootstrap signer that kubeadm join's discovery waits for nor the
+/// CSR approval of the kubelets' certificates). The kubelet's `volumePluginDir` is the same.
+pub const FLEX_VOLUME_DIR: &str = "/var/lib/kubelet/volumeplugins";
 
 /// Whether the image's archive has a CoreDNS image (hawser's never do: not in Debian).
 pub fn has_coredns(images: &ImageSet) -> bool {
@@ -87,14 +99,28 @@ pub fn with_images(
                         local.insert("imageRepository".to_owned(), Value::from(etcd_repository));
                         local.insert("imageTag".to_owned(), Value::from(images.etcd.tag.as_str()));
                     }
+                    if let Some(manager) = object(fields, "controllerManager") {
+                        set_arg(manager, "extraArgs", api, FLEX_VOLUME_ARG, FLEX_VOLUME_DIR);
+                    }
                 }
                 "InitConfiguration" | "JoinConfiguration" => {
                     if let Some(registration) = object(fields, "nodeRegistration") {
-                        set_kubelet_arg(registration, api, PAUSE_IMAGE_ARG, &pause);
+                        set_arg(
+                            registration,
+                            "kubeletExtraArgs",
+                            api,
+                            PAUSE_IMAGE_ARG,
+                            &pause,
+                        );
                     }
                 }
                 _ => {}
             }
+        }
+        if kind == "KubeletConfiguration"
+            && let Some(fields) = document.as_object_mut()
+        {
+            fields.insert("volumePluginDir".to_owned(), Value::from(FLEX_VOLUME_DIR));
         }
         let rendered = serde_json::to_string_pretty(&document)
             .map(Zeroizing::new)
@@ -116,23 +142,19 @@ fn object<'a>(fields: &'a mut Map<String, Value>, key: &str) -> Option<&'a mut M
     entry.as_object_mut()
 }
 
-/// Sets a kubelet flag in `nodeRegistration.kubeletExtraArgs`, in the API's shape: a string
-/// map (`v1beta2`) or a `{name, value}` list (`v1beta4`).
-fn set_kubelet_arg(
-    registration: &mut Map<String, Value>,
-    api: KubeadmApi,
-    name: &str,
-    value: &str,
-) {
+/// Sets a flag in `fields[key]` (`nodeRegistration.kubeletExtraArgs`, a component's
+/// `extraArgs`), in the API's shape: a string map (`v1beta2`) or a `{name, value}` list
+/// (`v1beta4`).
+fn set_arg(fields: &mut Map<String, Value>, key: &str, api: KubeadmApi, name: &str, value: &str) {
     match api {
         KubeadmApi::V1beta2 => {
-            if let Some(args) = object(registration, "kubeletExtraArgs") {
+            if let Some(args) = object(fields, key) {
                 args.insert(name.to_owned(), Value::from(value));
             }
         }
         KubeadmApi::V1beta4 => {
-            let args = registration
-                .entry("kubeletExtraArgs".to_owned())
+            let args = fields
+                .entry(key.to_owned())
                 .or_insert_with(|| Value::Array(Vec::new()));
             if !args.is_array() {
                 *args = Value::Array(Vec::new());

@@ -43,6 +43,11 @@ fn init_names_the_images_repository_etcd_and_pause_and_changes_nothing_else() {
         json!(format!("{REPO}/pause:3.2"));
     expected[1]["imageRepository"] = json!(REPO);
     expected[1]["etcd"] = json!({"local": {"imageRepository": REPO, "imageTag": "3.4.23-0"}});
+    // The read-only /usr: the FlexVolume directory on the state disk, for the controller
+    // manager's static pod and the kubelet.
+    expected[1]["controllerManager"] =
+        json!({"extraArgs": {"flex-volume-plugin-dir": "/var/lib/kubelet/volumeplugins"}});
+    expected[2]["volumePluginDir"] = json!("/var/lib/kubelet/volumeplugins");
     assert_eq!(documents(&with), expected);
     assert_eq!(with.api(), plain.api());
     assert!(with.as_str().contains(TOKEN), "the token is kept");
@@ -70,6 +75,21 @@ fn joins_name_the_pause_image_in_each_apis_shape() {
             {"name": "node-ip", "value": "10.0.2.16"},
             {"name": "pod-infra-container-image", "value": format!("{REPO}/pause:3.2")}
         ])
+    );
+}
+
+#[test]
+fn v1beta4_init_moves_the_flex_volume_directory_in_its_list_shape() {
+    let plain = init_config(&init_request()).unwrap();
+    let twice = with_images(&with_images(&plain, &images()).unwrap(), &images()).unwrap();
+    let docs = documents(&twice);
+    let cluster = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterConfiguration")
+        .unwrap();
+    assert_eq!(
+        cluster["controllerManager"]["extraArgs"],
+        json!([{"name": "flex-volume-plugin-dir", "value": "/var/lib/kubelet/volumeplugins"}])
     );
 }
 

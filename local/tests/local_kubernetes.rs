@@ -1,0 +1,265 @@
+//! `hawser local up` of real Kubernetes v1.20.2, the way a user runs it: the production image
+//! (integrity on) with Kubernetes built from the pinned source, a control plane (`hawser init`,
+//! `kubeadm init`) and a worker (attested join found by mDNS, `kubeadm join`), then Debian's
+//! `kubectl` on the host, through the kubeconfig `local up` printed, sees both nodes `Ready`
+//! and runs pods on the worker's pod network.
+//!
+//! What this costs under TCG is in docs/benchmarks.md; the attestation, rejoin and recovery
+//! paths of a three-node cluster are `local_cluster.rs` (stand-ins: it boots its nodes eleven
+//! times).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Where this test's cluster and image live (never a developer's `~/.cache/hawser/local`).
+fn test_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("local-kubernetes")
+}
+
+fn hawser_local(args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hawser-local"));
+    command
+        .args(args)
+        .env("HAWSER_LOCAL_DIR", test_dir().join("local"));
+    command
+}
+
+/// `hawser local status`'s output.
+fn status() -> String {
+    let output = hawser_local(&["status"]).output().unwrap();
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The last lines of both nodes' console logs, for a failure's message.
+fn console_tails() -> String {
+    let cluster = test_dir().join("local/cluster");
+    let mut out = String::new();
+    for node in ["node-1", "node-2"] {
+        let log = cluster.join(node).join(format!("logs/{node}.console.log"));
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(40).collect();
+        out.push_str(&format!("── {} ──\n", log.display()));
+        for line in tail.iter().rev() {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Debian's kubectl with the host kubeconfig `local up` wrote; its stdout, or the test fails.
+fn kubectl(args: &[&str]) -> String {
+    let kubeconfig = test_dir().join("local/cluster/admin/kubeconfig");
+    let output = Command::new(hawser_local::kubectl::program())
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--request-timeout=60s")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("kubectl: {e} (install Debian's kubernetes-client: scripts/setup-host)")
+        });
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "kubectl {} failed: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr),
+        stdout
+    );
+    stdout
+}
+
+/// `local up` in the background; killed (its VMs with it) if the test fails.
+struct Up(Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Polls `check` every 10 s until it returns `Some`, or fails the test after `limit`.
+fn wait<T>(what: &str, limit: Duration, up: &mut Up, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        if let Some(exit) = up.0.try_wait().unwrap() {
+            panic!(
+                "`hawser local up` exited ({exit}) before {what}:\n{}\n{}",
+                status(),
+                console_tails()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {what} within {} min:\n{}\n{}",
+            limit.as_secs() / 60,
+            status(),
+            console_tails()
+        );
+        std::thread::sleep(Duration::from_secs(10));
+    }
+}
+
+/// The image's busybox (`kubernetes.json`'s tools image; imported with the control plane,
+/// never pulled).
+const TOOLS_IMAGE: &str = "registry.hawser.invalid/hawser/busybox:1.35.0";
+
+/// A pod of the tools image on `node` running `script`.
+fn pod(name: &str, node: &str, script: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "containers": [{
+                "name": name,
+                "image": TOOLS_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script],
+            }],
+        },
+    })
+    .to_string()
+}
+
+/// Two pods on the worker, each with an address of the worker's pod range on the CNI bridge
+/// hawser configured: one serves its hostname over HTTP, the other fetches it.
+fn step_pods_on_the_worker_answer_each_other(nodes: &str) {
+    let worker = nodes
+        .lines()
+        .find(|l| l.contains("192.168.76.11"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let dir = test_dir();
+    for (name, script) in [
+        (
+            "web",
+            "hostname > /tmp/index.html && exec httpd -f -p 8080 -h /tmp",
+        ),
+        ("client", "exec sleep 3600"),
+    ] {
+        let file = dir.join(format!("{name}.json"));
+        std::fs::write(&file, pod(name, &worker, script)).unwrap();
+        kubectl(&["apply", "-f", file.to_str().unwrap()]);
+    }
+    kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod/web",
+        "pod/client",
+        "--timeout=600s",
+    ]);
+    let pods = kubectl(&["get", "pods", "-o", "wide"]);
+    eprintln!("{pods}");
+    let web_ip = kubectl(&["get", "pod", "web", "-o", "jsonpath={.status.podIP}"]);
+    // The worker is 192.168.76.11: its pod range is 10.244.11.0/24.
+    assert!(web_ip.starts_with("10.244.11."), "web's address {web_ip:?}");
+    let answer = kubectl(&[
+        "exec",
+        "client",
+        "--",
+        "wget",
+        "-qO-",
+        &format!("http://{web_ip}:8080/"),
+    ]);
+    assert_eq!(answer.trim(), "web", "{answer}");
+    eprintln!("the client pod fetched http://{web_ip}:8080/ from the web pod: {answer}");
+}
+
+#[test]
+#[ignore = "builds the production image with real Kubernetes and forms a two-node cluster (~15 min under TCG)"]
+fn local_up_forms_a_real_kubernetes_cluster_that_kubectl_sees_ready() {
+    let dir = test_dir();
+    let _ = std::fs::remove_dir_all(dir.join("local"));
+    let image = dir.join("image");
+    let started = Instant::now();
+    let mut up = Up(hawser_local(&[
+        "up",
+        "--quiet",
+        "--fresh",
+        "--production",
+        "--nodes",
+        "2",
+        "--out",
+        image.to_str().unwrap(),
+    ])
+    .stdout(Stdio::null())
+    .spawn()
+    .unwrap());
+
+    // `local status` shows Kubernetes' view beside attestation's once the API server answers.
+    let table = wait(
+        "both nodes Ready in `hawser local status`",
+        Duration::from_secs(40 * 60),
+        &mut up,
+        || {
+            let table = status();
+            let ready = table
+                .lines()
+                .filter(|l| {
+                    l.starts_with("node-") && l.contains(" Ready ") && l.contains("v1.20.2")
+                })
+                .count();
+            (ready == 2).then_some(table)
+        },
+    );
+    eprintln!(
+        "both nodes Ready {:.0} s after `local up` started:\n{table}",
+        started.elapsed().as_secs_f64()
+    );
+    let cmdline = std::fs::read_to_string(image.join("cmdline")).unwrap();
+    assert!(
+        cmdline.contains("hawser.state_disk_integrity=hmac-sha256")
+            && cmdline.contains("hawser.kubernetes=v1.20.2"),
+        "not a production image of real Kubernetes: {cmdline}"
+    );
+
+    // The admin's view from the host: Debian's kubectl, the kubeconfig `local up` wrote.
+    let nodes = kubectl(&["get", "nodes", "-o", "wide"]);
+    eprintln!("{nodes}");
+    let rows: Vec<&str> = nodes.lines().skip(1).collect();
+    assert_eq!(rows.len(), 2, "{nodes}");
+    for row in &rows {
+        let columns: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(columns[1], "Ready", "{nodes}");
+        assert_eq!(columns[4], "v1.20.2", "{nodes}");
+    }
+    for ip in ["192.168.76.10", "192.168.76.11"] {
+        assert!(nodes.contains(ip), "no node at {ip}: {nodes}");
+    }
+    // The control plane's pods are the image's, run by the real kubelet.
+    let pods = kubectl(&["get", "pods", "-n", "kube-system", "-o", "wide"]);
+    eprintln!("{pods}");
+    for component in [
+        "etcd-",
+        "kube-apiserver-",
+        "kube-controller-manager-",
+        "kube-scheduler-",
+    ] {
+        assert!(
+            pods.lines()
+                .any(|l| l.starts_with(component) && l.contains("Running")),
+            "{component} is not running: {pods}"
+        );
+    }
+
+    step_pods_on_the_worker_answer_each_other(&nodes);
+
+    let down = hawser_local(&["down"]).output().unwrap();
+    assert!(down.status.success(), "{down:?}");
+    let exit = up.0.wait().unwrap();
+    assert!(exit.success(), "`hawser local up` ended with {exit}");
+}
