@@ -223,6 +223,7 @@ mod tests {
                 tag: "3.2".into(),
             },
             images: vec![],
+            tools: None,
         };
         let config = containerd_config(&images);
         assert!(
