@@ -74,7 +74,8 @@ pub const TOOLS_APPLETS: &[&str] = &[
 pub const IMAGE_GAPS: &[&str] = &[
     "kube-proxy's image has no iptables, ip6tables, ipset or conntrack: kube-proxy starts, \
      but cannot program Service rules in iptables or IPVS mode",
-    "the images have no CA certificates, shell or libc (but etcd's): only what the binary needs",
+    "the control-plane images have no CA certificates, shell or libc (but etcd's): only what \
+     the binary needs",
 ];
 
 /// Where [`build_images`] takes each image's content from.
