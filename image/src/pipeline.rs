@@ -319,11 +319,21 @@ fn node_kubernetes(
         Some(unpacked) => unpacked,
         None => k8s::fetch(&lock, &cache)?,
     };
+    // The tools image's busybox: a pinned .deb, unpacked in the input cache.
+    let busybox =
+        lock.tool(k8s::images::TOOLS_PACKAGE)
+            .ok_or(k8s::KubernetesError::NoToolsPackage {
+                package: k8s::images::TOOLS_PACKAGE,
+            })?;
+    let busybox_root = inputs::fetch_package(busybox, &cache, "busybox-static for the tools image")
+        .map_err(k8s::KubernetesError::from)?;
     Ok(RootfsKubernetes::Real {
         origin: opts.kubernetes,
         version: lock.version.clone(),
         bin_dir: k8s::origin_dir(&cache, &lock, origin).join("bin"),
         pause_source: unpacked.source.join("build/pause/linux/pause.c"),
+        busybox_root,
+        busybox_version: busybox.version.clone(),
     })
 }
 

@@ -3,7 +3,7 @@
 //! twice, and containerd 1.6.20 with runc 1.1.5 — the `rootfs.lock` packages, unpacked, not
 //! installed, on a private root, state and socket — imports every image by its full name and
 //! runs kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and etcd from them
-//! (`--version`), and pause until it is stopped.
+//! (`--version`), pause until it is stopped, and the busybox tools image's shell and applets.
 //!
 //! Needs root (containerd mounts overlayfs and runc makes namespaces and cgroups), the
 //! Kubernetes binaries built (`hawser image kubernetes`), gcc and libc6-dev; the `.deb`s are
@@ -19,7 +19,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use hawser_image::inputs::{self, InputLock, LockedPackage};
-use hawser_image::kubernetes::images::{self, ImageInputs};
+use hawser_image::kubernetes::images::{self, ImageInputs, TOOLS_APPLETS, TOOLS_PACKAGE};
 use hawser_image::kubernetes::{self, KubernetesLock};
 use hawser_image::rootfs::lock::RootfsLock;
 use sha2::{Digest, Sha256};
@@ -256,6 +256,11 @@ fn containerd_1_6_imports_the_images_by_name_and_runs_them() {
     let (_, libc_root) = unpacked(&rootfs_lock, &cache, "libc6");
     let (_, containerd_root) = unpacked(&rootfs_lock, &cache, "containerd");
     let (_, runc_root) = unpacked(&rootfs_lock, &cache, "runc");
+    let busybox = kube_lock
+        .tool(TOOLS_PACKAGE)
+        .unwrap_or_else(|| panic!("kubernetes.lock pins no [[tools]] {TOOLS_PACKAGE}"));
+    let busybox_root = inputs::fetch_package(busybox, &cache, "busybox-static for the image test")
+        .unwrap_or_else(|e| panic!("{}", hawser_image::test_support::error_chain(&e)));
 
     let scratch = tempfile::tempdir().unwrap();
     let roots = [merged_usr_root(
@@ -268,6 +273,8 @@ fn containerd_1_6_imports_the_images_by_name_and_runs_them() {
         etcd_version: &etcd_pkg.version,
         pause_source: &pause_source,
         cache: &cache,
+        busybox_root: &busybox_root,
+        busybox_version: &busybox.version,
         version: &kube_lock.version,
         epoch,
     };
@@ -290,6 +297,13 @@ fn containerd_1_6_imports_the_images_by_name_and_runs_them() {
     );
     assert_eq!(set.etcd.tag, "3.4.23-0");
     assert_eq!(set.pause.tag, "3.2");
+    let tools = set
+        .tools
+        .clone()
+        .expect("the set names its tools image")
+        .to_string();
+    assert_eq!(tools, "registry.hawser.invalid/hawser/busybox:1.35.0");
+    assert_eq!(set.images.len(), 7, "{:?}", set.images);
 
     // A second build, elsewhere: the same bytes.
     let again = scratch.path().join("again/images.tar");
@@ -370,6 +384,43 @@ fn containerd_1_6_imports_the_images_by_name_and_runs_them() {
         println!("{name}: {line} ({:.1}s)", took.as_secs_f64());
     }
 
+    // The tools image: its default command is sh, every applet link runs busybox, and the
+    // shell, a web server and its client work together inside one container.
+    let t = Instant::now();
+    let out = containerd.run(&["run", "--rm", &tools, "t-busybox", "busybox", "echo", "ok"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "ok\n");
+    let script = format!(
+        "set -e; for applet in {}; do [ \"$(readlink /bin/$applet)\" = busybox ]; done; \
+         echo hello > /tmp/index.html; httpd -p 127.0.0.1:8080 -h /tmp; sleep 0.2; \
+         wget -q -O - http://127.0.0.1:8080/index.html; ping -c 1 -W 5 127.0.0.1 >/dev/null; \
+         ip -o addr show lo | busybox grep -q 127.0.0.1; ls /bin/busybox; hostname; \
+         cat /etc/passwd",
+        TOOLS_APPLETS.join(" ")
+    );
+    let out = containerd.run(&["run", "--rm", &tools, "t-busybox-sh", "sh", "-c", &script]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.first(), Some(&"hello"), "sh -c printed:\n{text}");
+    assert_eq!(
+        lines.get(1),
+        Some(&"/bin/busybox"),
+        "sh -c printed:\n{text}"
+    );
+    assert!(
+        lines.get(2).is_some_and(|l| !l.is_empty()),
+        "no hostname:\n{text}"
+    );
+    assert!(
+        lines.get(3).is_some_and(|l| l.starts_with("root:x:0:0")),
+        "{text}"
+    );
+    println!(
+        "busybox: echo, applets, httpd + wget over lo ({:.1}s)",
+        t.elapsed().as_secs_f64()
+    );
+    let size = set_image_size(&report, &tools);
+    println!("busybox image: {size}");
+
     // pause runs as PID 1 of its container until it is told to stop.
     let mut pause = containerd
         .ctr(&["run", "--rm", &set.pause.to_string(), "t-pause"])
@@ -417,4 +468,18 @@ fn containerd_1_6_imports_the_images_by_name_and_runs_them() {
     assert!(!stderr.contains("should be the first process"), "{stderr}");
     println!("pause: started, SIGTERM, exited 0 ({})", stderr.trim());
     drop(containerd);
+}
+
+/// The build's report line of `image` (`images:   <name> <size> MB (<n> layers)`).
+fn set_image_size(report: &[String], image: &str) -> String {
+    report
+        .iter()
+        .find_map(|line| {
+            line.trim_start_matches("images:")
+                .trim()
+                .strip_prefix(image)
+        })
+        .unwrap_or_else(|| panic!("the build reported no line for {image}: {report:?}"))
+        .trim()
+        .to_owned()
 }

@@ -85,6 +85,11 @@ pub struct ImageSet {
     pub pause: ImageRef,
     /// Every image in the archive, as `repository:tag`.
     pub images: Vec<String>,
+    /// The test/tools image (a shell and network tools, for pods that check the cluster), also
+    /// in [`Self::images`]. Absent from descriptions written before it existed, and from
+    /// image sets without one (kubeadm's configuration never names it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<ImageRef>,
 }
 
 /// The control-plane components whose images are tagged with the Kubernetes version, as
@@ -124,7 +129,31 @@ impl ImageSet {
             etcd,
             pause,
             images,
+            tools: None,
         }
+    }
+
+    /// The set with `tools` as its tools image, added to [`Self::images`] (kept sorted; a
+    /// previous tools image is replaced).
+    pub fn with_tools(mut self, tools: ImageRef) -> ImageSet {
+        if let Some(previous) = self.tools.take() {
+            let previous = previous.to_string();
+            self.images.retain(|name| *name != previous);
+        }
+        self.images.push(tools.to_string());
+        self.images.sort();
+        self.tools = Some(tools);
+        self
+    }
+
+    /// The images kubeadm's control plane runs (every image but the tools image), sorted.
+    pub fn control_plane_images(&self) -> Vec<&str> {
+        let tools = self.tools.as_ref().map(ToString::to_string);
+        self.images
+            .iter()
+            .filter(|name| Some(*name) != tools.as_ref())
+            .map(String::as_str)
+            .collect()
     }
 }
 
@@ -231,6 +260,54 @@ mod tests {
             ]
             .map(|name| format!("registry.hawser.invalid/kubernetes/{name}"))
         );
+    }
+
+    fn busybox() -> ImageRef {
+        ImageRef {
+            repository: "registry.hawser.invalid/hawser/busybox".into(),
+            tag: "1.35.0".into(),
+        }
+    }
+
+    #[test]
+    fn the_tools_image_joins_the_sorted_list_but_not_the_control_plane() {
+        let plain = real().images.unwrap();
+        let set = plain.clone().with_tools(busybox());
+        assert_eq!(set.tools, Some(busybox()));
+        assert_eq!(set.images.len(), 7);
+        assert_eq!(
+            set.images[0],
+            "registry.hawser.invalid/hawser/busybox:1.35.0"
+        );
+        assert!(set.images.is_sorted());
+        assert_eq!(set.control_plane_images(), plain.control_plane_images());
+        assert_eq!(set.control_plane_images().len(), 6);
+        let newer = ImageRef {
+            tag: "1.36.1".into(),
+            ..busybox()
+        };
+        let replaced = set.with_tools(newer.clone());
+        assert_eq!(replaced.images.len(), 7);
+        assert!(replaced.images.contains(&newer.to_string()));
+        assert!(!replaced.images.contains(&busybox().to_string()));
+    }
+
+    #[test]
+    fn the_tools_field_is_camel_case_optional_and_left_out_when_absent() {
+        let mut image = real();
+        let without = image.to_json();
+        assert!(!without.contains("tools"), "{without}");
+        assert_eq!(ImageKubernetes::from_json(&without).unwrap(), image);
+
+        image.images = image.images.map(|set| set.with_tools(busybox()));
+        let text = image.to_json();
+        assert!(
+            text.contains(
+                "\"tools\": {\n      \"repository\": \"registry.hawser.invalid/hawser/busybox\""
+            ),
+            "{text}"
+        );
+        assert_eq!(ImageKubernetes::from_json(&text).unwrap(), image);
     }
 
     #[test]

@@ -4,10 +4,10 @@
 //! 1. A fresh node joins (the host's join service hands out the image's version, which PID 1
 //!    checks against `hawser.kubernetes` before it formats the disk), pivots, reads the rootfs's
 //!    `/usr/share/hawser/kubernetes.json` (its version the command line's), starts containerd,
-//!    imports the control-plane images from the image's archive into containerd's store on the
-//!    encrypted state disk (all six listed afterwards, or the boot stops), then starts the real
-//!    kubelet and runs the real `kubeadm join`, which waits in discovery: no control plane
-//!    answers the ticket's endpoint here. ACPI power-off: the services stop, the disk closes.
+//!    imports the archive's seven images (six of the control plane, busybox for test pods) into
+//!    containerd's store on the encrypted state disk (all seven listed afterwards, or the boot
+//!    stops), then starts the real kubelet and runs the real `kubeadm join`, which waits in
+//!    discovery: no control plane answers the ticket's endpoint here. ACPI power-off: the services stop, the disk closes.
 //! 2. The node boots again: it rejoins, and containerd's store already holds every image, so
 //!    nothing is imported.
 //!
@@ -37,8 +37,10 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
 const STATE_DISK_BYTES: u64 = 2 << 30;
 /// PID 1's teardown with every file system unmounted and the state disk closed.
 const CLEAN_TEARDOWN: &str = "device-mapper devices (0 failed)";
-const IMPORTED: &str = "imported 6 control-plane images in ";
-const ALREADY_THERE: &str = "containerd has the 6 control-plane images already: nothing to import";
+// PID 1 counts every image of kubernetes.json's list: the six of the control plane and the
+// tools image (busybox), which its messages also call control-plane images.
+const IMPORTED: &str = "imported 7 control-plane images in ";
+const ALREADY_THERE: &str = "containerd has the 7 control-plane images already: nothing to import";
 
 fn scratch(name: &str) -> PathBuf {
     common::fresh_scratch("e2e-kubernetes", name)
@@ -104,7 +106,7 @@ fn a_node_of_the_real_kubernetes_image_imports_its_images_once_and_runs_real_kub
     wait(
         &vm,
         "the image's Kubernetes",
-        "this image carries Kubernetes v1.20.2 (built from the pinned source), 6 control-plane image(s)",
+        "this image carries Kubernetes v1.20.2 (built from the pinned source), 7 control-plane image(s)",
     );
     wait(&vm, "images imported", IMPORTED);
     wait(

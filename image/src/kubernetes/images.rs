@@ -1,11 +1,13 @@
 //! The control-plane images a node needs offline, made from the image's own inputs: what
 //! kubeadm 1.20 runs as static pods (kube-apiserver, kube-controller-manager, kube-scheduler,
-//! etcd), its kube-proxy DaemonSet, and the pod sandbox (pause).
+//! etcd), its kube-proxy DaemonSet, and the pod sandbox (pause); and one test/tools image
+//! (busybox) for pods that check the cluster's network.
 //!
 //! ```text
 //!   <lock dir>/bin/kube-*   ─┐
-//!   etcd-server + libc6     ─┼─► one OCI archive (oci.rs) ─► /usr/share/hawser/kubernetes/images.tar
-//!   pause.c + host gcc      ─┘    every image: the shared base layer + one layer of its own
+//!   etcd-server + libc6     ─┤
+//!   pause.c + host gcc      ─┼─► one OCI archive (oci.rs) ─► /usr/share/hawser/kubernetes/images.tar
+//!   busybox-static          ─┘    every image: the shared base layer + one layer of its own
 //! ```
 //!
 //! All are named under [`IMAGE_REPOSITORY`], `registry.hawser.invalid/kubernetes`: these are not
@@ -20,12 +22,18 @@
 //! runs `/usr/local/bin/kube-proxy`. So the Kubernetes binaries are at
 //! `/usr/local/bin/<name>` (also the entrypoint), etcd at Debian's `/usr/bin/etcd` with its
 //! shared libraries (Debian's etcd is dynamically linked), pause at `/pause` as upstream.
+//!
+//! The tools image, [`TOOLS_REPOSITORY`] (`registry.hawser.invalid/hawser/busybox`, outside
+//! kubeadm's repository: kubeadm never runs it), is bookworm's static busybox at
+//! `/usr/bin/busybox` (`/bin` is a link to `usr/bin`) with links for [`TOOLS_APPLETS`], no
+//! entrypoint and `sh` as its command, as Docker's busybox: a pod's `command` runs an applet by
+//! name.
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use hawser_kube_types::ImageSet;
+use hawser_kube_types::{ImageRef, ImageSet};
 
 use super::KubernetesError;
 use super::oci::{self, Content, Entry, ImageSpec, Layer};
@@ -47,12 +55,27 @@ pub use hawser_kube_types::KUBERNETES_IMAGES;
 pub const PAUSE_TAG: &str = "3.2";
 /// etcd in its image, where Debian installs it.
 pub const ETCD_BINARY: &str = "usr/bin/etcd";
+/// The tools image's repository: hawser's own, not kubeadm's `imageRepository`.
+pub const TOOLS_REPOSITORY: &str = "registry.hawser.invalid/hawser/busybox";
+/// The `kubernetes.lock` `[[tools]]` package the tools image is made of.
+pub const TOOLS_PACKAGE: &str = "busybox-static";
+/// busybox in the unpacked `busybox-static` package.
+pub const BUSYBOX_IN_PACKAGE: &str = "bin/busybox";
+/// busybox in the tools image (`/bin/busybox` through the base layer's `bin → usr/bin`).
+pub const BUSYBOX_BINARY: &str = "usr/bin/busybox";
+/// The applets the tools image links to busybox in `/usr/bin`: a shell, a web server and
+/// client, netcat, ping, ip, and what a test script needs around them. Any other applet runs
+/// as `busybox <applet>`.
+pub const TOOLS_APPLETS: &[&str] = &[
+    "cat", "echo", "hostname", "httpd", "ip", "ls", "nc", "ping", "sh", "sleep", "wget",
+];
 /// What these images lack that upstream's have, one line each (for `kubernetes.json`'s
 /// `absent`).
 pub const IMAGE_GAPS: &[&str] = &[
     "kube-proxy's image has no iptables, ip6tables, ipset or conntrack: kube-proxy starts, \
      but cannot program Service rules in iptables or IPVS mode",
-    "the images have no CA certificates, shell or libc (but etcd's): only what the binary needs",
+    "the control-plane images have no CA certificates, shell or libc (but etcd's): only what \
+     the binary needs",
 ];
 
 /// Where [`build_images`] takes each image's content from.
@@ -69,15 +92,20 @@ pub struct ImageInputs<'a> {
     pub pause_source: &'a Path,
     /// The build cache (`~/.cache/hawser`): pause is kept under it.
     pub cache: &'a Path,
+    /// The unpacked `busybox-static` package of `kubernetes.lock`'s `[[tools]]` (holds
+    /// [`BUSYBOX_IN_PACKAGE`]).
+    pub busybox_root: &'a Path,
+    /// Its Debian version (`1:1.35.0-4+deb12u1+b1`).
+    pub busybox_version: &'a str,
     /// The Kubernetes version, `v1.20.2`.
     pub version: &'a str,
     /// `SOURCE_DATE_EPOCH`.
     pub epoch: u64,
 }
 
-/// etcd's image tag as kubeadm spells it: the upstream version and `-0` (`3.4.23-4+b4` →
-/// `3.4.23-0`).
-pub fn etcd_image_tag(debian_version: &str) -> Result<String, KubernetesError> {
+/// The upstream `X.Y.Z` of a Debian version (`1:1.35.0-4+deb12u1+b1` → `1.35.0`), if it has
+/// that shape.
+fn upstream_version(debian_version: &str) -> Option<&str> {
     let without_epoch = debian_version
         .split_once(':')
         .map_or(debian_version, |(_, rest)| rest);
@@ -86,18 +114,30 @@ pub fn etcd_image_tag(debian_version: &str) -> Result<String, KubernetesError> {
         .map_or(without_epoch, |(upstream, _)| upstream);
     let upstream = upstream.split(['+', '~']).next().unwrap_or_default();
     let parts: Vec<&str> = upstream.split('.').collect();
-    if parts.len() != 3
-        || parts
+    let numeric = parts.len() == 3
+        && parts
             .iter()
-            .any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
-    {
-        return Err(KubernetesError::EtcdVersion(debian_version.to_owned()));
-    }
-    Ok(format!("{upstream}-0"))
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    numeric.then_some(upstream)
 }
 
-/// What kubeadm's configuration and containerd need to know of the images.
-pub fn image_set(version: &str, etcd_tag: &str) -> ImageSet {
+/// etcd's image tag as kubeadm spells it: the upstream version and `-0` (`3.4.23-4+b4` →
+/// `3.4.23-0`).
+pub fn etcd_image_tag(debian_version: &str) -> Result<String, KubernetesError> {
+    upstream_version(debian_version)
+        .map(|upstream| format!("{upstream}-0"))
+        .ok_or_else(|| KubernetesError::EtcdVersion(debian_version.to_owned()))
+}
+
+/// The tools image's tag: busybox's upstream version (`1:1.35.0-4+deb12u1+b1` → `1.35.0`).
+pub fn tools_image_tag(debian_version: &str) -> Result<String, KubernetesError> {
+    upstream_version(debian_version)
+        .map(str::to_owned)
+        .ok_or_else(|| KubernetesError::ToolsVersion(debian_version.to_owned()))
+}
+
+/// What kubeadm's configuration, containerd and PID 1 need to know of the images.
+pub fn image_set(version: &str, etcd_tag: &str, tools_tag: &str) -> ImageSet {
     ImageSet::named(
         IMAGE_REPOSITORY,
         IMAGES_ARCHIVE_PATH,
@@ -105,6 +145,10 @@ pub fn image_set(version: &str, etcd_tag: &str) -> ImageSet {
         etcd_tag,
         PAUSE_TAG,
     )
+    .with_tools(ImageRef {
+        repository: TOOLS_REPOSITORY.to_owned(),
+        tag: tools_tag.to_owned(),
+    })
 }
 
 /// Builds the archive `out` (pause compiled or taken from the cache first); returns what to
@@ -115,6 +159,7 @@ pub fn build_images(
     progress: &mut dyn FnMut(&str),
 ) -> Result<ImageSet, KubernetesError> {
     let etcd_tag = etcd_image_tag(inputs.etcd_version)?;
+    let tools_tag = tools_image_tag(inputs.busybox_version)?;
     let pause = pause::build_pause(inputs.pause_source, inputs.version, inputs.cache)?;
     progress(&format!(
         "images: pause {} ({}, key {})",
@@ -126,7 +171,7 @@ pub fn build_images(
         pause.path.display(),
         &pause.key[..16]
     ));
-    let specs = image_specs(inputs, &etcd_tag, &pause.path)?;
+    let specs = image_specs(inputs, &etcd_tag, &tools_tag, &pause.path)?;
     let t = Instant::now();
     let summary = oci::write_archive(&specs, inputs.epoch, out)?;
     for image in &summary.images {
@@ -145,19 +190,21 @@ pub fn build_images(
         out.display(),
         t.elapsed().as_secs_f64()
     ));
-    Ok(image_set(inputs.version, &etcd_tag))
+    Ok(image_set(inputs.version, &etcd_tag, &tools_tag))
 }
 
-/// The six images, each the base layer and its own.
+/// The seven images (six of the control plane, one of tools), each the base layer and its own.
 pub fn image_specs(
     inputs: &ImageInputs,
     etcd_tag: &str,
+    tools_tag: &str,
     pause_binary: &Path,
 ) -> Result<Vec<ImageSpec>, KubernetesError> {
     let image = |name: &str, tag: &str, entrypoint: &str, layer: Layer| ImageSpec {
         repository: format!("{IMAGE_REPOSITORY}/{name}"),
         tag: tag.to_owned(),
         entrypoint: vec![entrypoint.to_owned()],
+        cmd: Vec::new(),
         env: vec![PATH_ENV.to_owned()],
         layers: vec![base_layer(), layer],
     };
@@ -192,7 +239,45 @@ pub fn image_specs(
         entries: vec![executable("pause", pause_binary.to_owned())],
     };
     specs.push(image("pause", PAUSE_TAG, "/pause", pause_layer));
+    specs.push(tools_image(inputs, tools_tag)?);
     Ok(specs)
+}
+
+/// The tools image: as Docker's busybox, no entrypoint and `sh` as the command (a pod's
+/// `command`, or `ctr run`'s arguments, name the applet).
+fn tools_image(inputs: &ImageInputs, tag: &str) -> Result<ImageSpec, KubernetesError> {
+    Ok(ImageSpec {
+        repository: TOOLS_REPOSITORY.to_owned(),
+        tag: tag.to_owned(),
+        entrypoint: Vec::new(),
+        cmd: vec!["sh".to_owned()],
+        env: vec![PATH_ENV.to_owned()],
+        layers: vec![base_layer(), tools_layer(inputs, tag)?],
+    })
+}
+
+/// busybox at [`BUSYBOX_BINARY`] and a relative link to it for each of [`TOOLS_APPLETS`].
+fn tools_layer(inputs: &ImageInputs, tag: &str) -> Result<Layer, KubernetesError> {
+    let busybox = inputs.busybox_root.join(BUSYBOX_IN_PACKAGE);
+    if !busybox.is_file() {
+        return Err(KubernetesError::Layout {
+            what: format!("{BUSYBOX_IN_PACKAGE} (Debian's {TOOLS_PACKAGE})"),
+            dir: inputs.busybox_root.to_owned(),
+        });
+    }
+    let mut entries = vec![executable(BUSYBOX_BINARY, busybox)];
+    entries.extend(TOOLS_APPLETS.iter().map(|applet| Entry::Symlink {
+        path: format!("usr/bin/{applet}"),
+        target: "busybox".to_owned(),
+    }));
+    Ok(Layer {
+        description: format!(
+            "hawser: Debian's static busybox {tag} ({}) and its applets {}",
+            inputs.busybox_version,
+            TOOLS_APPLETS.join(" ")
+        ),
+        entries,
+    })
 }
 
 /// What every image shares: the merged-/usr links (etcd's loader is `/lib64/ld-linux…`), a
@@ -303,11 +388,82 @@ mod tests {
     fn the_set_names_every_image_under_the_invalid_registry() {
         // The naming itself is kube-types' `ImageSet::named` (tested there); here: which
         // repository, archive and pause tag the image builder gives it.
-        let set = image_set("v1.20.2", "3.4.23-0");
+        let set = image_set("v1.20.2", "3.4.23-0", "1.35.0");
         assert_eq!(set.archive, IMAGES_ARCHIVE_PATH);
         assert_eq!(set.image_repository, "registry.hawser.invalid/kubernetes");
         assert_eq!(set.pause.tag, "3.2");
-        assert_eq!(set.images.len(), 6);
+        assert_eq!(set.images.len(), 7);
+        assert_eq!(set.control_plane_images().len(), 6);
+        assert_eq!(
+            set.tools.map(|tools| tools.to_string()).as_deref(),
+            Some("registry.hawser.invalid/hawser/busybox:1.35.0")
+        );
+    }
+
+    #[test]
+    fn the_tools_tag_is_busyboxs_upstream_version() {
+        assert_eq!(tools_image_tag("1:1.35.0-4+deb12u1+b1").unwrap(), "1.35.0");
+        assert_eq!(tools_image_tag("1:1.37.0-6").unwrap(), "1.37.0");
+        let err = tools_image_tag("1:1.35-4").unwrap_err();
+        assert!(err.to_string().contains("busybox-static"), "{err}");
+    }
+
+    #[test]
+    fn the_tools_image_is_busybox_with_its_applet_links_and_sh_as_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let busybox_root = dir.path().join("busybox-static");
+        std::fs::create_dir_all(busybox_root.join("bin")).unwrap();
+        std::fs::write(busybox_root.join(BUSYBOX_IN_PACKAGE), b"\x7fELF busybox").unwrap();
+        let roots = [dir.path().to_owned()];
+        let inputs = ImageInputs {
+            bin_dir: dir.path(),
+            etcd_roots: &roots,
+            etcd_version: "3.4.23-4",
+            pause_source: Path::new("/nonexistent/pause.c"),
+            cache: dir.path(),
+            busybox_root: &busybox_root,
+            busybox_version: "1:1.35.0-4+deb12u1+b1",
+            version: "v1.20.2",
+            epoch: 1,
+        };
+        let layer = tools_layer(&inputs, "1.35.0").unwrap();
+        assert_eq!(
+            layer.entries[0],
+            Entry::File {
+                path: "usr/bin/busybox".into(),
+                mode: 0o755,
+                content: Content::Path(busybox_root.join("bin/busybox")),
+            }
+        );
+        let links: Vec<(&str, &str)> = layer.entries[1..]
+            .iter()
+            .map(|entry| match entry {
+                Entry::Symlink { path, target } => (path.as_str(), target.as_str()),
+                other => panic!("not a link: {other:?}"),
+            })
+            .collect();
+        for applet in [
+            "sh", "httpd", "wget", "nc", "ping", "ip", "sleep", "cat", "echo", "hostname", "ls",
+        ] {
+            assert!(
+                links.contains(&(format!("usr/bin/{applet}").as_str(), "busybox")),
+                "{applet}: {links:?}"
+            );
+        }
+        assert_eq!(links.len(), TOOLS_APPLETS.len());
+
+        let tools = tools_image(&inputs, "1.35.0").unwrap();
+        assert_eq!(
+            tools.name(),
+            "registry.hawser.invalid/hawser/busybox:1.35.0"
+        );
+        assert!(tools.entrypoint.is_empty());
+        assert_eq!(tools.cmd, ["sh"]);
+        assert_eq!(tools.layers[0], base_layer());
+
+        std::fs::remove_file(busybox_root.join(BUSYBOX_IN_PACKAGE)).unwrap();
+        let err = tools_layer(&inputs, "1.35.0").unwrap_err();
+        assert!(err.to_string().contains("bin/busybox"), "{err}");
     }
 
     #[test]
@@ -320,15 +476,17 @@ mod tests {
             etcd_version: "3.4.23-4",
             pause_source: Path::new("/nonexistent/pause.c"),
             cache: dir.path(),
+            busybox_root: dir.path(),
+            busybox_version: "1:1.35.0-4",
             version: "v1.20.2",
             epoch: 1,
         };
-        let err = image_specs(&inputs, "3.4.23-0", Path::new("/pause")).unwrap_err();
+        let err = image_specs(&inputs, "3.4.23-0", "1.35.0", Path::new("/pause")).unwrap_err();
         assert!(err.to_string().contains("kube-apiserver"), "{err}");
         for name in KUBERNETES_IMAGES {
             std::fs::write(dir.path().join(name), b"binary").unwrap();
         }
-        let err = image_specs(&inputs, "3.4.23-0", Path::new("/pause")).unwrap_err();
+        let err = image_specs(&inputs, "3.4.23-0", "1.35.0", Path::new("/pause")).unwrap_err();
         assert!(err.to_string().contains("usr/bin/etcd"), "{err}");
     }
 }

@@ -8,14 +8,17 @@
 //! - `[[swap]]`: a `.deb` whose directory `from` replaces the vendored package at `into` in the
 //!   source tree (reflect2 1.0.2 for Go ≥ 1.18);
 //! - `[[release]]`: upstream's release tarball(s) of the same version, pinned by the sha512 its
-//!   changelog lists (or a sha256), and the member paths of the six binaries in them.
+//!   changelog lists (or a sha256), and the member paths of the six binaries in them;
+//! - `[[tools]]`: the `.deb`s the images archive's test/tools image is made of (bookworm's
+//!   `busybox-static`), unpacked, never installed.
 //!
 //! Top-level `version` is the Kubernetes release the binaries report (`kubeadm version`) and
 //! `git_commit` its upstream commit; both go into the version ldflags. The lock pins both origins;
 //! the caller chooses one ([`super::Origin`]), and each has its own cache key: the source
-//! digest ([`KubernetesLock::digest`], everything but `[[release]]`) and the release digest
-//! ([`KubernetesLock::release_digest`], `version` and `[[release]]` only), so re-pinning one
-//! origin leaves the other's cache valid.
+//! digest ([`KubernetesLock::digest`], everything but `[[release]]` and `[[tools]]`) and the
+//! release digest ([`KubernetesLock::release_digest`], `version` and `[[release]]` only), so
+//! re-pinning one origin leaves the other's cache valid. `[[tools]]` is in neither: the tools
+//! image is made anew with the archive at every image build, and builds no binary.
 
 use std::path::{Path, PathBuf};
 
@@ -97,6 +100,10 @@ pub struct KubernetesLock {
     /// Upstream's release binaries; none if the lock pins the source only.
     #[serde(rename = "release", default, skip_serializing_if = "Vec::is_empty")]
     pub releases: Vec<ReleaseFile>,
+    /// The packages of the test/tools image (`busybox-static`); none in a lock written before
+    /// it existed (the image build then says what to add).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<LockedPackage>,
 }
 
 /// What the release digest hashes: the version and the `[[release]]` entries.
@@ -192,6 +199,11 @@ impl KubernetesLock {
                 self.swaps
                     .iter()
                     .map(|s| (format!("[[swap]] {}", s.name), &s.url, &s.sha256, &s.name)),
+            )
+            .chain(
+                self.tools
+                    .iter()
+                    .map(|p| (format!("[[tools]] {}", p.name), &p.url, &p.sha256, &p.name)),
             );
         for (entry, url, sha256, file) in files {
             if !is_hex(sha256, 64) {
@@ -216,6 +228,15 @@ impl KubernetesLock {
                     url: url.clone(),
                     problem,
                 });
+            }
+        }
+        let mut tools = std::collections::BTreeSet::new();
+        for p in &self.tools {
+            if !tools.insert(p.name.as_str()) {
+                return Err(KubernetesLockError::Invalid(format!(
+                    "[[tools]] {} is pinned twice",
+                    p.name
+                )));
             }
         }
         for s in &self.swaps {
@@ -308,11 +329,13 @@ impl KubernetesLock {
         toml::to_string(self).unwrap_or_default()
     }
 
-    /// The source digest: sha256 of the canonical rendering without `[[release]]`. The cache key
-    /// of everything built from the source (its unpacked tree, Go cache and binaries).
+    /// The source digest: sha256 of the canonical rendering without `[[release]]` and
+    /// `[[tools]]`. The cache key of everything built from the source (its unpacked tree, Go
+    /// cache and binaries).
     pub fn digest(&self) -> String {
         let source = Self {
             releases: Vec::new(),
+            tools: Vec::new(),
             ..self.clone()
         };
         hex::encode(Sha256::digest(source.render().as_bytes()))
@@ -346,6 +369,11 @@ impl KubernetesLock {
                 .find(|m| m.rsplit('/').next() == Some(binary.name()))
                 .map(|m| (r, m.as_str()))
         })
+    }
+
+    /// The `[[tools]]` package named `name`.
+    pub fn tool(&self, name: &str) -> Option<&LockedPackage> {
+        self.tools.iter().find(|p| p.name == name)
     }
 
     /// The `.dsc` entry (parsing made sure there is one).
@@ -479,9 +507,46 @@ mod tests {
                 .unwrap();
         assert_ne!(other_version.release_digest(), lock.release_digest());
 
+        // The tools image's packages are outside both: a new busybox rebuilds no binary.
+        let no_tools = KubernetesLock {
+            tools: Vec::new(),
+            ..lock.clone()
+        };
+        assert_eq!(no_tools.digest(), lock.digest());
+        assert_eq!(no_tools.release_digest(), lock.release_digest());
+        let other_tools = KubernetesLock::parse(&edited("size = 928188", "size = 928189")).unwrap();
+        assert_eq!(other_tools.digest(), lock.digest());
+
         assert_ne!(lock.release_digest(), lock.digest());
         assert_eq!(lock.digest_for(Origin::Source), lock.digest());
         assert_eq!(lock.digest_for(Origin::Release), lock.release_digest());
+    }
+
+    #[test]
+    fn the_tools_entry_pins_busybox_static_and_bad_ones_are_named() {
+        let lock = KubernetesLock::parse(&committed_text()).unwrap();
+        let busybox = lock.tool("busybox-static").unwrap();
+        assert_eq!(busybox.version, "1:1.35.0-4+deb12u1+b1");
+        assert_eq!(busybox.role, Role::Tool);
+
+        let sha = "3d3fdbe91d4660c873e14b092c213fe81c1da6362daa236eb25d0171eb108744";
+        let err = KubernetesLock::parse(&edited(sha, "3D3F")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "[[tools]] busybox-static: sha256 \"3D3F\" is not 64 lowercase hex digits"
+        );
+        let entry = &committed_text()[committed_text().find("\n[[tools]]").unwrap()..];
+        let twice = format!("{}\n{entry}", committed_text());
+        let err = KubernetesLock::parse(&twice).unwrap_err();
+        assert!(
+            err.to_string().contains("busybox-static is pinned twice"),
+            "{err}"
+        );
+
+        let without =
+            &committed_text()[..committed_text().find("\n# The test/tools image").unwrap()];
+        let lock = KubernetesLock::parse(without).unwrap();
+        assert!(lock.tools.is_empty() && lock.tool("busybox-static").is_none());
     }
 
     #[test]

@@ -148,6 +148,15 @@ pub enum KubernetesError {
     /// The etcd-server version is not a Debian version of it.
     #[error("{0:?} is not a Debian version of etcd-server (like 3.4.23-4+b4)")]
     EtcdVersion(String),
+    /// The busybox-static version is not a Debian version of it.
+    #[error("{0:?} is not a Debian version of busybox-static (like 1:1.35.0-4+deb12u1+b1)")]
+    ToolsVersion(String),
+    /// `kubernetes.lock` pins no package the tools image is made of.
+    #[error(
+        "kubernetes.lock pins no [[tools]] {package}: the images archive's test/tools image is \
+         made of it; add its entry (docs/kubernetes.md, \"kubernetes.lock\")"
+    )]
+    NoToolsPackage { package: &'static str },
     /// A file or directory of the cache could not be read or written.
     #[error(transparent)]
     Io(#[from] IoError),

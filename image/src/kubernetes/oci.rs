@@ -136,7 +136,11 @@ pub struct ImageSpec {
     pub repository: String,
     /// `v1.20.2`
     pub tag: String,
+    /// The program and its first arguments (empty: none, `cmd` names the program).
     pub entrypoint: Vec<String>,
+    /// The default arguments after the entrypoint (Docker's `CMD`, Kubernetes' `args`); left
+    /// out of the config when empty.
+    pub cmd: Vec<String>,
     /// `KEY=value`, in the order given.
     pub env: Vec<String>,
     /// Bottom first.
@@ -223,7 +227,10 @@ struct ImageConfig<'a> {
 #[serde(rename_all = "PascalCase")]
 struct RunConfig<'a> {
     env: &'a [String],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
     entrypoint: &'a [String],
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    cmd: &'a [String],
     working_dir: &'static str,
 }
 
@@ -363,6 +370,7 @@ fn write_image(
             config: RunConfig {
                 env: &image.env,
                 entrypoint: &image.entrypoint,
+                cmd: &image.cmd,
                 working_dir: "/",
             },
             rootfs: RootFs {

@@ -4,8 +4,9 @@
 //! A real image (built from the pinned source, or upstream's release binaries) gets:
 //! - `/usr/bin/kubeadm` and `/usr/bin/kubelet`, the host's two Kubernetes programs;
 //! - the control plane (kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy,
-//!   etcd from the tree's Debian etcd-server, pause) as OCI images in one archive
-//!   ([`crate::kubernetes::images`]), imported into containerd by PID 1 at boot;
+//!   etcd from the tree's Debian etcd-server, pause) and a test/tools image (busybox) as OCI
+//!   images in one archive ([`crate::kubernetes::images`]), imported into containerd by PID 1
+//!   at boot;
 //! - `/etc/containerd/config.toml`: Debian's settings with the archive's pause image as the CRI
 //!   sandbox image, so nothing is ever pulled;
 //! - `kubernetes.json` naming the version, the images and what a stock cluster has that this one
@@ -50,6 +51,10 @@ pub enum RootfsKubernetes {
         bin_dir: PathBuf,
         /// The tree's `build/pause/linux/pause.c`, built static into the pause image.
         pause_source: PathBuf,
+        /// The unpacked `busybox-static` of `kubernetes.lock`'s `[[tools]]`: the tools image.
+        busybox_root: PathBuf,
+        /// Its Debian version.
+        busybox_version: String,
     },
     /// hawser's stand-ins for kubeadm and kubelet (from the rootfs options' binary directory):
     /// NOT Kubernetes.
@@ -123,6 +128,8 @@ pub fn install_kubernetes(
             version,
             bin_dir,
             pause_source,
+            busybox_root,
+            busybox_version,
         } => {
             let usr_bin = tree.join("usr/bin");
             let mut installed = vec![(usr_bin.clone(), None)];
@@ -147,6 +154,8 @@ pub fn install_kubernetes(
                     etcd_version,
                     pause_source,
                     cache,
+                    busybox_root,
+                    busybox_version,
                     version,
                     epoch,
                 },
@@ -223,6 +232,7 @@ mod tests {
                 tag: "3.2".into(),
             },
             images: vec![],
+            tools: None,
         };
         let config = containerd_config(&images);
         assert!(

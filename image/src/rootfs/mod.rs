@@ -87,6 +87,16 @@ pub const MKOSI_CONF: &str = "mkosi.conf";
 pub const MKOSI_SOURCES_DIR: &str = "mkosi.pkgmngr/etc/apt/sources.list.d";
 /// The marker the stand-in build leaves in the image.
 pub const STANDIN_MARKER: &str = "usr/share/hawser/STAND-IN";
+/// The CNI plugins a pod network needs, which containerd's CRI finds in its `bin_dir`
+/// (`/usr/lib/cni`, Debian's containernetworking-plugins): the loopback of every pod, a bridge
+/// network with host-local addresses, and hostPort mappings. The build refuses a tree without
+/// them as executable files ([`check_required_files`]).
+pub const CNI_PLUGINS: &[&str] = &[
+    "usr/lib/cni/bridge",
+    "usr/lib/cni/host-local",
+    "usr/lib/cni/loopback",
+    "usr/lib/cni/portmap",
+];
 /// dm-verity's block sizes (data and hash), and erofs's block size.
 pub const BLOCK_SIZE: u64 = verity::BLOCK_SIZE as u64;
 
@@ -184,6 +194,12 @@ pub enum RootfsError {
         "mkosi finished but left no directory tree at {path}: check Format=directory and Output=rootfs in mkosi.conf"
     )]
     NoTree { path: PathBuf },
+    /// A file the node needs is not in mkosi's tree, or is not an executable regular file.
+    #[error(
+        "the rootfs tree lacks /{path} as an executable file ({why}): is its package in mkosi.conf \
+         and rootfs.lock, and not removed by RemoveFiles= or a dpkg path-exclude?"
+    )]
+    RequiredFile { path: String, why: &'static str },
     /// The erofs image cannot be covered by 4096-byte verity data blocks.
     #[error("the erofs image {path} is {bytes} bytes, not a whole number of 4096-byte blocks")]
     UnalignedImage { path: PathBuf, bytes: u64 },
@@ -202,6 +218,27 @@ fn hint_text(hint: &str) -> String {
     } else {
         format!(": {hint}")
     }
+}
+
+/// Checks that each of `paths` (relative to `tree`) is a regular file with an execute bit;
+/// `why` says what it is, for the error.
+pub fn check_required_files(
+    tree: &Path,
+    paths: &[&str],
+    why: &'static str,
+) -> Result<(), RootfsError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    for path in paths {
+        let executable = std::fs::symlink_metadata(tree.join(path))
+            .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0);
+        if !executable {
+            return Err(RootfsError::RequiredFile {
+                path: (*path).to_owned(),
+                why,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `hawser.root_hash=<64 hex>`: the measured kernel command line's pin on the rootfs.
@@ -306,6 +343,11 @@ pub fn build_rootfs(
         "rootfs: mkosi installed exactly the {} packages of {}",
         lock.packages.len(),
         lock::LOCK_FILE,
+    ));
+    check_required_files(&tree, CNI_PLUGINS, "a CNI plugin")?;
+    progress(&format!(
+        "rootfs: CNI plugins present: /{}",
+        CNI_PLUGINS.join(", /")
     ));
     install_joind(&tree, &opts.standin_bin_dir, opts.source_date_epoch)?;
     progress(&format!("rootfs: installed /{JOIND_PATH}"));
@@ -417,6 +459,54 @@ pub fn lock_rootfs(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tree_without_an_executable_cni_plugin_is_refused_by_name() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let tree = tempfile::tempdir().unwrap();
+        let cni = tree.path().join("usr/lib/cni");
+        std::fs::create_dir_all(&cni).unwrap();
+        for path in CNI_PLUGINS {
+            let file = tree.path().join(path);
+            std::fs::write(&file, b"\x7fELF").unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        check_required_files(tree.path(), CNI_PLUGINS, "a CNI plugin").unwrap();
+
+        let portmap = cni.join("portmap");
+        std::fs::set_permissions(&portmap, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = check_required_files(tree.path(), CNI_PLUGINS, "a CNI plugin").unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "the rootfs tree lacks /usr/lib/cni/portmap as an executable file (a CNI plugin)"
+            ),
+            "{err}"
+        );
+        std::fs::remove_file(cni.join("bridge")).unwrap();
+        std::os::unix::fs::symlink("loopback", cni.join("bridge")).unwrap();
+        let err = check_required_files(tree.path(), CNI_PLUGINS, "a CNI plugin").unwrap_err();
+        assert!(err.to_string().contains("/usr/lib/cni/bridge"), "{err}");
+    }
+
+    #[test]
+    fn mkosi_conf_installs_the_cni_plugins_and_the_lock_pins_them() {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let conf = MkosiConf::load(&workspace.join(MKOSI_CONF)).unwrap();
+        assert!(
+            conf.packages
+                .iter()
+                .any(|p| p == "containernetworking-plugins"),
+            "{:?}",
+            conf.packages
+        );
+        let lock = load_rootfs_lock(&workspace).unwrap();
+        assert_eq!(
+            lock.versions()
+                .get("containernetworking-plugins")
+                .map(String::as_str),
+            Some("1.1.1+ds1-3+b5")
+        );
+    }
 
     #[test]
     fn partition_uuids_are_the_halves_of_the_root_hash() {

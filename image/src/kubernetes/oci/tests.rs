@@ -36,6 +36,7 @@ fn images(dir: &Path) -> Vec<ImageSpec> {
         repository: format!("registry.hawser.invalid/test/{name}"),
         tag: "v1.2.3".into(),
         entrypoint: vec![format!("/usr/local/bin/{name}")],
+        cmd: Vec::new(),
         env: vec!["PATH=/usr/local/bin:/usr/bin".into()],
         layers: vec![
             base(),

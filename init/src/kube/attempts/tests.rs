@@ -280,6 +280,7 @@ fn an_init_intent_kept_before_the_pivot_runs_with_the_images_of_the_image_it_boo
             tag: "3.2".into(),
         },
         images: vec![format!("{repo}/kube-apiserver:v1.20.2")],
+        tools: None,
     });
     assert_eq!(
         kubeadm_args(&kept),
