@@ -2,7 +2,7 @@
 //! `hawser-local` binary (what `hawser local` runs), real QEMU + OVMF + swtpm nodes on a LAN
 //! between them, the real PID 1, `hawser-joind` on both control planes with its state in their
 //! etcd (Debian's etcd-server, run by the kubeadm and kubelet stand-ins as kubeadm runs stacked
-//! etcd).
+//! etcd). Real Kubernetes is `local_kubernetes.rs`.
 //!
 //! One cluster is formed (`hawser init` of node-1, node-2 joins as an approved control plane and
 //! becomes an etcd member, node-3 joins as a worker, each found by mDNS), then each control
@@ -144,9 +144,13 @@ fn a_cluster_of_two_control_planes_and_a_worker_survives_any_one_node_down() {
     let image = image.to_str().unwrap();
     // The image users ship: state disks with HMAC-SHA256 integrity and 96-byte keys, each
     // node's key checked on the host against the master secret at that length.
+    // hawser's stand-ins for kubeadm and kubelet: eleven boots of real control planes would
+    // take an hour under TCG (`local_kubernetes.rs` forms a cluster of real Kubernetes).
     let mut up = Up::start(&[
         "--fresh",
         "--production",
+        "--kubernetes",
+        "stand-in",
         "--nodes",
         "3",
         "--control-planes",
