@@ -26,7 +26,7 @@ pub mod oneshot;
 pub mod output;
 pub mod retry;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -131,6 +131,10 @@ pub struct ServiceSpec {
     pub nofile_limit: Option<u64>,
     /// Written to `/proc/<pid>/oom_score_adj` right after the start.
     pub oom_score_adj: Option<i32>,
+    /// A file the service cannot run without (the kubelet's configuration, which kubeadm
+    /// writes): until it exists the service waits, unstarted, instead of failing and
+    /// restarting, as systemd's `ConditionPathExists=` with a path unit would.
+    pub start_after: Option<PathBuf>,
 }
 
 impl ServiceSpec {
@@ -146,6 +150,7 @@ impl ServiceSpec {
             stop_timeout: DEFAULT_SERVICE_STOP_TIMEOUT,
             nofile_limit: None,
             oom_score_adj: None,
+            start_after: None,
         }
     }
 
@@ -208,6 +213,9 @@ pub fn containerd() -> ServiceSpec {
 }
 
 /// kubelet as kubeadm's systemd drop-in (`10-kubeadm.conf`) runs it.
+/// The kubelet's configuration, written by kubeadm (`init` or `join`, phase `kubelet-start`).
+pub const KUBELET_CONFIG: &str = "/var/lib/kubelet/config.yaml";
+
 pub fn kubelet() -> ServiceSpec {
     ServiceSpec {
         args_from_env_files: vec![
@@ -221,13 +229,16 @@ pub fn kubelet() -> ServiceSpec {
             },
         ],
         nofile_limit: Some(SERVICE_NOFILE),
+        // Started without it, the kubelet exits at once with a fatal error and a dump of every
+        // goroutine, every 10 s until kubeadm wrote it (minutes under emulation).
+        start_after: Some(PathBuf::from(KUBELET_CONFIG)),
         ..ServiceSpec::new(
             "kubelet",
             "/usr/bin/kubelet",
             &[
                 "--bootstrap-kubeconfig=/etc/kubernetes/bootstrap-kubelet.conf",
                 "--kubeconfig=/etc/kubernetes/kubelet.conf",
-                "--config=/var/lib/kubelet/config.yaml",
+                "--config=/var/lib/kubelet/config.yaml", // KUBELET_CONFIG
             ],
         )
     }
@@ -458,6 +469,11 @@ async fn run_service(
     mut requests: mpsc::Receiver<Control>,
 ) {
     let mut backoff = RestartBackoff::new(spec.restart);
+    if let Some(path) = &spec.start_after
+        && !wait_for_start_condition(&spec.name, path, &mut requests).await
+    {
+        return;
+    }
     loop {
         let started = Instant::now();
         let delay = match start_once(&spec, &registry) {
@@ -523,6 +539,46 @@ async fn run_service(
                     return;
                 }
                 None => return,
+            },
+        }
+    }
+}
+
+/// How often a service waiting for its [`ServiceSpec::start_after`] file looks for it.
+const START_CONDITION_POLL: Duration = Duration::from_millis(500);
+
+/// Waits until `path` exists; `false` if the service was stopped meanwhile (then answered).
+async fn wait_for_start_condition(
+    name: &str,
+    path: &Path,
+    requests: &mut mpsc::Receiver<Control>,
+) -> bool {
+    if path.exists() {
+        return true;
+    }
+    info!("{name} waits for {} before it starts", path.display());
+    let waiting = Instant::now();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(START_CONDITION_POLL) => {
+                if path.exists() {
+                    info!(
+                        "{} is there after {:.1} s: starting {name}",
+                        path.display(),
+                        waiting.elapsed().as_secs_f64()
+                    );
+                    return true;
+                }
+            }
+            request = requests.recv() => match request {
+                // Nothing runs to restart: it starts once the file is there.
+                Some(Control::Restart) => {}
+                Some(Control::Stop(reply)) => {
+                    describe_stop(name, ServiceStop::NotRunning);
+                    let _ = reply.send(ServiceStop::NotRunning);
+                    return false;
+                }
+                None => return false,
             },
         }
     }

@@ -122,6 +122,12 @@ fn kubelet_runs_as_kubeadms_drop_in_says() {
         ]
     );
     assert_eq!(containerd().oom_score_adj, Some(-999));
+    // It starts once kubeadm wrote its configuration, not before.
+    assert_eq!(
+        spec.start_after.as_deref(),
+        Some(std::path::Path::new("/var/lib/kubelet/config.yaml"))
+    );
+    assert_eq!(containerd().start_after, None);
 }
 
 #[tokio::test]
@@ -292,4 +298,44 @@ async fn a_missing_program_is_retried_and_an_explicit_restart_is_immediate() {
     assert_eq!(reports[1].name, "ghost");
     assert_eq!(reports[1].outcome, ServiceStop::NotRunning);
     assert!(logs.contains("restarting steady on request"));
+}
+
+#[tokio::test]
+async fn a_service_waits_unstarted_for_its_start_condition_and_stops_while_waiting() {
+    let (logs, _guard) = capture_logs();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    let ran = dir.path().join("ran");
+    let mut waiting = sh("waiter", &format!("touch {}; exec sleep 60", ran.display()));
+    waiting.start_after = Some(config.clone());
+    let mut supervisor = Supervisor::new(ChildRegistry::new());
+    supervisor.start(waiting);
+    wait_until("the wait is said", || {
+        logs.contains(&format!(
+            "waiter waits for {} before it starts",
+            config.display()
+        ))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!ran.exists(), "started before its condition held");
+    std::fs::write(&config, "kind: KubeletConfiguration\n").unwrap();
+    wait_until("the start", || ran.exists()).await;
+    assert!(
+        !logs.lines().iter().any(|l| l.contains("exited")),
+        "{:?}",
+        logs.lines()
+    );
+    supervisor.stop_all().await;
+
+    // Stopped before the file ever appears: nothing ran, and the stop is answered.
+    let never = dir.path().join("never.yaml");
+    let mut waiting = sh("never", &format!("touch {}.ran", never.display()));
+    waiting.start_after = Some(never.clone());
+    let mut supervisor = Supervisor::new(ChildRegistry::new());
+    supervisor.start(waiting);
+    wait_until("the second wait", || logs.contains("never waits for")).await;
+    let reports = supervisor.stop_all().await;
+    assert_eq!(reports[0].outcome, ServiceStop::NotRunning);
+    assert!(!dir.path().join("never.yaml.ran").exists());
 }
