@@ -151,6 +151,16 @@ pub enum KubernetesError {
     /// The busybox-static version is not a Debian version of it.
     #[error("{0:?} is not a Debian version of busybox-static (like 1:1.35.0-4+deb12u1+b1)")]
     ToolsVersion(String),
+    /// The images built for an archive are not the ones its description lists (a bug in the
+    /// image builder: the split and the specs disagree).
+    #[error(
+        "the archive {archive} would hold {built:?}, but the image's description lists {listed:?}"
+    )]
+    ArchiveSplit {
+        archive: String,
+        built: Vec<String>,
+        listed: Vec<String>,
+    },
     /// `kubernetes.lock` pins no package the tools image is made of.
     #[error(
         "kubernetes.lock pins no [[tools]] {package}: the images archive's test/tools image is \
