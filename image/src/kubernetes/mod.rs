@@ -13,8 +13,9 @@
 //!   code, and the binaries cached by (digest, name) with their sha256 in a manifest;
 //! - [`release`](mod@release): the other origin, upstream's release tarball pinned in the same
 //!   lock, its binaries read out into the same `bin/` layout and manifest;
-//! - [`images`]: the control-plane images containerd imports offline, one deterministic OCI
-//!   archive ([`oci`]) with pause built static from the tree ([`pause`]).
+//! - [`images`]: the images containerd imports offline, two deterministic OCI archives
+//!   ([`oci`]): every node's (pause built static from the tree, [`pause`]; kube-proxy; busybox)
+//!   and the control plane's (API server, controller manager, scheduler, etcd).
 //!
 //! [`fetch_and_build`] is the one entry point for both origins ([`Origin`]): what it returns, the
 //! binaries at `<cache>/kubernetes/<digest>/bin/<name>` and `bin/manifest.json`, looks the same
@@ -135,8 +136,8 @@ pub enum KubernetesError {
         #[source]
         source: serde_json::Error,
     },
-    /// The control-plane images' OCI archive could not be written.
-    #[error("writing the control-plane image archive failed")]
+    /// One of the images' OCI archives could not be written.
+    #[error("writing an images archive failed")]
     ImageArchive(#[from] oci::OciError),
     /// etcd's shared libraries are not all in the root it is taken from.
     #[error("resolving the shared libraries of etcd ({path}) failed")]
