@@ -10,7 +10,7 @@
 //!
 //! An image carries Kubernetes built from the pinned source, official release binaries (both
 //! with their images in two OCI archives: what every node runs, and what only a control plane
-//! runs, so a worker imports a seventh of the bytes), or hawser's stand-ins (no images; the
+//! runs, so a worker imports an eighth of the bytes), or hawser's stand-ins (no images; the
 //! version is the one whose kubeadm configuration the stand-ins check). The file is part of the
 //! verified rootfs, so what it says is measured through the root hash.
 

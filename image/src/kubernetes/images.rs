@@ -15,7 +15,7 @@
 //!
 //! Two archives, because a node imports at its first boot what it runs, and under TCG the
 //! import of all seven images took 159 s on a worker that runs three of them: the node archive
-//! is ~45 MB, the control-plane archive ~270 MB. Which image goes where is kube-types'
+//! is 39 MB, the control-plane archive 277 MB. Which image goes where is kube-types'
 //! [`ImageSet::named`]; the specs here are split by the names it lists, and a difference is an
 //! error, so the archives always hold what `kubernetes.json` says.
 //!
