@@ -189,11 +189,15 @@ impl std::fmt::Display for NodeImage {
         match &k.images {
             Some(images) => writeln!(
                 f,
-                "k8s      Kubernetes {} ({}), {} images in {}",
+                "k8s      Kubernetes {} ({}), {} images: {} for every node in {}, {} for control \
+                 planes in {}",
                 k.version,
                 k.origin,
                 images.images.len(),
-                images.archive
+                images.node.images.len(),
+                images.node.path,
+                images.control_plane.images.len(),
+                images.control_plane.path
             )?,
             None => writeln!(
                 f,

@@ -1,7 +1,9 @@
-//! The control-plane images against the node's own container runtime: the archive built from
-//! the cached Kubernetes binaries, Debian's etcd and the tree's pause.c is byte-identical
-//! twice, and containerd 1.6.20 with runc 1.1.5 — the `rootfs.lock` packages, unpacked, not
-//! installed, on a private root, state and socket — imports every image by its full name and
+//! The node's images against the node's own container runtime: the two archives (every node's,
+//! the control plane's) built from the cached Kubernetes binaries, Debian's etcd and the tree's
+//! pause.c are byte-identical twice, and containerd 1.6.20 with runc 1.1.5 — the `rootfs.lock`
+//! packages, unpacked, not installed, on a private root, state and socket — imports the node
+//! archive (then holds exactly what a worker runs), then the control-plane archive (then every
+//! image), each image by its full name, and
 //! runs kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy and etcd from them
 //! (`--version`), pause until it is stopped, and the busybox tools image's shell and applets.
 //!
@@ -279,9 +281,10 @@ fn containerd_1_6_imports_the_images_by_name_and_runs_them() {
         epoch,
     };
     let mut report = Vec::new();
-    let archive = scratch.path().join("images.tar");
+    let archives = scratch.path().join("archives");
+    std::fs::create_dir_all(&archives).unwrap();
     let t = Instant::now();
-    let set = images::build_images(&image_inputs, &archive, &mut |line| {
+    let set = images::build_images(&image_inputs, &archives, &mut |line| {
         report.push(line.to_owned())
     })
     .unwrap_or_else(|e| panic!("{}", hawser_image::test_support::error_chain(&e)));
@@ -289,11 +292,21 @@ fn containerd_1_6_imports_the_images_by_name_and_runs_them() {
     for line in &report {
         println!("{line}");
     }
-    let size = std::fs::metadata(&archive).unwrap().len();
+    let node_archive = archives.join(images::NODE_ARCHIVE);
+    let control_plane_archive = archives.join(images::CONTROL_PLANE_ARCHIVE);
+    let node_size = std::fs::metadata(&node_archive).unwrap().len();
+    let control_plane_size = std::fs::metadata(&control_plane_archive).unwrap().len();
     println!(
-        "archive: {:.1} MB built in {:.1}s",
-        size as f64 / 1e6,
+        "archives: node {:.1} MB, control plane {:.1} MB, built in {:.1}s",
+        node_size as f64 / 1e6,
+        control_plane_size as f64 / 1e6,
         built_in.as_secs_f64()
+    );
+    assert_eq!(
+        std::fs::read_dir(&archives).unwrap().count(),
+        2,
+        "only the two archives are left in {}",
+        archives.display()
     );
     assert_eq!(set.etcd.tag, "3.4.23-0");
     assert_eq!(set.pause.tag, "3.2");
@@ -304,19 +317,46 @@ fn containerd_1_6_imports_the_images_by_name_and_runs_them() {
         .to_string();
     assert_eq!(tools, "registry.hawser.invalid/hawser/busybox:1.35.0");
     assert_eq!(set.images.len(), 7, "{:?}", set.images);
+    let short = |names: &[String]| -> Vec<String> {
+        names
+            .iter()
+            .map(|name| name.rsplit_once('/').unwrap().1.to_owned())
+            .collect()
+    };
+    assert_eq!(
+        short(&set.node.images),
+        ["busybox:1.35.0", "kube-proxy:v1.20.2", "pause:3.2"]
+    );
+    assert_eq!(
+        short(&set.control_plane.images),
+        [
+            "etcd:3.4.23-0",
+            "kube-apiserver:v1.20.2",
+            "kube-controller-manager:v1.20.2",
+            "kube-scheduler:v1.20.2"
+        ]
+    );
+    // What a worker saves: kube-proxy (36.7 MB), pause and busybox against ~270 MB.
+    assert!(
+        node_size * 4 < control_plane_size,
+        "the node archive ({node_size} bytes) should be far smaller than the control plane's \
+         ({control_plane_size} bytes)"
+    );
 
     // A second build, elsewhere: the same bytes.
-    let again = scratch.path().join("again/images.tar");
-    std::fs::create_dir_all(again.parent().unwrap()).unwrap();
+    let again = scratch.path().join("again");
+    std::fs::create_dir_all(&again).unwrap();
     images::build_images(&image_inputs, &again, &mut |_| {}).unwrap();
-    let digest = sha256_file(&archive);
-    assert_eq!(
-        digest,
-        sha256_file(&again),
-        "two builds of the archive differ"
-    );
-    std::fs::remove_file(&again).unwrap();
-    println!("archive sha256 {digest} (twice)");
+    for file in [images::NODE_ARCHIVE, images::CONTROL_PLANE_ARCHIVE] {
+        let digest = sha256_file(&archives.join(file));
+        assert_eq!(
+            digest,
+            sha256_file(&again.join(file)),
+            "two builds of {file} differ"
+        );
+        println!("{file} sha256 {digest} (twice)");
+    }
+    std::fs::remove_dir_all(&again).unwrap();
 
     let runtime_dir = scratch.path().join("containerd");
     std::fs::create_dir_all(&runtime_dir).unwrap();
@@ -328,19 +368,34 @@ fn containerd_1_6_imports_the_images_by_name_and_runs_them() {
         "not containerd 1.6.20:\n{version}"
     );
 
+    let listed_names = || {
+        let listed = containerd.run(&["images", "ls"]);
+        let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+        println!("{listed}");
+        let names: Vec<String> = listed
+            .lines()
+            .skip(1)
+            .filter_map(|line| line.split_whitespace().next())
+            .map(str::to_owned)
+            .collect();
+        names
+    };
+    // A worker: the node archive only, and containerd has exactly its three images.
     let t = Instant::now();
-    containerd.run(&["images", "import", archive.to_str().unwrap()]);
-    println!("import: {:.1}s", t.elapsed().as_secs_f64());
-
-    let listed = containerd.run(&["images", "ls"]);
-    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
-    println!("{listed}");
-    let names: Vec<&str> = listed
-        .lines()
-        .skip(1)
-        .filter_map(|line| line.split_whitespace().next())
-        .collect();
-    assert_eq!(names, set.images, "ctr images ls:\n{listed}");
+    containerd.run(&["images", "import", node_archive.to_str().unwrap()]);
+    println!(
+        "import of the node archive: {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(listed_names(), set.node.images, "after the node archive");
+    // A control plane: the control-plane archive too, and containerd has all seven.
+    let t = Instant::now();
+    containerd.run(&["images", "import", control_plane_archive.to_str().unwrap()]);
+    println!(
+        "import of the control-plane archive: {:.1}s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(listed_names(), set.images, "after both archives");
 
     let image = |name: &str| {
         set.images

@@ -507,7 +507,7 @@ const IMAGE_REPOSITORY: &str = "registry.hawser.invalid/kubernetes";
 fn image_set() -> ImageSet {
     ImageSet::named(
         IMAGE_REPOSITORY,
-        "/usr/share/hawser/kubernetes/images.tar",
+        "/usr/share/hawser/kubernetes",
         "v1.20.2",
         "3.4.23-0",
         "3.2",

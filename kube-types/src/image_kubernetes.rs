@@ -9,7 +9,8 @@
 //! ```
 //!
 //! An image carries Kubernetes built from the pinned source, official release binaries (both
-//! with their control-plane images in one OCI archive), or hawser's stand-ins (no images; the
+//! with their images in two OCI archives: what every node runs, and what only a control plane
+//! runs, so a worker imports an eighth of the bytes), or hawser's stand-ins (no images; the
 //! version is the one whose kubeadm configuration the stand-ins check). The file is part of the
 //! verified rootfs, so what it says is measured through the root hash.
 
@@ -68,13 +69,30 @@ impl fmt::Display for ImageRef {
     }
 }
 
-/// The control-plane images of a real-Kubernetes image, as kubeadm's configuration names them.
+/// One OCI archive of the image (an `index.json` with one manifest per image) and the images in
+/// it, as `repository:tag` (sorted): what `ctr -n k8s.io images import` reads and what
+/// containerd lists afterwards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ImageArchive {
+    /// Absolute in the rootfs: `/usr/share/hawser/kubernetes/node-images.tar`.
+    pub path: String,
+    /// The images in it, sorted.
+    pub images: Vec<String>,
+}
+
+/// The images of a real-Kubernetes image, as kubeadm's configuration names them, in two
+/// archives: what every node runs ([`Self::node`]: pause, kube-proxy, the tools image) and what
+/// only a control plane runs ([`Self::control_plane`]: the API server, the controller manager,
+/// the scheduler, etcd). A worker imports the first, a control plane both.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ImageSet {
-    /// The OCI archive (an `index.json` with one manifest per image), absolute in the rootfs:
-    /// `/usr/share/hawser/kubernetes/images.tar`, what `ctr -n k8s.io images import` reads.
-    pub archive: String,
+    /// The images every node runs: `/usr/share/hawser/kubernetes/node-images.tar`.
+    pub node: ImageArchive,
+    /// The images only a control plane runs:
+    /// `/usr/share/hawser/kubernetes/control-plane-images.tar`.
+    pub control_plane: ImageArchive,
     /// kubeadm's `imageRepository`: `<repository>/kube-apiserver:<version>` and the other
     /// control-plane components are found under it.
     pub image_repository: String,
@@ -83,11 +101,11 @@ pub struct ImageSet {
     pub etcd: ImageRef,
     /// containerd's `sandbox_image` (and kubelet's `--pod-infra-container-image`).
     pub pause: ImageRef,
-    /// Every image in the archive, as `repository:tag`.
+    /// Every image of both archives, as `repository:tag`, sorted.
     pub images: Vec<String>,
-    /// The test/tools image (a shell and network tools, for pods that check the cluster), also
-    /// in [`Self::images`]. Absent from descriptions written before it existed, and from
-    /// image sets without one (kubeadm's configuration never names it).
+    /// The test/tools image (a shell and network tools, for pods that check the cluster), in
+    /// [`Self::node`] and [`Self::images`]. Absent from image sets without one (kubeadm's
+    /// configuration never names it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<ImageRef>,
 }
@@ -101,12 +119,23 @@ pub const KUBERNETES_IMAGES: &[&str] = &[
     "kube-proxy",
 ];
 
+/// Of [`KUBERNETES_IMAGES`], the one every node runs (kubeadm's kube-proxy DaemonSet); the
+/// others, and etcd, are a control plane's static pods.
+pub const NODE_KUBERNETES_IMAGES: &[&str] = &["kube-proxy"];
+
+/// The file name of the archive every node imports, in the archives' directory.
+pub const NODE_ARCHIVE: &str = "node-images.tar";
+/// The file name of the archive only a control plane imports, in the archives' directory.
+pub const CONTROL_PLANE_ARCHIVE: &str = "control-plane-images.tar";
+
 impl ImageSet {
-    /// The set of an image whose archive is at `archive`: [`KUBERNETES_IMAGES`] at `version`,
-    /// `etcd:<etcd_tag>` and `pause:<pause_tag>`, all under `repository`; `images` sorted.
+    /// The set of an image whose archives are in the directory `archive_dir` (absolute in the
+    /// rootfs): [`KUBERNETES_IMAGES`] at `version`, `etcd:<etcd_tag>` and `pause:<pause_tag>`,
+    /// all under `repository`; kube-proxy and pause in [`NODE_ARCHIVE`], the rest in
+    /// [`CONTROL_PLANE_ARCHIVE`]; every list sorted.
     pub fn named(
         repository: &str,
-        archive: &str,
+        archive_dir: &str,
         version: &str,
         etcd_tag: &str,
         pause_tag: &str,
@@ -117,14 +146,37 @@ impl ImageSet {
         };
         let etcd = reference("etcd", etcd_tag);
         let pause = reference("pause", pause_tag);
-        let mut images: Vec<String> = KUBERNETES_IMAGES
+        let (node_components, control_plane_components): (Vec<&str>, Vec<&str>) = KUBERNETES_IMAGES
             .iter()
-            .map(|name| reference(name, version).to_string())
-            .chain([etcd.to_string(), pause.to_string()])
+            .partition(|name| NODE_KUBERNETES_IMAGES.contains(name));
+        let versioned = |names: Vec<&str>| -> Vec<String> {
+            names
+                .into_iter()
+                .map(|name| reference(name, version).to_string())
+                .collect()
+        };
+        let mut node_images = versioned(node_components);
+        node_images.push(pause.to_string());
+        node_images.sort();
+        let mut control_plane_images = versioned(control_plane_components);
+        control_plane_images.push(etcd.to_string());
+        control_plane_images.sort();
+        let dir = archive_dir.trim_end_matches('/');
+        let mut images: Vec<String> = node_images
+            .iter()
+            .chain(&control_plane_images)
+            .cloned()
             .collect();
         images.sort();
         ImageSet {
-            archive: archive.to_owned(),
+            node: ImageArchive {
+                path: format!("{dir}/{NODE_ARCHIVE}"),
+                images: node_images,
+            },
+            control_plane: ImageArchive {
+                path: format!("{dir}/{CONTROL_PLANE_ARCHIVE}"),
+                images: control_plane_images,
+            },
             image_repository: repository.to_owned(),
             etcd,
             pause,
@@ -133,15 +185,19 @@ impl ImageSet {
         }
     }
 
-    /// The set with `tools` as its tools image, added to [`Self::images`] (kept sorted; a
-    /// previous tools image is replaced).
+    /// The set with `tools` as its tools image, in the node archive and [`Self::images`] (kept
+    /// sorted; a previous tools image is replaced).
     pub fn with_tools(mut self, tools: ImageRef) -> ImageSet {
+        let name = tools.to_string();
         if let Some(previous) = self.tools.take() {
             let previous = previous.to_string();
-            self.images.retain(|name| *name != previous);
+            self.images.retain(|image| *image != previous);
+            self.node.images.retain(|image| *image != previous);
         }
-        self.images.push(tools.to_string());
-        self.images.sort();
+        for list in [&mut self.images, &mut self.node.images] {
+            list.push(name.clone());
+            list.sort();
+        }
         self.tools = Some(tools);
         self
     }
@@ -154,6 +210,68 @@ impl ImageSet {
             .filter(|name| Some(*name) != tools.as_ref())
             .map(String::as_str)
             .collect()
+    }
+
+    /// The archives a node imports: the node archive, and for a control plane the
+    /// control-plane archive after it.
+    pub fn archives(&self, control_plane: bool) -> Vec<&ImageArchive> {
+        let mut archives = vec![&self.node];
+        if control_plane {
+            archives.push(&self.control_plane);
+        }
+        archives
+    }
+
+    /// Why the set contradicts itself, if it does: the two archives must share no image, and
+    /// together hold exactly [`Self::images`]; pause, kube-proxy and the tools image must be in
+    /// the node archive (every node runs them), etcd in the control plane's.
+    fn inconsistency(&self) -> Option<String> {
+        let mut both: Vec<&String> = self
+            .node
+            .images
+            .iter()
+            .chain(&self.control_plane.images)
+            .collect();
+        both.sort();
+        if let Some(twice) = both.windows(2).find(|pair| pair[0] == pair[1]) {
+            return Some(format!("{} is in both archives", twice[0]));
+        }
+        let mut listed: Vec<&String> = self.images.iter().collect();
+        listed.sort();
+        if both != listed {
+            return Some(format!(
+                "its archives hold {} but its images are {}",
+                both.iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                listed
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let node_runs = [
+            Some(self.pause.to_string()),
+            self.tools.as_ref().map(ToString::to_string),
+        ];
+        for name in node_runs.into_iter().flatten() {
+            if !self.node.images.contains(&name) {
+                return Some(format!(
+                    "{name} is not in the node archive {}, but every node runs it",
+                    self.node.path
+                ));
+            }
+        }
+        let etcd = self.etcd.to_string();
+        if !self.control_plane.images.contains(&etcd) {
+            return Some(format!(
+                "{etcd} is not in the control-plane archive {}",
+                self.control_plane.path
+            ));
+        }
+        None
     }
 }
 
@@ -187,17 +305,38 @@ pub enum ImageKubernetesError {
     },
     #[error("the image carries real Kubernetes ({origin}) but names no control-plane images")]
     NoImages { origin: KubernetesOrigin },
+    /// A description from before the node and control-plane archives were split: one archive
+    /// for every node. An image is built as a whole, so this is an image whose rootfs is older
+    /// than its PID 1.
+    #[error(
+        "the description names one images archive for every node ({archive}), as image \
+         builders before the split into a node archive and a control-plane archive wrote; \
+         this PID 1 needs both: rebuild the image"
+    )]
+    OneArchive { archive: String },
+    /// The two archives and the list of images disagree.
+    #[error("the description's images contradict themselves: {reason}")]
+    Inconsistent { reason: String },
 }
 
 impl ImageKubernetes {
     /// Parses and checks the file's text.
     pub fn from_json(text: &str) -> Result<ImageKubernetes, ImageKubernetesError> {
-        let parsed: ImageKubernetes = serde_json::from_str(text)?;
+        let value: serde_json::Value = serde_json::from_str(text)?;
+        if let Some(archive) = value.get("images").and_then(|images| images.get("archive")) {
+            return Err(ImageKubernetesError::OneArchive {
+                archive: archive.as_str().unwrap_or("?").to_owned(),
+            });
+        }
+        let parsed: ImageKubernetes = serde_json::from_value(value)?;
         parsed.kubernetes_version()?;
         if parsed.origin.is_real() && parsed.images.is_none() {
             return Err(ImageKubernetesError::NoImages {
                 origin: parsed.origin,
             });
+        }
+        if let Some(reason) = parsed.images.as_ref().and_then(ImageSet::inconsistency) {
+            return Err(ImageKubernetesError::Inconsistent { reason });
         }
         Ok(parsed)
     }
@@ -228,7 +367,7 @@ mod tests {
             version: "v1.20.2".into(),
             images: Some(ImageSet::named(
                 "registry.hawser.invalid/kubernetes",
-                "/usr/share/hawser/kubernetes/images.tar",
+                "/usr/share/hawser/kubernetes",
                 "v1.20.2",
                 "3.4.23-0",
                 "3.2",
@@ -262,6 +401,104 @@ mod tests {
         );
     }
 
+    #[test]
+    fn every_node_runs_pause_and_kube_proxy_and_a_control_plane_the_rest() {
+        let set = real().images.unwrap().with_tools(busybox());
+        let repo = "registry.hawser.invalid/kubernetes";
+        assert_eq!(
+            set.node.path,
+            "/usr/share/hawser/kubernetes/node-images.tar"
+        );
+        assert_eq!(
+            set.node.images,
+            [
+                "registry.hawser.invalid/hawser/busybox:1.35.0".to_owned(),
+                format!("{repo}/kube-proxy:v1.20.2"),
+                format!("{repo}/pause:3.2"),
+            ]
+        );
+        assert_eq!(
+            set.control_plane.path,
+            "/usr/share/hawser/kubernetes/control-plane-images.tar"
+        );
+        assert_eq!(
+            set.control_plane.images,
+            [
+                "etcd:3.4.23-0",
+                "kube-apiserver:v1.20.2",
+                "kube-controller-manager:v1.20.2",
+                "kube-scheduler:v1.20.2",
+            ]
+            .map(|name| format!("{repo}/{name}"))
+        );
+        assert_eq!(set.archives(false), [&set.node]);
+        assert_eq!(set.archives(true), [&set.node, &set.control_plane]);
+        assert_eq!(set.inconsistency(), None);
+    }
+
+    #[test]
+    fn a_description_with_one_archive_is_refused_as_older_than_pid_1() {
+        // What an image builder before the split wrote (kubernetes.json of 2026-11-29).
+        let text = real().to_json().replacen(
+            "\"node\": {",
+            "\"archive\": \"/usr/share/hawser/kubernetes/images.tar\",\n    \"node\": {",
+            1,
+        );
+        let err = ImageKubernetes::from_json(&text).unwrap_err();
+        assert!(
+            matches!(err, ImageKubernetesError::OneArchive { .. }),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "the description names one images archive for every node \
+             (/usr/share/hawser/kubernetes/images.tar), as image builders before the split into \
+             a node archive and a control-plane archive wrote; this PID 1 needs both: rebuild \
+             the image"
+        );
+    }
+
+    #[test]
+    fn archives_that_contradict_the_image_list_are_refused() {
+        let good = real().images.unwrap().with_tools(busybox());
+        let refused = |set: ImageSet| {
+            let image = ImageKubernetes {
+                images: Some(set),
+                ..real()
+            };
+            ImageKubernetes::from_json(&image.to_json())
+                .unwrap_err()
+                .to_string()
+        };
+        let mut moved = good.clone();
+        let pause = moved.node.images.remove(2);
+        moved.control_plane.images.push(pause);
+        moved.control_plane.images.sort();
+        assert!(
+            refused(moved).contains("pause:3.2 is not in the node archive"),
+            "pause moved"
+        );
+        let mut twice = good.clone();
+        twice
+            .control_plane
+            .images
+            .push(twice.node.images[0].clone());
+        let err = refused(twice);
+        assert!(err.contains("busybox:1.35.0 is in both archives"), "{err}");
+        let mut unlisted = good.clone();
+        unlisted.images.pop();
+        let err = refused(unlisted);
+        assert!(err.contains("its archives hold"), "{err}");
+        let mut no_etcd = good;
+        no_etcd
+            .control_plane
+            .images
+            .retain(|name| !name.contains("/etcd:"));
+        no_etcd.images.retain(|name| !name.contains("/etcd:"));
+        let err = refused(no_etcd);
+        assert!(err.contains("is not in the control-plane archive"), "{err}");
+    }
+
     fn busybox() -> ImageRef {
         ImageRef {
             repository: "registry.hawser.invalid/hawser/busybox".into(),
@@ -275,6 +512,8 @@ mod tests {
         let set = plain.clone().with_tools(busybox());
         assert_eq!(set.tools, Some(busybox()));
         assert_eq!(set.images.len(), 7);
+        assert!(set.node.images.contains(&busybox().to_string()));
+        assert!(!set.control_plane.images.contains(&busybox().to_string()));
         assert_eq!(
             set.images[0],
             "registry.hawser.invalid/hawser/busybox:1.35.0"
@@ -288,6 +527,8 @@ mod tests {
         };
         let replaced = set.with_tools(newer.clone());
         assert_eq!(replaced.images.len(), 7);
+        assert_eq!(replaced.node.images.len(), 3);
+        assert!(replaced.node.images.contains(&newer.to_string()));
         assert!(replaced.images.contains(&newer.to_string()));
         assert!(!replaced.images.contains(&busybox().to_string()));
     }

@@ -57,8 +57,9 @@ pub use cidr::{Cidr, CidrError, ServiceCidr, ServiceCidrError};
 pub use dns::{DnsSubdomain, DnsSubdomainError};
 pub use endpoint::{ApiServerEndpoint, Endpoint, EndpointError, Host};
 pub use image_kubernetes::{
-    IMAGE_KUBERNETES_PATH, ImageKubernetes, ImageKubernetesError, ImageRef, ImageSet,
-    KUBERNETES_IMAGES, KubernetesOrigin,
+    CONTROL_PLANE_ARCHIVE, IMAGE_KUBERNETES_PATH, ImageArchive, ImageKubernetes,
+    ImageKubernetesError, ImageRef, ImageSet, KUBERNETES_IMAGES, KubernetesOrigin, NODE_ARCHIVE,
+    NODE_KUBERNETES_IMAGES,
 };
 pub use kubeadm_api::{KUBEADM_WRITERS, KubeadmApi, NoKubeadmWriter};
 pub use ticket::{ControlPlaneFile, JoinTicket};

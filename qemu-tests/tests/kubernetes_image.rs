@@ -1,15 +1,17 @@
 //! The node image with real Kubernetes booted as a node: v1.20.2 built from the pinned source
 //! (`kubernetes.lock`), as `hawser image build` makes it by default.
 //!
-//! 1. A fresh node joins (the host's join service hands out the image's version, which PID 1
-//!    checks against `hawser.kubernetes` before it formats the disk), pivots, reads the rootfs's
-//!    `/usr/share/hawser/kubernetes.json` (its version the command line's), starts containerd,
-//!    imports the archive's seven images (six of the control plane, busybox for test pods) into
-//!    containerd's store on the encrypted state disk (all seven listed afterwards, or the boot
-//!    stops), then starts the real kubelet and runs the real `kubeadm join`, which waits in
-//!    discovery: no control plane answers the ticket's endpoint here. ACPI power-off: the services stop, the disk closes.
-//! 2. The node boots again: it rejoins, and containerd's store already holds every image, so
-//!    nothing is imported.
+//! 1. A fresh node joins as a worker (the host's join service hands out a worker's ticket, of
+//!    the image's version, which PID 1 checks against `hawser.kubernetes` before it formats the
+//!    disk), pivots, reads the rootfs's `/usr/share/hawser/kubernetes.json` (its version the
+//!    command line's), starts containerd, imports the **node archive only** — pause, kube-proxy
+//!    and busybox for test pods, not the control-plane archive's four images — into containerd's
+//!    store on the encrypted state disk (all three listed afterwards, or the boot stops), then
+//!    starts the real kubelet and runs the real `kubeadm join`, which waits in discovery: no
+//!    control plane answers the ticket's endpoint here. ACPI power-off: the services stop, the
+//!    disk closes.
+//! 2. The node boots again: it rejoins (still a worker: its kept intent is a worker's join),
+//!    and containerd's store already holds the node archive's images, so nothing is imported.
 //!
 //! No cluster forms here; forming one of real Kubernetes is the local cluster's. The other QEMU
 //! tests of the boot path use stand-in images (`common::build_node_image`) for speed.
@@ -31,16 +33,23 @@ use hawser_local::localhost::{self, free_port};
 mod common;
 use common::{Host, build_node_image_of};
 
-/// Generous: OVMF + pivot + containerd + importing 315 MB of images under TCG.
+/// Generous: OVMF + pivot + containerd + importing the node archive (~45 MB) under TCG.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(600);
-/// Room for containerd's store: the archive's blobs and their unpacked snapshots (~630 MB).
+/// Room for containerd's store: the archive's blobs and their unpacked snapshots.
 const STATE_DISK_BYTES: u64 = 2 << 30;
 /// PID 1's teardown with every file system unmounted and the state disk closed.
 const CLEAN_TEARDOWN: &str = "device-mapper devices (0 failed)";
-// PID 1 counts every image of kubernetes.json's list: the six of the control plane and the
-// tools image (busybox), which its messages also call control-plane images.
-const IMPORTED: &str = "imported 7 control-plane images in ";
-const ALREADY_THERE: &str = "containerd has the 7 control-plane images already: nothing to import";
+/// PID 1's decision: a worker (its ticket carries no control-plane files).
+const WORKER: &str = "images: this node is a worker (a worker's join ticket): it imports the \
+                      node archive only, 3 images";
+/// Boot 2 decides from the intent boot 1 kept (kubeadm join never finished here).
+const WORKER_AGAIN: &str = "images: this node is a worker (a worker's join again, from the \
+                            intent an earlier boot kept)";
+const NODE_ARCHIVE: &str = "/usr/share/hawser/kubernetes/node-images.tar";
+const CONTROL_PLANE_ARCHIVE: &str = "/usr/share/hawser/kubernetes/control-plane-images.tar";
+const IMPORTED: &str = "imported 3 images (a worker: node images only) in ";
+const ALREADY_THERE: &str =
+    "containerd has the 3 images already (a worker: node images only): nothing to import";
 
 fn scratch(name: &str) -> PathBuf {
     common::fresh_scratch("e2e-kubernetes", name)
@@ -71,7 +80,7 @@ fn power_off(vm: Vm, boot: &str) -> String {
 
 #[test]
 #[ignore = "builds the node image with real Kubernetes and boots it twice (~6 min under TCG); run by scripts/test"]
-fn a_node_of_the_real_kubernetes_image_imports_its_images_once_and_runs_real_kubeadm() {
+fn a_worker_of_the_real_kubernetes_image_imports_the_node_images_once_and_runs_real_kubeadm() {
     let image = build_node_image_of(
         &scratch("image"),
         &localhost::node_cmdline(DEFAULT_CMDLINE, true),
@@ -106,8 +115,10 @@ fn a_node_of_the_real_kubernetes_image_imports_its_images_once_and_runs_real_kub
     wait(
         &vm,
         "the image's Kubernetes",
-        "this image carries Kubernetes v1.20.2 (built from the pinned source), 7 control-plane image(s)",
+        "this image carries Kubernetes v1.20.2 (built from the pinned source), 7 images: 3 for \
+         every node, 4 for control planes",
     );
+    wait(&vm, "a worker's images", WORKER);
     wait(&vm, "images imported", IMPORTED);
     wait(
         &vm,
@@ -124,15 +135,32 @@ fn a_node_of_the_real_kubernetes_image_imports_its_images_once_and_runs_real_kub
     );
     assert!(!first.contains("STAND-IN"), "a stand-in ran: {first}");
     assert!(first.contains("--skip-phases=preflight"), "{first}");
-    let took = first
-        .lines()
-        .find_map(|l| l.split(IMPORTED).nth(1))
-        .unwrap_or_default();
-    eprintln!("boot 1: the images imported in {took}");
+    // The node archive, and never the control plane's.
+    assert!(
+        first.contains(&format!("importing {NODE_ARCHIVE} (3 images, ")),
+        "{first}"
+    );
+    assert!(
+        first.contains(&format!("imported {NODE_ARCHIVE} in ")),
+        "{first}"
+    );
+    assert!(
+        !first.contains(&format!("importing {CONTROL_PLANE_ARCHIVE}")),
+        "a worker imported the control-plane archive: {first}"
+    );
+    let line = |text: &str, marker: &str| {
+        text.lines()
+            .find(|l| l.contains(marker))
+            .map(str::to_owned)
+            .unwrap_or_default()
+    };
+    eprintln!("boot 1: {}", line(&first, "importing /usr/share"));
+    eprintln!("boot 1: {}", line(&first, IMPORTED));
 
     // Boot 2: rejoin; containerd's store on the state disk has every image.
     let vm = Vm::start(node("node-2")).unwrap();
     wait(&vm, "pivot", "switched into the rootfs");
+    wait(&vm, "still a worker", WORKER_AGAIN);
     wait(&vm, "images present", ALREADY_THERE);
     wait(
         &vm,
@@ -141,4 +169,9 @@ fn a_node_of_the_real_kubernetes_image_imports_its_images_once_and_runs_real_kub
     );
     let second = power_off(vm, "boot 2");
     assert!(!second.contains(IMPORTED), "imported again: {second}");
+    assert!(
+        !second.contains(&format!("importing {CONTROL_PLANE_ARCHIVE}")),
+        "a worker imported the control-plane archive: {second}"
+    );
+    eprintln!("boot 2: {}", line(&second, ALREADY_THERE));
 }

@@ -4,11 +4,20 @@
 //! (busybox) for pods that check the cluster's network.
 //!
 //! ```text
-//!   <lock dir>/bin/kube-*   ─┐
-//!   etcd-server + libc6     ─┤
-//!   pause.c + host gcc      ─┼─► one OCI archive (oci.rs) ─► /usr/share/hawser/kubernetes/images.tar
-//!   busybox-static          ─┘    every image: the shared base layer + one layer of its own
+//!   <lock dir>/bin/kube-proxy ─┐
+//!   pause.c + host gcc        ─┼─► /usr/share/hawser/kubernetes/node-images.tar   (every node)
+//!   busybox-static            ─┘
+//!   <lock dir>/bin/kube-{apiserver,controller-manager,scheduler} ─┐
+//!   etcd-server + libc6       ─────────────────────────────────────┴─► …/control-plane-images.tar
+//!                               (a control plane only)
+//!   every image: the shared base layer (in each archive) + one layer of its own (oci.rs)
 //! ```
+//!
+//! Two archives, because a node imports at its first boot what it runs, and under TCG the
+//! import of all seven images took 159 s on a worker that runs three of them: the node archive
+//! is 39 MB, the control-plane archive 277 MB. Which image goes where is kube-types'
+//! [`ImageSet::named`]; the specs here are split by the names it lists, and a difference is an
+//! error, so the archives always hold what `kubernetes.json` says.
 //!
 //! All are named under [`IMAGE_REPOSITORY`], `registry.hawser.invalid/kubernetes`: these are not
 //! upstream's image bytes, so they do not carry upstream's names, and `.invalid` never resolves,
@@ -43,8 +52,10 @@ use crate::tool::io_error;
 
 /// The repository every control-plane image is named under (kubeadm's `imageRepository`).
 pub const IMAGE_REPOSITORY: &str = "registry.hawser.invalid/kubernetes";
-/// Where the archive is in the rootfs: what `ctr -n k8s.io images import` reads at boot.
-pub const IMAGES_ARCHIVE_PATH: &str = "/usr/share/hawser/kubernetes/images.tar";
+/// Where the two archives are in the rootfs: what `ctr -n k8s.io images import` reads at boot
+/// ([`NODE_ARCHIVE`] on every node, [`CONTROL_PLANE_ARCHIVE`] on control planes).
+pub const IMAGES_DIR: &str = "/usr/share/hawser/kubernetes";
+pub use hawser_kube_types::{CONTROL_PLANE_ARCHIVE, NODE_ARCHIVE};
 /// The images' `PATH` (Docker's default): finds `/usr/local/bin/kube-*` and `/usr/bin/etcd`.
 pub const PATH_ENV: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// The Kubernetes images: tag = the Kubernetes version, binary at `/usr/local/bin/<name>`.
@@ -138,24 +149,20 @@ pub fn tools_image_tag(debian_version: &str) -> Result<String, KubernetesError> 
 
 /// What kubeadm's configuration, containerd and PID 1 need to know of the images.
 pub fn image_set(version: &str, etcd_tag: &str, tools_tag: &str) -> ImageSet {
-    ImageSet::named(
-        IMAGE_REPOSITORY,
-        IMAGES_ARCHIVE_PATH,
-        version,
-        etcd_tag,
-        PAUSE_TAG,
+    ImageSet::named(IMAGE_REPOSITORY, IMAGES_DIR, version, etcd_tag, PAUSE_TAG).with_tools(
+        ImageRef {
+            repository: TOOLS_REPOSITORY.to_owned(),
+            tag: tools_tag.to_owned(),
+        },
     )
-    .with_tools(ImageRef {
-        repository: TOOLS_REPOSITORY.to_owned(),
-        tag: tools_tag.to_owned(),
-    })
 }
 
-/// Builds the archive `out` (pause compiled or taken from the cache first); returns what to
-/// record in `kubernetes.json`. `progress` gets a line per step and one per image.
+/// Builds the two archives in `out_dir` ([`NODE_ARCHIVE`], [`CONTROL_PLANE_ARCHIVE`]; pause
+/// compiled or taken from the cache first); returns what to record in `kubernetes.json`.
+/// `progress` gets a line per step, one per image and one per archive.
 pub fn build_images(
     inputs: &ImageInputs,
-    out: &Path,
+    out_dir: &Path,
     progress: &mut dyn FnMut(&str),
 ) -> Result<ImageSet, KubernetesError> {
     let etcd_tag = etcd_image_tag(inputs.etcd_version)?;
@@ -171,26 +178,57 @@ pub fn build_images(
         pause.path.display(),
         &pause.key[..16]
     ));
+    let set = image_set(inputs.version, &etcd_tag, &tools_tag);
     let specs = image_specs(inputs, &etcd_tag, &tools_tag, &pause.path)?;
-    let t = Instant::now();
-    let summary = oci::write_archive(&specs, inputs.epoch, out)?;
-    for image in &summary.images {
+    let (node, control_plane) = split_specs(&set, specs)?;
+    for (who, file, specs) in [
+        ("every node", NODE_ARCHIVE, node),
+        ("control planes", CONTROL_PLANE_ARCHIVE, control_plane),
+    ] {
+        let out = out_dir.join(file);
+        let t = Instant::now();
+        let summary = oci::write_archive(&specs, inputs.epoch, &out)?;
+        for image in &summary.images {
+            progress(&format!(
+                "images:   {} {:.1} MB ({} layers)",
+                image.name,
+                image.bytes as f64 / 1e6,
+                image.layers.len()
+            ));
+        }
         progress(&format!(
-            "images:   {} {:.1} MB ({} layers)",
-            image.name,
-            image.bytes as f64 / 1e6,
-            image.layers.len()
+            "images: {} images for {who}, {} blobs, {:.1} MB in {} ({:.1}s)",
+            summary.images.len(),
+            summary.blobs,
+            summary.bytes as f64 / 1e6,
+            out.display(),
+            t.elapsed().as_secs_f64()
         ));
     }
-    progress(&format!(
-        "images: {} images, {} blobs, {:.1} MB in {} ({:.1}s)",
-        summary.images.len(),
-        summary.blobs,
-        summary.bytes as f64 / 1e6,
-        out.display(),
-        t.elapsed().as_secs_f64()
-    ));
-    Ok(image_set(inputs.version, &etcd_tag, &tools_tag))
+    Ok(set)
+}
+
+/// `specs` split into the node archive's and the control-plane archive's, as `set` lists
+/// them; an image in neither list, or a listed image without a spec, is an error.
+pub fn split_specs(
+    set: &ImageSet,
+    specs: Vec<ImageSpec>,
+) -> Result<(Vec<ImageSpec>, Vec<ImageSpec>), KubernetesError> {
+    let (node, control_plane): (Vec<ImageSpec>, Vec<ImageSpec>) = specs
+        .into_iter()
+        .partition(|spec| set.node.images.contains(&spec.name()));
+    for (archive, specs) in [(&set.node, &node), (&set.control_plane, &control_plane)] {
+        let mut built: Vec<String> = specs.iter().map(ImageSpec::name).collect();
+        built.sort();
+        if built != archive.images {
+            return Err(KubernetesError::ArchiveSplit {
+                archive: archive.path.clone(),
+                built,
+                listed: archive.images.clone(),
+            });
+        }
+    }
+    Ok((node, control_plane))
 }
 
 /// The seven images (six of the control plane, one of tools), each the base layer and its own.
@@ -389,7 +427,16 @@ mod tests {
         // The naming itself is kube-types' `ImageSet::named` (tested there); here: which
         // repository, archive and pause tag the image builder gives it.
         let set = image_set("v1.20.2", "3.4.23-0", "1.35.0");
-        assert_eq!(set.archive, IMAGES_ARCHIVE_PATH);
+        assert_eq!(
+            set.node.path,
+            "/usr/share/hawser/kubernetes/node-images.tar"
+        );
+        assert_eq!(
+            set.control_plane.path,
+            "/usr/share/hawser/kubernetes/control-plane-images.tar"
+        );
+        assert_eq!(set.node.images.len(), 3);
+        assert_eq!(set.control_plane.images.len(), 4);
         assert_eq!(set.image_repository, "registry.hawser.invalid/kubernetes");
         assert_eq!(set.pause.tag, "3.2");
         assert_eq!(set.images.len(), 7);
@@ -488,5 +535,60 @@ mod tests {
         }
         let err = image_specs(&inputs, "3.4.23-0", "1.35.0", Path::new("/pause")).unwrap_err();
         assert!(err.to_string().contains("usr/bin/etcd"), "{err}");
+    }
+
+    fn spec_named(name: &str) -> ImageSpec {
+        let (repository, tag) = name.rsplit_once(':').unwrap();
+        ImageSpec {
+            repository: repository.into(),
+            tag: tag.into(),
+            entrypoint: Vec::new(),
+            cmd: Vec::new(),
+            env: Vec::new(),
+            layers: vec![base_layer()],
+        }
+    }
+
+    #[test]
+    fn the_specs_are_split_as_the_description_lists_them() {
+        let set = image_set("v1.20.2", "3.4.23-0", "1.35.0");
+        let specs: Vec<ImageSpec> = set.images.iter().map(|name| spec_named(name)).collect();
+        let (node, control_plane) = split_specs(&set, specs.clone()).unwrap();
+        let names = |specs: &[ImageSpec]| specs.iter().map(ImageSpec::name).collect::<Vec<_>>();
+        assert_eq!(
+            names(&node),
+            [
+                "registry.hawser.invalid/hawser/busybox:1.35.0",
+                "registry.hawser.invalid/kubernetes/kube-proxy:v1.20.2",
+                "registry.hawser.invalid/kubernetes/pause:3.2",
+            ]
+        );
+        assert_eq!(
+            names(&control_plane),
+            [
+                "registry.hawser.invalid/kubernetes/etcd:3.4.23-0",
+                "registry.hawser.invalid/kubernetes/kube-apiserver:v1.20.2",
+                "registry.hawser.invalid/kubernetes/kube-controller-manager:v1.20.2",
+                "registry.hawser.invalid/kubernetes/kube-scheduler:v1.20.2",
+            ]
+        );
+
+        let without_etcd: Vec<ImageSpec> = specs
+            .iter()
+            .filter(|spec| spec.repository != "registry.hawser.invalid/kubernetes/etcd")
+            .cloned()
+            .collect();
+        let err = split_specs(&set, without_etcd).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("the archive /usr/share/hawser/kubernetes/control-plane-images.tar"),
+            "{err}"
+        );
+        let mut extra = specs;
+        extra.push(spec_named(
+            "registry.hawser.invalid/kubernetes/coredns:1.7.0",
+        ));
+        let err = split_specs(&set, extra).unwrap_err();
+        assert!(err.to_string().contains("coredns:1.7.0"), "{err}");
     }
 }

@@ -13,8 +13,9 @@
 //!   code, and the binaries cached by (digest, name) with their sha256 in a manifest;
 //! - [`release`](mod@release): the other origin, upstream's release tarball pinned in the same
 //!   lock, its binaries read out into the same `bin/` layout and manifest;
-//! - [`images`]: the control-plane images containerd imports offline, one deterministic OCI
-//!   archive ([`oci`]) with pause built static from the tree ([`pause`]).
+//! - [`images`]: the images containerd imports offline, two deterministic OCI archives
+//!   ([`oci`]): every node's (pause built static from the tree, [`pause`]; kube-proxy; busybox)
+//!   and the control plane's (API server, controller manager, scheduler, etcd).
 //!
 //! [`fetch_and_build`] is the one entry point for both origins ([`Origin`]): what it returns, the
 //! binaries at `<cache>/kubernetes/<digest>/bin/<name>` and `bin/manifest.json`, looks the same
@@ -135,8 +136,8 @@ pub enum KubernetesError {
         #[source]
         source: serde_json::Error,
     },
-    /// The control-plane images' OCI archive could not be written.
-    #[error("writing the control-plane image archive failed")]
+    /// One of the images' OCI archives could not be written.
+    #[error("writing an images archive failed")]
     ImageArchive(#[from] oci::OciError),
     /// etcd's shared libraries are not all in the root it is taken from.
     #[error("resolving the shared libraries of etcd ({path}) failed")]
@@ -151,6 +152,16 @@ pub enum KubernetesError {
     /// The busybox-static version is not a Debian version of it.
     #[error("{0:?} is not a Debian version of busybox-static (like 1:1.35.0-4+deb12u1+b1)")]
     ToolsVersion(String),
+    /// The images built for an archive are not the ones its description lists (a bug in the
+    /// image builder: the split and the specs disagree).
+    #[error(
+        "the archive {archive} would hold {built:?}, but the image's description lists {listed:?}"
+    )]
+    ArchiveSplit {
+        archive: String,
+        built: Vec<String>,
+        listed: Vec<String>,
+    },
     /// `kubernetes.lock` pins no package the tools image is made of.
     #[error(
         "kubernetes.lock pins no [[tools]] {package}: the images archive's test/tools image is \

@@ -21,7 +21,7 @@ use hawser_kube_types::{IMAGE_KUBERNETES_PATH, ImageKubernetes, ImageSet, Kubern
 
 use super::standins::set_modes_and_epoch;
 use super::{RootfsError, install_standins};
-use crate::kubernetes::images::{IMAGE_GAPS, IMAGES_ARCHIVE_PATH, ImageInputs, build_images};
+use crate::kubernetes::images::{IMAGE_GAPS, IMAGES_DIR, ImageInputs, build_images};
 use crate::tool::io_error;
 
 /// The version whose kubeadm configuration API (`v1beta4`) the stand-ins check: what a
@@ -143,10 +143,8 @@ pub fn install_kubernetes(
             progress(&format!(
                 "rootfs: Kubernetes {version} ({origin}): /usr/bin/kubeadm, /usr/bin/kubelet"
             ));
-            let archive = tree.join(IMAGES_ARCHIVE_PATH.trim_start_matches('/'));
-            if let Some(dir) = archive.parent() {
-                std::fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
-            }
+            let archives = tree.join(IMAGES_DIR.trim_start_matches('/'));
+            std::fs::create_dir_all(&archives).map_err(io_error("create directory", &archives))?;
             let images = build_images(
                 &ImageInputs {
                     bin_dir,
@@ -159,7 +157,7 @@ pub fn install_kubernetes(
                     version,
                     epoch,
                 },
-                &archive,
+                &archives,
                 progress,
             )?;
             write_containerd_config(tree, &images, epoch)?;
@@ -216,24 +214,16 @@ fn write_containerd_config(tree: &Path, images: &ImageSet, epoch: u64) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hawser_kube_types::ImageRef;
 
     #[test]
     fn containerd_sandbox_image_is_the_archives_pause() {
-        let images = ImageSet {
-            archive: IMAGES_ARCHIVE_PATH.into(),
-            image_repository: "registry.hawser.invalid/kubernetes".into(),
-            etcd: ImageRef {
-                repository: "registry.hawser.invalid/kubernetes/etcd".into(),
-                tag: "3.4.23-0".into(),
-            },
-            pause: ImageRef {
-                repository: "registry.hawser.invalid/kubernetes/pause".into(),
-                tag: "3.2".into(),
-            },
-            images: vec![],
-            tools: None,
-        };
+        let images = ImageSet::named(
+            "registry.hawser.invalid/kubernetes",
+            IMAGES_DIR,
+            "v1.20.2",
+            "3.4.23-0",
+            "3.2",
+        );
         let config = containerd_config(&images);
         assert!(
             config

@@ -1,13 +1,25 @@
 //! The image's Kubernetes after the pivot: `/usr/share/hawser/kubernetes.json` read and checked
-//! against the measured command line, and its control-plane images imported into containerd.
+//! against the measured command line, and the images this node runs imported into containerd.
 //!
 //! ```text
 //!  hawser.kubernetes=v1.20.2 (cmdline, measured) ─┐ equal, or the image is inconsistent: FATAL
 //!  /usr/share/hawser/kubernetes.json (rootfs) ────┘
-//!      images? ─► containerd up ─► `ctr images ls -q` lists every one? ─► skip
-//!                                   otherwise `ctr images import <archive>`   [images-import]
+//!      images? ─► containerd up ─► for each archive this node runs (a worker: node-images.tar;
+//!                                  a control plane: it and control-plane-images.tar):
+//!                                    `ctr images ls -q` lists every image of it? ─► skip
+//!                                    otherwise `ctr images import <archive>`    [images-import]
 //!               ─► kubelet, kubeadm (with the image's imageRepository, etcd, pause)
 //! ```
+//!
+//! A worker never runs etcd, the API server, the controller manager or the scheduler, so it
+//! imports only the node archive (pause, kube-proxy, the tools image: 39 MB of 317 MB; under
+//! TCG a worker's import took 16 s instead of 107–159 s for all seven). Whether this node is a control plane is what
+//! kubeadm runs on it ([`ImportFor::of`]): `kubeadm init`, a control-plane join (the ticket or
+//! the kept intent carries the cluster's certificates), or, when kubeadm has nothing to run on
+//! this boot, the cluster secrets a control plane keeps on its state disk (what also decides
+//! the measured role before the pivot, `boot::pivot_role`). A worker that imported too much
+//! would only be slow; a control plane without its images cannot start, so any sign of one
+//! imports both.
 //!
 //! The command line carries the version because the init server and the join client decide
 //! before the rootfs is mounted; the file, in the verified rootfs, says the rest (origin,
@@ -21,10 +33,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hawser_kube_types::{IMAGE_KUBERNETES_PATH, ImageKubernetes, ImageSet, KubernetesVersion};
+use hawser_kube_types::{
+    IMAGE_KUBERNETES_PATH, ImageArchive, ImageKubernetes, ImageSet, KubernetesVersion,
+};
 use tracing::{info, warn};
 
-use super::CONTAINERD_SOCKET;
+use super::attempts::KubeadmWork;
+use super::kubeadm::Verb;
+use super::{CONTAINERD_SOCKET, Role};
 use crate::platform::reaper::ChildRegistry;
 use crate::supervisor::{self, OneShotError, OneShotJob};
 
@@ -67,14 +83,14 @@ pub enum ImageKubernetesError {
     },
 }
 
-/// Why the image's control-plane images are not in containerd.
+/// Why the images this node runs are not in containerd.
 #[derive(Debug, thiserror::Error)]
 pub enum ImagesImportError {
     /// `ctr images ls` failed (containerd not answering).
     #[error("cannot list containerd's images")]
     List(#[source] OneShotError),
     /// `ctr images import` failed; its own last lines are in the cause.
-    #[error("cannot import the control-plane images from {archive}")]
+    #[error("cannot import the images from {archive}")]
     Import {
         archive: String,
         #[source]
@@ -134,11 +150,21 @@ pub fn read(
 
 /// Logs what the image carries, once, and what a stock kubeadm cluster has that it lacks.
 pub fn report(image: &ImageKubernetes) {
-    let images = image.images.as_ref().map_or(0, |set| set.images.len());
-    info!(
-        "this image carries Kubernetes {} ({}), {images} control-plane image(s)",
-        image.version, image.origin
-    );
+    match &image.images {
+        Some(set) => info!(
+            "this image carries Kubernetes {} ({}), {} images: {} for every node, {} for control \
+             planes",
+            image.version,
+            image.origin,
+            set.images.len(),
+            set.node.images.len(),
+            set.control_plane.images.len()
+        ),
+        None => info!(
+            "this image carries Kubernetes {} ({}), no images",
+            image.version, image.origin
+        ),
+    }
     for line in &image.absent {
         warn!("this node's Kubernetes differs from a stock kubeadm cluster: {line}");
     }
@@ -167,20 +193,106 @@ pub fn list_command() -> OneShotJob {
     ctr(&["ls", "-q"], LIST_TIMEOUT)
 }
 
-/// The command that imports the image's archive.
-pub fn import_command(images: &ImageSet) -> OneShotJob {
-    ctr(&["import", &images.archive], IMPORT_TIMEOUT)
+/// The command that imports one of the image's archives.
+pub fn import_command(archive: &ImageArchive) -> OneShotJob {
+    ctr(&["import", &archive.path], IMPORT_TIMEOUT)
 }
 
-/// The image names of `images` that `listed` (`ctr images ls -q`'s output) lacks.
-pub fn missing<'a>(images: &'a ImageSet, listed: &str) -> Vec<&'a str> {
+/// The names of `images` that `listed` (`ctr images ls -q`'s output) lacks.
+pub fn missing<'a>(images: &'a [String], listed: &str) -> Vec<&'a str> {
     let present: std::collections::BTreeSet<&str> = listed.lines().map(str::trim).collect();
     images
-        .images
         .iter()
         .map(String::as_str)
         .filter(|name| !present.contains(name))
         .collect()
+}
+
+/// Which of the image's archives this node imports, and why: what it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ImportFor {
+    /// A control plane imports both archives; a worker the node archive only.
+    pub control_plane: bool,
+    /// What says so, for the log.
+    pub because: &'static str,
+}
+
+impl ImportFor {
+    /// A worker, for `because`.
+    pub const fn worker(because: &'static str) -> Self {
+        ImportFor {
+            control_plane: false,
+            because,
+        }
+    }
+
+    /// A control plane, for `because`.
+    pub const fn control_plane(because: &'static str) -> Self {
+        ImportFor {
+            control_plane: true,
+            because,
+        }
+    }
+
+    /// What this node runs: what kubeadm does on this boot (`role`, or for a rejoining node
+    /// the intent an earlier boot kept, in `work`), and whether the state disk keeps the
+    /// cluster's secrets as a control plane's does ([`super::join_service::CLUSTER_DIR`]).
+    pub(super) fn of(role: &Role, work: &KubeadmWork) -> Self {
+        Self::decide(
+            Self::of_kubeadm(role, work),
+            super::join_service::keeps_secrets(Path::new(super::join_service::CLUSTER_DIR)),
+        )
+    }
+
+    /// What kubeadm's grant or kept intent says; `None` when kubeadm has nothing to run.
+    fn of_kubeadm(role: &Role, work: &KubeadmWork) -> Option<Self> {
+        match role {
+            Role::Init { .. } => Some(Self::control_plane("kubeadm init on this node")),
+            Role::Join(ticket) if ticket.control_plane_files.is_some() => {
+                Some(Self::control_plane("a control-plane join ticket"))
+            }
+            Role::Join(_) => Some(Self::worker("a worker's join ticket")),
+            Role::Rejoin => match work {
+                KubeadmWork::Run { intent, .. } if intent.verb == Verb::Init => Some(
+                    Self::control_plane("kubeadm init again, from the intent an earlier boot kept"),
+                ),
+                KubeadmWork::Run { intent, .. } if !intent.control_plane_files.is_empty() => {
+                    Some(Self::control_plane(
+                        "a control-plane join again, from the intent an earlier boot kept",
+                    ))
+                }
+                KubeadmWork::Run { .. } => Some(Self::worker(
+                    "a worker's join again, from the intent an earlier boot kept",
+                )),
+                KubeadmWork::Nothing | KubeadmWork::Unrunnable(_) => None,
+            },
+        }
+    }
+
+    /// The rule: a control plane if kubeadm makes one, or if the state disk keeps the
+    /// cluster's secrets; otherwise a worker.
+    fn decide(kubeadm: Option<Self>, keeps_secrets: bool) -> Self {
+        match kubeadm {
+            Some(kubeadm) if kubeadm.control_plane => kubeadm,
+            _ if keeps_secrets => Self::control_plane(
+                "the state disk keeps the cluster's secrets, as a control plane's does",
+            ),
+            Some(worker) => worker,
+            None => Self::worker(
+                "kubeadm has nothing to run on this boot, and the state disk keeps no cluster \
+                 secrets",
+            ),
+        }
+    }
+
+    /// `a worker: node images only`, or `a control plane: node and control-plane images`.
+    pub fn scope(&self) -> &'static str {
+        if self.control_plane {
+            "a control plane: node and control-plane images"
+        } else {
+            "a worker: node images only"
+        }
+    }
 }
 
 /// What [`import`] did.
@@ -188,54 +300,104 @@ pub fn missing<'a>(images: &'a ImageSet, listed: &str) -> Vec<&'a str> {
 pub enum Imported {
     /// containerd had every image already (a reboot: its store is on the state disk).
     AlreadyPresent,
-    /// The archive was imported.
-    Imported { took: Duration },
+    /// `archives` archives were imported.
+    Imported { archives: usize, took: Duration },
 }
 
-/// Puts the image's control-plane images into containerd (running: its socket is there),
-/// unless it has them all.
+/// Puts the images `node` runs into containerd (running: its socket is there): each of its
+/// archives ([`ImageSet::archives`]) unless containerd has every image of it already.
 pub async fn import(
     registry: &ChildRegistry,
     images: &ImageSet,
+    node: ImportFor,
 ) -> Result<Imported, ImagesImportError> {
+    let archives = images.archives(node.control_plane);
+    let wanted: Vec<String> = archives
+        .iter()
+        .flat_map(|archive| archive.images.iter().cloned())
+        .collect();
+    if node.control_plane {
+        info!(
+            "images: this node is a control plane ({}): it imports both archives, {} images",
+            node.because,
+            wanted.len()
+        );
+    } else {
+        info!(
+            "images: this node is a worker ({}): it imports the node archive only, {} images \
+             ({}), not the {} control-plane images of {}",
+            node.because,
+            wanted.len(),
+            wanted.join(", "),
+            images.control_plane.images.len(),
+            images.control_plane.path
+        );
+    }
     let listed = supervisor::run_query(registry, &list_command())
         .await
         .map_err(ImagesImportError::List)?;
-    let missing_before = missing(images, &listed);
-    if missing_before.is_empty() {
+    let (mut imported, mut imported_images) = (0, 0);
+    let mut took = Duration::ZERO;
+    for archive in &archives {
+        let missing_before = missing(&archive.images, &listed);
+        if missing_before.is_empty() {
+            info!(
+                "containerd has the {} images of {} already",
+                archive.images.len(),
+                archive.path
+            );
+            continue;
+        }
+        let size = std::fs::metadata(&archive.path).map_or_else(
+            |_| "size unknown".to_owned(),
+            |m| format!("{:.1} MB", m.len() as f64 / 1e6),
+        );
         info!(
-            "containerd has the {} control-plane images already: nothing to import",
-            images.images.len()
+            "importing {} ({} images, {size}) into containerd (it lacks {})",
+            archive.path,
+            archive.images.len(),
+            missing_before.join(", ")
+        );
+        let one = supervisor::run_job(registry, &import_command(archive), "to import the images")
+            .await
+            .map_err(|source| ImagesImportError::Import {
+                archive: archive.path.clone(),
+                source,
+            })?;
+        info!("imported {} in {:.1} s", archive.path, one.as_secs_f64());
+        imported += 1;
+        imported_images += archive.images.len();
+        took += one;
+    }
+    if imported == 0 {
+        info!(
+            "containerd has the {} images already ({}): nothing to import",
+            wanted.len(),
+            node.scope()
         );
         return Ok(Imported::AlreadyPresent);
     }
-    info!(
-        "importing {} into containerd (it lacks {})",
-        images.archive,
-        missing_before.join(", ")
-    );
-    let took = supervisor::run_job(registry, &import_command(images), "to import the images")
-        .await
-        .map_err(|source| ImagesImportError::Import {
-            archive: images.archive.clone(),
-            source,
-        })?;
     let listed = supervisor::run_query(registry, &list_command())
         .await
         .map_err(ImagesImportError::List)?;
-    let missing_after = missing(images, &listed);
-    if !missing_after.is_empty() {
-        return Err(ImagesImportError::StillMissing {
-            archive: images.archive.clone(),
-            missing: missing_after.into_iter().map(str::to_owned).collect(),
-        });
+    for archive in &archives {
+        let missing_after = missing(&archive.images, &listed);
+        if !missing_after.is_empty() {
+            return Err(ImagesImportError::StillMissing {
+                archive: archive.path.clone(),
+                missing: missing_after.into_iter().map(str::to_owned).collect(),
+            });
+        }
     }
     info!(
-        "imported {} control-plane images in {:.1} s",
-        images.images.len(),
+        "imported {imported_images} images ({}) in {:.1} s",
+        node.scope(),
         took.as_secs_f64()
     );
-    Ok(Imported::Imported { took })
+    Ok(Imported::Imported {
+        archives: imported,
+        took,
+    })
 }
 
 #[cfg(test)]

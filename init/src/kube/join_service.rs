@@ -133,6 +133,13 @@ pub fn secret_files(
     Ok(files)
 }
 
+/// Whether `dir` holds a kept master secret: a control plane's state disk does, a worker's
+/// never. Only a sign of the node's role (the secret is not read, let alone checked against
+/// PCR 15, as the measured role of `boot::pivot_role` is), for what is harmless either way.
+pub fn keeps_secrets(dir: &Path) -> bool {
+    dir.join(MASTER_SECRET_FILE).exists()
+}
+
 /// The cluster's secrets and Kubernetes version kept under `dir`, or `None` when this node
 /// keeps none (a worker, or a control plane from before hawser kept them).
 pub fn load(

@@ -177,7 +177,7 @@ pub async fn run(
     wait_for_path(Path::new(CONTAINERD_SOCKET), CONTAINERD_WAIT).await;
     if let Some(images) = images {
         let start = timer.elapsed_ms();
-        let imported = image::import(registry, images).await;
+        let imported = image::import(registry, images, image::ImportFor::of(&role, &work)).await;
         timer.record("images-import", start);
         if let Err(e) = imported {
             // containerd runs: the shutdown stops it.

@@ -268,20 +268,13 @@ fn an_init_intent_kept_before_the_pivot_runs_with_the_images_of_the_image_it_boo
         ]
     );
     let repo = "registry.hawser.invalid/kubernetes";
-    kept.images = Some(hawser_kube_types::ImageSet {
-        archive: "/usr/share/hawser/kubernetes/images.tar".into(),
-        image_repository: repo.into(),
-        etcd: hawser_kube_types::ImageRef {
-            repository: format!("{repo}/etcd"),
-            tag: "3.4.23-0".into(),
-        },
-        pause: hawser_kube_types::ImageRef {
-            repository: format!("{repo}/pause"),
-            tag: "3.2".into(),
-        },
-        images: vec![format!("{repo}/kube-apiserver:v1.20.2")],
-        tools: None,
-    });
+    kept.images = Some(hawser_kube_types::ImageSet::named(
+        repo,
+        "/usr/share/hawser/kubernetes",
+        "v1.20.2",
+        "3.4.23-0",
+        "3.2",
+    ));
     assert_eq!(
         kubeadm_args(&kept),
         [
