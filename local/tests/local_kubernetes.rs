@@ -110,8 +110,8 @@ fn wait<T>(what: &str, limit: Duration, up: &mut Up, mut check: impl FnMut() -> 
     }
 }
 
-/// The image's busybox (`kubernetes.json`'s tools image; imported with the control plane,
-/// never pulled).
+/// The image's busybox (`kubernetes.json`'s tools image; imported on every node with the node
+/// images, never pulled).
 const TOOLS_IMAGE: &str = "registry.hawser.invalid/hawser/busybox:1.35.0";
 
 /// A pod of the tools image on `node` running `script`.
