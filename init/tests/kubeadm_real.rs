@@ -607,6 +607,15 @@ fn real_kubeadm_names_exactly_the_images_the_image_carries() {
             && !manager.contains("/usr/libexec/kubernetes"),
         "{manager}"
     );
+    // Leader election that survives a slow API server, in both leaders' manifests.
+    for manifest in ["kube-controller-manager.yaml", "kube-scheduler.yaml"] {
+        let text = root.read(&format!("/etc/kubernetes/manifests/{manifest}"));
+        assert!(
+            text.contains("--leader-elect-lease-duration=60s")
+                && text.contains("--leader-elect-renew-deadline=40s"),
+            "{manifest}:\n{text}"
+        );
+    }
 
     // PID 1's whole `kubeadm init`, dry-run: CoreDNS's addon is skipped, kube-proxy's is not.
     let flags = command_flags(KubeadmApi::V1beta2, Verb::Init, Some(&images));

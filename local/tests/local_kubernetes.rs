@@ -240,7 +240,18 @@ fn local_up_forms_a_real_kubernetes_cluster_that_kubectl_sees_ready() {
     for ip in ["192.168.76.10", "192.168.76.11"] {
         assert!(nodes.contains(ip), "no node at {ip}: {nodes}");
     }
-    // The control plane's pods are the image's, run by the real kubelet.
+    // The control plane's pods are the image's, run by the real kubelet, and stay up (under
+    // TCG a leader may lose its lease once while the worker joins; the kubelet restarts it).
+    kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        "pod",
+        "-n",
+        "kube-system",
+        "-l",
+        "tier=control-plane",
+        "--timeout=900s",
+    ]);
     let pods = kubectl(&["get", "pods", "-n", "kube-system", "-o", "wide"]);
     eprintln!("{pods}");
     for component in [

@@ -12,8 +12,10 @@
 //! - `nodeRegistration.kubeletExtraArgs["pod-infra-container-image"]`: the pause image, which
 //!   the kubelet then never garbage-collects (kubeadm 1.20 sets it only for Docker).
 //!
-//! The same holds for one fact of the image that is not an image: its `/usr` is read-only, so the
-//! FlexVolume plugins' directory moves to the state disk ([`FLEX_VOLUME_DIR`]).
+//! The same holds for two facts of the image that are not images: its `/usr` is read-only, so the
+//! FlexVolume plugins' directory moves to the state disk ([`FLEX_VOLUME_DIR`]), and its control
+//! plane runs on small (and emulated) machines, so leader election waits longer
+//! ([`LEADER_ELECTION_ARGS`]).
 //!
 //! The images belong to the image, not to the cluster: the kubeadm intent a first boot keeps
 //! before the pivot (`crate::kube::grants`) cannot know them, and a node that boots a newer
@@ -39,6 +41,16 @@ pub const FLEX_VOLUME_ARG: &str = "flex-volume-plugin-dir";
 /// (and with it neither the bootstrap signer that kubeadm join's discovery waits for nor the
 /// CSR approval of the kubelets' certificates). The kubelet's `volumePluginDir` is the same.
 pub const FLEX_VOLUME_DIR: &str = "/var/lib/kubelet/volumeplugins";
+/// The controller manager's and the scheduler's leader election, tolerant of a slow API
+/// server: a leader that cannot renew its lease within the deadline exits (and is restarted by
+/// the kubelet), and kubeadm's defaults (15 s lease, 10 s deadline, 2 s retry) are shorter
+/// than an etcd write takes on a loaded machine under emulation. Failover after a control
+/// plane's loss takes up to the lease duration instead of 15 s.
+pub const LEADER_ELECTION_ARGS: [(&str, &str); 3] = [
+    ("leader-elect-lease-duration", "60s"),
+    ("leader-elect-renew-deadline", "40s"),
+    ("leader-elect-retry-period", "5s"),
+];
 
 /// Whether the image's archive has a CoreDNS image (hawser's never do: not in Debian).
 pub fn has_coredns(images: &ImageSet) -> bool {
@@ -101,6 +113,13 @@ pub fn with_images(
                     }
                     if let Some(manager) = object(fields, "controllerManager") {
                         set_arg(manager, "extraArgs", api, FLEX_VOLUME_ARG, FLEX_VOLUME_DIR);
+                    }
+                    for component in ["controllerManager", "scheduler"] {
+                        if let Some(fields) = object(fields, component) {
+                            for (name, value) in LEADER_ELECTION_ARGS {
+                                set_arg(fields, "extraArgs", api, name, value);
+                            }
+                        }
                     }
                 }
                 "InitConfiguration" | "JoinConfiguration" => {

@@ -45,8 +45,15 @@ fn init_names_the_images_repository_etcd_and_pause_and_changes_nothing_else() {
     expected[1]["etcd"] = json!({"local": {"imageRepository": REPO, "imageTag": "3.4.23-0"}});
     // The read-only /usr: the FlexVolume directory on the state disk, for the controller
     // manager's static pod and the kubelet.
-    expected[1]["controllerManager"] =
-        json!({"extraArgs": {"flex-volume-plugin-dir": "/var/lib/kubelet/volumeplugins"}});
+    let election = json!({
+        "leader-elect-lease-duration": "60s",
+        "leader-elect-renew-deadline": "40s",
+        "leader-elect-retry-period": "5s",
+    });
+    let mut manager = election.clone();
+    manager["flex-volume-plugin-dir"] = json!("/var/lib/kubelet/volumeplugins");
+    expected[1]["controllerManager"] = json!({"extraArgs": manager});
+    expected[1]["scheduler"] = json!({"extraArgs": election});
     expected[2]["volumePluginDir"] = json!("/var/lib/kubelet/volumeplugins");
     assert_eq!(documents(&with), expected);
     assert_eq!(with.api(), plain.api());
@@ -89,7 +96,16 @@ fn v1beta4_init_moves_the_flex_volume_directory_in_its_list_shape() {
         .unwrap();
     assert_eq!(
         cluster["controllerManager"]["extraArgs"],
-        json!([{"name": "flex-volume-plugin-dir", "value": "/var/lib/kubelet/volumeplugins"}])
+        json!([
+            {"name": "flex-volume-plugin-dir", "value": "/var/lib/kubelet/volumeplugins"},
+            {"name": "leader-elect-lease-duration", "value": "60s"},
+            {"name": "leader-elect-renew-deadline", "value": "40s"},
+            {"name": "leader-elect-retry-period", "value": "5s"}
+        ])
+    );
+    assert_eq!(
+        cluster["scheduler"]["extraArgs"].as_array().unwrap().len(),
+        3
     );
 }
 
