@@ -185,6 +185,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
     let measurements = dir.join(MEASUREMENTS);
     localhost::write_expected_measurements(&uki, &measurements)?;
     let key_length = localhost::state_disk_key_length(&uki)?;
+    let real_kubernetes = localhost::image_runs_real_kubernetes(&uki)?;
 
     let ports: Vec<Ports> = layout
         .nodes
@@ -200,6 +201,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
         disk_image: &disk_image,
         measurements: &measurements,
         key_length,
+        real_kubernetes,
         ports: &ports,
         lan: &hub.ports,
         events: &events,
@@ -321,7 +323,7 @@ fn form_and_serve(
         scope.spawn(|| keep_status(dir, admin, layout, nodes, &running));
         let result = form(opts, stop, formation, nodes).and_then(|()| {
             let formed = nodes.lock().map(|n| n.clone()).unwrap_or_default();
-            let kubernetes = if opts.real_kubernetes() {
+            let kubernetes = if formation.real_kubernetes {
                 Some(kube::wait_ready(formation, &formed, stop)?)
             } else {
                 None
@@ -411,6 +413,9 @@ struct Formation<'a> {
     measurements: &'a Path,
     /// The state-disk key length the image's measured integrity mode asks for.
     key_length: StateDiskKeyLength,
+    /// The image carries real Kubernetes (not the stand-ins): `local up` waits for every node
+    /// `Ready` through kubectl.
+    real_kubernetes: bool,
     ports: &'a [Ports],
     lan: &'a [lan::Port],
     events: &'a Events,

@@ -180,6 +180,18 @@ pub fn image_kubernetes_version(
     kubernetes_of_cmdline(&prediction.cmdline)
 }
 
+/// Whether a node booted from `uki` runs real Kubernetes: its command line names a version
+/// other than the stand-ins' ([`JOIN_SERVICE_KUBERNETES_VERSION`], the one the stand-ins check).
+/// An image given with `--image` says so only this way.
+pub fn image_runs_real_kubernetes(uki: &Path) -> anyhow::Result<bool> {
+    Ok(is_real(image_kubernetes_version(uki)?.as_ref()))
+}
+
+/// Whether the version on an image's command line is real Kubernetes (not the stand-ins').
+fn is_real(version: Option<&hawser_kube_types::KubernetesVersion>) -> bool {
+    version.is_some_and(|version| version.as_str() != JOIN_SERVICE_KUBERNETES_VERSION)
+}
+
 /// [`image_kubernetes_version`] of a command line.
 fn kubernetes_of_cmdline(
     cmdline: &str,
@@ -422,6 +434,15 @@ mod tests {
             key_length_of_cmdline(&format!("{production} hawser.state_disk_integrity=none")),
             StateDiskKeyLength::Xts
         );
+    }
+
+    #[test]
+    fn an_image_of_the_stand_ins_or_of_no_version_is_not_real_kubernetes() {
+        let version = |cmdline: &str| kubernetes_of_cmdline(cmdline).unwrap();
+        assert!(is_real(version("quiet hawser.kubernetes=v1.20.2").as_ref()));
+        let standin = format!("quiet hawser.kubernetes={JOIN_SERVICE_KUBERNETES_VERSION}");
+        assert!(!is_real(version(&standin).as_ref()));
+        assert!(!is_real(version("quiet").as_ref()));
     }
 
     #[test]
