@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use hawser_cli::cluster::{self, InitOptions, RecoverOptions};
+use hawser_cli::cluster::{self, DEFAULT_VPN_PREFIX, InitOptions, RecoverOptions};
 
 /// Which node, and how to recognise it (both commands verify the node before sending it
 /// anything).
@@ -63,6 +63,15 @@ pub struct InitArgs {
     /// join the cluster as a control plane (repeatable).
     #[arg(long = "approve-control-plane", value_parser = parse_ak_name)]
     approve_control_plane: Vec<Vec<u8>>,
+    /// The cluster's WireGuard mesh prefix (an IPv4 network address, /8 to /30): the first
+    /// node takes its first host address, and every node joins the mesh with an address of it,
+    /// its Kubernetes node IP (docs/mesh.md). The default /24 also bounds the cluster to the
+    /// pod ranges it has room for (253 nodes).
+    #[arg(long, default_value = DEFAULT_VPN_PREFIX, conflicts_with = "no_mesh")]
+    vpn_prefix: hawser_mesh::Ipv4Net,
+    /// Form the cluster without the WireGuard mesh: nodes talk over their own network.
+    #[arg(long)]
+    no_mesh: bool,
 }
 
 /// A Kubernetes version hawser can install: well-formed, with a kubeadm writer.
@@ -124,6 +133,7 @@ pub fn init(args: InitArgs) -> anyhow::Result<()> {
         control_plane_endpoint: args.control_plane_endpoint,
         init_secret: args.target.init_secret,
         control_plane_approvals: args.approve_control_plane,
+        vpn_prefix: (!args.no_mesh).then_some(args.vpn_prefix),
     };
     let done = runtime()?.block_on(cluster::init(&opts, &mut say, &mut node_log))?;
     println!(

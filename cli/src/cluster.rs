@@ -301,7 +301,13 @@ pub struct InitOptions {
     pub init_secret: PathBuf,
     /// TPM names of the AKs the cluster's join service approves as control planes.
     pub control_plane_approvals: Vec<Vec<u8>>,
+    /// The cluster's WireGuard mesh prefix; `None`: no mesh.
+    pub vpn_prefix: Option<hawser_mesh::Ipv4Net>,
 }
+
+/// `hawser init`'s mesh prefix unless told otherwise: a /24, whose last octets choose each
+/// node's pod range (`hawser_mesh::pods`).
+pub const DEFAULT_VPN_PREFIX: &str = "10.99.0.0/24";
 
 /// The status of a refused request, for the admin: the node's reason, and what to do about a
 /// refused init secret.
@@ -398,6 +404,10 @@ pub async fn init(
             .control_plane_endpoint
             .as_ref()
             .map(ToString::to_string)
+            .unwrap_or_default(),
+        vpn_prefix: opts
+            .vpn_prefix
+            .map(|prefix| prefix.to_string())
             .unwrap_or_default(),
     };
     drop(init_secret);
@@ -644,6 +654,7 @@ mod tests {
             control_plane_endpoint: None,
             init_secret: dir.path().join("init-secret"),
             control_plane_approvals: Vec::new(),
+            vpn_prefix: None,
         };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -16,6 +16,22 @@
 //! kubeadm           the VPN address is the node IP (node-ip, advertiseAddress)
 //! ```
 //!
+//! The cluster's first node is made by `hawser init`, not by a ticket: the admin's request
+//! carries the mesh prefix, and the node takes the prefix's first host address
+//! ([`MeshGrant::first_node`]) before `kubeadm init`, so its node IP, the API server's and
+//! etcd's advertised addresses are in the mesh from the start. Its join service registers it
+//! (the disk's UUID, as a coordinator) once etcd runs, and hands joining nodes addresses of the
+//! same prefix.
+//!
+//! Every node keeps its place ([`SETTINGS_FILE`]: prefix, address, MTU, peer-API port) beside
+//! its key: a boot that is given no ticket (a control plane recovered by the admin, after a
+//! whole-cluster restart) takes the same place again and learns its peers by polling. A
+//! control plane polls its own join service first: it shares the node's tunnel
+//! ([`hawser_mesh::agent::Agent::serving_peer_api`]).
+//!
+//! The tunnel also carries the pods' traffic: the pod network is routed into it and each
+//! peer's pod range is accepted from and sent to that peer ([`hawser_mesh::pods`]).
+//!
 //! A node whose ticket carries no mesh (the join service runs none) runs without one, as
 //! before. Everything here that can fail names the reason; nothing logs the private key.
 
@@ -36,6 +52,11 @@ pub const INTERFACE: &str = "hawser0";
 /// The node's WireGuard private key, relative to the state disk's root, base64, 0600. Not under
 /// the disk's `var/` (the rootfs's `/var`): only PID 1 reads it, before the pivot.
 pub const KEY_FILE: &str = "lib/hawser/mesh/wireguard.key";
+/// The node's place in the mesh (prefix, address, MTU, peer-API port), relative to the state
+/// disk's root, JSON: kept with the key, read back by a boot that gets no ticket.
+pub const SETTINGS_FILE: &str = "lib/hawser/mesh/mesh.json";
+/// The port of the peer API a control plane's join service serves on its VPN address.
+pub const PEER_API_PORT: u16 = 9091;
 /// boringtun's worker threads: one (PID 1 runs on two vCPUs at most in tests, and the tunnel
 /// carries the control plane's traffic, not bulk data; see docs/mesh.md for the measurement).
 pub const THREADS: usize = 1;
@@ -91,6 +112,14 @@ pub enum MeshSetupError {
         node: PublicKey,
         /// The registry's.
         registry: PublicKey,
+    },
+    /// The kept settings cannot be read or do not parse.
+    #[error("{path} does not hold the node's place in the mesh")]
+    SettingsFile {
+        /// The file.
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
     },
     /// The tunnel cannot start.
     #[error("cannot start the WireGuard tunnel")]
@@ -179,6 +208,103 @@ impl MeshGrant {
     }
 }
 
+/// The node's place in the mesh as [`SETTINGS_FILE`] keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KeptSettings {
+    /// The node's name in the mesh.
+    pub name: String,
+    /// The mesh prefix.
+    pub prefix: Ipv4Net,
+    /// The node's VPN address.
+    pub address: Ipv4Addr,
+    /// The tunnel's MTU.
+    pub mtu: u32,
+    /// The peer API's port on the join services' VPN addresses.
+    pub peer_api_port: u16,
+}
+
+impl MeshGrant {
+    /// The cluster's first node, made by `hawser init` with a mesh `prefix`: the prefix's first
+    /// host address (which a join service never hands to a node), this node's key, its
+    /// underlay `endpoint`; no peers yet. Its join service registers it once etcd runs.
+    pub fn first_node(
+        prefix: Ipv4Net,
+        name: &str,
+        public_key: PublicKey,
+        endpoint: Option<std::net::SocketAddr>,
+    ) -> Result<Self, MeshSetupError> {
+        let registry = hawser_mesh::Registry::new(prefix).map_err(|_| MeshSetupError::Grant {
+            field: "prefix",
+            value: prefix.to_string(),
+        })?;
+        Ok(Self::alone(
+            KeptSettings {
+                name: name.to_owned(),
+                prefix,
+                address: registry.reserved_address(),
+                mtu: hawser_mesh::tunnel_mtu(1500),
+                peer_api_port: PEER_API_PORT,
+            },
+            public_key,
+            endpoint,
+        ))
+    }
+
+    /// The node at its kept place, with no peer known yet (they come from the first poll).
+    fn alone(
+        kept: KeptSettings,
+        public_key: PublicKey,
+        endpoint: Option<std::net::SocketAddr>,
+    ) -> Self {
+        let own = Peer {
+            name: kept.name,
+            public_key,
+            vpn_ip: kept.address,
+            endpoint,
+            coordinator: false,
+        };
+        Self {
+            node_ip: kept.address,
+            prefix: kept.prefix,
+            mtu: kept.mtu,
+            peers: PeerUpdate::Full {
+                version: 0,
+                peers: vec![own.clone()],
+            },
+            own,
+            api_port: kept.peer_api_port,
+        }
+    }
+
+    /// What [`SETTINGS_FILE`] keeps of this grant.
+    pub fn settings(&self) -> KeptSettings {
+        KeptSettings {
+            name: self.own.name.clone(),
+            prefix: self.prefix,
+            address: self.node_ip,
+            mtu: self.mtu,
+            peer_api_port: self.api_port,
+        }
+    }
+}
+
+/// The place in the mesh kept on the state disk mounted at `state_root`, for a boot that got
+/// no ticket (`None` when the node keeps none: it was never in a mesh). The key is read and
+/// checked as always ([`node_key`]); the peers come from the first poll.
+pub fn kept_grant(state_root: &Path) -> Result<Option<MeshGrant>, MeshSetupError> {
+    let path = state_root.join(SETTINGS_FILE);
+    let text = match std::fs::read(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(MeshSetupError::KeyFile { path, source }),
+    };
+    let kept: KeptSettings = serde_json::from_slice(&text)
+        .map_err(|source| MeshSetupError::SettingsFile { path, source })?;
+    let key = read_key(state_root)?;
+    Ok(Some(MeshGrant::alone(kept, key.public_key(), None)))
+}
+
 /// The file a first boot keeps on its new state disk ([`KEY_FILE`]): `generated`, whose public
 /// half went in the join request, once it is the key the ticket (the registry) holds for this
 /// node. A ticket for another key is refused here, before the disk is marked initialized: the
@@ -197,16 +323,19 @@ pub fn key_to_keep(
 /// kept there by the boot that formatted it ([`key_to_keep`]); it must be the key the
 /// registry holds for this node.
 pub fn node_key(state_root: &Path, grant: &MeshGrant) -> Result<PrivateKey, MeshSetupError> {
+    let key = read_key(state_root)?;
+    check_registered(&key, grant)?;
+    Ok(key)
+}
+
+fn read_key(state_root: &Path) -> Result<PrivateKey, MeshSetupError> {
     let path = state_root.join(KEY_FILE);
     let text = std::fs::read_to_string(&path).map_err(|source| MeshSetupError::KeyFile {
         path: path.clone(),
         source,
     })?;
     let text = zeroize::Zeroizing::new(text);
-    let key = PrivateKey::from_base64(&text)
-        .map_err(|source| MeshSetupError::KeyFileContent { path, source })?;
-    check_registered(&key, grant)?;
-    Ok(key)
+    PrivateKey::from_base64(&text).map_err(|source| MeshSetupError::KeyFileContent { path, source })
 }
 
 fn check_registered(key: &PrivateKey, grant: &MeshGrant) -> Result<(), MeshSetupError> {
@@ -220,17 +349,32 @@ fn check_registered(key: &PrivateKey, grant: &MeshGrant) -> Result<(), MeshSetup
 }
 
 /// The running mesh: what the node needs of it after the start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mesh {
     /// The node's VPN address: its Kubernetes node IP.
     pub node_ip: Ipv4Addr,
+    /// The mesh prefix.
+    pub prefix: Ipv4Net,
+    /// The tunnel's MTU (the pods' interfaces get it too).
+    pub mtu: u32,
+    /// The node's public key.
+    pub public_key: PublicKey,
+    /// The node's name in the mesh.
+    pub name: String,
+    /// The peer API's port (a control plane's join service serves it on [`Mesh::node_ip`]).
+    pub api_port: u16,
+    /// The UDP port the tunnel listens on.
+    pub listen_port: u16,
 }
 
-/// Starts the tunnel with the ticket's peers and the task that keeps them current.
+/// Starts the tunnel with the ticket's peers and the task that keeps them current. A node
+/// that `serves_peer_api` (a control plane: its join service shares this tunnel) polls itself
+/// first.
 pub async fn start(
     grant: MeshGrant,
     key: PrivateKey,
     listen_port: u16,
+    serves_peer_api: bool,
 ) -> Result<Mesh, MeshSetupError> {
     let public_key = key.public_key();
     let tunnel = Tunnel::start(TunnelConfig {
@@ -241,11 +385,15 @@ pub async fn start(
         prefix: grant.prefix,
         mtu: grant.mtu,
         threads: THREADS,
+        pod_routes: true,
     })
     .await
     .map_err(MeshSetupError::Tunnel)?;
     let view = MeshView::new(public_key, grant.node_ip, grant.prefix);
     let mut agent = Agent::new(view, tunnel);
+    if serves_peer_api {
+        agent = agent.serving_peer_api();
+    }
     let changes = agent
         .apply(&grant.peers)
         .map_err(MeshSetupError::ApplyPeers)?;
@@ -263,6 +411,12 @@ pub async fn start(
     tokio::spawn(keep_current(agent, source));
     Ok(Mesh {
         node_ip: grant.node_ip,
+        prefix: grant.prefix,
+        mtu: grant.mtu,
+        public_key,
+        name: grant.own.name,
+        api_port: grant.api_port,
+        listen_port,
     })
 }
 
@@ -386,6 +540,53 @@ mod tests {
         keep(dir.path(), &key_to_keep(&key(2), &grant).unwrap());
         let kept = node_key(dir.path(), &grant).unwrap();
         assert_eq!(kept.public_key(), key(2).public_key());
+    }
+
+    #[test]
+    fn the_first_node_takes_the_first_address_and_a_later_boot_takes_its_kept_place() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(kept_grant(dir.path()).unwrap(), None, "never in a mesh");
+        let endpoint = Some("192.168.76.10:51820".parse().unwrap());
+        let first = MeshGrant::first_node(
+            "10.99.0.0/24".parse().unwrap(),
+            "hawser-0123abcd",
+            key(1).public_key(),
+            endpoint,
+        )
+        .unwrap();
+        assert_eq!(first.node_ip, Ipv4Addr::new(10, 99, 0, 1));
+        assert_eq!(first.mtu, 1420);
+        assert_eq!(first.api_port, PEER_API_PORT);
+        assert_eq!(first.own.endpoint, endpoint);
+        keep(dir.path(), &key_to_keep(&key(1), &first).unwrap());
+        crate::platform::fs::write_atomically(
+            &dir.path().join(SETTINGS_FILE),
+            &serde_json::to_vec(&first.settings()).unwrap(),
+            0o600,
+        )
+        .unwrap();
+        let kept = kept_grant(dir.path()).unwrap().unwrap();
+        assert_eq!(kept.settings(), first.settings());
+        assert_eq!(kept.own.public_key, key(1).public_key());
+        assert_eq!(
+            node_key(dir.path(), &kept).unwrap().public_key(),
+            key(1).public_key()
+        );
+        // A ticket's grant is kept the same way.
+        let ticketed = MeshGrant::from_wire(&config()).unwrap().unwrap();
+        assert_eq!(ticketed.settings().address, Ipv4Addr::new(10, 99, 0, 3));
+        std::fs::write(dir.path().join(SETTINGS_FILE), "{}").unwrap();
+        let error = kept_grant(dir.path()).unwrap_err();
+        assert!(error.to_string().contains("mesh.json"), "{error}");
+        assert!(
+            MeshGrant::first_node(
+                "10.99.0.0/31".parse().unwrap(),
+                "n",
+                key(1).public_key(),
+                None
+            )
+            .is_err()
+        );
     }
 
     #[test]

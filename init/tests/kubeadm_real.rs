@@ -566,7 +566,10 @@ fn real_kubeadm_names_exactly_the_images_the_image_carries() {
     );
     if !extra.is_empty() {
         let flags = command_flags(KubeadmApi::V1beta2, Verb::Init, Some(&images));
-        assert_eq!(flags, ["--skip-phases=preflight,addon/coredns"]);
+        assert_eq!(
+            flags,
+            ["--skip-phases=preflight,addon/coredns,addon/kube-proxy"]
+        );
     }
     eprintln!("kubeadm config images list: {listed:?} (the archive: {carried:?})");
 

@@ -17,7 +17,7 @@ use hawser_mesh_device::{DeviceError, Tunnel, TunnelConfig};
 use tokio::net::TcpListener;
 
 use crate::JoinCore;
-use crate::store::{PollStatus, ReadConsistency, StoreError};
+use crate::store::{ClusterStore, PollStatus, ReadConsistency, StoreError};
 use crate::vpn::{self, JoinServiceAddress, KeyFileError, MeshSettings};
 
 /// How often the join service reads the registry for its own tunnel.
@@ -161,6 +161,7 @@ pub async fn start(
             mtu => mtu,
         },
         threads: 1,
+        pod_routes: false,
     })
     .await
     .map_err(MemberError::Tunnel)?;
@@ -282,4 +283,211 @@ async fn step(
     let id = member_id.to_owned();
     tokio::task::spawn_blocking(move || store.record_vpn_poll(&id, &status)).await??;
     Ok(())
+}
+
+/// The join service on a node whose PID 1 runs the node's tunnel (a control plane of a cluster
+/// hawser formed): the service is that node's member of the mesh — the node's disk in the
+/// registry, as a coordinator — serves the peer API on the node's VPN address, and starts no
+/// tunnel of its own. The node's PID 1 polls it like any other join service, so the node's
+/// tunnel follows the registry through it.
+#[derive(Debug, Clone)]
+pub struct NodeMember {
+    /// The mesh prefix.
+    pub prefix: hawser_mesh::Ipv4Net,
+    /// The node's entry: its name, public key, VPN address and underlay endpoint.
+    pub node: hawser_mesh::Peer,
+    /// The node's member ID: its state disk's UUID (as a join registers a node).
+    pub member_id: String,
+    /// The tunnel MTU handed to nodes.
+    pub mtu: u32,
+    /// The peer API's port on the node's VPN address.
+    pub api_port: u16,
+}
+
+impl NodeMember {
+    /// The mesh settings the core hands to joining nodes: this node as the coordinator.
+    pub fn settings(&self) -> MeshSettings {
+        MeshSettings {
+            prefix: self.prefix,
+            mtu: self.mtu,
+            coordinator: hawser_mesh::Peer {
+                coordinator: true,
+                ..self.node.clone()
+            },
+            vpn_api_port: self.api_port,
+        }
+    }
+
+    /// Records the node in the registry as the coordinator it is: a node the cluster formed
+    /// (the first control plane, at the address `hawser init` gave it) is admitted at its
+    /// address; a control plane that joined keeps its entry, now marked as serving the peer
+    /// API. Blocking (the store). Refused when the registry holds another address or key for
+    /// the disk: the node's tunnel and the registry would disagree.
+    pub fn register(&self, store: &dyn ClusterStore) -> Result<hawser_mesh::Peer, StoreError> {
+        let node = &self.node;
+        let registry = store.update_vpn_registry(self.prefix, &mut |registry| {
+            registry.admit(
+                &self.member_id,
+                &node.name,
+                node.public_key,
+                node.endpoint,
+                true,
+                Some(node.vpn_ip),
+            )?;
+            Ok(())
+        })?;
+        let entry = registry.member(&self.member_id).cloned().ok_or_else(|| {
+            StoreError::VpnMemberMissing {
+                id: self.member_id.clone(),
+            }
+        })?;
+        if entry.vpn_ip != node.vpn_ip {
+            return Err(StoreError::Mesh(hawser_mesh::MeshError::AddressClash {
+                ip: node.vpn_ip,
+                first: format!(
+                    "{} (the registry's {} for this disk)",
+                    self.member_id, entry.vpn_ip
+                ),
+                second: node.name.clone(),
+            }));
+        }
+        Ok(entry)
+    }
+}
+
+/// How often [`serve_on_node`] tries again to record the node in the registry while the store
+/// is unavailable (a whole-cluster restart, before etcd has quorum).
+pub const REGISTER_RETRY: Duration = Duration::from_secs(5);
+
+/// Serves the peer API on the node's VPN address, and records the node in the registry (at
+/// once when the store answers, else in the background until it does); both until `shutdown`.
+pub async fn serve_on_node(
+    core: Arc<JoinCore>,
+    member: NodeMember,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), MemberError> {
+    let address = std::net::SocketAddr::from((member.node.vpn_ip, member.api_port));
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|source| MemberError::Listen { address, source })?;
+    tracing::info!(
+        %address,
+        prefix = %member.prefix,
+        public_key = %member.node.public_key,
+        "WireGuard mesh on: this join service serves the peer API inside the node's tunnel"
+    );
+    tokio::spawn({
+        let core = Arc::clone(&core);
+        let member = member.clone();
+        async move {
+            let mut failing = false;
+            loop {
+                let (core_now, member_now) = (Arc::clone(&core), member.clone());
+                let result = tokio::task::spawn_blocking(move || {
+                    member_now.register(core_now.store().as_ref())
+                })
+                .await;
+                match result {
+                    Ok(Ok(entry)) => {
+                        tracing::info!(
+                            member = %member.member_id,
+                            vpn_ip = %entry.vpn_ip,
+                            endpoint = ?entry.endpoint,
+                            "this node is in the mesh's registry as a coordinator"
+                        );
+                        break;
+                    }
+                    Ok(Err(e)) if e.is_unavailable() => {
+                        if !failing {
+                            tracing::warn!(
+                                "cannot record this node in the mesh's registry yet ({}); \
+                                 trying again every {}s",
+                                hawser_attestation::error_chain(&e),
+                                REGISTER_RETRY.as_secs()
+                            );
+                            failing = true;
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        tracing::error!(
+                            "this node cannot take its place in the mesh's registry: {}",
+                            hawser_attestation::error_chain(&e)
+                        );
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::error!("the mesh registration task failed: {e}");
+                        break;
+                    }
+                }
+                tokio::time::sleep(REGISTER_RETRY).await;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        if let Err(e) = crate::vpnapi::serve_vpn_api(core, listener, shutdown).await {
+            tracing::error!(error = %e, "the mesh's peer API stopped");
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hawser_mesh::{Peer, PublicKey};
+
+    fn key(n: u8) -> PublicKey {
+        PublicKey::from_slice(&[n; 32]).unwrap()
+    }
+
+    fn node(n: u8, ip: &str, disk: &str) -> NodeMember {
+        NodeMember {
+            prefix: "10.99.0.0/24".parse().unwrap(),
+            node: Peer {
+                name: format!("node-{n}"),
+                public_key: key(n),
+                vpn_ip: ip.parse().unwrap(),
+                endpoint: Some(format!("192.168.76.{}:51820", 9 + n).parse().unwrap()),
+                coordinator: true,
+            },
+            member_id: disk.to_owned(),
+            mtu: 1420,
+            api_port: 9091,
+        }
+    }
+
+    #[test]
+    fn the_nodes_join_services_register_their_nodes_as_coordinators() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::store::FileStore::open(&dir.path().join("joined")).unwrap();
+        // The first node (hawser init): the reserved address, its own disk as the member.
+        let first = node(1, "10.99.0.1", "disk-1");
+        let entry = first.register(&store).unwrap();
+        assert_eq!(entry, first.settings().coordinator);
+        assert_eq!(first.register(&store).unwrap(), entry, "again: no change");
+        // A control plane that joined: its entry (address allocated) becomes a coordinator.
+        let registry = store
+            .update_vpn_registry(first.prefix, &mut |r| {
+                r.admit("disk-2", "node-2", key(2), None, false, None)?;
+                Ok(())
+            })
+            .unwrap();
+        let joined = registry.member("disk-2").unwrap().clone();
+        assert_eq!(joined.vpn_ip.to_string(), "10.99.0.2");
+        assert!(!joined.coordinator);
+        let second = node(2, "10.99.0.2", "disk-2");
+        let entry = second.register(&store).unwrap();
+        assert!(entry.coordinator);
+        assert_eq!(entry.endpoint, second.node.endpoint);
+        // A node whose tunnel has another address than the registry holds for its disk.
+        let wrong = node(2, "10.99.0.7", "disk-2");
+        let error = hawser_attestation::error_chain(&wrong.register(&store).unwrap_err());
+        assert!(error.contains("10.99.0.2"), "{error}");
+        // Another disk with a member's key.
+        let error = hawser_attestation::error_chain(
+            &node(1, "10.99.0.9", "disk-9").register(&store).unwrap_err(),
+        );
+        assert!(error.contains("disk-1"), "{error}");
+    }
 }

@@ -417,6 +417,7 @@ impl MeshNode {
                         prefix,
                         mtu: hawser_mesh::tunnel_mtu(1500),
                         threads: 1,
+                        pod_routes: false,
                     })
                     .await
                     .unwrap();

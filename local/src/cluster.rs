@@ -202,6 +202,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
         measurements: &measurements,
         key_length,
         real_kubernetes,
+        mesh_prefix: opts.mesh_prefix(),
         ports: &ports,
         lan: &hub.ports,
         events: &events,
@@ -416,6 +417,8 @@ struct Formation<'a> {
     /// The image carries real Kubernetes (not the stand-ins): `local up` waits for every node
     /// `Ready` through kubectl.
     real_kubernetes: bool,
+    /// The cluster's WireGuard mesh (`hawser init --vpn-prefix`); `None`: `--no-mesh`.
+    mesh_prefix: Option<hawser_mesh::Ipv4Net>,
     ports: &'a [Ports],
     lan: &'a [lan::Port],
     events: &'a Events,

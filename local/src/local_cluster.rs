@@ -162,6 +162,14 @@ pub struct Observation {
     pub last_error: Option<String>,
 }
 
+impl Observation {
+    /// The Kubernetes node IP of the cluster's node `i`: its VPN address once its mesh is up,
+    /// else its LAN address.
+    pub fn node_ip(&self, i: usize) -> String {
+        self.vpn_ip.clone().unwrap_or_else(|| crate::lan::host(i))
+    }
+}
+
 /// Reads a node's state off its console lines (see the module docs).
 pub fn observe(lines: &[String]) -> Observation {
     let mut seen = Observation {

@@ -57,6 +57,11 @@ pub struct UpOptions {
     /// `--insecure-dev-join-service`), whose join service is on the host with no API server.
     #[arg(long, value_enum, conflicts_with = "image")]
     pub(crate) kubernetes: Option<NodeKubernetes>,
+    /// Form the cluster without the WireGuard mesh (`hawser init --no-mesh`): the nodes talk
+    /// over their LAN, and pods on different nodes cannot reach each other. By default the
+    /// cluster's mesh is `10.99.0.0/24` (node-1 is 10.99.0.1) and the node IPs are in it.
+    #[arg(long, conflicts_with_all = ["init", "insecure_dev_join_service"])]
+    pub(crate) no_mesh: bool,
     /// QEMU accelerator (tcg, kvm); default: $HAWSER_QEMU_ACCEL or tcg.
     #[arg(long)]
     pub(crate) accel: Option<String>,
@@ -118,6 +123,14 @@ impl UpOptions {
             (None, true, crate::local_cluster::Role::ControlPlane) => 2560,
             (None, true, crate::local_cluster::Role::Worker) => 1536,
         }
+    }
+
+    /// The mesh prefix `hawser init` of node-1 is given; `None` with `--no-mesh`.
+    pub(crate) fn mesh_prefix(&self) -> Option<hawser_mesh::Ipv4Net> {
+        if self.no_mesh {
+            return None;
+        }
+        hawser_cli::cluster::DEFAULT_VPN_PREFIX.parse().ok()
     }
 
     /// The image profile `--production` asks for.

@@ -175,6 +175,16 @@ fn a_cluster_of_two_control_planes_and_a_worker_survives_any_one_node_down() {
             .any(|l| l.starts_with("node-1 ") && l.contains(" off ")),
         "{status}"
     );
+    // The cluster's WireGuard mesh (`hawser init`'s default prefix): every node that joined
+    // has its address in it (node-1 is 10.99.0.1, the others the next free ones).
+    for node in ["node-2 ", "node-3 "] {
+        assert!(
+            status
+                .lines()
+                .any(|l| l.starts_with(node) && l.contains(" 10.99.0.")),
+            "{node}has no address in the mesh:\n{status}"
+        );
+    }
 
     step_a_worker_rejoins_while_the_first_control_plane_is_down();
     step_the_first_control_plane_rejoins_through_the_second_while_a_new_node_joins();

@@ -2,7 +2,8 @@
 //! (integrity on) with Kubernetes built from the pinned source, a control plane (`hawser init`,
 //! `kubeadm init`) and a worker (attested join found by mDNS, `kubeadm join`), then Debian's
 //! `kubectl` on the host, through the kubeconfig `local up` printed, sees both nodes `Ready`
-//! and runs pods on the worker's pod network.
+//! at their addresses in the cluster's WireGuard mesh, and a pod on the control plane fetches a
+//! page from a pod on the worker through it.
 //!
 //! What this costs under TCG is in docs/benchmarks.md; the attestation, rejoin and recovery
 //! paths of a three-node cluster are `local_cluster.rs` (stand-ins: it boots its nodes eleven
@@ -114,7 +115,8 @@ fn wait<T>(what: &str, limit: Duration, up: &mut Up, mut check: impl FnMut() -> 
 /// images, never pulled).
 const TOOLS_IMAGE: &str = "registry.hawser.invalid/hawser/busybox:1.35.0";
 
-/// A pod of the tools image on `node` running `script`.
+/// A pod of the tools image on `node` running `script` (it tolerates the control plane's
+/// taint: it is placed by name, the scheduler never sees it).
 fn pod(name: &str, node: &str, script: &str) -> String {
     serde_json::json!({
         "apiVersion": "v1",
@@ -123,6 +125,7 @@ fn pod(name: &str, node: &str, script: &str) -> String {
         "spec": {
             "nodeName": node,
             "restartPolicy": "Never",
+            "tolerations": [{"operator": "Exists"}],
             "containers": [{
                 "name": name,
                 "image": TOOLS_IMAGE,
@@ -134,25 +137,34 @@ fn pod(name: &str, node: &str, script: &str) -> String {
     .to_string()
 }
 
-/// Two pods on the worker, each with an address of the worker's pod range on the CNI bridge
-/// hawser configured: one serves its hostname over HTTP, the other fetches it.
-fn step_pods_on_the_worker_answer_each_other(nodes: &str) {
-    let worker = nodes
+/// The node name in `kubectl get nodes -o wide` of the node at `ip`.
+fn node_named_at(nodes: &str, ip: &str) -> String {
+    nodes
         .lines()
-        .find(|l| l.contains("192.168.76.11"))
+        .find(|l| l.split_whitespace().any(|c| c == ip))
         .and_then(|l| l.split_whitespace().next())
-        .unwrap()
-        .to_owned();
+        .unwrap_or_else(|| panic!("no node at {ip}: {nodes}"))
+        .to_owned()
+}
+
+/// A pod on the worker serves its hostname over HTTP; a pod on the control plane fetches it.
+/// Each has an address of its node's pod range on the CNI bridge hawser configured, and the
+/// request crosses the WireGuard mesh: node-1's tunnel routes the worker's pod range to the
+/// worker, whose tunnel accepts node-1's range from node-1 only.
+fn step_a_pod_on_the_control_plane_reaches_a_pod_on_the_worker(nodes: &str) {
+    let worker = node_named_at(nodes, WORKER_IP);
+    let control_plane = node_named_at(nodes, CONTROL_PLANE_IP);
     let dir = test_dir();
-    for (name, script) in [
+    for (name, node, script) in [
         (
             "web",
+            &worker,
             "hostname > /tmp/index.html && exec httpd -f -p 8080 -h /tmp",
         ),
-        ("client", "exec sleep 3600"),
+        ("client", &control_plane, "exec sleep 3600"),
     ] {
         let file = dir.join(format!("{name}.json"));
-        std::fs::write(&file, pod(name, &worker, script)).unwrap();
+        std::fs::write(&file, pod(name, node, script)).unwrap();
         kubectl(&["apply", "-f", file.to_str().unwrap()]);
     }
     kubectl(&[
@@ -164,20 +176,35 @@ fn step_pods_on_the_worker_answer_each_other(nodes: &str) {
     ]);
     let pods = kubectl(&["get", "pods", "-o", "wide"]);
     eprintln!("{pods}");
-    let web_ip = kubectl(&["get", "pod", "web", "-o", "jsonpath={.status.podIP}"]);
-    // The worker is 192.168.76.11: its pod range is 10.244.11.0/24.
-    assert!(web_ip.starts_with("10.244.11."), "web's address {web_ip:?}");
+    let ip_of = |pod: &str| kubectl(&["get", "pod", pod, "-o", "jsonpath={.status.podIP}"]);
+    let (web_ip, client_ip) = (ip_of("web"), ip_of("client"));
+    // The worker is 10.99.0.2 in the mesh: its pod range is 10.244.2.0/24; node-1's 10.244.1.0/24.
+    assert!(web_ip.starts_with("10.244.2."), "web's address {web_ip:?}");
+    assert!(
+        client_ip.starts_with("10.244.1."),
+        "client's address {client_ip:?}"
+    );
     let answer = kubectl(&[
         "exec",
         "client",
         "--",
         "wget",
+        "-T",
+        "30",
         "-qO-",
         &format!("http://{web_ip}:8080/"),
     ]);
     assert_eq!(answer.trim(), "web", "{answer}");
-    eprintln!("the client pod fetched http://{web_ip}:8080/ from the web pod: {answer}");
+    eprintln!(
+        "the client pod on the control plane ({client_ip}) fetched http://{web_ip}:8080/ from \
+         the web pod on the worker through the mesh: {answer}"
+    );
 }
+
+/// The nodes' addresses in the cluster's mesh (`hawser init`'s default 10.99.0.0/24): node-1
+/// takes the first, the worker is given the next.
+const CONTROL_PLANE_IP: &str = "10.99.0.1";
+const WORKER_IP: &str = "10.99.0.2";
 
 #[test]
 #[ignore = "builds the production image with real Kubernetes and forms a two-node cluster (~15 min under TCG)"]
@@ -237,8 +264,19 @@ fn local_up_forms_a_real_kubernetes_cluster_that_kubectl_sees_ready() {
         assert_eq!(columns[1], "Ready", "{nodes}");
         assert_eq!(columns[4], "v1.20.2", "{nodes}");
     }
-    for ip in ["192.168.76.10", "192.168.76.11"] {
+    // The node IPs are the mesh's, not the LAN's.
+    for ip in [CONTROL_PLANE_IP, WORKER_IP] {
         assert!(nodes.contains(ip), "no node at {ip}: {nodes}");
+    }
+    assert!(!nodes.contains("192.168.76."), "{nodes}");
+    // `local status` shows each node's VPN address beside Kubernetes' view.
+    for (node, ip) in [("node-1", CONTROL_PLANE_IP), ("node-2", WORKER_IP)] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with(node) && l.split_whitespace().any(|c| c == ip)),
+            "{node} is not at {ip} in the mesh:\n{table}"
+        );
     }
     // The control plane's pods are the image's, run by the real kubelet, and stay up (under
     // TCG a leader may lose its lease once while the worker joins; the kubelet restarts it).
@@ -267,7 +305,7 @@ fn local_up_forms_a_real_kubernetes_cluster_that_kubectl_sees_ready() {
         );
     }
 
-    step_pods_on_the_worker_answer_each_other(&nodes);
+    step_a_pod_on_the_control_plane_reaches_a_pod_on_the_worker(&nodes);
 
     let down = hawser_local(&["down"]).output().unwrap();
     assert!(down.status.success(), "{down:?}");

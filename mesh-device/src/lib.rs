@@ -70,6 +70,11 @@ pub struct TunnelConfig {
     pub mtu: u32,
     /// boringtun's worker threads (1 in PID 1).
     pub threads: usize,
+    /// Whether the tunnel carries the pods' traffic: the pod network
+    /// ([`hawser_mesh::pods::POD_NETWORK`]) is routed into it, and each peer's pod range
+    /// ([`hawser_mesh::pods::pod_range`] of its VPN address) is accepted from and sent to that
+    /// peer. A node's PID 1 turns it on; a join service's own tunnel carries no pods.
+    pub pod_routes: bool,
 }
 
 impl TunnelConfig {
@@ -119,6 +124,7 @@ pub struct Tunnel {
     interface: String,
     address: Ipv4Addr,
     public_key: PublicKey,
+    pod_routes: bool,
     device: Option<DeviceHandle>,
     state: Mutex<ControlState>,
     probe: LinkProbe,
@@ -165,6 +171,7 @@ impl Tunnel {
             interface: config.interface,
             address: config.address,
             public_key,
+            pod_routes: config.pod_routes,
             device: Some(device),
             state: Mutex::new(ControlState {
                 socket: Some(ours),
@@ -185,6 +192,7 @@ impl Tunnel {
             address: config.address,
             prefix_len: config.prefix.prefix_len(),
             mtu: config.mtu,
+            pod_network: config.pod_routes.then_some(hawser_mesh::pods::POD_NETWORK),
         };
         link::configure(&tunnel.interface, settings).await?;
         let listen_port = tunnel.listen_port()?;
@@ -201,8 +209,8 @@ impl Tunnel {
         Ok(tunnel)
     }
 
-    /// Adds or updates `upserts` (endpoint, `vpn_ip/32` as the only allowed address, a
-    /// keepalive every 25 s) and removes `removed`, in one UAPI `set` transaction. Peers whose
+    /// Adds or updates `upserts` (endpoint, `vpn_ip/32` as the allowed address, with its pod
+    /// range when the tunnel carries pods, a keepalive every 25 s) and removes `removed`, in one UAPI `set` transaction. Peers whose
     /// configuration is unchanged are left alone (their sessions go on). Refused, with nothing
     /// sent, when a key appears twice or in both lists, a peer has this tunnel's key or address,
     /// or two peers would share an address.
@@ -351,6 +359,11 @@ impl Tunnel {
                 public_key: peer.public_key,
                 vpn_ip: peer.vpn_ip,
                 endpoint: peer.endpoint,
+                pod_range: if self.pod_routes {
+                    hawser_mesh::pods::pod_range(peer.vpn_ip)
+                } else {
+                    None
+                },
             };
             if sections.insert(peer.public_key, section).is_some() {
                 return Err(DeviceError::DuplicatePeer {

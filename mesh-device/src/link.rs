@@ -24,6 +24,9 @@ pub struct LinkSettings {
     pub prefix_len: u8,
     /// The MTU.
     pub mtu: u32,
+    /// A network routed into the interface besides the mesh's prefix (the pods'), with the
+    /// tunnel's address as the source of what the node itself sends there.
+    pub pod_network: Option<ipnet::Ipv4Net>,
 }
 
 /// Gives `interface` its address (with the mesh's prefix length), its MTU, and brings it up.
@@ -82,6 +85,20 @@ async fn configure_with(
         .execute()
         .await
         .map_err(failed("set the MTU and bring the link up"))?;
+    if let Some(network) = settings.pod_network {
+        let mut route = rtnetlink::RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(network.network(), network.prefix_len())
+            .output_interface(index)
+            .pref_source(settings.address);
+        route.get_mut().header.scope = rtnetlink::packet_route::route::RouteScope::Link;
+        handle
+            .route()
+            .add(route.build())
+            .replace()
+            .execute()
+            .await
+            .map_err(failed("route the pod network into the tunnel"))?;
+    }
     Ok(())
 }
 

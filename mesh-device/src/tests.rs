@@ -11,6 +11,7 @@ fn config() -> TunnelConfig {
         prefix: "10.99.0.0/24".parse().unwrap(),
         mtu: hawser_mesh::tunnel_mtu(1500),
         threads: 1,
+        pod_routes: false,
     }
 }
 
@@ -83,6 +84,7 @@ fn mtu_and_threads_are_checked() {
     }
     let error = TunnelConfig {
         threads: 0,
+        pod_routes: false,
         ..config()
     }
     .check()
@@ -143,6 +145,7 @@ fn address_clashes_are_found() {
                 public_key: key(b),
                 vpn_ip: Ipv4Addr::from(ip),
                 endpoint: None,
+                pod_range: None,
             },
         )
     };

@@ -34,6 +34,9 @@ pub struct PeerSection {
     pub vpn_ip: Ipv4Addr,
     /// Where it listens, if known.
     pub endpoint: Option<SocketAddr>,
+    /// Its pods' range, accepted from it and routed to it besides its address (a tunnel that
+    /// carries the pods' traffic); `None` otherwise.
+    pub pod_range: Option<ipnet::Ipv4Net>,
 }
 
 /// "set=1\n", "private_key=" + 64 hex digits + "\n", "listen_port=65535\n", "\n".
@@ -94,6 +97,9 @@ pub fn set_peers(upserts: &[PeerSection], removed: &[PublicKey], replace_peers: 
              replace_allowed_ips=true\nallowed_ip={}/32\n",
             peer.vpn_ip
         );
+        if let Some(range) = peer.pod_range {
+            let _ = writeln!(text, "allowed_ip={range}");
+        }
     }
     text.push('\n');
     text
@@ -322,11 +328,13 @@ mod tests {
                 public_key: key(1),
                 vpn_ip: Ipv4Addr::new(10, 99, 0, 2),
                 endpoint: Some("192.0.2.1:51820".parse().unwrap()),
+                pod_range: None,
             },
             PeerSection {
                 public_key: key(2),
                 vpn_ip: Ipv4Addr::new(10, 99, 0, 3),
                 endpoint: None,
+                pod_range: None,
             },
         ];
         let text = set_peers(&upserts, &[key(3)], false);
@@ -356,6 +364,7 @@ mod tests {
             public_key: key(1),
             vpn_ip: Ipv4Addr::new(10, 99, 0, 2),
             endpoint: Some("[2001:db8::1]:4000".parse().unwrap()),
+            pod_range: Some("10.244.2.0/24".parse().unwrap()),
         }];
         let text = set_peers(&upserts, &[], true);
         let k1 = "01".repeat(32);
@@ -365,7 +374,8 @@ mod tests {
                 "set=1\nreplace_peers=true\n\
                  public_key={k1}\nremove=false\nendpoint=[2001:db8::1]:4000\n\
                  persistent_keepalive_interval=25\n\
-                 replace_allowed_ips=true\nallowed_ip=10.99.0.2/32\n\n"
+                 replace_allowed_ips=true\nallowed_ip=10.99.0.2/32\n\
+                 allowed_ip=10.244.2.0/24\n\n"
             )
         );
         assert_eq!(set_peers(&[], &[], true), "set=1\nreplace_peers=true\n\n");

@@ -71,6 +71,7 @@ fn member_config(i: usize, listen_port: u16) -> TunnelConfig {
         mtu: hawser_mesh::tunnel_mtu(1500),
         // PID 1 runs one boringtun thread; member 1 runs two, so both ways are exercised.
         threads: if i == 1 { 2 } else { 1 },
+        pod_routes: false,
     }
 }
 
@@ -238,6 +239,73 @@ fn three_members_ping_through_the_mesh_and_converge_after_a_peer_is_removed_and_
     for i in 0..3 {
         assert_eq!(underlay.link(i, "link", INTERFACE), None, "member {i}");
     }
+}
+
+/// The pods' traffic: two members whose tunnels carry pods, each with a "pod" address of its
+/// pod range on a dummy interface (as `cni0` holds the range's gateway on a node). A packet
+/// from member 0's range to member 1's goes through the tunnel (the pod network's route), is
+/// accepted by member 1 from member 0 only, and the answer comes back the same way; a tunnel
+/// that carries no pods neither routes nor accepts them.
+#[test]
+fn pod_ranges_are_routed_through_the_tunnel_to_the_member_that_owns_them() {
+    require_host();
+    let underlay = underlay(2);
+    let pod_gateway = |i: usize| {
+        let range = hawser_mesh::pods::pod_range(vpn_ip(i)).unwrap();
+        Ipv4Addr::from(u32::from(range.network()) | 1)
+    };
+    let tunnels: Vec<Tunnel> = (0..2)
+        .map(|i| {
+            let config = TunnelConfig {
+                pod_routes: true,
+                ..member_config(i, hawser_mesh::DEFAULT_LISTEN_PORT)
+            };
+            start_in(&underlay.members[i], config).unwrap()
+        })
+        .collect();
+    for (i, tunnel) in tunnels.iter().enumerate() {
+        tunnel.replace_peers(&[peer(1 - i, &tunnels[1 - i])]).unwrap();
+        let ns = &underlay.members[i];
+        netns::must(&["ip", "-n", ns, "link", "add", "pods0", "type", "dummy"]);
+        let address = format!("{}/24", pod_gateway(i));
+        netns::must(&["ip", "-n", ns, "addr", "add", &address, "dev", "pods0"]);
+        netns::must(&["ip", "-n", ns, "link", "set", "pods0", "up"]);
+        let routes = netns::run(&["ip", "-n", ns, "route", "show", "dev", INTERFACE]);
+        let routes = String::from_utf8_lossy(&routes.stdout).into_owned();
+        assert!(
+            routes.contains(&format!("10.244.0.0/16 scope link src {}", vpn_ip(i))),
+            "member {i}: {routes}"
+        );
+    }
+    let pod_ping = |from: usize| {
+        let (source, to) = (pod_gateway(from).to_string(), pod_gateway(1 - from).to_string());
+        let ns = &underlay.members[from];
+        (0..3).any(|_| {
+            netns::run(&[
+                "ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "2", "-I", &source, &to,
+            ])
+            .status
+            .success()
+        })
+    };
+    assert!(pod_ping(0), "member 0's pod range cannot reach member 1's");
+    assert!(pod_ping(1), "member 1's pod range cannot reach member 0's");
+    let stats = tunnels[0].stats().unwrap();
+    assert!(stats[0].rx_bytes > 0 && stats[0].tx_bytes > 0, "{stats:?}");
+
+    // Member 1 without pods: it routes no pod range, and member 0's pods are not accepted.
+    drop(tunnels);
+    let plain = start_in(
+        &underlay.members[1],
+        member_config(1, hawser_mesh::DEFAULT_LISTEN_PORT),
+    )
+    .unwrap();
+    let routes = netns::run(&["ip", "-n", &underlay.members[1], "route", "show", "dev", INTERFACE]);
+    assert!(
+        !String::from_utf8_lossy(&routes.stdout).contains("10.244."),
+        "a tunnel without pods routes them"
+    );
+    drop(plain);
 }
 
 #[test]

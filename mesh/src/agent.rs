@@ -98,6 +98,8 @@ pub struct Agent<T> {
     view: MeshView,
     tunnel: T,
     preferred: Option<Ipv4Addr>,
+    /// The node serves the peer API itself (a control plane's join service shares its tunnel).
+    serves_peer_api: bool,
 }
 
 impl<T: TunnelControl> Agent<T> {
@@ -107,7 +109,17 @@ impl<T: TunnelControl> Agent<T> {
             view,
             tunnel,
             preferred: None,
+            serves_peer_api: false,
         }
+    }
+
+    /// The node runs a join service that serves the peer API on the node's own VPN address (a
+    /// control plane): it is asked first, before the coordinators among the peers. A control
+    /// plane's tunnel thus learns of new members from the registry its own join service reads,
+    /// even while it knows no other coordinator (the cluster's first node).
+    pub fn serving_peer_api(mut self) -> Self {
+        self.serves_peer_api = true;
+        self
     }
 
     /// The node's view of the mesh.
@@ -150,6 +162,9 @@ impl<T: TunnelControl> Agent<T> {
     /// One poll round: the join services in the view, the one that answered last first.
     pub async fn poll<S: PeerSource>(&mut self, source: &mut S) -> Result<Round, AgentError> {
         let mut coordinators: Vec<Ipv4Addr> = self.view.coordinators().map(|p| p.vpn_ip).collect();
+        if self.serves_peer_api {
+            coordinators.insert(0, self.view.own_ip());
+        }
         if coordinators.is_empty() {
             return Ok(Round::NoCoordinator);
         }
@@ -292,6 +307,43 @@ mod tests {
         let mut agent = Agent::new(view, RecordingTunnel::default());
         agent.apply(&registry.update_since(None)).unwrap();
         (RefCell::new(registry), agent)
+    }
+
+    #[test]
+    fn the_first_control_plane_polls_its_own_join_service_and_learns_the_mesh() {
+        // node-1 of a cluster made by `hawser init`: its join service registered it (at the
+        // reserved address, as the coordinator) and knows of a worker; node-1's tunnel has no
+        // peers yet, so no coordinator but itself.
+        let mut registry = Registry::new("10.99.0.0/24".parse().unwrap()).unwrap();
+        let reserved = registry.reserved_address();
+        registry
+            .admit("disk-1", "node-1", key(1), None, true, Some(reserved))
+            .unwrap();
+        registry
+            .admit("disk-2", "node-2", key(2), None, false, None)
+            .unwrap();
+        let registry = RefCell::new(registry);
+        let view = MeshView::new(key(1), reserved, registry.borrow().prefix());
+        let mut source = Registries {
+            registry: &registry,
+            down: vec![],
+            asked: vec![],
+        };
+        let mut plain = Agent::new(view.clone(), RecordingTunnel::default());
+        assert!(matches!(
+            block_on(plain.poll(&mut source)).unwrap(),
+            Round::NoCoordinator
+        ));
+        let mut agent = Agent::new(view, RecordingTunnel::default()).serving_peer_api();
+        let round = block_on(agent.poll(&mut source)).unwrap();
+        assert!(
+            matches!(round, Round::Applied { coordinator, .. } if coordinator == reserved),
+            "{round:?}"
+        );
+        assert_eq!(source.asked, vec![reserved]);
+        let peers = agent.tunnel().peers.borrow();
+        assert_eq!(peers.len(), 1, "the worker, not node-1 itself");
+        assert!(peers.contains_key(&key(2)));
     }
 
     #[test]

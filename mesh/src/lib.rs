@@ -9,6 +9,7 @@
 //! - [`update`]: what a node does with an answer: checks it whole (addresses inside the prefix,
 //!   no clash, no silent key change, a delta only on the version it was made from) and only then
 //!   changes its view, returning the peers to add, change and remove on the tunnel.
+//! - [`pods`]: the cluster's pod network and each node's /24 of it, routed over the mesh.
 //! - [`agent`]: a node's polling loop after the join, generic over where updates come from and
 //!   what carries the traffic (the boringtun tunnel of `hawser-mesh-device`).
 //!
@@ -16,6 +17,7 @@
 
 pub mod agent;
 pub mod key;
+pub mod pods;
 pub mod registry;
 pub mod update;
 

@@ -53,6 +53,11 @@ impl MeshView {
         }
     }
 
+    /// The node's own VPN address.
+    pub fn own_ip(&self) -> Ipv4Addr {
+        self.own_ip
+    }
+
     /// The registry version the view is at (`None` before the first update).
     pub fn version(&self) -> Option<u64> {
         self.version

@@ -210,6 +210,9 @@ fn hawser_init_then_hawser_recover_on_a_real_node() {
         control_plane_endpoint: Some(localhost::GUEST_API_SERVER_ENDPOINT.parse().unwrap()),
         init_secret: init_secret.clone(),
         control_plane_approvals: vec![second_ak.clone()],
+        // These nodes reach each other only through the host's forwarded ports, not a LAN a
+        // WireGuard mesh could run on: the local cluster's tests form clusters on the mesh.
+        vpn_prefix: None,
     };
     // Measurements of another image: refused before any secret is made or sent.
     let mut wrong: serde_json::Value =

@@ -200,6 +200,7 @@ fn hawsers_tunnel_and_the_kernels_wireguard_handshake_and_carry_traffic() {
             prefix: "10.99.0.0/24".parse().unwrap(),
             mtu: hawser_mesh::tunnel_mtu(1500),
             threads: 1,
+            pod_routes: false,
         }))
         .expect("hawser's tunnel (needs root and /dev/net/tun)");
     let guest_peer = Peer {

@@ -83,8 +83,8 @@ pub const TOOLS_APPLETS: &[&str] = &[
 /// What these images lack that upstream's have, one line each (for `kubernetes.json`'s
 /// `absent`).
 pub const IMAGE_GAPS: &[&str] = &[
-    "kube-proxy's image has no iptables, ip6tables, ipset or conntrack: kube-proxy starts, \
-     but cannot program Service rules in iptables or IPVS mode",
+    "kube-proxy's image has no iptables, ip6tables, ipset or conntrack: it cannot program \
+     Service rules, so kubeadm init skips its addon (Services' ClusterIPs do not route)",
     "the control-plane images have no CA certificates, shell or libc (but etcd's): only what \
      the binary needs",
 ];

@@ -53,6 +53,7 @@ pub(super) fn role(
                 advertise_as: (config.join_discovery == crate::config::JoinDiscovery::Mdns)
                     .then(|| node_name.clone()),
                 own_disk: locked.summary.disk_uuid.clone(),
+                mesh: None,
             }),
     };
     // As `kube::grants::Granted::of` read it before the disk was marked initialized.
@@ -93,22 +94,45 @@ fn report_to_admin(kind: &GrantKind, progress: Progress, cluster_id: [u8; 32]) {
 }
 
 impl Boot {
-    /// The node's place in the WireGuard mesh, when the join ticket gave one: its key (kept
-    /// on the state disk by the boot that formatted it), the tunnel with the ticket's peers,
-    /// and the task that keeps them current.
+    /// The node's place in the WireGuard mesh: the join ticket's (or `hawser init`'s), else the
+    /// one the state disk keeps (a control plane recovered by the admin); its key (kept on the
+    /// state disk by the boot that formatted it), the tunnel with the ticket's peers, and the
+    /// task that keeps them current. A control plane (its disk keeps the cluster's secrets)
+    /// polls its own join service first.
     pub(super) async fn mesh(
         &mut self,
         grant: Option<crate::mesh::MeshGrant>,
     ) -> Result<Option<crate::mesh::Mesh>, BootError> {
-        let Some(grant) = grant else {
-            return Ok(None);
+        let state = std::path::Path::new(crate::disk::STATE_MOUNT_POINT);
+        let grant = match grant {
+            Some(grant) => grant,
+            None => match crate::mesh::kept_grant(state)? {
+                Some(kept) => {
+                    info!(
+                        "no ticket this boot: the node takes its kept place in the mesh, {} in {}",
+                        kept.node_ip, kept.prefix
+                    );
+                    kept
+                }
+                None => return Ok(None),
+            },
         };
-        let key =
-            crate::mesh::node_key(std::path::Path::new(crate::disk::STATE_MOUNT_POINT), &grant)?;
+        let key = crate::mesh::node_key(state, &grant)?;
+        let cluster_dir = state.join(
+            crate::kube::join_service::CLUSTER_DIR
+                .strip_prefix('/')
+                .unwrap_or(crate::kube::join_service::CLUSTER_DIR),
+        );
+        let serves_peer_api = crate::kube::join_service::keeps_secrets(&cluster_dir);
         let mesh = self
             .time_async(
                 "mesh",
-                crate::mesh::start(grant, key, hawser_mesh::DEFAULT_LISTEN_PORT),
+                crate::mesh::start(
+                    grant,
+                    key,
+                    hawser_mesh::DEFAULT_LISTEN_PORT,
+                    serves_peer_api,
+                ),
             )
             .await?;
         Ok(Some(mesh))

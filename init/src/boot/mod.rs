@@ -450,7 +450,19 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     boot.await_late_modules().await?;
     let grant = outcome.as_mut().and_then(|o| o.membership.mesh.take());
     let mesh = boot.mesh(grant).await?;
-    let (role, node_name, control_plane) = after_disk::role(&config, outcome, &measurement);
+    let (role, node_name, mut control_plane) = after_disk::role(&config, outcome, &measurement);
+    // A control plane's join service shares the node's tunnel: its place, and where the
+    // tunnel listens on the underlay (the address joining nodes reach this node at).
+    if let (Some(inputs), Some(mesh), Some(underlay)) = (
+        control_plane.inputs.as_mut(),
+        mesh.as_ref(),
+        after_disk::underlay_ip(lan_address, &config),
+    ) {
+        inputs.mesh = Some((
+            mesh.clone(),
+            std::net::SocketAddr::from((underlay, mesh.listen_port)),
+        ));
+    }
     boot.report(nonce, measurement, &config, &kernel_release)
         .await?;
     after_disk::emit_event_log();

@@ -85,10 +85,12 @@ impl Boot {
                 })
                 .await??;
                 // Where peers reach this node's tunnel: fw_cfg's endpoint (behind NAT), else
-                // the node's own address.
+                // the node's own address: on the LAN between the nodes if it has one (behind
+                // QEMU's NAT every node's first NIC has the same address), else `hawser.net`'s.
+                let lan = fw_cfg.lan_net.as_ref().map(|lan| lan.address);
                 let mesh_endpoint = fw_cfg.vpn_endpoint.or_else(|| {
-                    config.net.map(|net| {
-                        std::net::SocketAddr::from((net.address, hawser_mesh::DEFAULT_LISTEN_PORT))
+                    super::after_disk::underlay_ip(lan, config).map(|ip| {
+                        std::net::SocketAddr::from((ip, hawser_mesh::DEFAULT_LISTEN_PORT))
                     })
                 });
                 Some(
@@ -170,7 +172,7 @@ impl Boot {
         let (won, prepared, key) = self.race(&mut enrollment, prepared).await?;
         let Won {
             key: grant,
-            membership,
+            mut membership,
         } = won;
         // A ticket for another Kubernetes than the image's: refused before the lock, so the
         // node stays fresh and nothing is formatted.
@@ -192,6 +194,10 @@ impl Boot {
             }
         };
         let prepared = prepared.for_cluster(locked.cluster_id);
+        if let Err(e) = first_node_mesh(&mut membership, &locked.summary.disk_uuid, first_boot) {
+            membership.fail(&error_chain(&e));
+            return Err(BootError::Mesh(e));
+        }
         let prepared = match prepared.status() {
             DiskStatus::New => {
                 let granted =
@@ -311,4 +317,35 @@ fn fail_admin(won: Won, error: DiskError) -> BootError {
     won.membership
         .fail(&format!("the state disk: {}", error_chain(&error)));
     error.into()
+}
+
+/// The mesh place of the cluster's first node: `hawser init` with a mesh prefix grants the
+/// prefix's first host address to this node (no join service hands out addresses yet); the
+/// key generated before the race is the node's, kept with the other grants.
+fn first_node_mesh(
+    membership: &mut crate::enrollment::race::Membership,
+    disk_uuid: &str,
+    first_boot: &grants::FirstBoot<'_>,
+) -> Result<(), crate::mesh::MeshSetupError> {
+    let Some((crate::enrollment::init_server::GrantKind::Init(spec), _)) = &membership.admin else {
+        return Ok(());
+    };
+    let (None, Some(prefix)) = (&membership.mesh, spec.mesh_prefix) else {
+        return Ok(());
+    };
+    let endpoint = first_boot
+        .underlay_ip
+        .map(|ip| std::net::SocketAddr::from((ip, hawser_mesh::DEFAULT_LISTEN_PORT)));
+    let grant = crate::mesh::MeshGrant::first_node(
+        prefix,
+        &crate::enrollment::client::node_name(disk_uuid),
+        first_boot.mesh_key.public_key(),
+        endpoint,
+    )?;
+    tracing::info!(
+        "the cluster's first node takes {} in the mesh {prefix}",
+        grant.node_ip
+    );
+    membership.mesh = Some(grant);
+    Ok(())
 }

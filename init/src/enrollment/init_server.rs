@@ -124,6 +124,9 @@ pub struct ClusterSpec {
     pub control_plane_endpoint: Option<Endpoint>,
     /// AK TPM names (lowercase hex) the cluster's join service approves as control planes.
     pub control_plane_approvals: Vec<String>,
+    /// The cluster's WireGuard mesh prefix; `None`: no mesh. This node takes its first host
+    /// address ([`crate::mesh::MeshGrant::first_node`]).
+    pub mesh_prefix: Option<hawser_mesh::Ipv4Net>,
 }
 
 /// A valid request: the cluster's secrets and the channel back to the admin.

@@ -205,7 +205,8 @@ async fn run_kubeadm(
 }
 
 /// `kubeadm init|join --config`, with what the configuration's API cannot say (kubeadm 1.20:
-/// `--skip-phases=preflight`, and for an image without CoreDNS `addon/coredns`), read from the
+/// `--skip-phases=preflight`, and with the image's images `addon/coredns` and
+/// `addon/kube-proxy`), read from the
 /// configuration itself and the image, so an intent an earlier boot kept runs the same way.
 pub(super) fn kubeadm_args(intent: &KubeadmIntent) -> Vec<String> {
     let mut args: Vec<String> = [KUBEADM, intent.verb.as_str(), "--config", KUBEADM_CONFIG]

@@ -12,13 +12,20 @@
 //! no CNI DaemonSet runs: there is nothing to pull, and a node's pod range is known before the
 //! kubelet starts.
 //!
-//! **Each node's pod range** is a /24 of [`POD_NETWORK`] (`10.244.0.0/16`), chosen by the
-//! last octet of the node's IPv4 address ([`pod_range`]): every node computes any node's
-//! range from that node's address alone, with no allocator and nothing to replicate. The
+//! **Each node's pod range** is a /24 of [`hawser_mesh::pods::POD_NETWORK`] (`10.244.0.0/16`),
+//! chosen by the last octet of the node's IPv4 address ([`pod_range`]): every node computes any
+//! node's range from that node's address alone, with no allocator and nothing to replicate. The
 //! controller manager's own allocation (`--allocate-node-cidrs`) stays off, since hawser does
 //! not set kubeadm's `podSubnet`. The limit this sets: node addresses must differ in their
 //! last octet (a /24 of node addresses, as the local cluster's LAN and the mesh's default
 //! prefix are).
+//!
+//! **Across nodes** the pods' traffic goes through the WireGuard mesh: the node IP is the
+//! node's VPN address, the tunnel routes the pod network and accepts each peer's range from
+//! that peer only (`hawser_mesh::pods`, `hawser_mesh_device::TunnelConfig::pod_routes`). The
+//! node forwards between `cni0` and the tunnel (`net.ipv4.ip_forward`, which kubeadm's
+//! preflight wants anyway). The pods' interfaces have the tunnel's MTU
+//! ([`POD_MTU`]), so that what they send fits the tunnel without fragments.
 //!
 //! No `ipMasq` and no `portmap`: both program iptables, and a pod needs neither to reach
 //! another pod; a pod's traffic to addresses outside the cluster leaves unmasqueraded.
@@ -28,8 +35,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-/// The cluster's pod network; every node has a /24 of it.
-pub const POD_NETWORK: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 244, 0, 0), 16);
+/// The MTU of the bridge and the pods' interfaces: the mesh tunnel's on a 1500-byte underlay.
+pub const POD_MTU: u32 = 1500 - hawser_mesh::ENCAPSULATION_OVERHEAD;
 /// The configuration's file under containerd's `conf_dir`.
 pub const CNI_CONFIG: &str = "/etc/cni/net.d/10-hawser.conflist";
 /// The bridge the pods of this node hang off.
@@ -61,17 +68,14 @@ pub enum CniError {
     },
 }
 
-/// The pod range of the node at `node_ip`: `10.244.<last octet>.0/24`.
+/// The pod range of the node at `node_ip`: `10.244.<last octet>.0/24`
+/// ([`hawser_mesh::pods::pod_range`]).
 pub fn pod_range(node_ip: IpAddr) -> Result<(Ipv4Addr, u8), CniError> {
     let IpAddr::V4(ip) = node_ip else {
         return Err(CniError::NotIpv4(node_ip));
     };
-    let last = ip.octets()[3];
-    if last == 0 || last == 255 {
-        return Err(CniError::NoRange(ip));
-    }
-    let [a, b, ..] = POD_NETWORK.0.octets();
-    Ok((Ipv4Addr::new(a, b, last, 0), 24))
+    let range = hawser_mesh::pods::pod_range(ip).ok_or(CniError::NoRange(ip))?;
+    Ok((range.network(), range.prefix_len()))
 }
 
 /// The conflist for a node whose pod range is `range`.
@@ -87,6 +91,7 @@ pub fn conflist(range: (Ipv4Addr, u8)) -> String {
             "isGateway": true,
             "hairpinMode": true,
             "ipMasq": false,
+            "mtu": POD_MTU,
             "ipam": {
                 "type": "host-local",
                 "ranges": [[{"subnet": format!("{network}/{len}"), "gateway": gateway.to_string()}]],
@@ -164,6 +169,7 @@ mod tests {
         assert_eq!(plugin["type"], "bridge");
         assert_eq!(plugin["bridge"], "cni0");
         assert_eq!(plugin["ipMasq"], false);
+        assert_eq!(plugin["mtu"], 1420);
         assert_eq!(plugin["ipam"]["type"], "host-local");
         assert_eq!(plugin["ipam"]["ranges"][0][0]["subnet"], "10.244.11.0/24");
         assert_eq!(plugin["ipam"]["ranges"][0][0]["gateway"], "10.244.11.1");

@@ -14,7 +14,8 @@
 //!  race won ── disk key, and: ticket | admin's init, mesh grant, secrets     nothing on disk yet
 //!  lock ────── PCR 15 ← cluster ID
 //!  format ──── header "formatting" → map → mkfs → mount → marker file   ┐
-//!  keep ────── 1. lib/hawser/mesh/wireguard.key (the registry's key)    │ a cut here: the next
+//!  keep ────── 1. lib/hawser/mesh/{wireguard.key,mesh.json} (the key,  │ a cut here: the next
+//!                 the node's place in the mesh)                       │
 //!              2. var/lib/hawser/kubeadm-intent.json                    │ boot formats again
 //!              3. var/lib/hawser/cluster/{master-secret.json,           │ and asks again (a
 //!                 measurement-salt,kubernetes-version}                  │ fresh join, or the
@@ -192,6 +193,14 @@ fn collect(granted: &Granted<'_>, first: &FirstBoot<'_>) -> Result<Vec<Kept>, Me
     if let Some(grant) = granted.mesh {
         let key = mesh::key_to_keep(first.mesh_key, grant)?;
         kept.file(PathBuf::from(mesh::KEY_FILE), key, 0o600);
+        match serde_json::to_vec_pretty(&grant.settings()) {
+            Ok(bytes) => kept.file(
+                PathBuf::from(mesh::SETTINGS_FILE),
+                Zeroizing::new(bytes),
+                0o600,
+            ),
+            Err(e) => warn!("cannot encode the node's place in the mesh: {e}; it is not kept"),
+        }
     }
     let identity = granted
         .mesh

@@ -59,6 +59,10 @@ pub struct JoinServiceInputs {
     /// the cluster store: the first control plane, made by `hawser init` rather than a join,
     /// then rejoins through any other control plane's join service.
     pub own_disk: String,
+    /// The node's place in the WireGuard mesh and where its tunnel listens on the underlay:
+    /// the join service shares the node's tunnel (`hawser-joind --vpn-node-tunnel`), serving
+    /// the peer API on the node's VPN address and handing out addresses of its prefix.
+    pub mesh: Option<(crate::mesh::Mesh, std::net::SocketAddr)>,
 }
 
 /// A control plane's join service: the cluster's secrets, and what it hands out.
@@ -250,6 +254,9 @@ impl InClusterJoinService<'_> {
         if let Some(instance) = &self.inputs.advertise_as {
             args.extend(["--mdns-instance".to_owned(), instance.clone()]);
         }
+        if let Some((mesh, endpoint)) = &self.inputs.mesh {
+            args.extend(mesh_args(mesh, *endpoint));
+        }
         args.extend(stacked_etcd_args(
             Path::new(PKI_DIR),
             Path::new(ETCD_MANIFEST),
@@ -282,6 +289,29 @@ impl InClusterJoinService<'_> {
             ),
         }
     }
+}
+
+/// `hawser-joind`'s mesh flags on a node whose PID 1 runs the tunnel: the service is the
+/// node's member of the mesh (`--own-disk`'s entry in the registry, as a coordinator), serves
+/// the peer API on the node's VPN address, and starts no tunnel of its own.
+fn mesh_args(mesh: &crate::mesh::Mesh, endpoint: std::net::SocketAddr) -> Vec<String> {
+    vec![
+        "--vpn-prefix".to_owned(),
+        mesh.prefix.to_string(),
+        "--vpn-node-tunnel".to_owned(),
+        "--vpn-address".to_owned(),
+        mesh.node_ip.to_string(),
+        "--vpn-public-key".to_owned(),
+        mesh.public_key.to_string(),
+        "--vpn-endpoint".to_owned(),
+        endpoint.to_string(),
+        "--vpn-name".to_owned(),
+        mesh.name.clone(),
+        "--vpn-mtu".to_owned(),
+        mesh.mtu.to_string(),
+        "--vpn-api-port".to_owned(),
+        mesh.api_port.to_string(),
+    ]
 }
 
 /// The static pod manifest of the control plane's etcd, as kubeadm writes it (stacked etcd).

@@ -253,7 +253,11 @@ impl KubeadmConfig {
 ///   and with it kubeadm's host checks (swap, ports, sysctls): PID 1 prepares the host itself.
 ///   `kubeadm init` also skips `addon/coredns` when the image's `images` carry no CoreDNS
 ///   (none of hawser's do: CoreDNS is not in Debian), since its Deployment would pull an image
-///   that exists nowhere the node can reach.
+///   that exists nowhere the node can reach; and with the image's images it skips
+///   `addon/kube-proxy`: hawser's kube-proxy image has no iptables to program Services with
+///   (`hawser_image::kubernetes::images::IMAGE_GAPS`), and its DaemonSet mounts the host's
+///   `/lib/modules`, which the read-only rootfs lacks, so its pod would never start. Services'
+///   ClusterIPs do not route; pods reach pods by address (docs/kubernetes.md).
 /// - `v1beta4`: nothing (its stand-in images carry no control-plane images).
 pub fn command_flags(api: KubeadmApi, verb: Verb, images: Option<&ImageSet>) -> Vec<String> {
     match api {
@@ -261,6 +265,9 @@ pub fn command_flags(api: KubeadmApi, verb: Verb, images: Option<&ImageSet>) -> 
             let mut phases = vec!["preflight"];
             if verb == Verb::Init && images.is_some_and(|images| !images::has_coredns(images)) {
                 phases.push("addon/coredns");
+            }
+            if verb == Verb::Init && images.is_some() {
+                phases.push("addon/kube-proxy");
             }
             vec![format!("--skip-phases={}", phases.join(","))]
         }

@@ -137,6 +137,18 @@ struct Args {
     /// The interface of this join service's WireGuard tunnel.
     #[arg(long, default_value = "hawser0")]
     vpn_interface: String,
+    /// This host's tunnel is the node's, run by hawser's PID 1, which polls this service: take
+    /// the node's place in the mesh (the `--own-disk` member, as a coordinator, with
+    /// `--vpn-public-key` at `--vpn-address`) and serve the peer API there, with no tunnel of
+    /// this service's own. As PID 1 runs it on a control plane.
+    #[arg(long, requires_all = ["vpn_prefix", "vpn_address", "vpn_public_key", "own_disk"])]
+    vpn_node_tunnel: bool,
+    /// The node's VPN address (`--vpn-node-tunnel`).
+    #[arg(long, requires = "vpn_node_tunnel")]
+    vpn_address: Option<std::net::Ipv4Addr>,
+    /// The node's WireGuard public key, base64 (`--vpn-node-tunnel`).
+    #[arg(long, requires = "vpn_node_tunnel")]
+    vpn_public_key: Option<String>,
     /// Advertise this join service on the LAN over mDNS (`_hawser-join._tcp`) under this
     /// instance name, with the cluster ID, version and API server port in its TXT record, for
     /// nodes configured with `hawser.join_discovery=mdns`. No secret is in the advert.
@@ -304,8 +316,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
             )
         }
     };
-    let (core, membership) = match mesh {
-        None => (core, None),
+    let (core, membership, node_member) = match mesh {
+        None => (core, None, None),
+        Some(flags) if args.vpn_node_tunnel => {
+            let node = node_member_of(&args, flags)?;
+            (core.with_mesh(node.settings()), None, Some(node))
+        }
         Some(flags) => {
             let options = member::MeshOptions {
                 prefix: flags.prefix,
@@ -322,12 +338,22 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 tokio::task::spawn_blocking(move || member::admit(core, &options))
                     .await
                     .context("the mesh admission task failed")??;
-            (core, Some(membership))
+            (core, Some(membership), None)
         }
     };
     let core = Arc::new(core);
     let (stop_mesh, mesh_stopped) = tokio::sync::oneshot::channel::<()>();
-    if let Some(membership) = membership {
+    if let Some(node) = node_member {
+        member::serve_on_node(Arc::clone(&core), node, async {
+            let _ = mesh_stopped.await;
+        })
+        .await
+        .context("cannot serve the mesh's peer API inside the node's tunnel")?;
+        tokio::spawn(watch_polls(
+            Arc::clone(&core),
+            Duration::from_secs(args.vpn_stale_after_secs.max(1)),
+        ));
+    } else if let Some(membership) = membership {
         member::start(Arc::clone(&core), membership, async {
             let _ = mesh_stopped.await;
         })
@@ -511,6 +537,39 @@ fn mesh_flags(args: &Args) -> anyhow::Result<Option<MeshFlags>> {
             .unwrap_or_else(|| args.state_dir.join("vpn.key")),
         name,
     }))
+}
+
+/// The node's place in the mesh for `--vpn-node-tunnel`, from the checked mesh flags.
+fn node_member_of(args: &Args, flags: MeshFlags) -> anyhow::Result<member::NodeMember> {
+    let (Some(address), Some(key), Some(disk)) =
+        (args.vpn_address, &args.vpn_public_key, &args.own_disk)
+    else {
+        bail!("--vpn-node-tunnel needs --vpn-address, --vpn-public-key and --own-disk");
+    };
+    if !hawser_mesh::registry::is_host_address(flags.prefix, address) {
+        bail!(
+            "--vpn-address {address} is not a host address of --vpn-prefix {}",
+            flags.prefix
+        );
+    }
+    let public_key: hawser_mesh::PublicKey = key
+        .parse()
+        .with_context(|| format!("--vpn-public-key {key:?} is not a WireGuard public key"))?;
+    let member_id = hawser_keys::canonical_uuid(disk)
+        .with_context(|| format!("--own-disk {disk:?} is not a disk UUID"))?;
+    Ok(member::NodeMember {
+        prefix: flags.prefix,
+        node: hawser_mesh::Peer {
+            name: flags.name,
+            public_key,
+            vpn_ip: address,
+            endpoint: Some(flags.endpoint),
+            coordinator: true,
+        },
+        member_id,
+        mtu: flags.mtu,
+        api_port: flags.api_port,
+    })
 }
 
 /// `host:port` to one socket address (IPv4 preferred: the mesh's underlay is IPv4 or IPv6,

@@ -118,7 +118,10 @@ impl JoinCore {
         if self.mesh.is_none() {
             return Err(PeerApiError::MeshOff);
         }
-        let Some(registry) = self.store.vpn_registry(ReadConsistency::Latest)? else {
+        // Without etcd quorum (a whole-cluster restart) the members' own copies answer: the
+        // control planes' etcd members reach each other through this very mesh, so a mesh that
+        // waited for quorum would never form again. A node refuses a set older than its own.
+        let Some(registry) = self.store.vpn_registry(ReadConsistency::LatestOrLocal)? else {
             return Err(PeerApiError::UnknownSource {
                 address: source.into(),
             });
@@ -129,7 +132,15 @@ impl JoinCore {
             known_version,
             stats,
         };
-        self.store.record_vpn_poll(&id, &status)?;
+        // The heartbeat is best effort for the same reason: the answer matters more.
+        match self.store.record_vpn_poll(&id, &status) {
+            Err(e) if e.is_unavailable() => tracing::debug!(
+                node = %member.name,
+                "the poll is not recorded (the store is unavailable): {}",
+                hawser_attestation::error_chain(&e)
+            ),
+            other => other?,
+        }
         let update = registry.update_since(known_version);
         tracing::debug!(node = %member.name, vpn_ip = %source, known_version = ?known_version, version = update.version(), "poll answered");
         Ok(update)

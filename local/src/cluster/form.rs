@@ -188,8 +188,15 @@ fn establish(
 }
 
 /// What `hawser init` of node-1 is given: the local cluster's admin files, the control planes
-/// the admin approves, and node-1's LAN address as the control-plane endpoint.
+/// the admin approves, the mesh prefix, and node-1's address as the control-plane endpoint:
+/// in the mesh (its first host address, which node-1 takes), else on the LAN.
 fn init_options(f: &Formation<'_>) -> anyhow::Result<InitOptions> {
+    let endpoint_host = match f.mesh_prefix {
+        Some(prefix) => hawser_mesh::Registry::new(prefix)?
+            .reserved_address()
+            .to_string(),
+        None => lan::host(0),
+    };
     let approvals = std::fs::read_to_string(f.admin.approvals())?
         .lines()
         .filter(|l| !l.is_empty())
@@ -210,11 +217,12 @@ fn init_options(f: &Formation<'_>) -> anyhow::Result<InitOptions> {
         // The host's kubectl reaches the API server forwarded to its loopback.
         api_server_cert_sans: vec![lan::host(0), "127.0.0.1".to_owned()],
         // Where the other nodes reach the API server, and a joining control plane the
-        // stand-in's etcd: node-1's LAN address, kubeadm's choice when no load balancer is
-        // in front of the control planes. (Its kubelet stand-in listens on port 6443.)
-        control_plane_endpoint: Some(format!("{}:{API_SERVER_PORT}", lan::host(0)).parse()?),
+        // stand-in's etcd: node-1's address, kubeadm's choice when no load balancer is in
+        // front of the control planes. (Its kubelet stand-in listens on port 6443.)
+        control_plane_endpoint: Some(format!("{endpoint_host}:{API_SERVER_PORT}").parse()?),
         init_secret: f.admin.init_secret(),
         control_plane_approvals: approvals,
+        vpn_prefix: f.mesh_prefix,
     })
 }
 

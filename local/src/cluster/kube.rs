@@ -10,7 +10,7 @@ use anyhow::bail;
 
 use super::{Formation, Interrupted, Node};
 use crate::kubectl::{self, KubeNode};
-use crate::lan;
+use crate::local_cluster::observe;
 
 /// How long the nodes have after kubeadm to become `Ready` (the kubelet registers, the CNI
 /// configuration is found, the node's lease renews; minutes under TCG).
@@ -83,10 +83,10 @@ pub(super) fn wait_ready(
     }
 }
 
-/// `node`'s entry in `view`, found by its LAN address (the kubelet's node IP).
+/// `node`'s entry in `view`, found by its node IP (its VPN address, else its LAN address).
 fn entry<'v>(f: &Formation<'_>, view: &'v [KubeNode], node: &Node) -> Option<&'v KubeNode> {
     let i = f.layout.index_of(&node.spec.name)?;
-    kubectl::node_at(view, &lan::host(i))
+    kubectl::node_at(view, &observe(&node.vm.console_lines()).node_ip(i))
 }
 
 /// Which nodes are not Ready, and why.

@@ -11,7 +11,6 @@ use hawser_cli::cluster::ClusterFile;
 
 use super::{Admin, Events, Node};
 use crate::kubectl::{self, KubeNode};
-use crate::lan;
 use crate::local_cluster::{Layout, NodeStatus, Stage, StatusFile, observe};
 
 /// Keeps `status.json` current while `local up` runs.
@@ -65,6 +64,9 @@ pub(super) fn write_status(
                 if node.is_some_and(|n| n.vm.exit_status().is_some()) {
                     seen.stage = Some(Stage::Off);
                 }
+                let kubernetes = kubernetes
+                    .and_then(|view| kubectl::node_at(view, &seen.node_ip(i)))
+                    .cloned();
                 NodeStatus {
                     name: spec.name.clone(),
                     role: spec.role,
@@ -82,9 +84,7 @@ pub(super) fn write_status(
                             },
                             |n| n.vm.console_log_path().to_owned(),
                         ),
-                    kubernetes: kubernetes
-                        .and_then(|view| kubectl::node_at(view, &lan::host(i)))
-                        .cloned(),
+                    kubernetes,
                 }
             })
             .collect(),
@@ -115,16 +115,20 @@ pub(super) fn summary(
         cluster_id: cluster_id.clone(),
         nodes: nodes
             .iter()
-            .map(|n| NodeStatus {
-                name: n.spec.name.clone(),
-                role: n.spec.role,
-                seen: observe(&n.vm.console_lines()),
-                quote_verified: n.quote_verified.load(Ordering::Relaxed),
-                console_log: n.vm.console_log_path().to_owned(),
-                kubernetes: kubernetes
+            .map(|n| {
+                let seen = observe(&n.vm.console_lines());
+                let kubernetes = kubernetes
                     .zip(layout.index_of(&n.spec.name))
-                    .and_then(|(view, i)| kubectl::node_at(view, &lan::host(i)))
-                    .cloned(),
+                    .and_then(|(view, i)| kubectl::node_at(view, &seen.node_ip(i)))
+                    .cloned();
+                NodeStatus {
+                    name: n.spec.name.clone(),
+                    role: n.spec.role,
+                    seen,
+                    quote_verified: n.quote_verified.load(Ordering::Relaxed),
+                    console_log: n.vm.console_log_path().to_owned(),
+                    kubernetes,
+                }
             })
             .collect(),
     };

@@ -77,6 +77,7 @@ fn tunnel(args: &[&str]) -> Result<(), String> {
         prefix: prefix.trunc(),
         mtu: hawser_mesh::tunnel_mtu(1500),
         threads,
+        pod_routes: false,
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

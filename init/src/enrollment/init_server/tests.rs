@@ -23,6 +23,7 @@ fn good_init() -> InitRequest {
         service_cidr: "10.96.0.0/12".into(),
         api_server_cert_sans: vec!["10.0.2.15".into(), "api.example.com".into()],
         control_plane_endpoint: String::new(),
+        vpn_prefix: "10.99.0.0/24".into(),
     }
 }
 
@@ -58,6 +59,16 @@ fn a_good_init_request_is_accepted_and_its_secrets_are_wiped_from_the_request() 
         spec.control_plane_approvals,
         vec![format!("000b{}", "a1".repeat(32))]
     );
+    assert_eq!(
+        spec.mesh_prefix.map(|p| p.to_string()).as_deref(),
+        Some("10.99.0.0/24")
+    );
+    let mut without_mesh = good_init();
+    without_mesh.vpn_prefix.clear();
+    let (GrantKind::Init(spec), _, _) = validate_init(&mut without_mesh, None).unwrap() else {
+        panic!("an Init request gives an Init grant");
+    };
+    assert_eq!(spec.mesh_prefix, None, "empty: no mesh");
 }
 
 #[test]
@@ -87,7 +98,7 @@ fn control_plane_approvals_must_be_tpm_names() {
 #[test]
 fn each_bad_field_is_named() {
     type Mutation = fn(&mut InitRequest);
-    let cases: [(Mutation, &str); 13] = [
+    let cases: [(Mutation, &str); 16] = [
         (
             |r| r.master_secret = vec![1; 8],
             "invalid master secret: the master secret is 8 bytes",
@@ -137,6 +148,18 @@ fn each_bad_field_is_named() {
         (
             |r| r.control_plane_endpoint = "api.example:99999".into(),
             "control_plane_endpoint \"api.example:99999\" is not host[:port]",
+        ),
+        (
+            |r| r.vpn_prefix = "10.99.0.1/24".into(),
+            "vpn_prefix \"10.99.0.1/24\" is not a usable WireGuard mesh prefix",
+        ),
+        (
+            |r| r.vpn_prefix = "10.99.0.0".into(),
+            "vpn_prefix \"10.99.0.0\"",
+        ),
+        (
+            |r| r.vpn_prefix = "10.99.0.0/31".into(),
+            "vpn_prefix \"10.99.0.0/31\"",
         ),
     ];
     for (mutate, expected) in cases {

@@ -80,6 +80,17 @@ pub enum RequestError {
         #[source]
         source: hawser_kube_types::EndpointError,
     },
+    /// The mesh prefix is not an IPv4 network the mesh can use.
+    #[error(
+        "vpn_prefix {value:?} is not a usable WireGuard mesh prefix: give an IPv4 network \
+         address with a length of 8 to 30, e.g. 10.99.0.0/24 ({reason})"
+    )]
+    VpnPrefix {
+        /// The prefix as the request spelled it.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// An extra API server certificate name is neither an IP address nor a DNS name.
     #[error("api_server_cert_sans entry {0:?} is neither an IP address nor a DNS name")]
     CertSan(String),
@@ -205,6 +216,7 @@ pub fn validate_init(
             })?),
         };
     let control_plane_approvals = validate_approvals(&request.control_plane_approvals)?;
+    let mesh_prefix = validate_vpn_prefix(&request.vpn_prefix)?;
     let spec = ClusterSpec {
         cluster_name: request.cluster_name.clone(),
         kubernetes_version,
@@ -212,8 +224,29 @@ pub fn validate_init(
         api_server_cert_sans: request.api_server_cert_sans.clone(),
         control_plane_endpoint,
         control_plane_approvals,
+        mesh_prefix,
     };
     Ok((GrantKind::Init(spec), master, salt))
+}
+
+/// The mesh prefix of an Init request: `None` for none (empty).
+fn validate_vpn_prefix(text: &str) -> Result<Option<hawser_mesh::Ipv4Net>, RequestError> {
+    if text.is_empty() {
+        return Ok(None);
+    }
+    let refuse = |reason: String| RequestError::VpnPrefix {
+        value: text.chars().take(64).collect(),
+        reason,
+    };
+    let prefix: hawser_mesh::Ipv4Net = text.parse().map_err(|e| refuse(format!("{e}")))?;
+    if prefix.trunc() != prefix {
+        return Err(refuse(format!(
+            "host bits set; the network is {}",
+            prefix.trunc()
+        )));
+    }
+    hawser_mesh::Registry::new(prefix).map_err(|e| refuse(e.to_string()))?;
+    Ok(Some(prefix))
 }
 
 /// Validates a Recover request, taking (and wiping from the request) its secrets.

@@ -249,6 +249,7 @@ fn an_init_intent_kept_before_the_pivot_runs_with_the_images_of_the_image_it_boo
         service_cidr: "10.96.0.0/12".parse().unwrap(),
         api_server_cert_sans: Vec::new(),
         control_plane_endpoint: None,
+        mesh_prefix: None,
         control_plane_approvals: Vec::new(),
     };
     let rendered = grants::render_intent(grants::KubeadmGrant::Init(&spec), &identity()).unwrap();
@@ -282,7 +283,7 @@ fn an_init_intent_kept_before_the_pivot_runs_with_the_images_of_the_image_it_boo
             "init",
             "--config",
             KUBEADM_CONFIG,
-            "--skip-phases=preflight,addon/coredns"
+            "--skip-phases=preflight,addon/coredns,addon/kube-proxy"
         ]
     );
 }

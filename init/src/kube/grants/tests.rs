@@ -72,6 +72,7 @@ fn spec() -> ClusterSpec {
         service_cidr: "10.96.0.0/12".parse().unwrap(),
         api_server_cert_sans: Vec::new(),
         control_plane_endpoint: None,
+        mesh_prefix: None,
         control_plane_approvals: vec!["000b0123".into()],
     }
 }
@@ -318,6 +319,7 @@ fn the_grants_are_kept_after_their_directories_in_order_with_their_modes() {
         ("lib/hawser", "dir 700"),
         ("lib/hawser/mesh", "dir 700"),
         ("lib/hawser/mesh/wireguard.key", "file 600"),
+        ("lib/hawser/mesh/mesh.json", "file 600"),
         ("var", "dir 755"),
         ("var/lib", "dir 755"),
         ("var/lib/hawser", "dir 700"),
@@ -388,7 +390,7 @@ fn a_ticket_for_another_wireguard_key_is_refused_before_anything_is_kept() {
 }
 
 #[test]
-fn an_image_without_kubernetes_keeps_only_the_wireguard_key() {
+fn an_image_without_kubernetes_keeps_only_the_nodes_place_in_the_mesh() {
     let (ticket, secrets, grant) = (ticket(), secrets(), mesh_grant(1));
     let granted = Granted {
         disk_uuid: "0123abcd-0000-4000-8000-000000000000",
@@ -407,7 +409,7 @@ fn an_image_without_kubernetes_keeps_only_the_wireguard_key() {
         kept.last()
             .map(|k| k.path().display().to_string())
             .as_deref(),
-        Some("lib/hawser/mesh/wireguard.key"),
+        Some("lib/hawser/mesh/mesh.json"),
         "{kept:?}"
     );
 }

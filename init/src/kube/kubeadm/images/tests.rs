@@ -122,12 +122,12 @@ fn an_etcd_repository_kubeadm_cannot_name_is_refused() {
 }
 
 #[test]
-fn init_skips_coredns_when_the_image_has_none_and_joins_never_name_it() {
+fn init_skips_coredns_and_kube_proxy_with_the_images_and_joins_never_name_them() {
     let images = images();
     assert!(!has_coredns(&images));
     assert_eq!(
         command_flags(KubeadmApi::V1beta2, Verb::Init, Some(&images)),
-        ["--skip-phases=preflight,addon/coredns"]
+        ["--skip-phases=preflight,addon/coredns,addon/kube-proxy"]
     );
     assert_eq!(
         command_flags(KubeadmApi::V1beta2, Verb::Join, Some(&images)),
