@@ -24,8 +24,10 @@
 //! same prefix.
 //!
 //! Every node keeps its place ([`SETTINGS_FILE`]: prefix, address, MTU, peer-API port) beside
-//! its key: a boot that is given no ticket (a control plane recovered by the admin, after a
-//! whole-cluster restart) takes the same place again and learns its peers by polling. A
+//! its key, and the peers its tunnel last had ([`PEERS_FILE`]): a boot that is given no ticket
+//! (a control plane recovered by the admin, after a whole-cluster restart) takes the same place
+//! again with those peers — the control planes' etcd members reach each other through them,
+//! before any join service can read the registry — and polls for the rest. A
 //! control plane polls its own join service first: it shares the node's tunnel
 //! ([`hawser_mesh::agent::Agent::serving_peer_api`]).
 //!
@@ -57,6 +59,12 @@ pub const KEY_FILE: &str = "lib/hawser/mesh/wireguard.key";
 pub const SETTINGS_FILE: &str = "lib/hawser/mesh/mesh.json";
 /// The port of the peer API a control plane's join service serves on its VPN address.
 pub const PEER_API_PORT: u16 = 9091;
+/// The peers the node's tunnel last had and their registry version, relative to the state
+/// disk's root, JSON: written whenever they change, read back by a boot that gets no ticket.
+/// After a whole-cluster restart the control planes' etcd members reach each other only
+/// through the mesh, and no join service can read the registry before they do: the tunnels
+/// start from these peers.
+pub const PEERS_FILE: &str = "lib/hawser/mesh/peers.json";
 /// boringtun's worker threads: one (PID 1 runs on two vCPUs at most in tests, and the tunnel
 /// carries the control plane's traffic, not bulk data; see docs/mesh.md for the measurement).
 pub const THREADS: usize = 1;
@@ -302,7 +310,65 @@ pub fn kept_grant(state_root: &Path) -> Result<Option<MeshGrant>, MeshSetupError
     let kept: KeptSettings = serde_json::from_slice(&text)
         .map_err(|source| MeshSetupError::SettingsFile { path, source })?;
     let key = read_key(state_root)?;
-    Ok(Some(MeshGrant::alone(kept, key.public_key(), None)))
+    let mut grant = MeshGrant::alone(kept, key.public_key(), None);
+    match read_peers(state_root) {
+        Ok(Some(known)) => {
+            let mut peers = known.peers;
+            peers.retain(|p| p.public_key != grant.own.public_key);
+            peers.push(grant.own.clone());
+            grant.peers = PeerUpdate::Full {
+                version: known.version,
+                peers,
+            };
+        }
+        Ok(None) => {}
+        // Only a head start: the node learns its peers from the first poll without them.
+        Err(e) => warn!(
+            "{}; the tunnel starts without its last peers",
+            error_chain(&e)
+        ),
+    }
+    Ok(Some(grant))
+}
+
+/// What [`PEERS_FILE`] keeps.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct KnownPeers {
+    version: u64,
+    peers: Vec<Peer>,
+}
+
+fn read_peers(state_root: &Path) -> Result<Option<KnownPeers>, MeshSetupError> {
+    let path = state_root.join(PEERS_FILE);
+    match std::fs::read(&path) {
+        Ok(text) => serde_json::from_slice(&text)
+            .map(Some)
+            .map_err(|source| MeshSetupError::SettingsFile { path, source }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(MeshSetupError::KeyFile { path, source }),
+    }
+}
+
+/// Keeps the view's peers under `state_root` ([`PEERS_FILE`]); a failure is logged, once a
+/// boot, and costs only the head start of a later boot without a ticket.
+fn keep_peers(state_root: &Path, view: &MeshView, warned: &mut bool) {
+    let Some(version) = view.version() else {
+        return;
+    };
+    let known = KnownPeers {
+        version,
+        peers: view.peers().cloned().collect(),
+    };
+    let path = state_root.join(PEERS_FILE);
+    let result = serde_json::to_vec_pretty(&known)
+        .map_err(std::io::Error::other)
+        .and_then(|bytes| crate::platform::fs::write_atomically(&path, &bytes, 0o600));
+    if let Err(e) = result
+        && !*warned
+    {
+        warn!("cannot keep the mesh's peers in {}: {e}", path.display());
+        *warned = true;
+    }
 }
 
 /// The file a first boot keeps on its new state disk ([`KEY_FILE`]): `generated`, whose public
@@ -367,14 +433,15 @@ pub struct Mesh {
     pub listen_port: u16,
 }
 
-/// Starts the tunnel with the ticket's peers and the task that keeps them current. A node
-/// that `serves_peer_api` (a control plane: its join service shares this tunnel) polls itself
-/// first.
+/// Starts the tunnel with the ticket's peers and the task that keeps them current (and, under
+/// `state_root`, the last peers: [`PEERS_FILE`]). A node that `serves_peer_api` (a control
+/// plane: its join service shares this tunnel) polls itself first.
 pub async fn start(
     grant: MeshGrant,
     key: PrivateKey,
     listen_port: u16,
     serves_peer_api: bool,
+    state_root: PathBuf,
 ) -> Result<Mesh, MeshSetupError> {
     let public_key = key.public_key();
     let tunnel = Tunnel::start(TunnelConfig {
@@ -407,8 +474,10 @@ pub async fn start(
         changes.upserts.len(),
         grant.peers.version()
     );
+    let mut warned = false;
+    keep_peers(&state_root, agent.view(), &mut warned);
     let source = GrpcPeers::new(grant.api_port);
-    tokio::spawn(keep_current(agent, source));
+    tokio::spawn(keep_current(agent, source, state_root, warned));
     Ok(Mesh {
         node_ip: grant.node_ip,
         prefix: grant.prefix,
@@ -422,7 +491,12 @@ pub async fn start(
 
 /// Polls for the rest of the node's life. Logs a change of state (answers again, no answer
 /// any more, a refused update) once, not every round.
-async fn keep_current(mut agent: Agent<Tunnel>, mut source: GrpcPeers) {
+async fn keep_current(
+    mut agent: Agent<Tunnel>,
+    mut source: GrpcPeers,
+    state_root: PathBuf,
+    mut warned: bool,
+) {
     let mut failing = false;
     loop {
         let mut jitter = [0u8; 8];
@@ -445,6 +519,7 @@ async fn keep_current(mut agent: Agent<Tunnel>, mut source: GrpcPeers) {
                         changes.upserts.len(),
                         changes.removed.len()
                     );
+                    keep_peers(&state_root, agent.view(), &mut warned);
                 }
             }
             Ok(Round::NoCoordinator) => {
@@ -572,6 +647,41 @@ mod tests {
             node_key(dir.path(), &kept).unwrap().public_key(),
             key(1).public_key()
         );
+        assert_eq!(kept.peers.version(), 0, "no peers kept yet");
+        // The peers the tunnel last had come back with it (a whole-cluster restart).
+        let mut view = MeshView::new(key(1).public_key(), first.node_ip, first.prefix);
+        let peer = |n: u8, ip: &str| Peer {
+            name: format!("node-{n}"),
+            public_key: key(n).public_key(),
+            vpn_ip: ip.parse().unwrap(),
+            endpoint: Some(format!("192.168.76.{}:51820", 9 + n).parse().unwrap()),
+            coordinator: n == 2,
+        };
+        view.apply(&PeerUpdate::Full {
+            version: 7,
+            peers: vec![
+                peer(1, "10.99.0.1"),
+                peer(2, "10.99.0.2"),
+                peer(3, "10.99.0.3"),
+            ],
+        })
+        .unwrap();
+        let mut warned = false;
+        keep_peers(dir.path(), &view, &mut warned);
+        assert!(!warned);
+        let kept = kept_grant(dir.path()).unwrap().unwrap();
+        assert_eq!(kept.peers.version(), 7);
+        let mut again = MeshView::new(key(1).public_key(), kept.node_ip, kept.prefix);
+        again.apply(&kept.peers).unwrap();
+        assert_eq!(
+            again.peers().count(),
+            2,
+            "node-2 and node-3, not node-1 itself"
+        );
+        assert_eq!(again.coordinators().count(), 1);
+        // A damaged peers file costs the head start only.
+        std::fs::write(dir.path().join(PEERS_FILE), "[").unwrap();
+        assert_eq!(kept_grant(dir.path()).unwrap().unwrap().peers.version(), 0);
         // A ticket's grant is kept the same way.
         let ticketed = MeshGrant::from_wire(&config()).unwrap().unwrap();
         assert_eq!(ticketed.settings().address, Ipv4Addr::new(10, 99, 0, 3));

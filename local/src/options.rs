@@ -89,9 +89,16 @@ pub struct UpOptions {
 
 impl UpOptions {
     /// Whether the nodes run real Kubernetes: an image built here with `--kubernetes source`
-    /// or `release`, or one given with `--image` (sized as real: more memory does no harm).
+    /// or `release`, or one given with `--image` whose UKI's command line names real
+    /// Kubernetes (an image it cannot read is sized as real: more memory does no harm).
     pub(crate) fn real_kubernetes(&self) -> bool {
-        self.image.is_some() || self.kubernetes() != NodeKubernetes::StandIn
+        match &self.image {
+            Some(dir) => crate::localhost::image_runs_real_kubernetes(
+                &dir.join(hawser_image::build::UKI_FILE),
+            )
+            .unwrap_or(true),
+            None => self.kubernetes() != NodeKubernetes::StandIn,
+        }
     }
 
     /// `--kubernetes`, or its default for this kind of `local up`.

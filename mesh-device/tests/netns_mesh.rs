@@ -264,7 +264,9 @@ fn pod_ranges_are_routed_through_the_tunnel_to_the_member_that_owns_them() {
         })
         .collect();
     for (i, tunnel) in tunnels.iter().enumerate() {
-        tunnel.replace_peers(&[peer(1 - i, &tunnels[1 - i])]).unwrap();
+        tunnel
+            .replace_peers(&[peer(1 - i, &tunnels[1 - i])])
+            .unwrap();
         let ns = &underlay.members[i];
         netns::must(&["ip", "-n", ns, "link", "add", "pods0", "type", "dummy"]);
         let address = format!("{}/24", pod_gateway(i));
@@ -278,7 +280,10 @@ fn pod_ranges_are_routed_through_the_tunnel_to_the_member_that_owns_them() {
         );
     }
     let pod_ping = |from: usize| {
-        let (source, to) = (pod_gateway(from).to_string(), pod_gateway(1 - from).to_string());
+        let (source, to) = (
+            pod_gateway(from).to_string(),
+            pod_gateway(1 - from).to_string(),
+        );
         let ns = &underlay.members[from];
         (0..3).any(|_| {
             netns::run(&[
@@ -300,7 +305,15 @@ fn pod_ranges_are_routed_through_the_tunnel_to_the_member_that_owns_them() {
         member_config(1, hawser_mesh::DEFAULT_LISTEN_PORT),
     )
     .unwrap();
-    let routes = netns::run(&["ip", "-n", &underlay.members[1], "route", "show", "dev", INTERFACE]);
+    let routes = netns::run(&[
+        "ip",
+        "-n",
+        &underlay.members[1],
+        "route",
+        "show",
+        "dev",
+        INTERFACE,
+    ]);
     assert!(
         !String::from_utf8_lossy(&routes.stdout).contains("10.244."),
         "a tunnel without pods routes them"

@@ -177,8 +177,14 @@ impl GrpcPeers {
     }
 }
 
-/// How long one poll may take, connection included.
-pub const POLL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long the connection to a join service's peer API may take (a join service that is down
+/// is given up after this, and the next one asked).
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long one poll may take once connected: long enough for a join service whose etcd has
+/// no quorum (a whole-cluster restart) to give up its linearizable read (5 s) and answer from
+/// its own member's copy, which is how the control planes' tunnels, and with them etcd's
+/// quorum, come back.
+pub const POLL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Why a poll failed.
 #[derive(Debug, thiserror::Error)]
@@ -218,7 +224,7 @@ impl hawser_mesh::agent::PeerSource for GrpcPeers {
         let at = SocketAddr::from((coordinator, self.port));
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{at}"))
             .map_err(|source| PollError::Connect { at, source })?
-            .connect_timeout(POLL_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
             .timeout(POLL_TIMEOUT)
             .tcp_nodelay(true)
             .connect()

@@ -132,6 +132,7 @@ impl Boot {
                     key,
                     hawser_mesh::DEFAULT_LISTEN_PORT,
                     serves_peer_api,
+                    state.to_owned(),
                 ),
             )
             .await?;
