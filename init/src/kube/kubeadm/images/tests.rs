@@ -138,6 +138,6 @@ fn init_skips_coredns_and_kube_proxy_with_the_images_and_joins_never_name_them()
     assert!(has_coredns(&with_coredns));
     assert_eq!(
         command_flags(KubeadmApi::V1beta2, Verb::Init, Some(&with_coredns)),
-        ["--skip-phases=preflight"]
+        ["--skip-phases=preflight,addon/kube-proxy"]
     );
 }
