@@ -8,6 +8,7 @@
 //! tunnel's statistics as its poll, so that `hawser peers` shows the join service's handshakes
 //! too.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -430,6 +431,66 @@ pub async fn serve_on_node(
         }
     });
     Ok(())
+}
+
+/// Logs each node that stops polling the peer API (and comes back), checking every half
+/// `stale_after`: the heartbeat the registry keeps, turned into one log line per change.
+pub async fn watch_polls(core: Arc<JoinCore>, stale_after: Duration) {
+    let mut known: BTreeMap<String, vpn::Polling> = BTreeMap::new();
+    let mut tick = tokio::time::interval((stale_after / 2).max(Duration::from_secs(1)));
+    loop {
+        tick.tick().await;
+        let store = Arc::clone(core.store());
+        let read = tokio::task::spawn_blocking(move || {
+            let registry = store.vpn_registry(ReadConsistency::Latest)?;
+            let polls = store.vpn_polls()?;
+            Ok::<_, StoreError>((registry, polls))
+        })
+        .await;
+        let (registry, polls) = match read {
+            Ok(Ok((Some(registry), polls))) => (registry, polls),
+            Ok(Ok((None, _))) => continue,
+            Ok(Err(e)) => {
+                tracing::debug!(
+                    "cannot read the mesh's polls: {}",
+                    hawser_attestation::error_chain(&e)
+                );
+                continue;
+            }
+            Err(e) => {
+                tracing::debug!("the poll watcher's read failed: {e}");
+                continue;
+            }
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let statuses = vpn::member_statuses(&registry, &polls, now, stale_after);
+        let mut current = BTreeMap::new();
+        for status in statuses {
+            let before = known.get(&status.id).copied();
+            match (before, status.polling) {
+                (Some(vpn::Polling::Polling), vpn::Polling::Stopped) => tracing::warn!(
+                    node = %status.peer.name,
+                    disk_uuid = %status.id,
+                    vpn_ip = %status.peer.vpn_ip,
+                    last_poll_unix = status.last_poll.as_ref().map(|p| p.unix_time),
+                    "node stopped polling the mesh's peer API"
+                ),
+                (Some(vpn::Polling::Stopped | vpn::Polling::Never), vpn::Polling::Polling) => {
+                    tracing::info!(
+                        node = %status.peer.name,
+                        vpn_ip = %status.peer.vpn_ip,
+                        "node polls the mesh's peer API"
+                    );
+                }
+                _ => {}
+            }
+            current.insert(status.id, status.polling);
+        }
+        known = current;
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,6 @@
 //! expected-measurements file (reloaded when it changes), derives their state-disk keys from the
 //! cluster's master secret and issues kubeadm bootstrap tokens. See docs/joinservice.md.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,9 +18,9 @@ use hawser_joinservice::core::{JoinCore, JoinCoreConfig};
 use hawser_joinservice::member;
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
-use hawser_joinservice::store::{ClusterStore, EtcdFlags, EtcdStore, ReadConsistency, StoreError};
+use hawser_joinservice::store::{ClusterStore, EtcdFlags, EtcdStore};
 use hawser_joinservice::tokens::KubeadmTokenIssuer;
-use hawser_joinservice::vpn::{self, JoinServiceAddress};
+use hawser_joinservice::vpn::JoinServiceAddress;
 use hawser_keys::MasterSecret;
 use hawser_mesh::Ipv4Net;
 
@@ -349,7 +348,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         })
         .await
         .context("cannot serve the mesh's peer API inside the node's tunnel")?;
-        tokio::spawn(watch_polls(
+        tokio::spawn(member::watch_polls(
             Arc::clone(&core),
             Duration::from_secs(args.vpn_stale_after_secs.max(1)),
         ));
@@ -365,7 +364,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 args.vpn_interface, args.vpn_listen_port
             )
         })?;
-        tokio::spawn(watch_polls(
+        tokio::spawn(member::watch_polls(
             Arc::clone(&core),
             Duration::from_secs(args.vpn_stale_after_secs.max(1)),
         ));
@@ -586,66 +585,6 @@ fn resolve_endpoint(text: &str) -> anyhow::Result<std::net::SocketAddr> {
         .or_else(|| addrs.first())
         .copied()
         .with_context(|| format!("--vpn-endpoint {text:?} resolves to no address"))
-}
-
-/// Logs each node that stops polling the peer API (and comes back), checking every half
-/// `stale_after`: the heartbeat the registry keeps, turned into one log line per change.
-async fn watch_polls(core: Arc<JoinCore>, stale_after: Duration) {
-    let mut known: BTreeMap<String, vpn::Polling> = BTreeMap::new();
-    let mut tick = tokio::time::interval((stale_after / 2).max(Duration::from_secs(1)));
-    loop {
-        tick.tick().await;
-        let store = Arc::clone(core.store());
-        let read = tokio::task::spawn_blocking(move || {
-            let registry = store.vpn_registry(ReadConsistency::Latest)?;
-            let polls = store.vpn_polls()?;
-            Ok::<_, StoreError>((registry, polls))
-        })
-        .await;
-        let (registry, polls) = match read {
-            Ok(Ok((Some(registry), polls))) => (registry, polls),
-            Ok(Ok((None, _))) => continue,
-            Ok(Err(e)) => {
-                tracing::debug!(
-                    "cannot read the mesh's polls: {}",
-                    hawser_attestation::error_chain(&e)
-                );
-                continue;
-            }
-            Err(e) => {
-                tracing::debug!("the poll watcher's read failed: {e}");
-                continue;
-            }
-        };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0);
-        let statuses = vpn::member_statuses(&registry, &polls, now, stale_after);
-        let mut current = BTreeMap::new();
-        for status in statuses {
-            let before = known.get(&status.id).copied();
-            match (before, status.polling) {
-                (Some(vpn::Polling::Polling), vpn::Polling::Stopped) => tracing::warn!(
-                    node = %status.peer.name,
-                    disk_uuid = %status.id,
-                    vpn_ip = %status.peer.vpn_ip,
-                    last_poll_unix = status.last_poll.as_ref().map(|p| p.unix_time),
-                    "node stopped polling the mesh's peer API"
-                ),
-                (Some(vpn::Polling::Stopped | vpn::Polling::Never), vpn::Polling::Polling) => {
-                    tracing::info!(
-                        node = %status.peer.name,
-                        vpn_ip = %status.peer.vpn_ip,
-                        "node polls the mesh's peer API"
-                    );
-                }
-                _ => {}
-            }
-            current.insert(status.id, status.polling);
-        }
-        known = current;
-    }
 }
 
 /// Imports the approvals file's names into etcd (put-if-absent), retried until etcd takes it.
