@@ -628,7 +628,9 @@ fn real_kubeadm_names_exactly_the_images_the_image_carries() {
     let outcome = Root::with(&config).run(&kubeadm, &args);
     assert!(outcome.accepted, "refused: {}", outcome.output);
     assert!(
-        !outcome.output.contains("Applied essential addon: kube-proxy")
+        !outcome
+            .output
+            .contains("Applied essential addon: kube-proxy")
             && !outcome.output.contains("/kube-proxy:"),
         "{}",
         outcome.output
