@@ -327,6 +327,19 @@ impl NodeMember {
     pub fn register(&self, store: &dyn ClusterStore) -> Result<hawser_mesh::Peer, StoreError> {
         let node = &self.node;
         let registry = store.update_vpn_registry(self.prefix, &mut |registry| {
+            // Checked before anything is written: a known disk keeps its address.
+            if let Some(known) = registry.member(&self.member_id)
+                && known.vpn_ip != node.vpn_ip
+            {
+                return Err(hawser_mesh::MeshError::AddressClash {
+                    ip: node.vpn_ip,
+                    first: format!(
+                        "{} (the registry's {} for this disk)",
+                        self.member_id, known.vpn_ip
+                    ),
+                    second: node.name.clone(),
+                });
+            }
             registry.admit(
                 &self.member_id,
                 &node.name,
@@ -337,22 +350,12 @@ impl NodeMember {
             )?;
             Ok(())
         })?;
-        let entry = registry.member(&self.member_id).cloned().ok_or_else(|| {
-            StoreError::VpnMemberMissing {
+        registry
+            .member(&self.member_id)
+            .cloned()
+            .ok_or_else(|| StoreError::VpnMemberMissing {
                 id: self.member_id.clone(),
-            }
-        })?;
-        if entry.vpn_ip != node.vpn_ip {
-            return Err(StoreError::Mesh(hawser_mesh::MeshError::AddressClash {
-                ip: node.vpn_ip,
-                first: format!(
-                    "{} (the registry's {} for this disk)",
-                    self.member_id, entry.vpn_ip
-                ),
-                second: node.name.clone(),
-            }));
-        }
-        Ok(entry)
+            })
     }
 }
 

@@ -173,7 +173,9 @@ fn fetch(web: &str, range: &str) {
         "exec",
         "client",
         "--",
-        // busybox's own timeout: its wget 1.35 crashes (SIGSEGV) whenever given `-T`.
+        // busybox's own timeout (not linked in the tools image: run as `busybox timeout`);
+        // its wget 1.35 crashes (SIGSEGV) whenever given `-T`.
+        "busybox",
         "timeout",
         "60",
         "wget",

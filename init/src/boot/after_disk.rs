@@ -118,12 +118,8 @@ impl Boot {
             },
         };
         let key = crate::mesh::node_key(state, &grant)?;
-        let cluster_dir = state.join(
-            crate::kube::join_service::CLUSTER_DIR
-                .strip_prefix('/')
-                .unwrap_or(crate::kube::join_service::CLUSTER_DIR),
-        );
-        let serves_peer_api = crate::kube::join_service::keeps_secrets(&cluster_dir);
+        let serves_peer_api =
+            crate::kube::join_service::keeps_secrets(&super::pivot_role::kept_secrets_dir());
         let mesh = self
             .time_async(
                 "mesh",

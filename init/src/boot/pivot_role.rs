@@ -29,7 +29,7 @@ use crate::rootfs::MeasuredRole;
 
 /// Where a control plane's kept secrets are before the pivot: the state disk's `/var` is bound
 /// onto the new root's `/var` at the pivot ([`crate::kube::join_service::CLUSTER_DIR`] after it).
-fn kept_secrets_dir() -> PathBuf {
+pub(super) fn kept_secrets_dir() -> PathBuf {
     Path::new(crate::disk::STATE_MOUNT_POINT)
         .join(crate::kube::join_service::CLUSTER_DIR.trim_start_matches('/'))
 }
