@@ -256,7 +256,7 @@ fn open_layout(
             opts.control_planes
         ),
         None => {
-            create(dir, admin, &wanted, opts.state_disk_bytes(), events)?;
+            create(dir, admin, &wanted, opts, events)?;
             Ok(wanted)
         }
     }
@@ -367,7 +367,7 @@ fn create(
     dir: &Path,
     admin: &Admin,
     layout: &Layout,
-    disk_bytes: u64,
+    opts: &UpOptions,
     events: &Events,
 ) -> anyhow::Result<()> {
     if dir.exists() {
@@ -390,7 +390,7 @@ fn create(
             approvals.push(hex::encode(&ak));
         }
         std::fs::File::create(node_dir.join("state.img"))
-            .and_then(|f| f.set_len(disk_bytes))
+            .and_then(|f| f.set_len(opts.state_disk_bytes(node.role)))
             .with_context(|| format!("creating {}'s state disk", node.name))?;
     }
     std::fs::write(admin.approvals(), approvals.join("\n"))?;

@@ -69,6 +69,11 @@ pub struct UpOptions {
     /// API server, the controllers and the kubelet), 1536 for a worker, 1024 with stand-ins.
     #[arg(long)]
     pub(crate) memory: Option<u32>,
+    /// Virtual CPUs of every node; default: 2 with real Kubernetes (under TCG each vCPU is a
+    /// host thread: node-1's wipe, images' import and `kubeadm init` use both cores while it
+    /// runs alone), 1 with stand-ins.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) cpus: Option<u32>,
     /// Do not echo the serial console (the boot report summary is still printed).
     #[arg(long)]
     pub(crate) quiet: bool,
@@ -111,14 +116,16 @@ impl UpOptions {
             })
     }
 
-    /// The size of a new node's (sparse) state disk: room for containerd's store of the
-    /// control-plane images (~630 MB unpacked) and etcd with real Kubernetes; 256 MiB with
-    /// stand-ins. A production image wipes all of it on the first boot (~33 s per GiB, TCG).
-    pub(crate) fn state_disk_bytes(&self) -> u64 {
-        if self.real_kubernetes() {
-            2 << 30
-        } else {
-            256 << 20
+    /// The size of a new node's (sparse) state disk of `role`: with real Kubernetes, room on a
+    /// control plane for containerd's store of the control-plane images (~630 MB unpacked) and
+    /// etcd, 2 GiB; on a worker for the node images and its pods, 1 GiB; 256 MiB with
+    /// stand-ins. A production image wipes all of it on the first boot (~37 s per GiB under
+    /// TCG on an idle core, and the worker's wipe runs beside node-1's control plane).
+    pub(crate) fn state_disk_bytes(&self, role: crate::local_cluster::Role) -> u64 {
+        match (self.real_kubernetes(), role) {
+            (true, crate::local_cluster::Role::ControlPlane) => 2 << 30,
+            (true, crate::local_cluster::Role::Worker) => 1 << 30,
+            (false, _) => 256 << 20,
         }
     }
 
@@ -129,6 +136,15 @@ impl UpOptions {
             (None, false, _) => 1024,
             (None, true, crate::local_cluster::Role::ControlPlane) => 2560,
             (None, true, crate::local_cluster::Role::Worker) => 1536,
+        }
+    }
+
+    /// The virtual CPUs of every node (see `--cpus`).
+    pub(crate) fn cpus(&self) -> u32 {
+        match (self.cpus, self.real_kubernetes()) {
+            (Some(cpus), _) => cpus,
+            (None, true) => 2,
+            (None, false) => 1,
         }
     }
 

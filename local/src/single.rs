@@ -219,12 +219,13 @@ fn boot(
     cluster.provision_tpm(&tpm_dir)?;
     let disk = cluster.dir.join("state.img");
     std::fs::File::create(&disk)
-        .and_then(|f| f.set_len(opts.state_disk_bytes()))
+        .and_then(|f| f.set_len(opts.state_disk_bytes(crate::local_cluster::Role::ControlPlane)))
         .with_context(|| format!("creating the state disk {}", disk.display()))?;
 
     let mut config = VmConfig::uefi_disk(disk_image)
         .name("hawser-local")
         .memory_mib(opts.memory_mib(crate::local_cluster::Role::ControlPlane))
+        .cpus(opts.cpus())
         .tpm(TpmConfig {
             state_dir: Some(tpm_dir),
             ..TpmConfig::default()

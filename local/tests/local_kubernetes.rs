@@ -4,7 +4,9 @@
 //! `kubectl` on the host, through the kubeconfig `local up` printed, sees both nodes `Ready`
 //! at their addresses in the cluster's WireGuard mesh, and a pod on the control plane fetches a
 //! page from a pod on the worker through it; then the worker reboots, rejoins (a rejoin ticket,
-//! its place in the mesh again) and a new pod on it is reached the same way.
+//! its place in the mesh again) and a new pod on it is reached the same way; then the whole
+//! cluster is powered off and brought up again (`hawser recover` of node-1 by the admin, the
+//! worker's rejoin), and pods across the mesh work again.
 //!
 //! What this costs under TCG is in docs/benchmarks.md; the attestation, rejoin and recovery
 //! paths of a three-node cluster are `local_cluster.rs` (stand-ins: it boots its nodes eleven
@@ -166,12 +168,12 @@ const WEB: &str = "hostname > /tmp/index.html && exec httpd -f -p 8080 -h /tmp";
 
 /// The pod `client` fetches `http://<web's address>:8080/` and must get `web`'s name back;
 /// `web`'s address must be in `range` (its node's pod range).
-fn fetch(web: &str, range: &str) {
+fn fetch(client: &str, web: &str, range: &str) {
     let web_ip = kubectl(&["get", "pod", web, "-o", "jsonpath={.status.podIP}"]);
     assert!(web_ip.starts_with(range), "{web}'s address {web_ip:?}");
     let answer = kubectl(&[
         "exec",
-        "client",
+        client,
         "--",
         // busybox's own timeout (not linked in the tools image: run as `busybox timeout`);
         // its wget 1.35 crashes (SIGSEGV) whenever given `-T`.
@@ -205,7 +207,7 @@ fn step_a_pod_on_the_control_plane_reaches_a_pod_on_the_worker(nodes: &str) {
         client_ip.starts_with("10.244.1."),
         "client's address {client_ip:?}"
     );
-    fetch("web", "10.244.2.");
+    fetch("client", "web", "10.244.2.");
 }
 
 /// The worker reboots and rejoins through node-1's join service (a rejoin ticket: its disk's
@@ -222,7 +224,75 @@ fn step_the_worker_rejoins_and_its_pods_are_reached_again(nodes: &str) {
     assert!(said.contains("node-2: quote verified"), "{said}");
     let worker = node_named_at(nodes, WORKER_IP);
     run_pod("web-again", &worker, WEB);
-    fetch("web-again", "10.244.2.");
+    fetch("client", "web-again", "10.244.2.");
+}
+
+/// Every node is powered off (`local down`), then `local up` again with the same image: no
+/// join service can answer (each needs etcd), so the admin recovers node-1 (`hawser recover`:
+/// its disk, its place in the mesh, and its etcd and static pods come back from the disk), and
+/// the worker rejoins through node-1's join service. Both are `Ready` again at the same mesh
+/// addresses, and a new pod on the control plane reaches a new pod on the worker.
+fn step_the_whole_cluster_restarts(mut up: Up, image: &Path) -> Up {
+    let down = hawser_local(&["down"]).output().unwrap();
+    assert!(down.status.success(), "{down:?}");
+    let exit = up.0.wait().unwrap();
+    assert!(exit.success(), "`hawser local up` ended with {exit}");
+    let started = Instant::now();
+    let log = test_dir().join("up-again.log");
+    let mut up = Up(hawser_local(&[
+        "up",
+        "--quiet",
+        "--nodes",
+        "2",
+        "--image",
+        image.to_str().unwrap(),
+    ])
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(&log).unwrap())
+    .spawn()
+    .unwrap());
+    let table = wait(
+        "both nodes Ready again after the whole cluster's restart",
+        Duration::from_secs(30 * 60),
+        &mut up,
+        || {
+            let table = status();
+            let ready = [("node-1", CONTROL_PLANE_IP), ("node-2", WORKER_IP)]
+                .iter()
+                .filter(|(node, ip)| {
+                    table.lines().any(|l| {
+                        l.starts_with(node)
+                            && l.contains(" Ready ")
+                            && l.split_whitespace().any(|c| c == *ip)
+                    })
+                })
+                .count();
+            (ready == 2).then_some(table)
+        },
+    );
+    eprintln!(
+        "both nodes Ready {:.0} s after `local up` of the stopped cluster:\n{table}",
+        started.elapsed().as_secs_f64()
+    );
+    let said = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        said.contains("node-1 attested (Recover via admin"),
+        "node-1 was not recovered by the admin: {said}"
+    );
+    assert!(
+        said.contains("node-2 attested (IssueRejoinTicket via join-service"),
+        "node-2 did not rejoin: {said}"
+    );
+    let nodes = kubectl(&["get", "nodes", "-o", "wide"]);
+    eprintln!("{nodes}");
+    run_pod(
+        "client-after",
+        &node_named_at(&nodes, CONTROL_PLANE_IP),
+        "exec sleep 3600",
+    );
+    run_pod("web-after", &node_named_at(&nodes, WORKER_IP), WEB);
+    fetch("client-after", "web-after", "10.244.2.");
+    up
 }
 
 /// The nodes' addresses in the cluster's mesh (`hawser init`'s default 10.99.0.0/24): node-1
@@ -331,6 +401,7 @@ fn local_up_forms_a_real_kubernetes_cluster_that_kubectl_sees_ready() {
 
     step_a_pod_on_the_control_plane_reaches_a_pod_on_the_worker(&nodes);
     step_the_worker_rejoins_and_its_pods_are_reached_again(&nodes);
+    let mut up = step_the_whole_cluster_restarts(up, &image);
 
     let down = hawser_local(&["down"]).output().unwrap();
     assert!(down.status.success(), "{down:?}");

@@ -223,7 +223,7 @@ fn act(
         // joins anew — its admission needs the cluster store to take a new binding.
         let disk = f.dir.join(name).join("state.img");
         std::fs::File::create(&disk)
-            .and_then(|file| file.set_len(opts.state_disk_bytes()))
+            .and_then(|file| file.set_len(opts.state_disk_bytes(f.layout.nodes[i].role)))
             .with_context(|| format!("giving {name} a blank state disk {}", disk.display()))?;
         f.events.say(format!(
             "{name} has a blank state disk: it joins as a new node"

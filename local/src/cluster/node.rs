@@ -76,6 +76,7 @@ pub(super) fn boot(
     let mut config = VmConfig::uefi_disk(f.disk_image)
         .name(&spec.name)
         .memory_mib(opts.memory_mib(spec.role))
+        .cpus(opts.cpus())
         .tpm(TpmConfig {
             state_dir: Some(node_dir.join("tpm")),
             ..TpmConfig::default()
