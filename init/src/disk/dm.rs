@@ -14,9 +14,6 @@
 //!                         2 integrity:32:aead sector_size:4096
 //! ```
 //!
-//! A new disk's first-boot wipe runs with the integrity table's `D` (no journal) in place of
-//! `J`, as cryptsetup's `luksFormat` wipes; the table is journaled again before mkfs.
-//!
 //! LUKS2 counts the IV in 512-byte units even with 4096-byte sectors (no `iv_large_sectors`).
 //!
 //! The key never enters a table: it goes into the kernel keyring as a `logon` key (which user
@@ -96,48 +93,19 @@ pub fn crypt_line(
     (0, length, "crypt".to_owned(), params)
 }
 
-/// How dm-integrity writes: through its journal, or straight to data and tags.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Writes {
-    /// 'J': every write goes to the journal first, so data and tags stay consistent across a
-    /// crash. Always, but while a new disk is wiped.
-    Journaled,
-    /// 'D': no journal (cryptsetup's `--integrity-no-journal`, which `luksFormat` also uses
-    /// for its wipe): half the writes. Only for the first-boot wipe, which a crash leaves
-    /// unfinished anyway (the disk is not marked initialized until after it).
-    Direct,
-}
-
-/// The dm-integrity table line: journaled ('J', crash-consistent data and tags) or direct for
-/// the wipe, tags supplied by dm-crypt (no internal hash), 4096-byte blocks. A zeroed
-/// superblock is formatted by the kernel on the first load.
-pub fn integrity_line(backing: DevNum, length: u64, writes: Writes) -> TableLine {
-    let mode = match writes {
-        Writes::Journaled => 'J',
-        Writes::Direct => 'D',
-    };
+/// The dm-integrity table line: journaled ('J', crash-consistent data and tags), tags supplied
+/// by dm-crypt (no internal hash), 4096-byte blocks. A zeroed superblock is formatted by the
+/// kernel on the first load.
+pub fn integrity_line(backing: DevNum, length: u64) -> TableLine {
     (
         0,
         length,
         "integrity".to_owned(),
         format!(
-            "{backing} {} {INTEGRITY_TAG_SIZE} {mode} 2 block_size:{} fix_padding",
+            "{backing} {} {INTEGRITY_TAG_SIZE} J 2 block_size:{} fix_padding",
             luks2::DATA_OFFSET / SECTOR,
             luks2::SECTOR_SIZE
         ),
-    )
-}
-
-/// Reloads the mapped dm-integrity device over `disk` with `writes` (the crypt device above it
-/// stays; the kernel suspends the integrity device, flushing it, while the table is swapped).
-pub fn set_integrity_writes(disk: DevNum, writes: Writes) -> Result<(), DmError> {
-    let dm = DeviceMapper::open()?;
-    let status = dm.status(DM_INTEGRITY_NAME)?;
-    let provided = provided_data_sectors(&status).ok_or(DmError::IntegrityStatus { status })?;
-    let block = u64::from(luks2::SECTOR_SIZE) / SECTOR;
-    dm.reload(
-        DM_INTEGRITY_NAME,
-        &[integrity_line(disk, provided / block * block, writes)],
     )
 }
 
@@ -230,17 +198,14 @@ fn map_integrity(
         dm,
         DM_INTEGRITY_NAME,
         luks_uuid,
-        &[integrity_line(disk, block, Writes::Journaled)],
+        &[integrity_line(disk, block)],
     )?;
     let resized = dm.status(DM_INTEGRITY_NAME).and_then(|status| {
         let provided = provided_data_sectors(&status)
             .map(|sectors| sectors / block * block)
             .filter(|&sectors| sectors > 0)
             .ok_or(DmError::IntegrityStatus { status })?;
-        dm.reload(
-            DM_INTEGRITY_NAME,
-            &[integrity_line(disk, provided, Writes::Journaled)],
-        )?;
+        dm.reload(DM_INTEGRITY_NAME, &[integrity_line(disk, provided)])?;
         Ok(provided)
     });
     match resized {
@@ -281,12 +246,9 @@ mod tests {
 
     #[test]
     fn the_integrity_tables_stack_crypt_on_integrity() {
-        let line = integrity_line(DISK, 8, Writes::Journaled);
+        let line = integrity_line(DISK, 8);
         assert_eq!(line.2, "integrity");
         assert_eq!(line.3, "252:16 32768 32 J 2 block_size:4096 fix_padding");
-        // The first-boot wipe only: the same table without the journal.
-        let line = integrity_line(DISK, 8, Writes::Direct);
-        assert_eq!(line.3, "252:16 32768 32 D 2 block_size:4096 fix_padding");
         let dif = DevNum {
             major: 253,
             minor: 0,

@@ -404,37 +404,6 @@ pub struct LinuxPlatform {
     pub runtime: tokio::runtime::Handle,
 }
 
-/// Writes zeros over all of `mapped`, saying how far it is every 10 %; its size in bytes.
-fn zero_fill(mapped: &Path) -> io::Result<u64> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_CLOEXEC)
-        .open(mapped)?;
-    let size = file.seek(SeekFrom::End(0))?;
-    let zeros = vec![0u8; WIPE_CHUNK];
-    let mut offset = 0u64;
-    let mut reported = 0;
-    while offset < size {
-        let n = (size - offset).min(WIPE_CHUNK as u64) as usize;
-        file.write_all_at(&zeros[..n], offset)?;
-        offset += n as u64;
-        // A large disk takes minutes: say how far it is, every 10 % (synced, so that the
-        // number is what is on the disk, not what is in the page cache).
-        let percent = offset * 100 / size;
-        if percent >= reported + 10 {
-            file.sync_data()?;
-            reported = percent - percent % 10;
-            info!(
-                "wiping {} for dm-integrity: {reported} % of {} MiB",
-                mapped.display(),
-                size >> 20
-            );
-        }
-    }
-    file.sync_data()?;
-    Ok(size)
-}
-
 impl Platform for LinuxPlatform {
     fn map(
         &self,
@@ -460,13 +429,32 @@ impl Platform for LinuxPlatform {
     }
 
     fn wipe(&self, mapped: &Path) -> io::Result<u64> {
-        // Without dm-integrity's journal for the wipe (each block written once, not twice),
-        // journaled again before anything of the file system is written.
-        dm::set_integrity_writes(self.disk.devnum, dm::Writes::Direct).map_err(io::Error::other)?;
-        let wiped = zero_fill(mapped);
-        let journaled = dm::set_integrity_writes(self.disk.devnum, dm::Writes::Journaled);
-        let size = wiped?;
-        journaled.map_err(io::Error::other)?;
+        let mut file = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(mapped)?;
+        let size = file.seek(SeekFrom::End(0))?;
+        let zeros = vec![0u8; WIPE_CHUNK];
+        let mut offset = 0u64;
+        let mut reported = 0;
+        while offset < size {
+            let n = (size - offset).min(WIPE_CHUNK as u64) as usize;
+            file.write_all_at(&zeros[..n], offset)?;
+            offset += n as u64;
+            // A large disk takes minutes: say how far it is, every 10 % (synced, so that the
+            // number is what is on the disk, not what is in the page cache).
+            let percent = offset * 100 / size;
+            if percent >= reported + 10 {
+                file.sync_data()?;
+                reported = percent - percent % 10;
+                info!(
+                    "wiping {} for dm-integrity: {reported} % of {} MiB",
+                    mapped.display(),
+                    size >> 20
+                );
+            }
+        }
+        file.sync_data()?;
         Ok(size)
     }
 

@@ -3,14 +3,24 @@
 
 use super::*;
 
-/// The wipe's writing part (the journal switch around it needs the kernel's device-mapper:
-/// proven by every first boot of a production image in the QEMU tests).
-#[test]
-fn wiping_zeroes_the_whole_device() {
+#[tokio::test]
+async fn wiping_zeroes_the_whole_device() {
     let file = tempfile::NamedTempFile::new().unwrap();
     let size = 2 * WIPE_CHUNK + 4096;
     std::fs::write(file.path(), vec![0xa5u8; size]).unwrap();
-    assert_eq!(zero_fill(file.path()).unwrap(), size as u64);
+    let platform = LinuxPlatform {
+        disk: BlockDevice {
+            name: "test".into(),
+            serial: None,
+            devnum: dm::DevNum { major: 0, minor: 0 },
+            size: size as u64,
+            read_only: false,
+        },
+        registry: ChildRegistry::new(),
+        mounts: SharedMountTable::default(),
+        runtime: tokio::runtime::Handle::current(),
+    };
+    assert_eq!(platform.wipe(file.path()).unwrap(), size as u64);
     let bytes = std::fs::read(file.path()).unwrap();
     assert_eq!(bytes.len(), size);
     assert!(bytes.iter().all(|&b| b == 0));
