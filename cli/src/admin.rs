@@ -63,11 +63,11 @@ pub struct InitArgs {
     /// join the cluster as a control plane (repeatable).
     #[arg(long = "approve-control-plane", value_parser = parse_ak_name)]
     approve_control_plane: Vec<Vec<u8>>,
-    /// The cluster's WireGuard mesh prefix (an IPv4 network address, /8 to /30): the first
+    /// The cluster's WireGuard mesh prefix (an IPv4 network address, /24 to /30): the first
     /// node takes its first host address, and every node joins the mesh with an address of it,
-    /// its Kubernetes node IP (docs/mesh.md). The default /24 also bounds the cluster to the
-    /// pod ranges it has room for (253 nodes).
-    #[arg(long, default_value = DEFAULT_VPN_PREFIX, conflicts_with = "no_mesh")]
+    /// its Kubernetes node IP (docs/mesh.md). Each node's pod range follows its address's last
+    /// octet, so a /24 bounds the cluster to 253 nodes and a wider prefix is refused.
+    #[arg(long, default_value = DEFAULT_VPN_PREFIX, conflicts_with = "no_mesh", value_parser = parse_cluster_prefix)]
     vpn_prefix: hawser_mesh::Ipv4Net,
     /// Form the cluster without the WireGuard mesh: nodes talk over their own network.
     #[arg(long)]
@@ -79,6 +79,13 @@ fn parse_kubernetes_version(text: &str) -> Result<hawser_kube_types::KubernetesV
     let version: hawser_kube_types::KubernetesVersion = text.parse().map_err(|e| format!("{e}"))?;
     hawser_kube_types::KubeadmApi::for_version(&version).map_err(|e| e.to_string())?;
     Ok(version)
+}
+
+/// `--vpn-prefix`: an IPv4 network a cluster's mesh can be (`hawser_mesh::pods`).
+fn parse_cluster_prefix(text: &str) -> Result<hawser_mesh::Ipv4Net, String> {
+    let prefix: hawser_mesh::Ipv4Net = text.parse().map_err(|e| format!("{e}"))?;
+    hawser_mesh::pods::check_cluster_prefix(prefix)?;
+    Ok(prefix)
 }
 
 fn parse_ak_name(text: &str) -> Result<Vec<u8>, String> {
@@ -185,5 +192,16 @@ mod tests {
             unwritten.contains("hawser writes no kubeadm configuration for Kubernetes v1.25.0"),
             "{unwritten}"
         );
+    }
+
+    #[test]
+    fn a_clusters_mesh_prefix_wider_than_a_24_is_refused_before_the_node_is_asked() {
+        assert_eq!(
+            parse_cluster_prefix("10.99.0.0/24").unwrap().to_string(),
+            "10.99.0.0/24"
+        );
+        let wide = parse_cluster_prefix("10.99.0.0/16").unwrap_err();
+        assert!(wide.contains("same pod range"), "{wide}");
+        assert!(parse_cluster_prefix("10.99.0.0").is_err());
     }
 }

@@ -17,6 +17,24 @@ use ipnet::Ipv4Net;
 /// The cluster's pod network; every node has a /24 of it.
 pub const POD_NETWORK: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(10, 244, 0, 0), 16);
 
+/// The widest mesh prefix of a cluster whose nodes' pod ranges follow their addresses: in a
+/// /24 (or narrower) every node's address has its own last octet, so its own [`pod_range`].
+pub const WIDEST_CLUSTER_PREFIX: u8 = 24;
+
+/// Whether `prefix` can be a cluster's mesh: refused, saying why, when wider than
+/// [`WIDEST_CLUSTER_PREFIX`] (two nodes would share a pod range).
+pub fn check_cluster_prefix(prefix: Ipv4Net) -> Result<(), String> {
+    if prefix.prefix_len() < WIDEST_CLUSTER_PREFIX {
+        return Err(format!(
+            "a cluster's mesh is at most a /{WIDEST_CLUSTER_PREFIX}: each node's pods get \
+             10.244.<last octet of its address>.0/24, so in a /{} two nodes would get the same \
+             pod range",
+            prefix.prefix_len()
+        ));
+    }
+    Ok(())
+}
+
 /// The pods' range of the node at `node_ip`: `10.244.<last octet>.0/24`; `None` for an
 /// address ending in .0 or .255, which names none.
 pub fn pod_range(node_ip: Ipv4Addr) -> Option<Ipv4Net> {
@@ -31,6 +49,18 @@ pub fn pod_range(node_ip: Ipv4Addr) -> Option<Ipv4Net> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clusters_mesh_is_at_most_a_24() {
+        let check = |p: &str| check_cluster_prefix(p.parse().unwrap());
+        assert!(check("10.99.0.0/24").is_ok());
+        assert!(check("10.99.0.0/28").is_ok());
+        let refused = check("10.99.0.0/16").unwrap_err();
+        assert!(
+            refused.contains("at most a /24") && refused.contains("/16"),
+            "{refused}"
+        );
+    }
 
     #[test]
     fn each_node_has_the_24_of_its_last_octet() {

@@ -98,7 +98,7 @@ fn control_plane_approvals_must_be_tpm_names() {
 #[test]
 fn each_bad_field_is_named() {
     type Mutation = fn(&mut InitRequest);
-    let cases: [(Mutation, &str); 16] = [
+    let cases: [(Mutation, &str); 17] = [
         (
             |r| r.master_secret = vec![1; 8],
             "invalid master secret: the master secret is 8 bytes",
@@ -160,6 +160,10 @@ fn each_bad_field_is_named() {
         (
             |r| r.vpn_prefix = "10.99.0.0/31".into(),
             "vpn_prefix \"10.99.0.0/31\"",
+        ),
+        (
+            |r| r.vpn_prefix = "10.99.0.0/16".into(),
+            "two nodes would get the same pod range",
         ),
     ];
     for (mutate, expected) in cases {

@@ -83,7 +83,7 @@ pub enum RequestError {
     /// The mesh prefix is not an IPv4 network the mesh can use.
     #[error(
         "vpn_prefix {value:?} is not a usable WireGuard mesh prefix: give an IPv4 network \
-         address with a length of 8 to 30, e.g. 10.99.0.0/24 ({reason})"
+         address with a length of 24 to 30, e.g. 10.99.0.0/24 ({reason})"
     )]
     VpnPrefix {
         /// The prefix as the request spelled it.
@@ -246,6 +246,7 @@ fn validate_vpn_prefix(text: &str) -> Result<Option<hawser_mesh::Ipv4Net>, Reque
         )));
     }
     hawser_mesh::Registry::new(prefix).map_err(|e| refuse(e.to_string()))?;
+    hawser_mesh::pods::check_cluster_prefix(prefix).map_err(refuse)?;
     Ok(Some(prefix))
 }
 
