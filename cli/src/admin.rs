@@ -84,7 +84,7 @@ fn parse_kubernetes_version(text: &str) -> Result<hawser_kube_types::KubernetesV
 /// `--vpn-prefix`: an IPv4 network a cluster's mesh can be (`hawser_mesh::pods`).
 fn parse_cluster_prefix(text: &str) -> Result<hawser_mesh::Ipv4Net, String> {
     let prefix: hawser_mesh::Ipv4Net = text.parse().map_err(|e| format!("{e}"))?;
-    hawser_mesh::pods::check_cluster_prefix(prefix)?;
+    hawser_mesh::pods::check_cluster_prefix(prefix).map_err(|e| e.to_string())?;
     Ok(prefix)
 }
 

@@ -97,6 +97,18 @@ pub enum MeshError {
         /// The prefix.
         prefix: Ipv4Net,
     },
+    /// A cluster's mesh wider than [`pods::WIDEST_CLUSTER_PREFIX`]: two nodes would get the same
+    /// pod range.
+    #[error(
+        "a cluster's mesh is at most a /{widest}: each node's pods get 10.244.<last octet of its \
+         address>.0/24, so in the /{len} of {prefix} two nodes would get the same pod range",
+        widest = pods::WIDEST_CLUSTER_PREFIX,
+        len = prefix.prefix_len()
+    )]
+    ClusterPrefixTooWide {
+        /// The prefix.
+        prefix: Ipv4Net,
+    },
     /// Every address of the prefix is taken.
     #[error("no free address left in the VPN prefix {prefix} ({nodes} nodes)")]
     PrefixFull {

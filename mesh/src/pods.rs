@@ -14,6 +14,8 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
+use crate::MeshError;
+
 /// The cluster's pod network; every node has a /24 of it.
 pub const POD_NETWORK: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(10, 244, 0, 0), 16);
 
@@ -23,14 +25,9 @@ pub const WIDEST_CLUSTER_PREFIX: u8 = 24;
 
 /// Whether `prefix` can be a cluster's mesh: refused, saying why, when wider than
 /// [`WIDEST_CLUSTER_PREFIX`] (two nodes would share a pod range).
-pub fn check_cluster_prefix(prefix: Ipv4Net) -> Result<(), String> {
+pub fn check_cluster_prefix(prefix: Ipv4Net) -> Result<(), MeshError> {
     if prefix.prefix_len() < WIDEST_CLUSTER_PREFIX {
-        return Err(format!(
-            "a cluster's mesh is at most a /{WIDEST_CLUSTER_PREFIX}: each node's pods get \
-             10.244.<last octet of its address>.0/24, so in a /{} two nodes would get the same \
-             pod range",
-            prefix.prefix_len()
-        ));
+        return Err(MeshError::ClusterPrefixTooWide { prefix });
     }
     Ok(())
 }
@@ -55,7 +52,7 @@ mod tests {
         let check = |p: &str| check_cluster_prefix(p.parse().unwrap());
         assert!(check("10.99.0.0/24").is_ok());
         assert!(check("10.99.0.0/28").is_ok());
-        let refused = check("10.99.0.0/16").unwrap_err();
+        let refused = check("10.99.0.0/16").unwrap_err().to_string();
         assert!(
             refused.contains("at most a /24") && refused.contains("/16"),
             "{refused}"

@@ -246,7 +246,7 @@ fn validate_vpn_prefix(text: &str) -> Result<Option<hawser_mesh::Ipv4Net>, Reque
         )));
     }
     hawser_mesh::Registry::new(prefix).map_err(|e| refuse(e.to_string()))?;
-    hawser_mesh::pods::check_cluster_prefix(prefix).map_err(refuse)?;
+    hawser_mesh::pods::check_cluster_prefix(prefix).map_err(|e| refuse(e.to_string()))?;
     Ok(Some(prefix))
 }
 
