@@ -89,6 +89,14 @@ impl Drop for Up {
     }
 }
 
+/// `local down`; the `local up` it stops must then end successfully.
+fn down(mut up: Up) {
+    let down = hawser_local(&["down"]).output().unwrap();
+    assert!(down.status.success(), "{down:?}");
+    let exit = up.0.wait().unwrap();
+    assert!(exit.success(), "`hawser local up` ended with {exit}");
+}
+
 /// Polls `check` every 10 s until it returns `Some`, or fails the test after `limit`.
 fn wait<T>(what: &str, limit: Duration, up: &mut Up, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + limit;
@@ -255,11 +263,8 @@ fn step_the_worker_rejoins_and_its_pods_are_reached_again(nodes: &str) {
 /// its disk, its place in the mesh, and its etcd and static pods come back from the disk), and
 /// the worker rejoins through node-1's join service. Both are `Ready` again at the same mesh
 /// addresses, and a new pod on the control plane reaches a new pod on the worker.
-fn step_the_whole_cluster_restarts(mut up: Up, image: &Path) -> Up {
-    let down = hawser_local(&["down"]).output().unwrap();
-    assert!(down.status.success(), "{down:?}");
-    let exit = up.0.wait().unwrap();
-    assert!(exit.success(), "`hawser local up` ended with {exit}");
+fn step_the_whole_cluster_restarts(up: Up, image: &Path) -> Up {
+    down(up);
     let started = Instant::now();
     let log = test_dir().join("up-again.log");
     let mut up = Up(hawser_local(&[
@@ -390,10 +395,6 @@ fn local_up_forms_a_real_kubernetes_cluster_that_kubectl_sees_ready() {
 
     step_a_pod_on_the_control_plane_reaches_a_pod_on_the_worker(&nodes);
     step_the_worker_rejoins_and_its_pods_are_reached_again(&nodes);
-    let mut up = step_the_whole_cluster_restarts(up, &image);
-
-    let down = hawser_local(&["down"]).output().unwrap();
-    assert!(down.status.success(), "{down:?}");
-    let exit = up.0.wait().unwrap();
-    assert!(exit.success(), "`hawser local up` ended with {exit}");
+    let up = step_the_whole_cluster_restarts(up, &image);
+    down(up);
 }
