@@ -34,6 +34,7 @@ pub mod evidence;
 #[cfg(feature = "tpm")]
 pub mod issuer;
 pub mod measurements;
+pub mod releases;
 pub mod report;
 #[cfg(test)]
 mod test_fixtures;

@@ -28,6 +28,7 @@ use x509_parser::prelude::{FromDer as _, X509Certificate};
 
 use crate::evidence::{Binding, EVIDENCE_VERSION, Evidence, MAX_EVIDENCE_LEN, Variant};
 use crate::measurements::{ExpectedMeasurements, MeasurementMismatch, MeasurementWarning};
+use crate::releases::{ReleaseMismatch, ReleaseSet};
 use crate::report::{FieldNames, QuoteParts, VerifyError, verify_quote};
 use crate::tpm_types::ClockInfo;
 
@@ -219,6 +220,18 @@ pub enum EvidenceError {
     /// Enforced PCRs differ from the expected measurements.
     #[error(transparent)]
     Measurements(#[from] MeasurementMismatch),
+    /// The measurements match no accepted release (or a retired one).
+    #[error(transparent)]
+    Release(ReleaseMismatch),
+}
+
+impl From<ReleaseMismatch> for EvidenceError {
+    fn from(mismatch: ReleaseMismatch) -> Self {
+        match mismatch {
+            ReleaseMismatch::Single(mismatch) => EvidenceError::Measurements(mismatch),
+            other => EvidenceError::Release(other),
+        }
+    }
 }
 
 /// What accepted evidence proves about its issuer.
@@ -245,7 +258,7 @@ pub struct ValidatedEvidence {
 /// Checks evidence against expected measurements and an AK trust root (see the module docs).
 #[derive(Debug, Clone)]
 pub struct Validator {
-    measurements: ExpectedMeasurements,
+    releases: ReleaseSet,
     ak_trust: AkTrust,
 }
 
@@ -256,18 +269,26 @@ impl Validator {
         measurements: ExpectedMeasurements,
         ak_trust: AkTrust,
     ) -> Result<Self, ValidatorError> {
-        if measurements.enforced().next().is_none() {
-            return Err(ValidatorError::NothingEnforced);
-        }
-        Ok(Self {
-            measurements,
-            ak_trust,
-        })
+        Self::for_releases(ReleaseSet::single("", measurements), ak_trust)
     }
 
-    /// The expected measurements.
+    /// A validator that accepts a quote matching any accepted release of `releases` (each
+    /// enforcing at least one PCR), and refuses one of a retired release by name.
+    pub fn for_releases(releases: ReleaseSet, ak_trust: AkTrust) -> Result<Self, ValidatorError> {
+        if !releases.enforces_something() {
+            return Err(ValidatorError::NothingEnforced);
+        }
+        Ok(Self { releases, ak_trust })
+    }
+
+    /// The expected measurements (of the first accepted release).
     pub fn measurements(&self) -> &ExpectedMeasurements {
-        &self.measurements
+        &self.releases.accepted()[0].measurements
+    }
+
+    /// The releases this validator accepts and refuses.
+    pub fn releases(&self) -> &ReleaseSet {
+        &self.releases
     }
 
     /// Decodes and validates encoded evidence for `binding`.
@@ -347,7 +368,7 @@ impl Validator {
             self.check_ak_certificate(evidence, &ak_name, &quote.ak_public_point)?;
 
         quote.check_pcrs(&pcrs).map_err(EvidenceError::Quote)?;
-        let warnings = self.measurements.check(&pcrs)?;
+        let (_, warnings) = self.releases.check(&pcrs)?;
         for warning in &warnings {
             tracing::warn!(ak = %ak_name, %warning, "accepting evidence despite a warnOnly PCR difference");
         }

@@ -33,9 +33,14 @@ use std::collections::BTreeMap;
 use hawser_mesh::{Ipv4Net, Registry};
 
 use super::{
-    BindOutcome, ClusterStore, DiskBinding, PollStatus, ReadConsistency, RegistryChange,
-    StoreError, apply_vpn_change, is_ak_name,
+    BindOutcome, ClusterStore, DiskBinding, PollStatus, PutMode, ReadConsistency, RecordKind,
+    RegistryChange, StoreError, apply_vpn_change, is_ak_name,
 };
+
+/// The etcd key of an admin record.
+pub fn record_key(kind: RecordKind, name: &str) -> String {
+    format!("{}{name}", kind.etcd_prefix())
+}
 
 /// The versioned prefix of every key hawser writes.
 pub const KEY_PREFIX: &str = "/hawser/v1/";
@@ -282,6 +287,17 @@ impl EtcdStore {
     /// The value of `key` as the first reachable member holds it (a serializable read, served
     /// by that member alone, so it works without quorum).
     fn get_local(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let kvs = self.get_local_with(key, false)?;
+        Ok(kvs.into_iter().next().map(|(_, v)| v))
+    }
+
+    /// Every key and value under `key` (with `prefix`) or at `key`, as the first reachable
+    /// member holds them (serializable).
+    fn get_local_with(
+        &self,
+        key: &str,
+        prefix: bool,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
         let mut last = None;
         for endpoint in &self.config.endpoints {
             // One attempt per member: the next member is the retry.
@@ -291,14 +307,20 @@ impl EtcdStore {
                 || async {
                     let options = self.config.connect_options();
                     let mut client = Client::connect([endpoint], Some(options)).await?;
-                    client
-                        .get(key, Some(GetOptions::new().with_serializable()))
-                        .await
+                    let mut get = GetOptions::new().with_serializable();
+                    if prefix {
+                        get = get.with_prefix();
+                    }
+                    client.get(key, Some(get)).await
                 },
             );
             match read {
                 Ok(response) => {
-                    return Ok(response.kvs().first().map(|kv| kv.value().to_vec()));
+                    return Ok(response
+                        .kvs()
+                        .iter()
+                        .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+                        .collect());
                 }
                 Err(e) => {
                     tracing::debug!(endpoint = %endpoint, "serializable read failed: {}", hawser_attestation::error_chain(&e));
@@ -504,6 +526,68 @@ impl ClusterStore for EtcdStore {
             async move { client.put(key, json, None).await }
         })?;
         Ok(())
+    }
+
+    fn put_record(
+        &self,
+        kind: RecordKind,
+        name: &str,
+        json: &[u8],
+        mode: PutMode,
+    ) -> Result<bool, StoreError> {
+        let key = record_key(kind, name);
+        let put = TxnOp::put(key.clone(), json.to_vec(), None);
+        let txn = match mode {
+            PutMode::Create => Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([put]),
+            PutMode::Replace => Txn::new().and_then([put]),
+        };
+        let response = self.call(format!("write {key}"), || {
+            let mut client = self.client.clone();
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        })?;
+        Ok(response.succeeded())
+    }
+
+    fn records(
+        &self,
+        kind: RecordKind,
+        consistency: ReadConsistency,
+    ) -> Result<BTreeMap<String, Vec<u8>>, StoreError> {
+        let prefix = kind.etcd_prefix();
+        let latest = self.call(format!("read {prefix}*"), || {
+            let mut client = self.client.clone();
+            async move {
+                client
+                    .get(prefix, Some(GetOptions::new().with_prefix()))
+                    .await
+            }
+        });
+        let kvs: Vec<(Vec<u8>, Vec<u8>)> = match latest {
+            Ok(response) => response
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+                .collect(),
+            Err(e) if e.is_unavailable() && consistency == ReadConsistency::LatestOrLocal => {
+                tracing::warn!(
+                    endpoints = %self.endpoints(),
+                    "etcd has no quorum; reading {prefix}* serializably from a reachable member: {}",
+                    hawser_attestation::error_chain(&e)
+                );
+                self.get_local_with(prefix, true)?
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(kvs
+            .into_iter()
+            .filter_map(|(key, value)| {
+                let key = String::from_utf8(key).ok()?;
+                Some((key.strip_prefix(prefix)?.to_owned(), value))
+            })
+            .collect())
     }
 
     fn vpn_polls(&self) -> Result<BTreeMap<String, PollStatus>, StoreError> {

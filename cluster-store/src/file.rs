@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use hawser_mesh::{Ipv4Net, Registry};
 
 use super::{
-    BindOutcome, ClusterStore, DiskBinding, PollStatus, ReadConsistency, RegistryChange,
-    StoreError, apply_vpn_change,
+    BindOutcome, ClusterStore, DiskBinding, PollStatus, PutMode, ReadConsistency, RecordKind,
+    RegistryChange, StoreError, apply_vpn_change,
 };
 use crate::approvals::ApprovalStore;
 
@@ -243,35 +243,75 @@ impl ClusterStore for FileStore {
         replace_file(&path, &json).map_err(|source| vpn_io(&path, source))
     }
 
+    fn put_record(
+        &self,
+        kind: RecordKind,
+        name: &str,
+        json: &[u8],
+        mode: PutMode,
+    ) -> Result<bool, StoreError> {
+        let dir = self.vpn_dir.join(kind.dir_name());
+        std::fs::create_dir_all(&dir).map_err(|source| vpn_io(&dir, source))?;
+        let _guard = self.vpn_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let path = dir.join(format!("{}.json", escape_id(name)));
+        if mode == PutMode::Create && path.exists() {
+            return Ok(false);
+        }
+        replace_file(&path, json).map_err(|source| vpn_io(&path, source))?;
+        Ok(true)
+    }
+
+    fn records(
+        &self,
+        kind: RecordKind,
+        _consistency: ReadConsistency,
+    ) -> Result<BTreeMap<String, Vec<u8>>, StoreError> {
+        read_json_dir(&self.vpn_dir.join(kind.dir_name()))
+    }
+
     fn vpn_polls(&self) -> Result<BTreeMap<String, PollStatus>, StoreError> {
         let dir = self.vpn_dir.join(VPN_POLLS_DIR);
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
-            Err(source) => return Err(vpn_io(&dir, source)),
-        };
-        let mut polls = BTreeMap::new();
-        for entry in entries {
-            let entry = entry.map_err(|source| vpn_io(&dir, source))?;
-            let name = entry.file_name();
-            // Temporary files of a write in progress end in `.new`.
-            let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
-                continue;
-            };
-            let Some(id) = unescape_id(id) else {
-                continue;
-            };
-            let path = entry.path();
-            let text = std::fs::read(&path).map_err(|source| vpn_io(&path, source))?;
-            let status = serde_json::from_slice(&text).map_err(|source| StoreError::VpnJson {
-                location: path.display().to_string(),
-                what: "poll",
-                source,
-            })?;
-            polls.insert(id, status);
-        }
-        Ok(polls)
+        read_json_dir(&dir)?
+            .into_iter()
+            .map(|(id, bytes)| {
+                let status =
+                    serde_json::from_slice(&bytes).map_err(|source| StoreError::VpnJson {
+                        location: dir
+                            .join(format!("{}.json", escape_id(&id)))
+                            .display()
+                            .to_string(),
+                        what: "poll",
+                        source,
+                    })?;
+                Ok((id, status))
+            })
+            .collect()
     }
+}
+
+/// Every `<id>.json` in `dir` (none if `dir` is absent), by unescaped ID.
+fn read_json_dir(dir: &Path) -> Result<BTreeMap<String, Vec<u8>>, StoreError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(source) => return Err(vpn_io(dir, source)),
+    };
+    let mut files = BTreeMap::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| vpn_io(dir, source))?;
+        let name = entry.file_name();
+        // Temporary files of a write in progress end in `.new`.
+        let Some(id) = name.to_str().and_then(|n| n.strip_suffix(".json")) else {
+            continue;
+        };
+        let Some(id) = unescape_id(id) else {
+            continue;
+        };
+        let path = entry.path();
+        let bytes = std::fs::read(&path).map_err(|source| vpn_io(&path, source))?;
+        files.insert(id, bytes);
+    }
+    Ok(files)
 }
 
 fn vpn_io(path: &Path, source: std::io::Error) -> StoreError {

@@ -24,11 +24,13 @@ mod etcd;
 mod file;
 mod flags;
 pub mod members;
+pub mod releases;
 pub mod reload;
+pub mod revocations;
 
 pub use etcd::{
     EtcdConfig, EtcdStore, KEY_PREFIX, VPN_POLLS_PREFIX, VPN_REGISTRY_KEY, approval_key, disk_key,
-    vpn_poll_key,
+    record_key, vpn_poll_key,
 };
 pub use file::{FileStore, VPN_POLLS_DIR, VPN_REGISTRY_FILE};
 pub use flags::EtcdFlags;
@@ -138,6 +140,44 @@ pub async fn bind_own_disk(
     outcome
 }
 
+/// The admin's records in the store: JSON documents by name, written only by the admin's
+/// authenticated calls ([`releases`], [`revocations`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKind {
+    /// A release: the measurements of a node image the join services accept (or refuse, once
+    /// retired), by release name.
+    Release,
+    /// A revoked node: its AK and disk, refused from then on, by AK name.
+    Revocation,
+}
+
+impl RecordKind {
+    /// The etcd prefix of this kind's keys.
+    pub fn etcd_prefix(self) -> &'static str {
+        match self {
+            RecordKind::Release => "/hawser/v1/releases/",
+            RecordKind::Revocation => "/hawser/v1/revoked/",
+        }
+    }
+
+    /// The directory of this kind's files beside the registry of joined disks.
+    pub fn dir_name(self) -> &'static str {
+        match self {
+            RecordKind::Release => "releases",
+            RecordKind::Revocation => "revoked",
+        }
+    }
+}
+
+/// How [`ClusterStore::put_record`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutMode {
+    /// Only if no record of that name exists (atomically).
+    Create,
+    /// Whatever is there.
+    Replace,
+}
+
 /// How fresh a read must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadConsistency {
@@ -188,6 +228,24 @@ pub trait ClusterStore: Send + Sync {
 
     /// Every node's last poll, by node ID.
     fn vpn_polls(&self) -> Result<BTreeMap<String, PollStatus>, StoreError>;
+
+    /// Writes record `name` of `kind` (JSON); returns whether it was written (`false`: `Create`
+    /// found one of that name).
+    fn put_record(
+        &self,
+        kind: RecordKind,
+        name: &str,
+        json: &[u8],
+        mode: PutMode,
+    ) -> Result<bool, StoreError>;
+
+    /// Every record of `kind`, by name. `LatestOrLocal`: where etcd has no quorum, as a
+    /// reachable member holds them.
+    fn records(
+        &self,
+        kind: RecordKind,
+        consistency: ReadConsistency,
+    ) -> Result<BTreeMap<String, Vec<u8>>, StoreError>;
 }
 
 /// Applies `change` to `stored` (or a new registry for `prefix`): the shared part of both
@@ -299,6 +357,16 @@ pub enum StoreError {
         location: String,
         /// `registry` or `poll`.
         what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A stored admin record is not the JSON hawser writes.
+    #[error("the cluster store's {kind} record {name} is not the JSON hawser writes")]
+    RecordJson {
+        /// `release` or `revocation`.
+        kind: &'static str,
+        /// The record's name.
+        name: String,
         #[source]
         source: serde_json::Error,
     },
