@@ -1,7 +1,7 @@
 //! The audit trail: one structured log line per join decision.
 //!
 //! Fields: the peer's address and AK name (its TPM), node name, disk UUID, the PCRs checked
-//! (enforced ones), the outcome and its reason.
+//! (enforced ones), the release the peer's measurements match, the outcome and its reason.
 //! Never a key, token or secret. The target is `audit`, so operators can route these lines.
 
 use std::net::IpAddr;
@@ -33,6 +33,8 @@ pub struct Decision<'a> {
     pub disk_uuid: &'a str,
     pub pcrs_checked: &'a [u8],
     pub policy_digest: &'a str,
+    /// The accepted release the peer's measurements match, if any.
+    pub release: Option<&'a str>,
     pub outcome: Outcome,
     pub reason: &'a str,
 }
@@ -57,6 +59,7 @@ pub fn record(decision: &Decision<'_>) {
             disk_uuid = decision.disk_uuid,
             pcrs = %pcrs,
             policy,
+            release = decision.release.unwrap_or("none"),
             outcome = decision.outcome.as_str(),
             reason = decision.reason,
         ),
@@ -69,6 +72,7 @@ pub fn record(decision: &Decision<'_>) {
             disk_uuid = decision.disk_uuid,
             pcrs = %pcrs,
             policy,
+            release = decision.release.unwrap_or("none"),
             outcome = decision.outcome.as_str(),
             reason = decision.reason,
         ),

@@ -26,7 +26,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hawser_attestation::measurements::{ExpectedMeasurements, MeasurementMismatch};
+use hawser_attestation::measurements::MeasurementMismatch;
+use hawser_attestation::releases::{ReleaseMismatch, ReleaseSet};
+use hawser_cluster_store::revocations;
 use hawser_keys::{MasterSecret, StateDiskKeyLength};
 use hawser_kube_types::{ControlPlaneFile, DnsSubdomain, DnsSubdomainError, JoinTicket};
 use hawser_mesh::MeshError;
@@ -135,6 +137,22 @@ pub enum JoinError {
     /// Enforced PCRs of the peer differ from the expected measurements.
     #[error(transparent)]
     Measurements(#[from] MeasurementMismatch),
+    /// The peer's measurements match no accepted release, or a retired one.
+    #[error(transparent)]
+    Release(ReleaseMismatch),
+    /// The admin revoked the node (its AK, or its disk).
+    #[error(
+        "node {node} (AK {ak_name}) was revoked by the cluster's admin: {reason}; its joins and \
+         rejoins are refused until the admin readmits it (`hawser node readmit`)"
+    )]
+    Revoked {
+        /// The node's name in the revocation.
+        node: String,
+        /// The revoked AK, hex.
+        ak_name: String,
+        /// The admin's reason.
+        reason: String,
+    },
     /// The request's disk UUID is not a UUID.
     #[error("malformed request: the disk UUID is unusable")]
     DiskUuid(#[source] hawser_keys::KeyError),
@@ -365,12 +383,17 @@ impl JoinCore {
         peer: &VerifiedPeer,
         node: &str,
         disk_uuid: &str,
-        decide: impl FnOnce(&ExpectedMeasurements) -> Result<T, JoinError>,
+        decide: impl FnOnce(&ReleaseSet) -> Result<T, JoinError>,
         granted: impl FnOnce(&T) -> String,
     ) -> Result<T, JoinError> {
         let policy = self.policy.current();
-        let checked: Vec<u8> = policy.measurements.enforced().collect();
-        let result = decide(&policy.measurements);
+        let checked: Vec<u8> = policy.releases.enforced();
+        let release = policy
+            .releases
+            .check(&peer.pcrs)
+            .map(|(name, _)| name.to_owned())
+            .ok();
+        let result = decide(&policy.releases);
         let (outcome, reason) = match &result {
             Ok(value) => (Outcome::Granted, granted(value)),
             Err(e) => (Outcome::Refused, hawser_attestation::error_chain(e)),
@@ -383,6 +406,7 @@ impl JoinCore {
             disk_uuid,
             pcrs_checked: &checked,
             policy_digest: &policy.digest,
+            release: release.as_deref(),
             outcome,
             reason: &reason,
         });
@@ -393,7 +417,7 @@ impl JoinCore {
         &self,
         peer: &VerifiedPeer,
         req: &JoinRequest,
-        expected: &ExpectedMeasurements,
+        expected: &ReleaseSet,
     ) -> Result<JoinGrant, JoinError> {
         let uuid = hawser_keys::canonical_uuid(&req.disk_uuid).map_err(JoinError::DiskUuid)?;
         // Before anything is recorded: a key the node cannot use must not bind its disk.
@@ -401,6 +425,7 @@ impl JoinCore {
         validate_node_name(&req.node_name)?;
         let vpn_request = self.vpn_request(req)?;
         check_measurements(peer, expected)?;
+        self.check_not_revoked(peer, &uuid)?;
         let control_plane_files = if req.is_control_plane {
             Some(self.control_plane_files(peer)?)
         } else {
@@ -474,6 +499,7 @@ impl JoinCore {
                 let key_length = key_length(req.state_disk_key_length)?;
                 let endpoint = parse_endpoint(&req.vpn_endpoint)?;
                 check_measurements(peer, expected)?;
+                self.check_not_revoked(peer, &uuid)?;
                 let ak_name = hex::encode(&peer.ak_name);
                 // A rejoin only reads its disk's binding: it works while etcd has lost quorum.
                 match self
@@ -504,6 +530,21 @@ impl JoinCore {
                 )
             },
         )
+    }
+
+    /// Refuses a node the admin revoked: its AK, or its disk from any AK. Read as a rejoin
+    /// reads its binding, so it holds while etcd has no quorum.
+    fn check_not_revoked(&self, peer: &VerifiedPeer, uuid: &str) -> Result<(), JoinError> {
+        let revocations = revocations::list(self.store.as_ref(), ReadConsistency::LatestOrLocal)?;
+        let ak_name = hex::encode(&peer.ak_name);
+        match revocations::find(&revocations, &ak_name, Some(uuid)) {
+            Some(revoked) => Err(JoinError::Revoked {
+                node: revoked.node.clone(),
+                ak_name: revoked.ak_name.clone(),
+                reason: revoked.reason.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     fn state_disk_key(
@@ -586,18 +627,17 @@ fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>, JoinError> {
         })
 }
 
-fn check_measurements(
-    peer: &VerifiedPeer,
-    expected: &hawser_attestation::measurements::ExpectedMeasurements,
-) -> Result<(), JoinError> {
-    match expected.check(&peer.pcrs) {
-        Ok(warnings) => {
+/// Checks the peer's PCRs against the accepted releases.
+fn check_measurements(peer: &VerifiedPeer, releases: &ReleaseSet) -> Result<(), JoinError> {
+    match releases.check(&peer.pcrs) {
+        Ok((_, warnings)) => {
             for w in warnings {
                 tracing::warn!(target: "audit", "{w}");
             }
             Ok(())
         }
-        Err(mismatch) => Err(JoinError::Measurements(mismatch)),
+        Err(ReleaseMismatch::Single(mismatch)) => Err(JoinError::Measurements(mismatch)),
+        Err(other) => Err(JoinError::Release(other)),
     }
 }
 

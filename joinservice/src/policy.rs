@@ -1,4 +1,7 @@
-//! The expected-measurements policy, reloaded when its file changes, without a restart.
+//! The expected-measurements policy, reloaded when its file changes, without a restart, and
+//! combined with the cluster's releases in the cluster store ([`PolicyStore::set_releases`]):
+//! the join service accepts its own image (the file) unless the admin retired it, and every
+//! release the admin added; a retired release is refused by name (`docs/lifecycle.md`).
 //!
 //! A new file that cannot be parsed, or that enforces no PCR (`{}`, or every entry `warnOnly`:
 //! no validator can be made from it, so every later handshake would be refused), is rejected
@@ -12,14 +15,57 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use hawser_attestation::measurements::{ExpectedMeasurements, MeasurementsError};
+use hawser_attestation::releases::ReleaseSet;
+use hawser_cluster_store::releases::{self as store_releases, Release};
 use sha2::{Digest, Sha256};
 
 /// The policy in force and where it came from.
 #[derive(Debug, Clone)]
 pub struct Policy {
+    /// The file's measurements: this join service's own image.
     pub measurements: Arc<ExpectedMeasurements>,
-    /// sha256 of the file content, for the audit log.
+    /// What is accepted now: the file's measurements (unless retired) and the store's releases.
+    pub releases: Arc<ReleaseSet>,
+    /// sha256 of the file content, and of the store's releases when there are any, for the
+    /// audit log and to rebuild the aTLS validator when either changes.
     pub digest: String,
+}
+
+/// The file's part of the policy.
+#[derive(Debug, Clone)]
+struct FilePolicy {
+    measurements: Arc<ExpectedMeasurements>,
+    digest: String,
+}
+
+impl Policy {
+    fn combine(file: &FilePolicy, stored: &[Release]) -> Self {
+        if stored.is_empty() {
+            return Self {
+                releases: Arc::new(ReleaseSet::single(
+                    store_releases::own_release_name(&store_releases::measurements_digest(
+                        &store_releases::enforced_map(&file.measurements),
+                    )),
+                    (*file.measurements).clone(),
+                )),
+                measurements: Arc::clone(&file.measurements),
+                digest: file.digest.clone(),
+            };
+        }
+        let mut hasher = Sha256::new();
+        hasher.update(file.digest.as_bytes());
+        for release in stored {
+            hasher.update(format!(
+                "\n{} {} {:?}",
+                release.name, release.digest, release.retired_unix
+            ));
+        }
+        Self {
+            releases: Arc::new(store_releases::release_set(stored, &file.measurements)),
+            measurements: Arc::clone(&file.measurements),
+            digest: hex::encode(hasher.finalize()),
+        }
+    }
 }
 
 /// Why a measurements file cannot become the policy.
@@ -46,7 +92,24 @@ pub use hawser_cluster_store::reload::ReloadOutcome;
 #[derive(Debug)]
 pub struct PolicyStore {
     path: PathBuf,
+    file: RwLock<FilePolicy>,
+    stored: RwLock<Vec<Release>>,
     current: RwLock<Policy>,
+}
+
+fn write<T>(lock: &RwLock<T>, value: T) {
+    match lock.write() {
+        Ok(mut guard) => *guard = value,
+        // A writer never panics while holding the lock (it only assigns).
+        Err(poisoned) => *poisoned.into_inner() = value,
+    }
+}
+
+fn read<T: Clone>(lock: &RwLock<T>) -> T {
+    match lock.read() {
+        Ok(guard) => guard.clone(),
+        Err(poisoned) => poisoned.into_inner().clone(),
+    }
 }
 
 fn digest(bytes: &[u8]) -> String {
@@ -72,22 +135,36 @@ impl PolicyStore {
             source,
         })?;
         let measurements = parse(path, &text)?;
+        let file = FilePolicy {
+            measurements: Arc::new(measurements),
+            digest: digest(text.as_bytes()),
+        };
         Ok(Self {
             path: path.to_owned(),
-            current: RwLock::new(Policy {
-                measurements: Arc::new(measurements),
-                digest: digest(text.as_bytes()),
-            }),
+            current: RwLock::new(Policy::combine(&file, &[])),
+            file: RwLock::new(file),
+            stored: RwLock::new(Vec::new()),
         })
     }
 
     /// The policy in force (an `Arc` clone: validate without holding a lock).
     pub fn current(&self) -> Policy {
-        match self.current.read() {
-            Ok(guard) => guard.clone(),
-            // A writer never panics while holding the lock (it only assigns); recover anyway.
-            Err(poisoned) => poisoned.into_inner().clone(),
+        read(&self.current)
+    }
+
+    /// Takes the releases read from the cluster store; returns whether the policy changed.
+    pub fn set_releases(&self, releases: Vec<Release>) -> bool {
+        if read(&self.stored) == releases {
+            return false;
         }
+        write(&self.current, Policy::combine(&read(&self.file), &releases));
+        write(&self.stored, releases);
+        true
+    }
+
+    /// The releases last read from the cluster store.
+    pub fn stored_releases(&self) -> Vec<Release> {
+        read(&self.stored)
     }
 
     /// Re-reads the file and swaps the policy if it changed and is valid.
@@ -102,19 +179,17 @@ impl PolicyStore {
             }
         };
         let new_digest = digest(text.as_bytes());
-        if new_digest == self.current().digest {
+        if new_digest == read(&self.file).digest {
             return ReloadOutcome::Unchanged;
         }
         match parse(&self.path, &text) {
             Ok(measurements) => {
-                let policy = Policy {
+                let file = FilePolicy {
                     measurements: Arc::new(measurements),
                     digest: new_digest.clone(),
                 };
-                match self.current.write() {
-                    Ok(mut guard) => *guard = policy,
-                    Err(poisoned) => *poisoned.into_inner() = policy,
-                }
+                write(&self.current, Policy::combine(&file, &read(&self.stored)));
+                write(&self.file, file);
                 ReloadOutcome::Reloaded { digest: new_digest }
             }
             Err(e) => ReloadOutcome::Rejected {
@@ -154,6 +229,59 @@ impl PolicyStore {
                 ReloadOutcome::Rejected { .. } | ReloadOutcome::Missing => Some(outcome),
                 _ => None,
             };
+        }
+    }
+}
+
+impl PolicyStore {
+    /// Reads the cluster's releases from `store` now and then every `interval`, and takes them
+    /// into the policy ([`PolicyStore::set_releases`]); logs each change, and a failed read once
+    /// (the last releases read stay in force). Runs until the task is dropped.
+    pub async fn follow_releases(
+        self: Arc<Self>,
+        store: Arc<dyn hawser_cluster_store::ClusterStore>,
+        interval: Duration,
+    ) {
+        let mut failing = false;
+        loop {
+            let reader = Arc::clone(&store);
+            let read = tokio::task::spawn_blocking(move || {
+                store_releases::list(
+                    reader.as_ref(),
+                    hawser_cluster_store::ReadConsistency::LatestOrLocal,
+                )
+            })
+            .await;
+            match read {
+                Ok(Ok(releases)) => {
+                    failing = false;
+                    if self.set_releases(releases) {
+                        let policy = self.current();
+                        let names = |list: &[hawser_attestation::releases::NamedMeasurements]| {
+                            list.iter()
+                                .map(|r| r.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(",")
+                        };
+                        tracing::info!(
+                            accepted = %names(policy.releases.accepted()),
+                            retired = %names(policy.releases.retired()),
+                            policy = %&policy.digest[..16],
+                            "the cluster's releases changed"
+                        );
+                    }
+                }
+                Ok(Err(e)) if !failing => {
+                    failing = true;
+                    tracing::error!(
+                        "cannot read the cluster's releases; keeping those last read: {}",
+                        hawser_attestation::error_chain(&e)
+                    );
+                }
+                Ok(Err(_)) => {}
+                Err(e) => tracing::error!("the task reading the cluster's releases failed: {e}"),
+            }
+            tokio::time::sleep(interval).await;
         }
     }
 }

@@ -241,6 +241,11 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
             .watch(config.policy_poll)
             .instrument(tracing::info_span!("policy_watch")),
     );
+    let releases_follower = tokio::spawn(
+        Arc::clone(config.core.policy())
+            .follow_releases(Arc::clone(config.core.store()), config.policy_poll)
+            .instrument(tracing::info_span!("releases")),
+    );
     let approvals_watcher = tokio::spawn(
         Arc::clone(config.core.approvals())
             .watch(config.policy_poll)
@@ -275,6 +280,7 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
             })
             .await;
         watcher.abort();
+        releases_follower.abort();
         approvals_watcher.abort();
         result.map_err(ServiceError::from)
     });
@@ -320,7 +326,7 @@ impl Acceptor {
         {
             return Ok(server.clone());
         }
-        let validator = Validator::new((*policy.measurements).clone(), self.trust.clone())?;
+        let validator = Validator::for_releases((*policy.releases).clone(), self.trust.clone())?;
         let server = AtlsServer::new(
             self.identity.clone(),
             PeerPolicy::Verify(Arc::new(validator)),
@@ -380,6 +386,8 @@ pub fn status_of(err: &JoinError) -> Status {
         } => Code::ResourceExhausted,
         JoinError::Mesh { .. } => Code::FailedPrecondition,
         JoinError::Measurements(_)
+        | JoinError::Release(_)
+        | JoinError::Revoked { .. }
         | JoinError::ControlPlaneNotApproved { .. }
         | JoinError::AnotherAk { .. } => Code::PermissionDenied,
         JoinError::UnknownDisk(_) => Code::NotFound,

@@ -308,6 +308,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 approvals_file.clone(),
             ));
             let store: Arc<dyn ClusterStore> = store;
+            tokio::spawn(seed_release(
+                Arc::clone(&store),
+                Arc::clone(&policy.current().measurements),
+            ));
             (
                 JoinCore::with_cluster_store(Arc::clone(&policy), tokens, core_config, store),
                 // One join service per control plane: each takes a free address.
@@ -588,6 +592,56 @@ fn resolve_endpoint(text: &str) -> anyhow::Result<std::net::SocketAddr> {
 }
 
 /// Imports the approvals file's names into etcd (put-if-absent), retried until etcd takes it.
+/// Makes this join service's own image the cluster's first release when the cluster store
+/// holds none (the first control plane, or a cluster formed before releases), retrying while
+/// etcd cannot be written. Otherwise only the admin adds releases.
+async fn seed_release(
+    store: Arc<dyn ClusterStore>,
+    own: Arc<hawser_attestation::measurements::ExpectedMeasurements>,
+) {
+    use hawser_joinservice::store::releases;
+    let digest = releases::measurements_digest(&releases::enforced_map(&own));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let release = match releases::Release::new(
+        &releases::own_release_name(&digest),
+        &own,
+        None,
+        "the first control plane's join service",
+        now,
+    ) {
+        Ok(release) => release,
+        Err(e) => {
+            tracing::error!(
+                "cannot make this image's release: {}",
+                hawser_attestation::error_chain(&e)
+            );
+            return;
+        }
+    };
+    let name = release.name.clone();
+    let seeded = hawser_joinservice::store::write_until_done(
+        "record this image as the cluster's first release",
+        Duration::from_secs(5),
+        move || match releases::seed(store.as_ref(), &release) {
+            Ok(seeded) => Ok(seeded),
+            Err(releases::ReleaseError::Store(e)) => Err(e),
+            Err(e) => {
+                tracing::error!(
+                    "cannot record the first release: {}",
+                    hawser_attestation::error_chain(&e)
+                );
+                Ok(false)
+            }
+        },
+    )
+    .await;
+    if seeded {
+        tracing::info!(release = %name, "this image is the cluster's first release");
+    }
+}
+
 async fn import_approvals(store: Arc<EtcdStore>, names: Vec<String>, file: PathBuf) {
     let note = format!("imported from {} at hawser-joind start", file.display());
     let imported = hawser_joinservice::store::write_until_done(
