@@ -8,6 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/join.proto",
         "proto/init.proto",
         "proto/vpn.proto",
+        "proto/admin.proto",
+        "proto/attest.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
@@ -15,7 +17,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let evidence = protox::compile(["proto/evidence.proto"], ["proto"])?;
     prost_build::Config::new().compile_fds(evidence)?;
     let services = protox::compile(
-        ["proto/join.proto", "proto/init.proto", "proto/vpn.proto"],
+        [
+            "proto/join.proto",
+            "proto/init.proto",
+            "proto/vpn.proto",
+            "proto/admin.proto",
+            "proto/attest.proto",
+        ],
         ["proto"],
     )?;
     tonic_prost_build::configure()

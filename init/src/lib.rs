@@ -47,6 +47,7 @@
 //! `main.rs` only calls [`boot::run`].
 
 pub mod attest;
+pub mod attest_server;
 pub mod boot;
 pub mod config;
 pub mod disk;

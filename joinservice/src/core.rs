@@ -340,6 +340,18 @@ impl JoinCore {
         self
     }
 
+    /// Whether `token` is the admin's ([`MasterSecret::admin_token`]), compared in constant
+    /// time.
+    pub fn is_admin_token(&self, token: &[u8]) -> bool {
+        let expected = self.config.master_secret.admin_token();
+        token.len() == expected.len()
+            && token
+                .iter()
+                .zip(expected.iter())
+                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+                == 0
+    }
+
     /// The policy store (for reload watching).
     pub fn policy(&self) -> &Arc<PolicyStore> {
         &self.policy

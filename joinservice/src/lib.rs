@@ -15,6 +15,7 @@
 //! Concurrency: validations never take a global lock. The policy is an `Arc` swapped on reload
 //! and cloned per request; the rate limiter's lock is held for a map lookup only.
 
+pub mod admin;
 pub mod audit;
 pub mod core;
 pub mod member;

@@ -195,6 +195,13 @@ impl MasterSecret {
         self.data_key(&canonical_uuid(disk_uuid)?, length.bytes())
     }
 
+    /// The admin's credential on the join services' admin API: only the holder of the master
+    /// secret can make it. Sent only to a join service that attested as a control plane of the
+    /// cluster (which holds the master secret anyway).
+    pub fn admin_token(&self) -> Zeroizing<[u8; 32]> {
+        derive_32(&self.key, &self.salt, "key-adminToken")
+    }
+
     /// The secret the cluster ID is derived from.
     pub fn measurement_secret(&self) -> Zeroizing<[u8; 32]> {
         derive_32(&self.key, &self.salt, "key-measurementSecret")

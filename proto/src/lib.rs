@@ -25,6 +25,16 @@ mod generated {
                 include!(concat!(env!("OUT_DIR"), "/hawser.vpn.v1.rs"));
             }
         }
+        pub mod admin {
+            pub mod v1 {
+                include!(concat!(env!("OUT_DIR"), "/hawser.admin.v1.rs"));
+            }
+        }
+        pub mod attest {
+            pub mod v1 {
+                include!(concat!(env!("OUT_DIR"), "/hawser.attest.v1.rs"));
+            }
+        }
     }
 }
 
@@ -39,6 +49,14 @@ pub use generated::hawser::init::v1 as init;
 /// `hawser.vpn.v1`: the mesh's peer API, served by join services inside the mesh.
 #[cfg(feature = "grpc")]
 pub use generated::hawser::vpn::v1 as vpn;
+
+/// `hawser.admin.v1`: the admin's releases and revocations (served by `hawser-joind`).
+#[cfg(feature = "grpc")]
+pub use generated::hawser::admin::v1 as admin;
+
+/// `hawser.attest.v1`: a node's quote of its current state for `hawser verify` (served by PID 1).
+#[cfg(feature = "grpc")]
+pub use generated::hawser::attest::v1 as attest;
 
 /// Conversions between `hawser.vpn.v1` and the mesh's own types.
 #[cfg(feature = "grpc")]

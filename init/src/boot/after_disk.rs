@@ -2,6 +2,8 @@
 //! and the one-line boot report, the firmware event log, and for images with a rootfs the
 //! pivot and the node's services.
 
+use std::sync::Arc;
+
 use hawser_attestation::report::EVENT_LOG_MARKER;
 use tracing::{info, warn};
 
@@ -185,6 +187,49 @@ impl Boot {
         Ok(())
     }
 
+    /// Answers `hawser verify` from now on ([`crate::attest_server`]). A node without a
+    /// provider-certified AK (or whose port is taken) says so and boots on: verification is
+    /// the admin's check, not a step of the boot.
+    async fn serve_attestation(
+        &mut self,
+        node_name: Option<String>,
+        measured: crate::rootfs::MeasuredRole,
+    ) {
+        let Ok(tpm) = self.tpm() else {
+            return;
+        };
+        let issuer =
+            tokio::task::spawn_blocking(move || hawser_attestation::TpmIssuer::new(tpm)).await;
+        let issuer = match issuer {
+            Ok(Ok(issuer)) => Arc::new(issuer),
+            Ok(Err(e)) => {
+                warn!(
+                    "no attestation for `hawser verify`: cannot load the provider-certified AK: {}",
+                    error_chain(&e)
+                );
+                return;
+            }
+            Err(e) => {
+                warn!("no attestation for `hawser verify`: {e}");
+                return;
+            }
+        };
+        let claims = crate::attest_server::Claims {
+            node_name,
+            role: match measured {
+                crate::rootfs::MeasuredRole::ControlPlane => "control-plane",
+                crate::rootfs::MeasuredRole::Worker => "worker",
+            },
+            hawser_version: env!("CARGO_PKG_VERSION"),
+        };
+        if let Err(e) = crate::attest_server::spawn(issuer, claims).await {
+            warn!(
+                "no attestation for `hawser verify`: cannot listen on port {}: {e}",
+                crate::attest_server::ATTEST_PORT
+            );
+        }
+    }
+
     /// For images with a rootfs: the pivot, then the node's services and kubeadm.
     pub(super) async fn run_node(
         &mut self,
@@ -219,6 +264,7 @@ impl Boot {
                 return Err(BootError::Pivot(e));
             }
         };
+        self.serve_attestation(node_name.clone(), measured).await;
         // What the verified rootfs says about its Kubernetes must be what the command line
         // said before the disk (the init server's and the join's checks used that).
         let image = match kube::image::read(std::path::Path::new("/"), config.kubernetes.as_ref()) {

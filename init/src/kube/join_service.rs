@@ -32,6 +32,8 @@ use crate::supervisor::{self, SharedSupervisor};
 pub const JOIND_DIR: &str = "/run/hawser/joind";
 /// The port of the in-cluster join service.
 pub const JOIND_PORT: u16 = 7000;
+/// The port of its admin API (`hawser release`, `hawser node revoke`: docs/lifecycle.md).
+pub const JOIND_ADMIN_PORT: u16 = 7001;
 /// The in-cluster join service's state directory (registry of joined disks), on the state disk.
 pub const JOIND_STATE_DIR: &str = "/var/lib/hawser-joind";
 /// The AK names `hawser init --approve-control-plane` approved; the admin adds later ones to
@@ -226,6 +228,8 @@ impl InClusterJoinService<'_> {
         let args = [
             "--listen".to_owned(),
             listen,
+            "--admin-listen".to_owned(),
+            format!("0.0.0.0:{JOIND_ADMIN_PORT}"),
             "--measurements".to_owned(),
             path(&measurements),
             "--master-secret".to_owned(),

@@ -31,6 +31,12 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0:9090")]
     listen: SocketAddr,
+
+    /// Serve the admin API (releases, revocations: docs/lifecycle.md) on this address: TLS
+    /// where this service attests (with --attest-with-tpm) and callers show the admin token
+    /// derived from the master secret. Off without it.
+    #[arg(long)]
+    admin_listen: Option<SocketAddr>,
     /// Expected-measurements JSON file (checked for changes while running).
     #[arg(long)]
     measurements: PathBuf,
@@ -403,7 +409,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
     config.call_timeout = Duration::from_secs(args.call_timeout_secs.max(1));
     config.handshake_timeout = Duration::from_secs(args.handshake_timeout_secs.max(1));
     config.policy_poll = Duration::from_secs(args.policy_poll_secs.max(1));
+    let admin_identity = config.identity.clone();
+    let admin_limits = config.connection_limits.clone();
+    let admin_timeout = config.call_timeout;
     let running = service::spawn(config).await?;
+    let admin = match args.admin_listen {
+        Some(listen) => Some(
+            hawser_joinservice::admin::spawn(
+                listen,
+                Arc::clone(&core),
+                admin_identity,
+                admin_limits,
+                admin_timeout,
+            )
+            .await
+            .with_context(|| format!("cannot serve the admin API on {listen}"))?,
+        ),
+        None => None,
+    };
 
     let current = policy.current();
     let enforced: Vec<String> = current
@@ -424,6 +447,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     );
     // Tests and scripts read the bound address from stdout.
     println!("listening on {}", running.local_addr);
+    if let Some(admin) = &admin {
+        println!("admin API on {}", admin.local_addr);
+    }
     let advert = match &args.mdns_instance {
         Some(instance) => Some(advertise(
             instance,
@@ -450,6 +476,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let _ = stop_mesh.send(());
+    if let Some(admin) = admin {
+        admin.shutdown().await;
+    }
     running.shutdown().await;
     Ok(())
 }
