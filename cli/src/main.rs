@@ -3,6 +3,7 @@
 
 mod admin;
 mod image;
+mod lifecycle_cli;
 mod measurements;
 
 use std::ffi::OsString;
@@ -50,6 +51,15 @@ enum Command {
     /// Show the WireGuard mesh as the join service sees it: every member, its last poll and
     /// its tunnel's handshakes and traffic.
     Peers(peers::PeersArgs),
+    /// The releases (node images) the cluster's join services accept: list, add, retire.
+    #[command(subcommand)]
+    Release(lifecycle_cli::ReleaseCommand),
+    /// Revoke or readmit a node; list the nodes the cluster store knows.
+    #[command(subcommand)]
+    Node(lifecycle_cli::NodeCommand),
+    /// Ask running nodes for a fresh quote and check it against the accepted releases and the
+    /// cluster's lock; exits non-zero if any node fails.
+    Verify(lifecycle_cli::VerifyArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -73,6 +83,9 @@ fn main() -> std::process::ExitCode {
         }
         Command::Measurements(cmd) => measurements::run(cmd),
         Command::Peers(args) => peers::run(args),
+        Command::Release(cmd) => lifecycle_cli::release(cmd),
+        Command::Node(cmd) => lifecycle_cli::node(cmd),
+        Command::Verify(args) => lifecycle_cli::verify(args),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
