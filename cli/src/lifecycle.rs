@@ -371,10 +371,12 @@ pub async fn verify_node(
     };
     match validator.validate_decoded(&evidence, &binding) {
         Ok(valid) => {
-            let (name, _) = validator
+            // The validator accepted these PCRs, so a release matches them.
+            let name = validator
                 .releases()
                 .check(&valid.pcrs)
-                .expect("the validator accepted these PCRs");
+                .map(|(name, _)| name)
+                .unwrap_or_default();
             let (release, phase) = name.rsplit_once(' ').unwrap_or((name, ""));
             verdict.release = Some(release.to_owned());
             verdict.phase = Some(phase.to_owned());
@@ -446,9 +448,8 @@ fn explain(
 }
 
 async fn ask(address: &str) -> anyhow::Result<([u8; NONCE_LEN], Vec<u8>, String)> {
-    let nonce: [u8; NONCE_LEN] = hawser_keys::random_bytes(NONCE_LEN)?
-        .try_into()
-        .expect("NONCE_LEN bytes");
+    let mut nonce = [0u8; NONCE_LEN];
+    nonce.copy_from_slice(&hawser_keys::random_bytes(NONCE_LEN)?);
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
         .with_context(|| format!("{address} is not a host:port"))?
         .connect_timeout(CONNECT_TIMEOUT)

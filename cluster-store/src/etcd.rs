@@ -37,6 +37,9 @@ use super::{
     RegistryChange, StoreError, apply_vpn_change, is_ak_name,
 };
 
+/// A key and its value, as read.
+type KeyValue = (Vec<u8>, Vec<u8>);
+
 /// The etcd key of an admin record.
 pub fn record_key(kind: RecordKind, name: &str) -> String {
     format!("{}{name}", kind.etcd_prefix())
@@ -293,11 +296,7 @@ impl EtcdStore {
 
     /// Every key and value under `key` (with `prefix`) or at `key`, as the first reachable
     /// member holds them (serializable).
-    fn get_local_with(
-        &self,
-        key: &str,
-        prefix: bool,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StoreError> {
+    fn get_local_with(&self, key: &str, prefix: bool) -> Result<Vec<KeyValue>, StoreError> {
         let mut last = None;
         for endpoint in &self.config.endpoints {
             // One attempt per member: the next member is the retry.
@@ -565,7 +564,7 @@ impl ClusterStore for EtcdStore {
                     .await
             }
         });
-        let kvs: Vec<(Vec<u8>, Vec<u8>)> = match latest {
+        let kvs: Vec<KeyValue> = match latest {
             Ok(response) => response
                 .kvs()
                 .iter()

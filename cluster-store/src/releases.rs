@@ -201,8 +201,12 @@ impl Release {
         expected
     }
 
-    fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec_pretty(self).expect("a release serializes")
+    fn to_json(&self) -> Result<Vec<u8>, StoreError> {
+        serde_json::to_vec_pretty(self).map_err(|source| StoreError::RecordJson {
+            kind: "release",
+            name: self.name.clone(),
+            source,
+        })
     }
 }
 
@@ -264,7 +268,7 @@ pub fn add(store: &dyn ClusterStore, release: &Release) -> Result<Added, Release
     if store.put_record(
         RecordKind::Release,
         &release.name,
-        &release.to_json(),
+        &release.to_json()?,
         PutMode::Create,
     )? {
         Ok(Added::New)
@@ -299,7 +303,7 @@ pub fn retire(
     store.put_record(
         RecordKind::Release,
         name,
-        &release.to_json(),
+        &release.to_json()?,
         PutMode::Replace,
     )?;
     Ok(release)
@@ -314,7 +318,7 @@ pub fn seed(store: &dyn ClusterStore, release: &Release) -> Result<bool, Release
     Ok(store.put_record(
         RecordKind::Release,
         &release.name,
-        &release.to_json(),
+        &release.to_json()?,
         PutMode::Create,
     )?)
 }

@@ -65,7 +65,11 @@ pub fn find<'a>(
 
 /// Writes `revocation` (replacing an earlier, readmitted one of the same AK).
 pub fn revoke(store: &dyn ClusterStore, revocation: &Revocation) -> Result<(), StoreError> {
-    let json = serde_json::to_vec_pretty(revocation).expect("a revocation serializes");
+    let json = serde_json::to_vec_pretty(revocation).map_err(|source| StoreError::RecordJson {
+        kind: "revocation",
+        name: revocation.ak_name.clone(),
+        source,
+    })?;
     store.put_record(
         RecordKind::Revocation,
         &revocation.ak_name,

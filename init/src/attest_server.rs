@@ -71,7 +71,7 @@ impl NodeAttestation for Service {
             ));
         }
         *last = Some(Instant::now());
-        let mut claims = serde_json::to_value(&self.claims).expect("claims serialize");
+        let mut claims = serde_json::to_value(&self.claims).unwrap_or_default();
         claims["uptimeSecs"] = self.booted.elapsed().as_secs().into();
         let claims_json = claims.to_string();
         let issuer = Arc::clone(&self.issuer);
@@ -102,8 +102,23 @@ impl NodeAttestation for Service {
 
 /// Serves the attestation API on `0.0.0.0:`[`ATTEST_PORT`] in a task, for the node's life.
 pub async fn spawn(issuer: Arc<TpmIssuer>, claims: Claims) -> std::io::Result<()> {
-    let address = SocketAddr::from((Ipv4Addr::UNSPECIFIED, ATTEST_PORT));
+    spawn_on(
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, ATTEST_PORT)),
+        issuer,
+        claims,
+    )
+    .await
+    .map(|_| ())
+}
+
+/// [`spawn`] on `address`; returns the bound address.
+pub async fn spawn_on(
+    address: SocketAddr,
+    issuer: Arc<TpmIssuer>,
+    claims: Claims,
+) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(address).await?;
+    let address = listener.local_addr()?;
     let service = Service {
         issuer,
         claims,
@@ -124,5 +139,5 @@ pub async fn spawn(issuer: Arc<TpmIssuer>, claims: Claims) -> std::io::Result<()
             );
         }
     });
-    Ok(())
+    Ok(address)
 }

@@ -1020,3 +1020,60 @@ fn fault_etcd_quorum_lost_a_rejoin_keeps_its_vpn_address_and_polls_are_answered_
         Code::Unavailable
     );
 }
+
+/// Releases and revocations in etcd: written through one join service's store, seen by
+/// another's (the first release seeded once), readable from the member left while quorum is
+/// lost, and a revoked AK refused by both join services, naming the revocation.
+#[test]
+fn releases_and_revocations_are_shared_through_etcd_and_survive_a_lost_quorum() {
+    use hawser_joinservice::store::releases::{self, Release};
+    use hawser_joinservice::store::revocations::{self, Revocation};
+    let mut cluster = EtcdCluster::start(3);
+    let runtime = runtime();
+    let files = ClusterFiles::new();
+    let one = files.node_on(connect(&runtime, &cluster));
+    let two = files.node_on(connect(&runtime, &cluster));
+    let own = one.core.policy().current().measurements;
+    let first = Release::new("image-first", &own, None, "first control plane", 1).unwrap();
+    assert!(releases::seed(one.core.store().as_ref(), &first).unwrap());
+    let again = Release::new("image-again", &own, None, "second control plane", 2).unwrap();
+    assert!(!releases::seed(two.core.store().as_ref(), &again).unwrap());
+    let listed = releases::list(two.core.store().as_ref(), ReadConsistency::Latest).unwrap();
+    assert_eq!(listed, vec![first.clone()]);
+
+    one.core
+        .issue_join_ticket(&peer(&AK), &join_request(&uuid(1), false))
+        .unwrap();
+    revocations::revoke(
+        two.core.store().as_ref(),
+        &Revocation {
+            ak_name: hex::encode(AK),
+            disk_uuid: Some(uuid(1)),
+            node: "node-2".into(),
+            reason: "test".into(),
+            revoked_unix: 3,
+            readmitted_unix: None,
+        },
+    )
+    .unwrap();
+    for node in [&one, &two] {
+        let err = node
+            .core
+            .issue_rejoin_ticket(&peer(&AK), &uuid(1))
+            .unwrap_err();
+        assert!(matches!(err, JoinError::Revoked { .. }), "{err}");
+    }
+
+    cluster.members[0].stop();
+    cluster.members[1].stop();
+    let local = releases::list(one.core.store().as_ref(), ReadConsistency::LatestOrLocal).unwrap();
+    assert_eq!(local, vec![first]);
+    let err = one
+        .core
+        .issue_rejoin_ticket(&peer(&AK), &uuid(1))
+        .unwrap_err();
+    assert!(
+        hawser_attestation::error_chain(&err).contains("was revoked by the cluster's admin: test"),
+        "{err}"
+    );
+}
