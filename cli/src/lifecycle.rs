@@ -70,14 +70,35 @@ pub fn running_node_measurements(
     expected
 }
 
-/// Every accepted release in both running phases, and the retired ones likewise (refused by
-/// name); entries are named `<release> <phase>`.
+/// The phase of a node still in its initramfs, not locked to a cluster: it waits for its
+/// disk's key (a node of a retired release stays there).
+pub const INITRAMFS_PHASE: &str = "initramfs";
+
+/// Every accepted release in both running phases and in its initramfs ([`INITRAMFS_PHASE`]:
+/// PCR 11 after `enter-initrd`, PCR 15 zero), and the retired ones likewise (refused by name);
+/// entries are named `<release> <phase>`.
 pub fn running_release_set(releases: &[Release], cluster_id: &[u8; 32]) -> ReleaseSet {
     let mut set = ReleaseSet::default();
     for release in releases {
-        for (phase, control_plane) in RUNNING_PHASES {
-            let name = format!("{} {phase}", release.name);
-            let expected = running_node_measurements(release, cluster_id, control_plane);
+        let mut entries: Vec<(String, ExpectedMeasurements)> = RUNNING_PHASES
+            .iter()
+            .map(|(phase, control_plane)| {
+                (
+                    format!("{} {phase}", release.name),
+                    running_node_measurements(release, cluster_id, *control_plane),
+                )
+            })
+            .collect();
+        let mut fresh = release.expected();
+        fresh.insert(
+            PCR_CLUSTER_ID,
+            ExpectedPcr {
+                expected: [0; 32],
+                warn_only: false,
+            },
+        );
+        entries.push((format!("{} {INITRAMFS_PHASE}", release.name), fresh));
+        for (name, expected) in entries {
             if release.is_retired() {
                 set.retire(name, expected);
             } else {
@@ -380,12 +401,29 @@ pub async fn verify_node(
             let (release, phase) = name.rsplit_once(' ').unwrap_or((name, ""));
             verdict.release = Some(release.to_owned());
             verdict.phase = Some(phase.to_owned());
-            verdict.pcr15 = Some("ok".into());
             verdict.ak = Some(hex::encode(&valid.ak_name));
-            verdict.ok = true;
+            if phase == INITRAMFS_PHASE {
+                verdict.pcr15 = Some("zero (not locked)".into());
+                verdict.reason = Some(
+                    "it has not joined the cluster: still in its initramfs, waiting for its \
+                     disk's key"
+                        .into(),
+                );
+            } else {
+                verdict.pcr15 = Some("ok".into());
+                verdict.ok = true;
+            }
         }
         // The quote and its AK verified; only the measurements are wrong.
         Err(e @ (EvidenceError::Measurements(_) | EvidenceError::Release(_))) => {
+            if let EvidenceError::Release(
+                hawser_attestation::releases::ReleaseMismatch::Retired { name, .. },
+            ) = &e
+            {
+                let (release, phase) = name.rsplit_once(' ').unwrap_or((name.as_str(), ""));
+                verdict.release = Some(release.to_owned());
+                verdict.phase = Some(phase.to_owned());
+            }
             verdict.pcr15 = describe_pcr15(&evidence);
             verdict.ak = ak_name_of(&evidence);
             verdict.reason = Some(explain(&e, &evidence, releases, cluster_id));
@@ -417,8 +455,13 @@ fn explain(
         ..
     }) = error
     {
-        let release = name.rsplit_once(' ').map_or(name.as_str(), |(r, _)| r);
-        return format!("it runs release {release}, which is retired");
+        let (release, phase) = name.rsplit_once(' ').unwrap_or((name.as_str(), ""));
+        let before_pivot = if phase == INITRAMFS_PHASE {
+            " (it waits in its initramfs: no join service of the cluster runs its image)"
+        } else {
+            ""
+        };
+        return format!("it runs release {release}, which is retired{before_pivot}");
     }
     let pcrs: BTreeMap<u8, [u8; 32]> = evidence
         .pcrs_sha256

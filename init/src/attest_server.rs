@@ -1,6 +1,9 @@
-//! The node's answer to `hawser verify`: after the pivot, PID 1 serves `hawser.attest.v1` on
-//! [`ATTEST_PORT`], and quotes its PCRs for each verifier's fresh nonce with the
-//! provider-certified AK, the node's claims (name, role) bound into the quote as user data.
+//! The node's answer to `hawser verify`: PID 1 serves `hawser.attest.v1` on [`ATTEST_PORT`]
+//! from the moment it has its provider-certified AK (in the initramfs, while it asks for its
+//! disk's key) for the node's life, and quotes its PCRs for each verifier's fresh nonce, the
+//! node's claims (name, role) bound into the quote as user data. A node stuck before its pivot
+//! (an image the cluster retired, say) is thus named by `hawser verify` too. At the pivot the
+//! claims change ([`serve`] again); the listening socket stays.
 //!
 //! Plain gRPC: the answer is signed by the TPM and bound to the verifier's nonce, so a channel
 //! adds nothing, and nothing in it is secret. The TPM is guarded: one quote at a time, and at
@@ -25,23 +28,36 @@ pub const ATTEST_PORT: u16 = 9443;
 pub const MAX_QUOTES_PER_SEC: u32 = 4;
 
 /// What the node says of itself; signed through the quote (as its user data).
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Claims {
     /// The Kubernetes node name (`hawser-<disk uuid prefix>`), if the node has one.
     pub node_name: Option<String>,
-    /// `control-plane` or `worker`: what PID 1 measured into PCR 11 at the pivot.
+    /// `control-plane` or `worker`: what PID 1 measured into PCR 11 at the pivot; `joining`
+    /// before it.
     pub role: &'static str,
     /// hawser's version.
     pub hawser_version: &'static str,
 }
 
 struct Service {
-    issuer: Arc<TpmIssuer>,
-    claims: Claims,
+    shared: Arc<Shared>,
     booted: Instant,
     /// When the last quote started; one quote at a time.
     last: tokio::sync::Mutex<Option<Instant>>,
+}
+
+/// What the running server quotes with and claims, changed at the pivot.
+struct Shared {
+    issuer: std::sync::Mutex<Arc<TpmIssuer>>,
+    claims: std::sync::Mutex<Claims>,
+}
+
+/// The server of this PID 1, once it listens.
+static RUNNING: std::sync::OnceLock<Arc<Shared>> = std::sync::OnceLock::new();
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[tonic::async_trait]
@@ -71,10 +87,10 @@ impl NodeAttestation for Service {
             ));
         }
         *last = Some(Instant::now());
-        let mut claims = serde_json::to_value(&self.claims).unwrap_or_default();
+        let mut claims = serde_json::to_value(&*lock(&self.shared.claims)).unwrap_or_default();
         claims["uptimeSecs"] = self.booted.elapsed().as_secs().into();
         let claims_json = claims.to_string();
-        let issuer = Arc::clone(&self.issuer);
+        let issuer = Arc::clone(&lock(&self.shared.issuer));
         let user_data = claims_json.clone().into_bytes();
         let evidence = tokio::task::spawn_blocking(move || {
             let binding = Binding {
@@ -100,28 +116,46 @@ impl NodeAttestation for Service {
     }
 }
 
-/// Serves the attestation API on `0.0.0.0:`[`ATTEST_PORT`] in a task, for the node's life.
-pub async fn spawn(issuer: Arc<TpmIssuer>, claims: Claims) -> std::io::Result<()> {
-    spawn_on(
+/// Serves the attestation API on `0.0.0.0:`[`ATTEST_PORT`] in a task, for the node's life;
+/// if it serves already, from now on with `issuer` and `claims`.
+pub async fn serve(issuer: Arc<TpmIssuer>, claims: Claims) -> std::io::Result<()> {
+    if let Some(shared) = RUNNING.get() {
+        *lock(&shared.issuer) = issuer;
+        *lock(&shared.claims) = claims;
+        return Ok(());
+    }
+    let (_, shared) = listen(
         SocketAddr::from((Ipv4Addr::UNSPECIFIED, ATTEST_PORT)),
         issuer,
         claims,
     )
-    .await
-    .map(|_| ())
+    .await?;
+    let _ = RUNNING.set(shared);
+    Ok(())
 }
 
-/// [`spawn`] on `address`; returns the bound address.
+/// A server of its own on `address` (tests); returns the bound address.
 pub async fn spawn_on(
     address: SocketAddr,
     issuer: Arc<TpmIssuer>,
     claims: Claims,
 ) -> std::io::Result<SocketAddr> {
+    listen(address, issuer, claims).await.map(|(a, _)| a)
+}
+
+async fn listen(
+    address: SocketAddr,
+    issuer: Arc<TpmIssuer>,
+    claims: Claims,
+) -> std::io::Result<(SocketAddr, Arc<Shared>)> {
     let listener = tokio::net::TcpListener::bind(address).await?;
     let address = listener.local_addr()?;
+    let shared = Arc::new(Shared {
+        issuer: std::sync::Mutex::new(issuer),
+        claims: std::sync::Mutex::new(claims),
+    });
     let service = Service {
-        issuer,
-        claims,
+        shared: Arc::clone(&shared),
         booted: Instant::now(),
         last: tokio::sync::Mutex::new(None),
     };
@@ -139,5 +173,5 @@ pub async fn spawn_on(
             );
         }
     });
-    Ok(address)
+    Ok((address, shared))
 }

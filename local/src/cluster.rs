@@ -47,12 +47,14 @@ mod form;
 mod kube;
 mod node;
 mod status;
+mod upgrade;
 
 pub use control::{NodeAction, control_socket};
 use control::{TEE, serve};
 use form::{form, recover_control_plane, start_node};
 use node::{check_reports, power_off, power_off_in_order, wait_for, wait_for_kubeadm};
 use status::{keep_status, summary, write_status};
+pub use upgrade::UpgradeRequest;
 
 /// The local cluster's directory.
 pub fn cluster_dir() -> PathBuf {
@@ -103,12 +105,15 @@ impl Admin {
     }
 }
 
-/// The host ports forwarded to one node's init server, join service and API server.
+/// The host ports forwarded to one node's init server, join service, its admin API, API
+/// server and attestation port.
 #[derive(Debug, Clone, Copy)]
 struct Ports {
     init: u16,
     joind: u16,
+    admin: u16,
     api: u16,
+    attest: u16,
 }
 
 impl Ports {
@@ -116,7 +121,51 @@ impl Ports {
         Ok(Ports {
             init: localhost::free_port()?,
             joind: localhost::free_port()?,
+            admin: localhost::free_port()?,
             api: localhost::free_port()?,
+            attest: localhost::free_port()?,
+        })
+    }
+}
+
+/// A node image the cluster's nodes boot: its release name (as the join services know it),
+/// its disk image and the measurements predicted from its UKI.
+#[derive(Debug, Clone)]
+struct BootImage {
+    release: String,
+    disk_image: PathBuf,
+    measurements: PathBuf,
+}
+
+impl BootImage {
+    /// The image in `image_dir`, its measurements predicted into `measurements`; named
+    /// `release`, or as a join service names an image the store does not know
+    /// (`image-<digest>`).
+    fn open(image_dir: &Path, measurements: &Path, release: Option<&str>) -> anyhow::Result<Self> {
+        let uki = image_dir.join(hawser_image::build::UKI_FILE);
+        let disk_image = image_dir.join(pipeline::DISK_FILE);
+        for file in [&uki, &disk_image] {
+            if !file.is_file() {
+                bail!(
+                    "{} does not exist: build the node image with `hawser image build --out {}`",
+                    file.display(),
+                    image_dir.display(),
+                );
+            }
+        }
+        localhost::write_expected_measurements(&uki, measurements)?;
+        let text = std::fs::read_to_string(measurements)?;
+        let digest = hawser_joinservice::store::releases::Release::from_measurements_text(
+            "measured", &text, "admin", 0,
+        )?
+        .digest;
+        Ok(Self {
+            release: release.map_or_else(
+                || hawser_joinservice::store::releases::own_release_name(&digest),
+                str::to_owned,
+            ),
+            disk_image,
+            measurements: measurements.to_owned(),
         })
     }
 }
@@ -150,6 +199,8 @@ impl Events {
 struct Node {
     spec: NodeSpec,
     vm: Vm,
+    /// The release it booted.
+    release: String,
     quote_verified: AtomicBool,
     /// Powered off by `hawser local stop`: its QEMU's exit is no failure.
     held: AtomicBool,
@@ -169,21 +220,22 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
     };
     let layout = open_layout(opts, &dir, &admin, &events)?;
     let image_dir = node_image(opts, &dir, &admin, &events)?;
-    let uki = image_dir.join(hawser_image::build::UKI_FILE);
-    let disk_image = image_dir.join(pipeline::DISK_FILE);
-    for file in [&uki, &disk_image] {
-        if !file.is_file() {
-            bail!(
-                "{} does not exist: build the node image with `hawser image build --out {} \
-                 --provider-ca {} --kubernetes stand-in`",
-                file.display(),
-                image_dir.display(),
-                dir.join(PROVIDER_CA).display()
-            );
-        }
+    if opts.build_only {
+        events.say(format!(
+            "--build-only: the node image for this cluster is in {}; `hawser local upgrade \
+             --image {}` rolls a running cluster onto it",
+            image_dir.display(),
+            image_dir.display()
+        ));
+        return Ok(());
     }
-    let measurements = dir.join(MEASUREMENTS);
-    localhost::write_expected_measurements(&uki, &measurements)?;
+    let uki = image_dir.join(hawser_image::build::UKI_FILE);
+    let image = BootImage::open(&image_dir, &dir.join(MEASUREMENTS), None).with_context(|| {
+        format!(
+            "the node image (build it with `hawser image build --provider-ca {}`)",
+            dir.join(PROVIDER_CA).display()
+        )
+    })?;
     let key_length = localhost::state_disk_key_length(&uki)?;
     let real_kubernetes = localhost::image_runs_real_kubernetes(&uki)?;
 
@@ -198,8 +250,7 @@ pub fn up(opts: &UpOptions, stop: &Arc<AtomicBool>) -> anyhow::Result<()> {
         dir: &dir,
         admin: &admin,
         layout: &layout,
-        disk_image: &disk_image,
-        measurements: &measurements,
+        image: std::sync::RwLock::new(image),
         key_length,
         real_kubernetes,
         mesh_prefix: opts.mesh_prefix(),
@@ -282,8 +333,12 @@ fn node_image(
     // The admin's init secret hash is measured: only `hawser init` with this
     // cluster's init secret can initialize (or recover) its nodes.
     let init_secret_hash = cluster::init_secret_hash(&admin.init_secret())?;
+    let log = opts
+        .node_log
+        .as_deref()
+        .map_or_else(String::new, |level| format!(" hawser.log={level}"));
     build.cmdline = opts.profile().cmdline(&format!(
-        "{} hawser.join_discovery=mdns hawser.init_secret_hash={}",
+        "{} hawser.join_discovery=mdns hawser.init_secret_hash={}{log}",
         localhost::node_cmdline(pipeline::DEFAULT_CMDLINE, false),
         hex::encode(init_secret_hash)
     ))?;
@@ -342,6 +397,16 @@ fn form_and_serve(
         running.store(false, Ordering::Relaxed);
         result
     })
+}
+
+impl Formation<'_> {
+    /// The image nodes boot from now.
+    fn image(&self) -> BootImage {
+        match self.image.read() {
+            Ok(image) => image.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
 }
 
 /// A stop signal (Ctrl-C, `hawser local down`) arrived while the cluster was forming.
@@ -410,8 +475,8 @@ struct Formation<'a> {
     dir: &'a Path,
     admin: &'a Admin,
     layout: &'a Layout,
-    disk_image: &'a Path,
-    measurements: &'a Path,
+    /// The image nodes boot from now (`hawser local upgrade` changes it).
+    image: std::sync::RwLock<BootImage>,
     /// The state-disk key length the image's measured integrity mode asks for.
     key_length: StateDiskKeyLength,
     /// The image carries real Kubernetes (not the stand-ins): `local up` waits for every node

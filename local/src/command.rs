@@ -13,7 +13,7 @@
 //! path, so nothing is left running.
 
 use std::io::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -59,6 +59,30 @@ pub enum LocalCommand {
         #[arg(long)]
         new_disk: bool,
     },
+    /// Roll the running cluster onto a new node image: add its release, reboot the control
+    /// planes then the workers into it one at a time (each with its own disk), verify every
+    /// node on it, retire the old release (docs/lifecycle.md).
+    Upgrade {
+        /// The new image's directory (`hawser image build --out DIR`, built with this
+        /// cluster's provider CA).
+        #[arg(long)]
+        image: PathBuf,
+        /// The new release's name (default: `image-` and its measurements' digest).
+        #[arg(long)]
+        name: Option<String>,
+        /// Then boot a worker from the retired image once and require its refusal by name.
+        #[arg(long)]
+        check_retired: bool,
+    },
+    /// Revoke a node as the admin (`hawser node revoke`): its AK and disk on the deny-list,
+    /// out of the mesh; waits until the other nodes' tunnels have dropped it.
+    Revoke {
+        /// The node, e.g. node-3.
+        node: String,
+        /// Why (kept in the cluster store and the audit log).
+        #[arg(long, default_value = "revoked by the admin of the local cluster")]
+        reason: String,
+    },
 }
 
 /// Records which `local up` process owns the running VM.
@@ -78,7 +102,42 @@ pub fn run(cmd: LocalCommand) -> anyhow::Result<()> {
         LocalCommand::Restart { node, new_disk } => {
             node_action(cluster::NodeAction::Restart, &node, new_disk)
         }
+        LocalCommand::Upgrade {
+            image,
+            name,
+            check_retired,
+        } => upgrade(&image, name.as_deref(), check_retired),
+        LocalCommand::Revoke { node, reason } => ask(
+            &format!("revoke {node} {}", reason.replace('\n', " ")),
+            "revoke",
+        ),
     }
+}
+
+/// `hawser local upgrade`: asks the running `local up` on its control socket.
+fn upgrade(image: &Path, name: Option<&str>, check_retired: bool) -> anyhow::Result<()> {
+    let image = image
+        .canonicalize()
+        .with_context(|| format!("the image directory {}", image.display()))?;
+    let dir = image.to_str().filter(|d| !d.contains(char::is_whitespace));
+    let Some(dir) = dir else {
+        bail!(
+            "the image directory {} must be a path without spaces",
+            image.display()
+        );
+    };
+    if let Some(name) = name {
+        hawser_joinservice::store::releases::check_name(name)?;
+    }
+    let flag = if check_retired {
+        " --check-retired"
+    } else {
+        ""
+    };
+    ask(
+        &format!("upgrade {dir} {}{flag}", name.unwrap_or("-")),
+        "upgrade",
+    )
 }
 
 /// Whether process `pid` exists and has not exited: a `local up` that ended but was not yet
@@ -107,6 +166,13 @@ fn running_up() -> Option<nix::unistd::Pid> {
 /// `hawser local stop|start|restart <node>`: asks the running `local up` on its control
 /// socket, prints what it says meanwhile, and fails with its reason.
 fn node_action(action: cluster::NodeAction, node: &str, new_disk: bool) -> anyhow::Result<()> {
+    let flag = if new_disk { " --new-disk" } else { "" };
+    ask(&format!("{} {node}{flag}", action.name()), action.name())
+}
+
+/// Sends `request` to the running `local up`, prints what it says meanwhile, and fails with
+/// its reason.
+fn ask(request: &str, what: &str) -> anyhow::Result<()> {
     use std::io::BufRead as _;
     let socket = cluster::control_socket();
     let deadline = Instant::now() + Duration::from_secs(30 * 60);
@@ -120,7 +186,7 @@ fn node_action(action: cluster::NodeAction, node: &str, new_disk: bool) -> anyho
                         "no `hawser local up` runs a cluster in {} (start one without --once; \
                          `hawser local {}` acts on its nodes): {e}",
                         local_dir().display(),
-                        action.name()
+                        what
                     );
                 }
                 if Instant::now() > deadline {
@@ -134,8 +200,7 @@ fn node_action(action: cluster::NodeAction, node: &str, new_disk: bool) -> anyho
             }
         }
     };
-    let flag = if new_disk { " --new-disk" } else { "" };
-    writeln!(stream, "{} {node}{flag}", action.name()).context("asking `hawser local up`")?;
+    writeln!(stream, "{request}").context("asking `hawser local up`")?;
     let mut last = String::new();
     for line in std::io::BufReader::new(stream).lines() {
         let line = line.context("reading `hawser local up`'s answer")?;

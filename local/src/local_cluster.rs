@@ -311,6 +311,9 @@ pub struct NodeStatus {
     /// the API server answered, or while the node is not registered.
     #[serde(default)]
     pub kubernetes: Option<crate::kubectl::KubeNode>,
+    /// The release (node image) it booted last, as the cluster's join services name it.
+    #[serde(default)]
+    pub release: Option<String>,
 }
 
 /// What `hawser local up` writes for `hawser local status` (and keeps current while it runs).
@@ -356,8 +359,16 @@ impl StatusFile {
     /// The status as a table: one line per node, then each node's last warning or error.
     pub fn table(&self) -> String {
         let mut out = format!(
-            "{:<8} {:<14} {:<26} {:<6} {:<15} {:<9} {:<8} {}\n",
-            "NODE", "ROLE", "STATE", "QUOTE", "VPN IP", "K8S", "KUBELET", "CLUSTER (PCR 15 lock)"
+            "{:<8} {:<14} {:<26} {:<6} {:<15} {:<9} {:<8} {:<20} {}\n",
+            "NODE",
+            "ROLE",
+            "STATE",
+            "QUOTE",
+            "VPN IP",
+            "K8S",
+            "KUBELET",
+            "RELEASE",
+            "CLUSTER (PCR 15 lock)"
         );
         for node in &self.nodes {
             let cluster = match (&node.seen.cluster_id, &self.cluster_id) {
@@ -368,7 +379,7 @@ impl StatusFile {
             };
             let kube = node.kubernetes.as_ref();
             out.push_str(&format!(
-                "{:<8} {:<14} {:<26} {:<6} {:<15} {:<9} {:<8} {}\n",
+                "{:<8} {:<14} {:<26} {:<6} {:<15} {:<9} {:<8} {:<20} {}\n",
                 node.name,
                 node.role.to_string(),
                 node.seen.stage.unwrap_or(Stage::Off).to_string(),
@@ -376,6 +387,7 @@ impl StatusFile {
                 node.seen.vpn_ip.as_deref().unwrap_or("-"),
                 kube.map_or("-", |k| if k.ready { "Ready" } else { "NotReady" }),
                 kube.map_or("-", |k| k.kubelet_version.as_str()),
+                node.release.as_deref().unwrap_or("-"),
                 cluster
             ));
         }
@@ -555,6 +567,7 @@ mod tests {
                         internal_ip: Some("192.168.76.10".into()),
                         not_ready_reason: None,
                     }),
+                    release: Some("v2".into()),
                 },
                 NodeStatus {
                     name: "node-2".into(),
@@ -570,6 +583,7 @@ mod tests {
                     quote_verified: false,
                     console_log: "/x/node-2.console.log".into(),
                     kubernetes: None,
+                    release: None,
                 },
             ],
         };
@@ -577,7 +591,7 @@ mod tests {
         assert!(table.contains("kubeadm done"), "{table}");
         let node1 = table.lines().find(|l| l.starts_with("node-1")).unwrap();
         assert!(
-            node1.contains("Ready") && node1.contains("v1.20.2"),
+            node1.contains("Ready") && node1.contains("v1.20.2") && node1.contains(" v2 "),
             "{table}"
         );
         let node2 = table.lines().find(|l| l.starts_with("node-2")).unwrap();

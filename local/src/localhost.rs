@@ -65,6 +65,10 @@ pub fn node_cmdline(base: &str, join_service: bool) -> String {
 /// The port of the cluster's join service on its first control-plane node (PID 1's
 /// `JOIND_PORT`).
 pub const NODE_JOIND_PORT: u16 = 7000;
+/// A control plane's join-service admin API (releases, revocations) in the guest.
+pub const NODE_ADMIN_PORT: u16 = 7001;
+/// Every node's attestation port (`hawser verify`) in the guest.
+pub const NODE_ATTEST_PORT: u16 = 9443;
 
 /// The API server endpoint a local cluster's host-side join service hands out (there is no
 /// control plane on the host: see [`NoControlPlaneTokens`]).

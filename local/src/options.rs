@@ -90,6 +90,15 @@ pub struct UpOptions {
     /// The host port forwarded to the node's init server (port 9000 in the guest).
     #[arg(long, default_value_t = 9000)]
     pub(crate) init_port: u16,
+    /// PID 1's log level on the image's measured command line (`hawser.log=LEVEL`): another
+    /// level is another image (PCRs 4, 9 and 11 differ), e.g. the next release for `hawser
+    /// local upgrade`.
+    #[arg(long, value_parser = ["error", "warn", "info", "debug", "trace"], conflicts_with = "image")]
+    pub(crate) node_log: Option<String>,
+    /// Create the cluster's host side if needed and build its node image into `--out`, then
+    /// exit without booting (an image for `hawser local upgrade --image`).
+    #[arg(long, conflicts_with_all = ["image", "once", "init", "insecure_dev_join_service"])]
+    pub(crate) build_only: bool,
 }
 
 impl UpOptions {

@@ -15,96 +15,32 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test: a failed assumption fails it
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::Up;
 
 /// Where this test's cluster and image live (never a developer's `~/.cache/hawser/local`).
 fn test_dir() -> PathBuf {
-    Path::new(env!("CARGO_TARGET_TMPDIR")).join("local-cluster")
+    common::test_dir("local-cluster")
 }
 
-/// `hawser local ARGS…` as a user types it runs `hawser-local ARGS…` (the `hawser` CLI execs
-/// it): `args` start with `local`.
 fn hawser(args: &[&str]) -> Command {
-    let Some((&"local", args)) = args.split_first() else {
-        panic!("not a `hawser local` command: {args:?}");
-    };
-    let mut command = Command::new(env!("CARGO_BIN_EXE_hawser-local"));
-    command
-        .args(args)
-        .env("HAWSER_LOCAL_DIR", test_dir().join("local"));
-    command
+    common::hawser(&test_dir(), args)
 }
 
-/// Runs `hawser local <args>`; fails the test with its output unless it succeeded. Returns its
-/// standard output.
 fn local(args: &[&str]) -> String {
-    let mut all = vec!["local"];
-    all.extend_from_slice(args);
-    eprintln!("$ hawser {}", all.join(" "));
-    let Output {
-        status,
-        stdout,
-        stderr,
-    } = hawser(&all).output().unwrap();
-    let stdout = String::from_utf8_lossy(&stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&stderr);
-    eprint!("{stdout}");
-    assert!(
-        status.success(),
-        "`hawser {}` failed ({status}): {stderr}\n{}",
-        all.join(" "),
-        console_tails()
-    );
-    stdout
+    common::local(&test_dir(), args)
 }
 
-/// The last lines of every node's console log, for a failure's message.
 fn console_tails() -> String {
-    let cluster = test_dir().join("local/cluster");
-    let mut out = String::new();
-    for node in ["node-1", "node-2", "node-3"] {
-        let log = cluster.join(node).join(format!("logs/{node}.console.log"));
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let tail: Vec<&str> = text.lines().rev().take(25).collect();
-        out.push_str(&format!("── {} ──\n", log.display()));
-        for line in tail.iter().rev() {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
+    common::console_tails(&test_dir(), &["node-1", "node-2", "node-3"])
 }
 
-/// A `hawser local up` running in the background; killed (its VMs with it) if the test fails.
-struct Up(Child);
-
-impl Up {
-    fn start(args: &[&str]) -> Self {
-        let mut all = vec!["local", "up", "--quiet"];
-        all.extend_from_slice(args);
-        eprintln!("$ hawser {} &", all.join(" "));
-        let mut child = hawser(&all).stdout(Stdio::null()).spawn().unwrap();
-        // `local stop|start|restart` ask the process recorded in up.pid: wait for it.
-        let pid_file = test_dir().join("local/up.pid");
-        while !pid_file.exists() {
-            assert!(
-                child.try_wait().unwrap().is_none(),
-                "`hawser local up` exited at once"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        Up(child)
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
+fn wait_for_console(node: &str, wanted: impl Fn(&str) -> bool) -> String {
+    common::wait_for_console(&test_dir(), node, &["node-1", "node-2", "node-3"], wanted)
 }
 
 /// Asserts that `hawser local start|restart` brought `node` back by a rejoin through the join
@@ -146,18 +82,21 @@ fn a_cluster_of_two_control_planes_and_a_worker_survives_any_one_node_down() {
     // node's key checked on the host against the master secret at that length.
     // hawser's stand-ins for kubeadm and kubelet: eleven boots of real control planes would
     // take an hour under TCG (`local_kubernetes.rs` forms a cluster of real Kubernetes).
-    let mut up = Up::start(&[
-        "--fresh",
-        "--production",
-        "--kubernetes",
-        "stand-in",
-        "--nodes",
-        "3",
-        "--control-planes",
-        "2",
-        "--out",
-        image,
-    ]);
+    let mut up = Up::start(
+        &test_dir(),
+        &[
+            "--fresh",
+            "--production",
+            "--kubernetes",
+            "stand-in",
+            "--nodes",
+            "3",
+            "--control-planes",
+            "2",
+            "--out",
+            image,
+        ],
+    );
 
     // `local stop` waits until the cluster is formed (every node attested, quoted, locked to
     // the cluster and past kubeadm: `local up` exits otherwise, and `stop` with it).
@@ -233,32 +172,6 @@ fn step_the_first_control_plane_rejoins_through_the_second_while_a_new_node_join
         said.contains("node-3: back in the cluster, kubeadm done"),
         "{said}"
     );
-}
-
-/// Waits (up to 10 minutes) for a line of `node`'s console, read from the log `hawser local
-/// status` names.
-fn wait_for_console(node: &str, wanted: impl Fn(&str) -> bool) -> String {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
-    loop {
-        let status = hawser(&["local", "status"]).output().unwrap();
-        let status = String::from_utf8_lossy(&status.stdout).into_owned();
-        let log = status
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{node}: console log ")))
-            .map(str::to_owned);
-        if let Some(log) = log
-            && let Ok(text) = std::fs::read_to_string(log.trim())
-            && let Some(line) = text.lines().find(|l| wanted(l))
-        {
-            return line.to_owned();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{node} never printed the line waited for:\n{status}\n{}",
-            console_tails()
-        );
-        std::thread::sleep(std::time::Duration::from_secs(2));
-    }
 }
 
 /// node-2 is off: node-3 reboots and rejoins through node-1's join service.

@@ -222,7 +222,7 @@ impl Boot {
             },
             hawser_version: env!("CARGO_PKG_VERSION"),
         };
-        if let Err(e) = crate::attest_server::spawn(issuer, claims).await {
+        if let Err(e) = crate::attest_server::serve(issuer, claims).await {
             warn!(
                 "no attestation for `hawser verify`: cannot listen on port {}: {e}",
                 crate::attest_server::ATTEST_PORT

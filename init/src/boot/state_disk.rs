@@ -66,6 +66,18 @@ impl Boot {
                 .map_err(BootError::Issuer)?,
             )
         };
+        // `hawser verify` reaches the node from now on, before its pivot too.
+        let joining = crate::attest_server::Claims {
+            role: "joining",
+            hawser_version: env!("CARGO_PKG_VERSION"),
+            ..Default::default()
+        };
+        if let Err(e) = crate::attest_server::serve(Arc::clone(&issuer), joining).await {
+            tracing::warn!(
+                "no attestation for `hawser verify` before the pivot: cannot listen on port {}: {e}",
+                crate::attest_server::ATTEST_PORT
+            );
+        }
         let configured = config.join_endpoint.clone().or(fw_cfg.join_endpoint.take());
         let source = match (configured, config.join_discovery) {
             (Some(endpoints), _) => Some(JoinSource::Configured(endpoints)),

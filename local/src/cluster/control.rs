@@ -128,6 +128,13 @@ fn answer(
     };
     TEE.set(stream.try_clone().ok());
     let outcome = read.context("reading the request").and_then(|_| {
+        if let Some(request) = parse_upgrade(&line)? {
+            return super::upgrade::upgrade(opts, stop, f, nodes, &request);
+        }
+        if let Some(rest) = line.trim().strip_prefix("revoke ") {
+            let (node, reason) = rest.split_once(' ').unwrap_or((rest, ""));
+            return super::upgrade::revoke(f, nodes, node, reason, stop);
+        }
         let mut words = line.split_whitespace();
         let (Some(action), Some(name), flag, None) = (
             words.next().and_then(NodeAction::parse),
@@ -171,6 +178,30 @@ fn answer(
             writeln!(reply, "error: {e:#}")
         }
     };
+}
+
+/// `upgrade <image dir> <name or -> [--check-retired]`, if the line is one.
+fn parse_upgrade(line: &str) -> anyhow::Result<Option<super::UpgradeRequest>> {
+    let mut words = line.split_whitespace();
+    if words.next() != Some("upgrade") {
+        return Ok(None);
+    }
+    let (Some(dir), Some(name)) = (words.next(), words.next()) else {
+        bail!(
+            "not a request: {:?} (expected `upgrade <image dir> <name|-> [--check-retired]`)",
+            line.trim()
+        );
+    };
+    let check_retired = match words.next() {
+        None => false,
+        Some("--check-retired") => true,
+        Some(other) => bail!("`upgrade` takes no {other}"),
+    };
+    Ok(Some(super::UpgradeRequest {
+        image_dir: PathBuf::from(dir),
+        name: (name != "-").then(|| name.to_owned()),
+        check_retired,
+    }))
 }
 
 fn act(

@@ -12,7 +12,8 @@ use hawser_keys::MasterSecret;
 
 use super::node::{boot, check_reports, wait_for, wait_for_kubeadm};
 use super::{
-    API_SERVER_PORT, Formation, JOIN_SERVICE_UP, Node, PROVIDER_CA, UpOptions, WAITING_FOR_ADMIN,
+    API_SERVER_PORT, BootImage, Formation, JOIN_SERVICE_UP, Node, PROVIDER_CA, UpOptions,
+    WAITING_FOR_ADMIN,
 };
 use crate::lan;
 use crate::local_cluster::Role;
@@ -31,7 +32,7 @@ pub(super) fn recover_control_plane(
 ) -> anyhow::Result<cluster::Established> {
     let recover = RecoverOptions {
         node: format!("127.0.0.1:{}", f.ports[i].init),
-        measurements: f.measurements.to_owned(),
+        measurements: f.image().measurements,
         provider_ca: f.dir.join(PROVIDER_CA),
         master_secret: f.admin.master_secret(),
         cluster_file: f.admin.cluster_file(),
@@ -52,9 +53,20 @@ pub(super) fn start_node(
     i: usize,
     nodes: &Mutex<Vec<Arc<Node>>>,
 ) -> anyhow::Result<Booted> {
+    start_node_from(opts, f, i, nodes, &f.image())
+}
+
+/// [`start_node`] from `image` rather than the cluster's current one.
+pub(super) fn start_node_from(
+    opts: &UpOptions,
+    f: &Formation<'_>,
+    i: usize,
+    nodes: &Mutex<Vec<Arc<Node>>>,
+    image: &BootImage,
+) -> anyhow::Result<Booted> {
     let spec = f.layout.nodes[i].clone();
     let nonce = hawser_keys::random_bytes(32)?;
-    let vm = boot(opts, f, i, &nonce)?;
+    let vm = boot(opts, f, i, &nonce, image)?;
     f.events.say(format!(
         "{} ({}) booting: OVMF, UKI, swtpm; console log {}",
         spec.name,
@@ -64,6 +76,7 @@ pub(super) fn start_node(
     let node = Arc::new(Node {
         spec,
         vm,
+        release: image.release.clone(),
         quote_verified: AtomicBool::new(false),
         held: AtomicBool::new(false),
     });
@@ -205,7 +218,7 @@ fn init_options(f: &Formation<'_>) -> anyhow::Result<InitOptions> {
         .context("the control-plane approvals file")?;
     Ok(InitOptions {
         node: format!("127.0.0.1:{}", f.ports[0].init),
-        measurements: f.measurements.to_owned(),
+        measurements: f.image().measurements,
         provider_ca: f.dir.join(PROVIDER_CA),
         master_secret: f.admin.master_secret(),
         cluster_file: f.admin.cluster_file(),

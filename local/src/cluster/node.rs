@@ -11,7 +11,9 @@ use hawser_attestation::report::{BOOT_REPORT_MARKER, BootReport, JOIN_REPORT_MAR
 use hawser_harness::{TpmConfig, Vm, VmConfig};
 use hawser_keys::{MasterSecret, StateDiskKeyLength};
 
-use super::{API_SERVER_PORT, BOOT_TIMEOUT, Events, Formation, Interrupted, Node, UpOptions};
+use super::{
+    API_SERVER_PORT, BOOT_TIMEOUT, BootImage, Events, Formation, Interrupted, Node, UpOptions,
+};
 use crate::local_cluster::{Role, Stage, observe};
 use crate::options::wait_or_stop;
 use crate::{lan, localhost};
@@ -70,10 +72,11 @@ pub(super) fn boot(
     f: &Formation<'_>,
     i: usize,
     nonce: &[u8],
+    image: &BootImage,
 ) -> anyhow::Result<Vm> {
     let spec = &f.layout.nodes[i];
     let node_dir = f.dir.join(&spec.name);
-    let mut config = VmConfig::uefi_disk(f.disk_image)
+    let mut config = VmConfig::uefi_disk(&image.disk_image)
         .name(&spec.name)
         .memory_mib(opts.memory_mib(spec.role))
         .cpus(opts.cpus())
@@ -89,9 +92,12 @@ pub(super) fn boot(
     // The host reaches a control plane's join service and its init server (`hawser init` of
     // node-1, `hawser recover` of each). No join endpoint is configured: nodes find the join services by
     // their mDNS adverts on the LAN, and reach the API server at node-1's LAN address.
-    let mut published = vec![(own.joind, localhost::NODE_JOIND_PORT)];
-    if spec.role == Role::Worker {
-        published.clear();
+    // Every node answers `hawser verify`; a control plane serves its join service and the
+    // latter's admin API too.
+    let mut published = vec![(own.attest, localhost::NODE_ATTEST_PORT)];
+    if spec.role == Role::ControlPlane {
+        published.push((own.joind, localhost::NODE_JOIND_PORT));
+        published.push((own.admin, localhost::NODE_ADMIN_PORT));
     }
     // Every control plane waits for the admin too (`hawser recover` after a whole-cluster
     // restart); node-1 also for `hawser init`.

@@ -68,6 +68,7 @@ pub(super) fn write_status(
                     .and_then(|view| kubectl::node_at(view, &seen.node_ip(i)))
                     .cloned();
                 NodeStatus {
+                    release: node.map(|n| n.release.clone()),
                     name: spec.name.clone(),
                     role: spec.role,
                     seen,
@@ -128,6 +129,7 @@ pub(super) fn summary(
                     quote_verified: n.quote_verified.load(Ordering::Relaxed),
                     console_log: n.vm.console_log_path().to_owned(),
                     kubernetes,
+                    release: Some(n.release.clone()),
                 }
             })
             .collect(),
