@@ -11,17 +11,9 @@ use hawser_cli::lifecycle::{self, AdminTarget, NodeVerdict};
 use hawser_cluster_store::releases::Release;
 use hawser_keys::MasterSecret;
 
-/// How the admin reaches and verifies a control plane's join service.
-#[derive(Args, Debug)]
-pub struct AdminArgs {
-    /// The admin API of a control plane's join service (`host:7001`).
-    #[arg(long, value_name = "HOST:PORT")]
-    join_service: String,
-    /// Measurements of the release(s) the join service may run (a verifier map or `hawser
-    /// measurements publish`'s file; repeat for several): it must attest as a control plane of
-    /// one of them, locked to this cluster, before anything is sent.
-    #[arg(long = "measurements", value_name = "FILE", required = true)]
-    measurements: Vec<PathBuf>,
+/// The cluster's files the admin keeps.
+#[derive(Args, Debug, Clone)]
+pub struct ClusterArgs {
     /// The CA that certifies nodes' attestation keys.
     #[arg(long, value_name = "PEM")]
     provider_ca: PathBuf,
@@ -33,26 +25,51 @@ pub struct AdminArgs {
     cluster_file: PathBuf,
 }
 
+/// How the admin reaches and verifies a control plane's join service.
+#[derive(Args, Debug)]
+pub struct AdminArgs {
+    /// The admin API of a control plane's join service (`host:7001`).
+    #[arg(long, value_name = "HOST:PORT")]
+    join_service: String,
+    /// Measurements of the release(s) the join service may run (a verifier map or `hawser
+    /// measurements publish`'s file; repeat for several): it must attest as a control plane of
+    /// one of them, locked to this cluster, before anything is sent.
+    #[arg(long = "measurements", value_name = "FILE", required = true)]
+    measurements: Vec<PathBuf>,
+    #[command(flatten)]
+    cluster: ClusterArgs,
+}
+
 impl AdminArgs {
     fn target(&self) -> anyhow::Result<AdminTarget> {
-        let trusted = self
-            .measurements
-            .iter()
-            .enumerate()
-            .map(|(i, path)| read_release(&format!("trusted-{i}"), path))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let cluster = ClusterFile::read(&self.cluster_file)?;
-        let master = MasterSecret::read_file(&self.master_secret).with_context(|| {
-            format!("reading the master secret {}", self.master_secret.display())
-        })?;
-        AdminTarget::new(
-            &self.join_service,
-            trusted,
-            cluster_id(&cluster)?,
-            &read_text(&self.provider_ca)?,
-            &master,
-        )
+        admin_target(&self.join_service, &self.measurements, &self.cluster)
     }
+}
+
+fn admin_target(
+    join_service: &str,
+    measurements: &[PathBuf],
+    files: &ClusterArgs,
+) -> anyhow::Result<AdminTarget> {
+    let trusted = measurements
+        .iter()
+        .enumerate()
+        .map(|(i, path)| read_release(&format!("trusted-{i}"), path))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let cluster = ClusterFile::read(&files.cluster_file)?;
+    let master = MasterSecret::read_file(&files.master_secret).with_context(|| {
+        format!(
+            "reading the master secret {}",
+            files.master_secret.display()
+        )
+    })?;
+    AdminTarget::new(
+        join_service,
+        trusted,
+        cluster_id(&cluster)?,
+        &read_text(&files.provider_ca)?,
+        &master,
+    )
 }
 
 fn read_text(path: &PathBuf) -> anyhow::Result<String> {
@@ -132,21 +149,14 @@ pub struct VerifyArgs {
     #[arg(long = "node", value_name = "HOST:PORT", required = true)]
     nodes: Vec<String>,
     /// The accepted releases, read from this control plane's admin API (with the flags of
-    /// `hawser release list`); without it, `--release-measurements` are the accepted releases.
+    /// `hawser release list`); without it, the `--measurements` files are the accepted releases.
     #[arg(long, value_name = "HOST:PORT")]
     join_service: Option<String>,
     /// Measurements the join service may run (with `--join-service`), or the accepted releases.
     #[arg(long = "measurements", value_name = "FILE")]
     measurements: Vec<PathBuf>,
-    /// The CA that certifies nodes' attestation keys.
-    #[arg(long, value_name = "PEM")]
-    provider_ca: PathBuf,
-    /// The cluster's master secret (only with `--join-service`).
-    #[arg(long, default_value = "hawser-master-secret.json")]
-    master_secret: PathBuf,
-    /// The cluster file written by `hawser init`.
-    #[arg(long, default_value = "hawser-cluster.json")]
-    cluster_file: PathBuf,
+    #[command(flatten)]
+    cluster: ClusterArgs,
     /// Print the verdicts as JSON (for CI).
     #[arg(long)]
     json: bool,
@@ -250,19 +260,13 @@ pub fn node(command: NodeCommand) -> anyhow::Result<()> {
 
 pub fn verify(args: VerifyArgs) -> anyhow::Result<()> {
     let rt = runtime()?;
-    let cluster = ClusterFile::read(&args.cluster_file)?;
+    let cluster = ClusterFile::read(&args.cluster.cluster_file)?;
     let cluster_id = cluster_id(&cluster)?;
-    let provider_ca = read_text(&args.provider_ca)?;
+    let provider_ca = read_text(&args.cluster.provider_ca)?;
     let releases = match &args.join_service {
         Some(join_service) => {
-            let admin = AdminArgs {
-                join_service: join_service.clone(),
-                measurements: args.measurements.clone(),
-                provider_ca: args.provider_ca.clone(),
-                master_secret: args.master_secret.clone(),
-                cluster_file: args.cluster_file.clone(),
-            };
-            rt.block_on(admin.target()?.list_releases())?
+            let admin = admin_target(join_service, &args.measurements, &args.cluster)?;
+            rt.block_on(admin.list_releases())?
         }
         None => {
             if args.measurements.is_empty() {
