@@ -140,8 +140,9 @@ pub async fn bind_own_disk(
     outcome
 }
 
-/// The admin's records in the store: JSON documents by name, written only by the admin's
-/// authenticated calls ([`releases`], [`revocations`]).
+/// Records in the store: JSON documents by name. Releases and revocations are written only by
+/// the admin's authenticated calls ([`releases`], [`revocations`]); a member's re-attestation
+/// by the join service that judged it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordKind {
     /// A release: the measurements of a node image the join services accept (or refuse, once
@@ -149,6 +150,8 @@ pub enum RecordKind {
     Release,
     /// A revoked node: its AK and disk, refused from then on, by AK name.
     Revocation,
+    /// A mesh member's last good re-attestation, by member ID (written by the join services).
+    Attested,
 }
 
 impl RecordKind {
@@ -157,6 +160,7 @@ impl RecordKind {
         match self {
             RecordKind::Release => "/hawser/v1/releases/",
             RecordKind::Revocation => "/hawser/v1/revoked/",
+            RecordKind::Attested => "/hawser/v1/vpn/attested/",
         }
     }
 
@@ -165,6 +169,7 @@ impl RecordKind {
         match self {
             RecordKind::Release => "releases",
             RecordKind::Revocation => "revoked",
+            RecordKind::Attested => "vpn-attested",
         }
     }
 }

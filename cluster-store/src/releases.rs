@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use hawser_attestation::measurements::{ExpectedMeasurements, ExpectedPcr, MeasurementsError};
 use hawser_attestation::releases::ReleaseSet;
+use hawser_pcr::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, cluster_lock_pcr, pcr11_after_pivot};
 use sha2::{Digest, Sha256};
 
 use crate::{ClusterStore, PutMode, ReadConsistency, RecordKind, StoreError};
@@ -359,6 +360,76 @@ pub fn release_set(stored: &[Release], own: &ExpectedMeasurements) -> ReleaseSet
             set.retire(release.name.clone(), release.expected());
         } else {
             set.accept(release.name.clone(), release.expected());
+        }
+    }
+    set
+}
+
+/// The phases a running node quotes: (name, control-plane marker).
+pub const RUNNING_PHASES: [(&str, bool); 2] = [("worker", false), ("control-plane", true)];
+
+/// What a node of `release` quotes after its pivot, as a worker or a control plane, locked to
+/// `cluster_id`: the release's image PCRs, PCR 11 after `leave-initrd` (with `control-plane`
+/// before it when `control_plane`), PCR 15 the cluster's lock.
+pub fn running_node_measurements(
+    release: &Release,
+    cluster_id: &[u8; 32],
+    control_plane: bool,
+) -> ExpectedMeasurements {
+    let mut expected = release.expected();
+    if let Some(enter) = expected.get(PCR_KERNEL_BOOT).map(|e| e.expected) {
+        expected.insert(
+            PCR_KERNEL_BOOT,
+            ExpectedPcr {
+                expected: pcr11_after_pivot(&enter, control_plane),
+                warn_only: false,
+            },
+        );
+    }
+    expected.insert(
+        PCR_CLUSTER_ID,
+        ExpectedPcr {
+            expected: cluster_lock_pcr(cluster_id),
+            warn_only: false,
+        },
+    );
+    expected
+}
+
+/// The phase of a node still in its initramfs, not locked to a cluster: it waits for its
+/// disk's key (a node of a retired release stays there).
+pub const INITRAMFS_PHASE: &str = "initramfs";
+
+/// Every accepted release in both running phases and in its initramfs ([`INITRAMFS_PHASE`]:
+/// PCR 11 after `enter-initrd`, PCR 15 zero), and the retired ones likewise (refused by name);
+/// entries are named `<release> <phase>`.
+pub fn running_release_set(releases: &[Release], cluster_id: &[u8; 32]) -> ReleaseSet {
+    let mut set = ReleaseSet::default();
+    for release in releases {
+        let mut entries: Vec<(String, ExpectedMeasurements)> = RUNNING_PHASES
+            .iter()
+            .map(|(phase, control_plane)| {
+                (
+                    format!("{} {phase}", release.name),
+                    running_node_measurements(release, cluster_id, *control_plane),
+                )
+            })
+            .collect();
+        let mut fresh = release.expected();
+        fresh.insert(
+            PCR_CLUSTER_ID,
+            ExpectedPcr {
+                expected: [0; 32],
+                warn_only: false,
+            },
+        );
+        entries.push((format!("{} {INITRAMFS_PHASE}", release.name), fresh));
+        for (name, expected) in entries {
+            if release.is_retired() {
+                set.retire(name, expected);
+            } else {
+                set.accept(name, expected);
+            }
         }
     }
     set

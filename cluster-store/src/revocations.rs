@@ -27,6 +27,15 @@ pub struct Revocation {
 }
 
 impl Revocation {
+    /// Its record's name: the AK's, or the disk's for a member whose AK is not known.
+    pub fn key(&self) -> &str {
+        if self.ak_name.is_empty() {
+            self.disk_uuid.as_deref().unwrap_or("unknown")
+        } else {
+            &self.ak_name
+        }
+    }
+
     /// Whether it is in force.
     pub fn in_force(&self) -> bool {
         self.readmitted_unix.is_none()
@@ -58,7 +67,7 @@ pub fn find<'a>(
     disk_uuid: Option<&str>,
 ) -> Option<&'a Revocation> {
     revocations.iter().filter(|r| r.in_force()).find(|r| {
-        r.ak_name.eq_ignore_ascii_case(ak_name)
+        (!r.ak_name.is_empty() && r.ak_name.eq_ignore_ascii_case(ak_name))
             || disk_uuid.is_some_and(|d| r.disk_uuid.as_deref() == Some(d))
     })
 }
@@ -79,16 +88,17 @@ pub fn revoke(store: &dyn ClusterStore, revocation: &Revocation) -> Result<(), S
     Ok(())
 }
 
-/// Marks the revocation of `ak_name` readmitted; `Ok(None)` if there is none in force.
+/// Marks the revocation named `key` ([`Revocation::key`]) readmitted; `Ok(None)` if there is
+/// none in force.
 pub fn readmit(
     store: &dyn ClusterStore,
-    ak_name: &str,
+    key: &str,
     now_unix: u64,
 ) -> Result<Option<Revocation>, StoreError> {
     let revocations = list(store, ReadConsistency::Latest)?;
     let Some(mut revocation) = revocations
         .into_iter()
-        .find(|r| r.in_force() && r.ak_name.eq_ignore_ascii_case(ak_name))
+        .find(|r| r.in_force() && r.key().eq_ignore_ascii_case(key))
     else {
         return Ok(None);
     };

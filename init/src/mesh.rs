@@ -442,6 +442,7 @@ pub async fn start(
     listen_port: u16,
     serves_peer_api: bool,
     state_root: PathBuf,
+    tpm: Option<std::sync::Arc<hawser_attestation::tpm::Tpm>>,
 ) -> Result<Mesh, MeshSetupError> {
     let public_key = key.public_key();
     let tunnel = Tunnel::start(TunnelConfig {
@@ -476,7 +477,10 @@ pub async fn start(
     );
     let mut warned = false;
     keep_peers(&state_root, agent.view(), &mut warned);
-    let source = GrpcPeers::new(grant.api_port);
+    let mut source = GrpcPeers::new(grant.api_port);
+    if let Some(tpm) = tpm {
+        source = source.with_attester(attester(tpm));
+    }
     tokio::spawn(keep_current(agent, source, state_root, warned));
     Ok(Mesh {
         node_ip: grant.node_ip,
@@ -486,6 +490,42 @@ pub async fn start(
         name: grant.own.name,
         api_port: grant.api_port,
         listen_port,
+    })
+}
+
+/// Answers the join services' re-attestation nonces (docs/lifecycle.md): a quote of the PCRs
+/// with the provider-certified AK, made on first use (not in the boot's path).
+fn attester(tpm: std::sync::Arc<hawser_attestation::tpm::Tpm>) -> hawser_proto::mesh::Attester {
+    use hawser_attestation::evidence::{Binding, EvidenceIssuer as _, Role};
+    use prost::Message as _;
+    let issuer: std::sync::OnceLock<Option<hawser_attestation::TpmIssuer>> =
+        std::sync::OnceLock::new();
+    std::sync::Arc::new(move |nonce: [u8; 32]| {
+        let issuer = issuer.get_or_init(|| {
+            hawser_attestation::TpmIssuer::new(std::sync::Arc::clone(&tpm))
+                .inspect_err(|e| {
+                    warn!(
+                        "mesh: cannot re-attest, no provider-certified AK: {}",
+                        error_chain(e)
+                    )
+                })
+                .ok()
+        });
+        let Some(issuer) = issuer else {
+            return Err("no provider-certified AK".to_owned());
+        };
+        let binding = Binding {
+            role: Role::Client,
+            nonce: &nonce,
+            tls_spki_der: &[],
+        };
+        issuer
+            .issue(&binding, hawser_proto::mesh::REATTEST_USER_DATA)
+            .map(|evidence| evidence.encode_to_vec())
+            .map_err(|e| {
+                warn!("mesh: cannot quote for re-attestation: {}", error_chain(&e));
+                error_chain(&e)
+            })
     })
 }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use hawser_attestation::atls::{AtlsServer, ConnectionLimits, Identity, PeerPolicy, incoming_from};
 use hawser_cluster_store::releases::{self, Release, ReleaseError};
 use hawser_cluster_store::revocations::{self, Revocation};
-use hawser_cluster_store::{ReadConsistency, StoreError};
+use hawser_cluster_store::{ClusterStore, ReadConsistency, StoreError};
 use hawser_proto::admin::admin_server::{Admin, AdminServer};
 use hawser_proto::admin::{
     AddReleaseRequest, ListNodesRequest, ListNodesResponse, ListReleasesRequest,
@@ -135,86 +135,10 @@ impl AdminCore {
         Ok((release, !before))
     }
 
-    /// Finds `node`: a disk UUID, an AK name, or a mesh member's name or VPN address.
-    fn find_node(&self, node: &str) -> Result<KnownNode, AdminError> {
-        let registry = self.store().vpn_registry(ReadConsistency::Latest)?;
-        let member_id = registry.as_ref().and_then(|r| {
-            let by_ip = node
-                .parse()
-                .ok()
-                .and_then(|ip| r.member_by_ip(ip))
-                .map(|(id, _)| id.to_owned());
-            by_ip.or_else(|| {
-                r.members()
-                    .find(|(id, peer)| *id == node || peer.name == node)
-                    .map(|(id, _)| id.to_owned())
-            })
-        });
-        let uuid = member_id
-            .as_deref()
-            .or(Some(node))
-            .and_then(|id| hawser_keys::canonical_uuid(id).ok());
-        if let Some(uuid) = uuid
-            && let Some(hawser_cluster_store::DiskBinding::Bound(ak_name)) =
-                self.store().disk_binding(&uuid, ReadConsistency::Latest)?
-        {
-            let name = registry
-                .as_ref()
-                .and_then(|r| r.member(&uuid).map(|p| p.name.clone()))
-                .unwrap_or_else(|| uuid.clone());
-            return Ok(KnownNode {
-                disk_uuid: Some(uuid),
-                ak_name,
-                name,
-            });
-        }
-        let is_hex = node.len() >= 6 && node.bytes().all(|b| b.is_ascii_hexdigit());
-        if is_hex {
-            return Ok(KnownNode {
-                disk_uuid: None,
-                ak_name: node.to_ascii_lowercase(),
-                name: node.to_owned(),
-            });
-        }
-        Err(AdminError::UnknownNode(node.to_owned()))
-    }
-
     /// Revokes `node`: its AK and disk on the deny-list, its mesh membership removed.
     pub fn revoke(&self, node: &str, reason: &str) -> Result<(Revocation, bool), AdminError> {
-        let known = self.find_node(node)?;
-        let revocation = Revocation {
-            ak_name: known.ak_name.clone(),
-            disk_uuid: known.disk_uuid.clone(),
-            node: known.name.clone(),
-            reason: if reason.is_empty() {
-                "revoked by the admin".into()
-            } else {
-                reason.to_owned()
-            },
-            revoked_unix: now_unix(),
-            readmitted_unix: None,
-        };
-        revocations::revoke(self.store(), &revocation)?;
-        let removed = match (&known.disk_uuid, self.core.mesh()) {
-            (Some(uuid), Some(mesh)) => {
-                let mut removed = false;
-                self.store()
-                    .update_vpn_registry(mesh.prefix, &mut |registry| {
-                        removed = registry.remove(uuid).is_some();
-                        Ok(())
-                    })
-                    .map_err(|e| {
-                        AdminError::Mesh(format!(
-                            "{}: {}",
-                            known.name,
-                            hawser_attestation::error_chain(&e)
-                        ))
-                    })?;
-                removed
-            }
-            _ => false,
-        };
-        tracing::warn!(target: "audit", call = "RevokeNode", node = %known.name, ak = %known.ak_name, disk_uuid = known.disk_uuid.as_deref().unwrap_or(""), removed_from_mesh = removed, reason = %revocation.reason, "node revoked by the admin: its joins and rejoins are refused");
+        let (revocation, removed) = revoke_node(&self.core, node, reason)?;
+        tracing::warn!(target: "audit", call = "RevokeNode", node = %revocation.node, ak = %revocation.ak_name, disk_uuid = revocation.disk_uuid.as_deref().unwrap_or(""), removed_from_mesh = removed, reason = %revocation.reason, "node revoked by the admin: its joins and rejoins are refused");
         Ok((revocation, removed))
     }
 
@@ -225,12 +149,116 @@ impl AdminCore {
         let Some(found) = revocations::find(&all, node, uuid.as_deref()) else {
             return Err(AdminError::NotRevoked(node.to_owned()));
         };
-        let ak_name = found.ak_name.clone();
+        let ak_name = found.key().to_owned();
         let readmitted = revocations::readmit(self.store(), &ak_name, now_unix())?
             .ok_or_else(|| AdminError::NotRevoked(node.to_owned()))?;
         tracing::info!(target: "audit", call = "ReadmitNode", node = %readmitted.node, ak = %ak_name, "node readmitted by the admin");
         Ok(readmitted)
     }
+}
+
+/// Finds `node`: a disk UUID, an AK name, or a mesh member's name or VPN address.
+fn find_node(store: &dyn ClusterStore, node: &str) -> Result<KnownNode, AdminError> {
+    let registry = store.vpn_registry(ReadConsistency::Latest)?;
+    let member_id = registry.as_ref().and_then(|r| {
+        let by_ip = node
+            .parse()
+            .ok()
+            .and_then(|ip| r.member_by_ip(ip))
+            .map(|(id, _)| id.to_owned());
+        by_ip.or_else(|| {
+            r.members()
+                .find(|(id, peer)| *id == node || peer.name == node)
+                .map(|(id, _)| id.to_owned())
+        })
+    });
+    let uuid = member_id
+        .as_deref()
+        .or(Some(node))
+        .and_then(|id| hawser_keys::canonical_uuid(id).ok());
+    if let Some(uuid) = uuid.clone()
+        && let Some(hawser_cluster_store::DiskBinding::Bound(ak_name)) =
+            store.disk_binding(&uuid, ReadConsistency::Latest)?
+    {
+        let name = registry
+            .as_ref()
+            .and_then(|r| r.member(&uuid).map(|p| p.name.clone()))
+            .unwrap_or_else(|| uuid.clone());
+        return Ok(KnownNode {
+            disk_uuid: Some(uuid),
+            ak_name,
+            name,
+        });
+    }
+    // A mesh member whose disk has no binding (none is made without one, but a store may
+    // be older): revoked by its disk.
+    if let (Some(uuid), Some(registry)) = (&uuid, &registry)
+        && let Some(member) = registry.member(uuid)
+    {
+        return Ok(KnownNode {
+            disk_uuid: Some(uuid.clone()),
+            ak_name: String::new(),
+            name: member.name.clone(),
+        });
+    }
+    let is_hex = node.len() >= 6 && node.bytes().all(|b| b.is_ascii_hexdigit());
+    if is_hex {
+        return Ok(KnownNode {
+            disk_uuid: None,
+            ak_name: node.to_ascii_lowercase(),
+            name: node.to_owned(),
+        });
+    }
+    Err(AdminError::UnknownNode(node.to_owned()))
+}
+
+/// Revokes `node` on `core`'s store: its AK and disk on the deny-list, its mesh membership
+/// removed (the admin's call, and an eviction by re-attestation).
+pub(crate) fn revoke_node(
+    core: &JoinCore,
+    node: &str,
+    reason: &str,
+) -> Result<(Revocation, bool), AdminError> {
+    let store = core.store().as_ref();
+    let known = find_node(store, node)?;
+    let revocation = Revocation {
+        ak_name: known.ak_name.clone(),
+        disk_uuid: known.disk_uuid.clone(),
+        node: known.name.clone(),
+        reason: if reason.is_empty() {
+            "revoked by the admin".into()
+        } else {
+            reason.to_owned()
+        },
+        revoked_unix: now_unix(),
+        readmitted_unix: None,
+    };
+    revocations::revoke(store, &revocation)?;
+    let removed = match (&known.disk_uuid, core.mesh()) {
+        (Some(uuid), Some(mesh)) => {
+            let mut removed = false;
+            store
+                .update_vpn_registry(mesh.prefix, &mut |registry| {
+                    removed = registry.remove(uuid).is_some();
+                    Ok(())
+                })
+                .map_err(|e| {
+                    AdminError::Mesh(format!(
+                        "{}: {}",
+                        known.name,
+                        hawser_attestation::error_chain(&e)
+                    ))
+                })?;
+            removed
+        }
+        _ => false,
+    };
+    Ok((revocation, removed))
+}
+
+/// Evicts mesh member `id` (a disk UUID) for `reason` (re-attestation).
+pub(crate) fn revoke_member(core: &JoinCore, id: &str, reason: &str) -> Result<(), AdminError> {
+    revoke_node(core, id, reason).map(|_| ())
 }
 
 /// The tonic service: checks the token, runs the call on the blocking pool.

@@ -267,6 +267,8 @@ pub struct JoinCore {
     files: Option<Arc<FileStore>>,
     /// The WireGuard mesh; `None`: off.
     mesh: Option<MeshSettings>,
+    /// Periodic re-attestation of the mesh's members; `None`: off.
+    reattestation: Option<crate::reattest::Reattestation>,
 }
 
 impl JoinCore {
@@ -287,6 +289,7 @@ impl JoinCore {
             store: Arc::clone(&files) as Arc<dyn ClusterStore>,
             files: Some(files),
             mesh: None,
+            reattestation: None,
         })
     }
 
@@ -306,6 +309,7 @@ impl JoinCore {
             store,
             files: None,
             mesh: None,
+            reattestation: None,
         }
     }
 
@@ -338,6 +342,17 @@ impl JoinCore {
         }
         self.approvals = approvals;
         self
+    }
+
+    /// Turns periodic re-attestation of the mesh's members on ([`crate::reattest`]).
+    pub fn with_reattestation(mut self, reattestation: crate::reattest::Reattestation) -> Self {
+        self.reattestation = Some(reattestation);
+        self
+    }
+
+    /// The re-attestation settings, if it is on.
+    pub fn reattestation(&self) -> Option<&crate::reattest::Reattestation> {
+        self.reattestation.as_ref()
     }
 
     /// Whether `token` is the admin's ([`MasterSecret::admin_token`]), compared in constant

@@ -21,6 +21,7 @@ pub mod core;
 pub mod member;
 pub mod policy;
 pub mod ratelimit;
+pub mod reattest;
 pub mod service;
 pub mod tokens;
 pub mod vpn;

@@ -206,6 +206,12 @@ pub enum PeerApiError {
     /// The registry or the poll could not be read or written.
     #[error("cannot consult the VPN registry")]
     Store(#[from] StoreError),
+    /// The member's re-attestation failed: it is evicted and revoked.
+    #[error("evicted from the mesh: {reason}")]
+    Evicted {
+        /// Why.
+        reason: String,
+    },
 }
 
 /// The member's ID and entry polling from `source`, in `registry`.

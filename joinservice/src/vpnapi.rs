@@ -39,7 +39,7 @@ impl VpnApiService {
 pub fn status_of(error: &PeerApiError) -> Status {
     let code = match error {
         PeerApiError::MeshOff => Code::FailedPrecondition,
-        PeerApiError::UnknownSource { .. } => Code::PermissionDenied,
+        PeerApiError::UnknownSource { .. } | PeerApiError::Evicted { .. } => Code::PermissionDenied,
         PeerApiError::Store(e) if e.is_unavailable() => Code::Unavailable,
         PeerApiError::Store(_) => Code::Internal,
     };
@@ -81,14 +81,19 @@ impl VpnApi for VpnApiService {
             })?;
         let core = Arc::clone(&self.core);
         let known_version = msg.known_version;
-        let update = tokio::task::spawn_blocking(move || core.get_peers(source, known_version, stats))
+        let evidence = msg.evidence;
+        let (update, nonce) = tokio::task::spawn_blocking(move || {
+            core.poll(source, known_version, stats, &evidence)
+        })
             .await
             .map_err(|e| Status::internal(format!("the GetPeers task failed: {e}")))?
             .map_err(|e| {
                 tracing::warn!(source = %source, "poll refused: {}", hawser_attestation::error_chain(&e));
                 status_of(&e)
             })?;
-        Ok(Response::new(hawser_proto::mesh::update_to_wire(&update)))
+        let mut response = hawser_proto::mesh::update_to_wire(&update);
+        response.attest_nonce = nonce.map(|n| n.to_vec()).unwrap_or_default();
+        Ok(Response::new(response))
     }
 }
 

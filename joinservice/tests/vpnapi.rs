@@ -135,6 +135,7 @@ async fn the_peer_api_answers_the_member_at_the_source_address_and_records_its_p
         .get_peers(GetPeersRequest {
             known_version: None,
             stats: vec![hawser_proto::mesh::stats_to_wire(&stats)],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -161,6 +162,7 @@ async fn the_peer_api_answers_the_member_at_the_source_address_and_records_its_p
         .get_peers(GetPeersRequest {
             known_version: Some(2),
             stats: vec![],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -182,6 +184,7 @@ async fn the_peer_api_answers_the_member_at_the_source_address_and_records_its_p
                 public_key: vec![1; 5],
                 ..Default::default()
             }],
+            ..Default::default()
         })
         .await
         .unwrap_err();

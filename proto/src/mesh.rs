@@ -96,6 +96,7 @@ pub fn update_to_wire(update: &PeerUpdate) -> vpn::GetPeersResponse {
     };
     vpn::GetPeersResponse {
         update: Some(update),
+        attest_nonce: Vec::new(),
     }
 }
 
@@ -163,17 +164,38 @@ fn endpoint(peer: &str, text: &str) -> Result<Option<SocketAddr>, WireError> {
     })
 }
 
+/// Makes the node's re-attestation evidence for a join service's nonce (encoded
+/// `hawser.evidence.v1.Evidence`); an error is the node's to log, and the poll goes without.
+pub type Attester = std::sync::Arc<dyn Fn([u8; 32]) -> Result<Vec<u8>, String> + Send + Sync>;
+
+/// The user data of a re-attestation quote.
+pub const REATTEST_USER_DATA: &[u8] = b"hawser mesh re-attestation v1";
+
 /// The join services' peer API, inside the mesh (plain gRPC: WireGuard authenticates both
 /// ends).
 pub struct GrpcPeers {
     port: u16,
+    /// Quotes for the join service's nonce (re-attestation); `None`: the node never quotes.
+    attester: Option<Attester>,
+    /// The nonce the last answer asked the node to quote for.
+    pending: Option<[u8; 32]>,
 }
 
 impl GrpcPeers {
     /// A source asking the join services' peer API on `port` (the VpnConfig's
     /// `vpn_api_port`).
     pub fn new(port: u16) -> Self {
-        Self { port }
+        Self {
+            port,
+            attester: None,
+            pending: None,
+        }
+    }
+
+    /// Answers the join services' re-attestation nonces with `attester`'s evidence.
+    pub fn with_attester(mut self, attester: Attester) -> Self {
+        self.attester = Some(attester);
+        self
     }
 }
 
@@ -222,6 +244,17 @@ impl hawser_mesh::agent::PeerSource for GrpcPeers {
         stats: &[PeerStats],
     ) -> Result<PeerUpdate, PollError> {
         let at = SocketAddr::from((coordinator, self.port));
+        // The quote a join service asked for in its last answer, made off the runtime (TPM).
+        let evidence = match (self.pending.take(), &self.attester) {
+            (Some(nonce), Some(attester)) => {
+                let attester = std::sync::Arc::clone(attester);
+                match tokio::task::spawn_blocking(move || attester(nonce)).await {
+                    Ok(Ok(evidence)) => evidence,
+                    Ok(Err(_)) | Err(_) => Vec::new(),
+                }
+            }
+            _ => Vec::new(),
+        };
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{at}"))
             .map_err(|source| PollError::Connect { at, source })?
             .connect_timeout(CONNECT_TIMEOUT)
@@ -234,6 +267,7 @@ impl hawser_mesh::agent::PeerSource for GrpcPeers {
             .get_peers(GetPeersRequest {
                 known_version: known,
                 stats: stats.iter().map(stats_to_wire).collect(),
+                evidence,
             })
             .await
             .map_err(|status| PollError::Status {
@@ -242,6 +276,7 @@ impl hawser_mesh::agent::PeerSource for GrpcPeers {
                 message: status.message().to_owned(),
             })?
             .into_inner();
+        self.pending = <[u8; 32]>::try_from(response.attest_nonce.as_slice()).ok();
         update_from_wire(&response).map_err(|source| PollError::Answer { at, source })
     }
 }
@@ -306,7 +341,10 @@ mod tests {
             let error = peer_from_wire(&wire).unwrap_err().to_string();
             assert!(error.contains("node-2") && error.contains(says), "{error}");
         }
-        let empty = vpn::GetPeersResponse { update: None };
+        let empty = vpn::GetPeersResponse {
+            update: None,
+            attest_nonce: Vec::new(),
+        };
         assert!(matches!(update_from_wire(&empty), Err(WireError::NoUpdate)));
     }
 }

@@ -131,6 +131,7 @@ impl Boot {
                     hawser_mesh::DEFAULT_LISTEN_PORT,
                     serves_peer_api,
                     state.to_owned(),
+                    self.tpm().ok(),
                 ),
             )
             .await?;

@@ -135,6 +135,16 @@ struct Args {
     /// Seconds without a poll after which a node is reported as stopped polling.
     #[arg(long, default_value_t = 30)]
     vpn_stale_after_secs: u64,
+
+    /// With the mesh: how often each node proves its state again, riding on its polls (a fresh
+    /// quote for this service's nonce; docs/lifecycle.md); 0 turns re-attestation off.
+    #[arg(long, default_value_t = hawser_joinservice::reattest::DEFAULT_INTERVAL.as_secs())]
+    reattest_interval_secs: u64,
+
+    /// With re-attestation: how long a node may go without a good quote before it is evicted
+    /// from the mesh and revoked (a network cut shorter than this costs nothing).
+    #[arg(long, default_value_t = hawser_joinservice::reattest::DEFAULT_GRACE.as_secs())]
+    reattest_grace_secs: u64,
     /// This join service's name in the mesh (its ID is `join-service/<name>`). Default: the
     /// host name.
     #[arg(long)]
@@ -350,7 +360,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
             (core, Some(membership), None)
         }
     };
+    let core = if core.mesh().is_some() && args.reattest_interval_secs > 0 {
+        let trust = hawser_attestation::validator::AkTrust::from_pem(&provider_ca_pem)
+            .context("the provider CA cannot verify re-attestations")?;
+        core.with_reattestation(hawser_joinservice::reattest::Reattestation::new(
+            Duration::from_secs(args.reattest_interval_secs),
+            Duration::from_secs(args.reattest_grace_secs),
+            trust,
+            cluster_id,
+        ))
+    } else {
+        core
+    };
     let core = Arc::new(core);
+    tokio::spawn(hawser_joinservice::reattest::watch(Arc::clone(&core)));
     let (stop_mesh, mesh_stopped) = tokio::sync::oneshot::channel::<()>();
     if let Some(node) = node_member {
         member::serve_on_node(Arc::clone(&core), node, async {

@@ -115,6 +115,21 @@ impl JoinCore {
         known_version: Option<u64>,
         stats: Vec<PeerStats>,
     ) -> Result<PeerUpdate, PeerApiError> {
+        self.poll(source, known_version, stats, &[])
+            .map(|(update, _)| update)
+    }
+
+    /// [`JoinCore::get_peers`] with the member's re-attestation `evidence` (empty: none),
+    /// judged ([`crate::reattest`]); also returns the nonce to ask the member to quote for
+    /// next, when its last good quote is older than the interval. A failed re-attestation
+    /// evicts the member and refuses the poll.
+    pub fn poll(
+        &self,
+        source: Ipv4Addr,
+        known_version: Option<u64>,
+        stats: Vec<PeerStats>,
+        evidence: &[u8],
+    ) -> Result<(PeerUpdate, Option<[u8; 32]>), PeerApiError> {
         if self.mesh.is_none() {
             return Err(PeerApiError::MeshOff);
         }
@@ -141,9 +156,13 @@ impl JoinCore {
             ),
             other => other?,
         }
+        let (verdict, nonce) = self.reattest_poll(&id, evidence);
+        if let crate::reattest::Verdict::Evicted(reason) = verdict {
+            return Err(PeerApiError::Evicted { reason });
+        }
         let update = registry.update_since(known_version);
         tracing::debug!(node = %member.name, vpn_ip = %source, known_version = ?known_version, version = update.version(), "poll answered");
-        Ok(update)
+        Ok((update, nonce))
     }
 }
 
