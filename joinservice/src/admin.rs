@@ -417,6 +417,10 @@ impl AdminCore {
         let registry = self.store().vpn_registry(ReadConsistency::LatestOrLocal)?;
         let polls = self.store().vpn_polls()?;
         let revoked = revocations::list(self.store(), ReadConsistency::LatestOrLocal)?;
+        let attested = self.store().records(
+            hawser_cluster_store::RecordKind::Attested,
+            ReadConsistency::LatestOrLocal,
+        )?;
         let mut nodes = Vec::new();
         if let Some(registry) = &registry {
             for (id, peer) in registry.members() {
@@ -431,6 +435,9 @@ impl AdminCore {
                         "endpoint": peer.endpoint.map(|e| e.to_string()),
                         "coordinator": peer.coordinator,
                         "lastPollUnix": polls.get(id).map(|p| p.unix_time),
+                        "attested": attested
+                            .get(id)
+                            .and_then(|a| serde_json::from_slice::<serde_json::Value>(a).ok()),
                         "revoked": revocation.map(|r| r.reason.clone()),
                     })
                     .to_string(),

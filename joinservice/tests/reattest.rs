@@ -256,3 +256,55 @@ async fn members_prove_their_state_again_and_are_evicted_when_they_cannot() {
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
+
+/// What re-attestation costs, printed (never asserted: these machines are noisy): the join
+/// service's judgement of one quote (signature, AK certificate chain, the release set), and the
+/// node's quote (swtpm here); per node and hour at the default interval.
+/// `cargo test -p hawser-joinservice --test reattest cost -- --nocapture`
+#[test]
+fn reattestation_cost_per_node_and_hour() {
+    use hawser_attestation::validator::Validator;
+    use hawser_joinservice::reattest::DEFAULT_INTERVAL;
+    use hawser_joinservice::store::releases::{Release, running_release_set};
+    let ca = ProviderCa::generate("test provider").unwrap();
+    let (issuer, _swtpm) = pivoted_worker(&ca);
+    let nonce = [3u8; 32];
+    let started = std::time::Instant::now();
+    const QUOTES: u32 = 10;
+    let mut evidence = Vec::new();
+    for _ in 0..QUOTES {
+        evidence = quote(&issuer, nonce);
+    }
+    let quote_ms = started.elapsed().as_secs_f64() * 1000.0 / f64::from(QUOTES);
+    let enter = extend_sha256(&[0; 32], &phase_digest(PHASE_ENTER_INITRD));
+    let release = Release::from_measurements_text(
+        "v1",
+        &format!(r#"{{"11": {{"expected": "{}"}}}}"#, hex::encode(enter)),
+        "admin",
+        0,
+    )
+    .unwrap();
+    let validator = Validator::for_releases(
+        running_release_set(&[release], &cluster_id()),
+        AkTrust::from_pem(&ca.certificate_pem()).unwrap(),
+    )
+    .unwrap();
+    let binding = Binding {
+        role: Role::Client,
+        nonce: &nonce,
+        tls_spki_der: &[],
+    };
+    const JUDGED: u32 = 200;
+    let started = std::time::Instant::now();
+    for _ in 0..JUDGED {
+        validator.validate(&evidence, &binding).unwrap();
+    }
+    let judge_ms = started.elapsed().as_secs_f64() * 1000.0 / f64::from(JUDGED);
+    let per_hour = 3600.0 / DEFAULT_INTERVAL.as_secs_f64();
+    println!(
+        "re-attestation: the join service judges a quote in {judge_ms:.2} ms ({:.0} ms of CPU per \
+         node per hour at one quote every {} s); the node quotes in {quote_ms:.1} ms (swtpm)",
+        judge_ms * per_hour,
+        DEFAULT_INTERVAL.as_secs()
+    );
+}

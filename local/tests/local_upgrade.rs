@@ -13,6 +13,8 @@
 //! - every node's state survived: each rejoined with its own disk (its key derived from the
 //!   master secret for that disk's UUID, checked on the host), and each kept its place in the
 //!   mesh (its WireGuard key and address are read from its state disk on every boot);
+//! - every node re-attests on its own on the new release (a fresh quote riding on its polls of
+//!   the mesh, judged by the join service);
 //! - `hawser local revoke node-2`: the admin revokes a worker, and the other nodes' tunnels drop
 //!   it within one poll of the mesh.
 //!
@@ -149,6 +151,12 @@ fn a_cluster_is_upgraded_to_a_new_image_node_by_node_and_a_revoked_worker_is_cut
     );
     assert!(
         said.contains("the cluster runs release v2 on every node; `hawser verify` passed"),
+        "{said}"
+    );
+    // Each node proved its state again on its own (its polls of the mesh carry a fresh quote
+    // when its join service asks), on the new release.
+    assert!(
+        said.contains("every node re-attested on its own since it booted release v2: node-1 as v2 control-plane"),
         "{said}"
     );
     // The state read from each disk after the upgrade: the same place in the mesh.

@@ -177,6 +177,7 @@ pub(super) fn upgrade(
         .chain((0..f.layout.nodes.len()).filter(|&i| f.layout.nodes[i].role == Role::Worker))
         .collect();
     let accepted = [old_release.clone(), new_release.clone()];
+    let mut booted_at = std::collections::BTreeMap::new();
     for (step, &i) in order.iter().enumerate() {
         let name = f.layout.nodes[i].name.clone();
         f.events.say(format!(
@@ -185,6 +186,7 @@ pub(super) fn upgrade(
             order.len(),
             new.release
         ));
+        booted_at.insert(name.clone(), unix_now());
         let result = reboot(opts, stop, f, nodes, &admin, i, &new)
             .and_then(|()| expect_release(&admin, i, &accepted, &new.release));
         if let Err(e) = result {
@@ -212,7 +214,10 @@ pub(super) fn upgrade(
     retired_old.retired_unix = Some(1);
     let now = [retired_old, new_release];
     if request.check_retired {
-        check_retired(opts, stop, f, nodes, &admin, &old, &new, &now)?;
+        // Its quotes on the retired release never count as the new one's.
+        let before = unix_now();
+        let last = check_retired(opts, stop, f, nodes, &admin, &old, &new, &now)?;
+        booted_at.insert(last, before);
     }
     let verdicts = order
         .iter()
@@ -234,7 +239,68 @@ pub(super) fn upgrade(
         "the cluster runs release {} on every node; `hawser verify` passed",
         new.release
     ));
-    Ok(())
+    wait_reattested(stop, f, nodes, &admin, &new.release, booted_at)
+}
+
+/// Waits (up to 3 minutes) until every node has re-attested on its own since it booted
+/// `release` (its join service's record of a good quote on release `release`, made at its
+/// polls of the mesh), and says when each did.
+fn wait_reattested(
+    stop: &AtomicBool,
+    f: &Formation<'_>,
+    nodes: &Mutex<Vec<Arc<Node>>>,
+    admin: &Admin<'_>,
+    release: &str,
+    booted_at: std::collections::BTreeMap<String, u64>,
+) -> anyhow::Result<()> {
+    let target = admin.target(nodes, &[&f.image()])?;
+    let running = nodes.lock().map(|n| n.clone()).unwrap_or_default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    loop {
+        let listed = admin.runtime.block_on(target.list_nodes())?;
+        let mut done = Vec::new();
+        let mut waiting = Vec::new();
+        for node in &running {
+            let ip = crate::local_cluster::observe(&node.vm.console_lines()).vpn_ip;
+            let entry = listed
+                .iter()
+                .find(|n| ip.is_some() && n["vpnIp"].as_str() == ip.as_deref());
+            let attested = entry.and_then(|n| {
+                let at = n["attested"]["unixTime"].as_u64()?;
+                let as_what = n["attested"]["release"].as_str()?.to_owned();
+                Some((at, as_what))
+            });
+            let since = booted_at.get(&node.spec.name).copied().unwrap_or(0);
+            match attested {
+                Some((at, as_what))
+                    if at >= since && as_what.starts_with(&format!("{release} ")) =>
+                {
+                    done.push(format!("{} as {as_what}", node.spec.name));
+                }
+                _ => waiting.push(node.spec.name.clone()),
+            }
+        }
+        if waiting.is_empty() {
+            f.events.say(format!(
+                "every node re-attested on its own since it booted release {release}: {}",
+                done.join(", ")
+            ));
+            return Ok(());
+        }
+        if stop.load(std::sync::atomic::Ordering::Relaxed) || std::time::Instant::now() > deadline {
+            bail!(
+                "no re-attestation on release {release} within 3 minutes of {}",
+                waiting.join(", ")
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Powers node `i` off and boots it from `image`: a control plane recovered by the admin, a
@@ -320,7 +386,7 @@ fn check_retired(
     old: &BootImage,
     new: &BootImage,
     releases: &[Release],
-) -> anyhow::Result<()> {
+) -> anyhow::Result<String> {
     let Some(i) = f.layout.nodes.iter().rposition(|n| n.role == Role::Worker) else {
         bail!("--check-retired needs a worker");
     };
@@ -364,7 +430,8 @@ fn check_retired(
     ));
     power_off(&node, f.events);
     reboot(opts, stop, f, nodes, admin, i, new)?;
-    expect_release(admin, i, releases, &new.release)
+    expect_release(admin, i, releases, &new.release)?;
+    Ok(name)
 }
 
 /// `hawser local revoke <node>`: the admin revokes the node through node-1's attested admin
