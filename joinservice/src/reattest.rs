@@ -31,8 +31,9 @@ use crate::core::JoinCore;
 /// How often a member quotes again, by default (`hawser-joind --reattest-interval-secs`).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 /// How long a member may go without a good quote before it is evicted, by default
-/// (`--reattest-grace-secs`): five intervals, so a network cut of a few minutes costs nothing.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(300);
+/// (`--reattest-grace-secs`): ten intervals, so a reboot, a control plane's restart or a network
+/// cut of several minutes costs nothing.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(600);
 
 /// The re-attestation of one join service.
 pub struct Reattestation {
