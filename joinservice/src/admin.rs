@@ -15,7 +15,7 @@ use std::time::Duration;
 use hawser_attestation::atls::{AtlsServer, ConnectionLimits, Identity, PeerPolicy, incoming_from};
 use hawser_cluster_store::releases::{self, Release, ReleaseError};
 use hawser_cluster_store::revocations::{self, Revocation};
-use hawser_cluster_store::{ClusterStore, ReadConsistency, StoreError};
+use hawser_cluster_store::{ReadConsistency, StoreError};
 use hawser_proto::admin::admin_server::{Admin, AdminServer};
 use hawser_proto::admin::{
     AddReleaseRequest, ListNodesRequest, ListNodesResponse, ListReleasesRequest,
@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
-use crate::core::JoinCore;
+use crate::core::{JoinCore, RevokeError};
 use crate::service::bind_listener;
 
 /// Why an admin call failed.
@@ -38,38 +38,36 @@ pub enum AdminError {
     /// The store failed.
     #[error("cannot consult the cluster state")]
     Store(#[from] StoreError),
-    /// The node to revoke is not known by that name.
-    #[error(
-        "no node {0:?} in the cluster store (give its disk UUID, its AK name, or its mesh name \
-         or address)"
-    )]
-    UnknownNode(String),
+    /// The node cannot be revoked.
+    #[error(transparent)]
+    Revoke(#[from] RevokeError),
     /// No revocation is in force for the node.
     #[error("node {0:?} is not revoked")]
     NotRevoked(String),
-    /// The node revoked is a member of the mesh, and the mesh refused its removal.
-    #[error("the WireGuard mesh refused to remove {0}")]
-    Mesh(String),
 }
 
 fn status_of(err: &AdminError) -> Status {
     let message = hawser_attestation::error_chain(err);
     match err {
-        AdminError::Release(ReleaseError::Store(e)) | AdminError::Store(e)
+        AdminError::Release(ReleaseError::Store(e))
+        | AdminError::Store(e)
+        | AdminError::Revoke(RevokeError::Store(e))
             if e.is_unavailable() =>
         {
             Status::unavailable(message)
         }
-        AdminError::Release(ReleaseError::Store(_)) | AdminError::Store(_) => {
-            Status::internal(message)
-        }
+        AdminError::Release(ReleaseError::Store(_))
+        | AdminError::Store(_)
+        | AdminError::Revoke(RevokeError::Store(_)) => Status::internal(message),
         AdminError::Release(
             ReleaseError::Name(_) | ReleaseError::Measurements(_) | ReleaseError::NothingEnforced,
         ) => Status::invalid_argument(message),
         AdminError::Release(ReleaseError::Unknown { .. })
-        | AdminError::UnknownNode(_)
+        | AdminError::Revoke(RevokeError::UnknownNode(_))
         | AdminError::NotRevoked(_) => Status::not_found(message),
-        AdminError::Release(_) | AdminError::Mesh(_) => Status::failed_precondition(message),
+        AdminError::Release(_) | AdminError::Revoke(RevokeError::Mesh(_)) => {
+            Status::failed_precondition(message)
+        }
     }
 }
 
@@ -82,13 +80,6 @@ fn now_unix() -> u64 {
 /// The admin calls, free of gRPC (blocking: the store's calls block).
 pub struct AdminCore {
     core: Arc<JoinCore>,
-}
-
-/// A node as the store knows it.
-struct KnownNode {
-    disk_uuid: Option<String>,
-    ak_name: String,
-    name: String,
 }
 
 impl AdminCore {
@@ -137,7 +128,7 @@ impl AdminCore {
 
     /// Revokes `node`: its AK and disk on the deny-list, its mesh membership removed.
     pub fn revoke(&self, node: &str, reason: &str) -> Result<(Revocation, bool), AdminError> {
-        let (revocation, removed) = revoke_node(&self.core, node, reason)?;
+        let (revocation, removed) = self.core.revoke_node(node, reason)?;
         tracing::warn!(target: "audit", call = "RevokeNode", node = %revocation.node, ak = %revocation.ak_name, disk_uuid = revocation.disk_uuid.as_deref().unwrap_or(""), removed_from_mesh = removed, reason = %revocation.reason, "node revoked by the admin: its joins and rejoins are refused");
         Ok((revocation, removed))
     }
@@ -155,110 +146,6 @@ impl AdminCore {
         tracing::info!(target: "audit", call = "ReadmitNode", node = %readmitted.node, ak = %ak_name, "node readmitted by the admin");
         Ok(readmitted)
     }
-}
-
-/// Finds `node`: a disk UUID, an AK name, or a mesh member's name or VPN address.
-fn find_node(store: &dyn ClusterStore, node: &str) -> Result<KnownNode, AdminError> {
-    let registry = store.vpn_registry(ReadConsistency::Latest)?;
-    let member_id = registry.as_ref().and_then(|r| {
-        let by_ip = node
-            .parse()
-            .ok()
-            .and_then(|ip| r.member_by_ip(ip))
-            .map(|(id, _)| id.to_owned());
-        by_ip.or_else(|| {
-            r.members()
-                .find(|(id, peer)| *id == node || peer.name == node)
-                .map(|(id, _)| id.to_owned())
-        })
-    });
-    let uuid = member_id
-        .as_deref()
-        .or(Some(node))
-        .and_then(|id| hawser_keys::canonical_uuid(id).ok());
-    if let Some(uuid) = uuid.clone()
-        && let Some(hawser_cluster_store::DiskBinding::Bound(ak_name)) =
-            store.disk_binding(&uuid, ReadConsistency::Latest)?
-    {
-        let name = registry
-            .as_ref()
-            .and_then(|r| r.member(&uuid).map(|p| p.name.clone()))
-            .unwrap_or_else(|| uuid.clone());
-        return Ok(KnownNode {
-            disk_uuid: Some(uuid),
-            ak_name,
-            name,
-        });
-    }
-    // A mesh member whose disk has no binding (none is made without one, but a store may
-    // be older): revoked by its disk.
-    if let (Some(uuid), Some(registry)) = (&uuid, &registry)
-        && let Some(member) = registry.member(uuid)
-    {
-        return Ok(KnownNode {
-            disk_uuid: Some(uuid.clone()),
-            ak_name: String::new(),
-            name: member.name.clone(),
-        });
-    }
-    let is_hex = node.len() >= 6 && node.bytes().all(|b| b.is_ascii_hexdigit());
-    if is_hex {
-        return Ok(KnownNode {
-            disk_uuid: None,
-            ak_name: node.to_ascii_lowercase(),
-            name: node.to_owned(),
-        });
-    }
-    Err(AdminError::UnknownNode(node.to_owned()))
-}
-
-/// Revokes `node` on `core`'s store: its AK and disk on the deny-list, its mesh membership
-/// removed (the admin's call, and an eviction by re-attestation).
-pub(crate) fn revoke_node(
-    core: &JoinCore,
-    node: &str,
-    reason: &str,
-) -> Result<(Revocation, bool), AdminError> {
-    let store = core.store().as_ref();
-    let known = find_node(store, node)?;
-    let revocation = Revocation {
-        ak_name: known.ak_name.clone(),
-        disk_uuid: known.disk_uuid.clone(),
-        node: known.name.clone(),
-        reason: if reason.is_empty() {
-            "revoked by the admin".into()
-        } else {
-            reason.to_owned()
-        },
-        revoked_unix: now_unix(),
-        readmitted_unix: None,
-    };
-    revocations::revoke(store, &revocation)?;
-    let removed = match (&known.disk_uuid, core.mesh()) {
-        (Some(uuid), Some(mesh)) => {
-            let mut removed = false;
-            store
-                .update_vpn_registry(mesh.prefix, &mut |registry| {
-                    removed = registry.remove(uuid).is_some();
-                    Ok(())
-                })
-                .map_err(|e| {
-                    AdminError::Mesh(format!(
-                        "{}: {}",
-                        known.name,
-                        hawser_attestation::error_chain(&e)
-                    ))
-                })?;
-            removed
-        }
-        _ => false,
-    };
-    Ok((revocation, removed))
-}
-
-/// Evicts mesh member `id` (a disk UUID) for `reason` (re-attestation).
-pub(crate) fn revoke_member(core: &JoinCore, id: &str, reason: &str) -> Result<(), AdminError> {
-    revoke_node(core, id, reason).map(|_| ())
 }
 
 /// The tonic service: checks the token, runs the call on the blocking pool.

@@ -44,6 +44,10 @@ use crate::tokens::{BootstrapTokenIssuer, TokenError};
 use crate::vpn::{MeshSettings, VpnTicket};
 
 mod mesh;
+mod reattest;
+mod revoke;
+
+pub use revoke::RevokeError;
 
 use self::mesh::parse_endpoint;
 

@@ -373,7 +373,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         core
     };
     let core = Arc::new(core);
-    tokio::spawn(hawser_joinservice::reattest::watch(Arc::clone(&core)));
+    tokio::spawn(JoinCore::watch_reattestation(Arc::clone(&core)));
     let (stop_mesh, mesh_stopped) = tokio::sync::oneshot::channel::<()>();
     if let Some(node) = node_member {
         member::serve_on_node(Arc::clone(&core), node, async {
