@@ -23,6 +23,7 @@ pub mod policy;
 pub mod ratelimit;
 pub mod reattest;
 pub mod service;
+pub mod startup;
 pub mod tokens;
 pub mod vpn;
 pub mod vpnapi;

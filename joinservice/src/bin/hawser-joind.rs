@@ -257,7 +257,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let measurement_salt = match &args.measurement_salt_file {
         Some(path) => std::fs::read(path)
             .with_context(|| format!("cannot read the measurement salt {}", path.display()))?,
-        None => salt_in_state_dir(&args.state_dir.join("measurement-salt"))?,
+        None => hawser_joinservice::startup::salt_in_state_dir(
+            &args.state_dir.join("measurement-salt"),
+        )?,
     };
     if measurement_salt.is_empty() {
         bail!("the measurement salt is empty");
@@ -318,13 +320,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             let store = Arc::new(store);
             // In the background: without etcd quorum (a whole-cluster restart, before another
             // control plane's member is back) the service must still serve rejoins.
-            tokio::spawn(import_approvals(
+            tokio::spawn(hawser_joinservice::startup::import_approvals(
                 Arc::clone(&store),
                 approvals.current().ak_names().map(str::to_owned).collect(),
                 approvals_file.clone(),
             ));
             let store: Arc<dyn ClusterStore> = store;
-            tokio::spawn(seed_release(
+            tokio::spawn(hawser_joinservice::startup::seed_release(
                 Arc::clone(&store),
                 Arc::clone(&policy.current().measurements),
             ));
@@ -641,98 +643,6 @@ fn resolve_endpoint(text: &str) -> anyhow::Result<std::net::SocketAddr> {
         .or_else(|| addrs.first())
         .copied()
         .with_context(|| format!("--vpn-endpoint {text:?} resolves to no address"))
-}
-
-/// Imports the approvals file's names into etcd (put-if-absent), retried until etcd takes it.
-/// Makes this join service's own image the cluster's first release when the cluster store
-/// holds none (the first control plane, or a cluster formed before releases), retrying while
-/// etcd cannot be written. Otherwise only the admin adds releases.
-async fn seed_release(
-    store: Arc<dyn ClusterStore>,
-    own: Arc<hawser_attestation::measurements::ExpectedMeasurements>,
-) {
-    use hawser_joinservice::store::releases;
-    let digest = releases::measurements_digest(&releases::enforced_map(&own));
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let release = match releases::Release::new(
-        &releases::own_release_name(&digest),
-        &own,
-        None,
-        "the first control plane's join service",
-        now,
-    ) {
-        Ok(release) => release,
-        Err(e) => {
-            tracing::error!(
-                "cannot make this image's release: {}",
-                hawser_attestation::error_chain(&e)
-            );
-            return;
-        }
-    };
-    let name = release.name.clone();
-    let seeded = hawser_joinservice::store::write_until_done(
-        "record this image as the cluster's first release",
-        Duration::from_secs(5),
-        move || match releases::seed(store.as_ref(), &release) {
-            Ok(seeded) => Ok(seeded),
-            Err(releases::ReleaseError::Store(e)) => Err(e),
-            Err(e) => {
-                tracing::error!(
-                    "cannot record the first release: {}",
-                    hawser_attestation::error_chain(&e)
-                );
-                Ok(false)
-            }
-        },
-    )
-    .await;
-    if seeded {
-        tracing::info!(release = %name, "this image is the cluster's first release");
-    }
-}
-
-async fn import_approvals(store: Arc<EtcdStore>, names: Vec<String>, file: PathBuf) {
-    let note = format!("imported from {} at hawser-joind start", file.display());
-    let imported = hawser_joinservice::store::write_until_done(
-        &format!(
-            "import the control-plane approvals {} into etcd",
-            file.display()
-        ),
-        Duration::from_secs(5),
-        move || store.import_control_plane_approvals(names.iter().map(String::as_str), &note),
-    )
-    .await;
-    tracing::info!(
-        file = %file.display(),
-        imported = imported.len(),
-        "control-plane approvals imported into etcd where absent"
-    );
-}
-
-/// Reads the measurement salt, or creates it (32 random bytes, mode 0600) if missing.
-fn salt_in_state_dir(path: &Path) -> anyhow::Result<Vec<u8>> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    match std::fs::read(path) {
-        Ok(salt) => return Ok(salt),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-    }
-    let salt = hawser_keys::random_bytes(hawser_keys::MEASUREMENT_SALT_LEN)?;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    file.write_all(&salt)
-        .and_then(|()| file.sync_all())
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    tracing::info!(file = %path.display(), "created a new measurement salt");
-    Ok(salt)
 }
 
 #[cfg(test)]
