@@ -134,6 +134,18 @@ pub async fn serve(issuer: Arc<TpmIssuer>, claims: Claims) -> std::io::Result<()
     Ok(())
 }
 
+/// If the server runs already (started in the initramfs), claims `claims` from now on with the
+/// AK it has; `false` if none runs.
+pub fn set_claims(claims: &Claims) -> bool {
+    match RUNNING.get() {
+        Some(shared) => {
+            *lock(&shared.claims) = claims.clone();
+            true
+        }
+        None => false,
+    }
+}
+
 /// A server of its own on `address` (tests); returns the bound address.
 pub async fn spawn_on(
     address: SocketAddr,

@@ -188,14 +188,28 @@ impl Boot {
         Ok(())
     }
 
-    /// Answers `hawser verify` from now on ([`crate::attest_server`]). A node without a
-    /// provider-certified AK (or whose port is taken) says so and boots on: verification is
-    /// the admin's check, not a step of the boot.
+    /// Answers `hawser verify` from now on ([`crate::attest_server`]), with the claims of the
+    /// pivoted node: the server the initramfs started keeps its AK (no second one is made on
+    /// the boot path); a node that started none (node-1 before `hawser init`) starts it now. A
+    /// node without a provider-certified AK (or whose port is taken) says so and boots on:
+    /// verification is the admin's check, not a step of the boot.
     async fn serve_attestation(
         &mut self,
         node_name: Option<String>,
         measured: crate::rootfs::MeasuredRole,
     ) {
+        let claims = crate::attest_server::Claims {
+            node_name,
+            role: match measured {
+                crate::rootfs::MeasuredRole::ControlPlane => "control-plane",
+                crate::rootfs::MeasuredRole::Worker => "worker",
+            },
+            hawser_version: env!("CARGO_PKG_VERSION"),
+        };
+        // Started in the initramfs with its AK: only the claims change.
+        if crate::attest_server::set_claims(&claims) {
+            return;
+        }
         let Ok(tpm) = self.tpm() else {
             return;
         };
@@ -214,14 +228,6 @@ impl Boot {
                 warn!("no attestation for `hawser verify`: {e}");
                 return;
             }
-        };
-        let claims = crate::attest_server::Claims {
-            node_name,
-            role: match measured {
-                crate::rootfs::MeasuredRole::ControlPlane => "control-plane",
-                crate::rootfs::MeasuredRole::Worker => "worker",
-            },
-            hawser_version: env!("CARGO_PKG_VERSION"),
         };
         if let Err(e) = crate::attest_server::serve(issuer, claims).await {
             warn!(
