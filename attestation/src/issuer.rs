@@ -53,6 +53,11 @@ pub struct TpmIssuer {
     tpm: Arc<Tpm>,
     ak: AttestationKey,
     ak_cert_chain: Vec<Vec<u8>>,
+    /// The platform profile the evidence is of (QEMU's provider CA unless a platform's).
+    variant: Variant,
+    /// The platform's own report and what it needs (Azure's HCL report; empty elsewhere).
+    platform_report: Vec<u8>,
+    platform_aux: Vec<u8>,
     quoted_pcrs: Vec<u8>,
     pcr_cache: Mutex<Option<BTreeMap<u8, [u8; 32]>>>,
 }
@@ -63,6 +68,7 @@ impl std::fmt::Debug for TpmIssuer {
             .field("tpm", &self.tpm)
             .field("ak", &self.ak)
             .field("ak_cert_chain_len", &self.ak_cert_chain.len())
+            .field("variant", &self.variant)
             .field("quoted_pcrs", &self.quoted_pcrs)
             .finish()
     }
@@ -111,13 +117,48 @@ impl TpmIssuer {
         ak_cert_chain: Vec<Vec<u8>>,
     ) -> Result<Self, IssuerError> {
         let ak = tpm.create_attestation_key()?;
-        Ok(Self {
+        Ok(Self::with_ak(tpm, ak, ak_cert_chain, Variant::QemuVtpm))
+    }
+
+    /// An issuer quoting with `ak`, a key the platform of `variant` made or described (GCE's
+    /// AK from its NV template: [`Tpm::create_attestation_key_from_template`]) and certified in
+    /// `ak_cert_chain`. Not checked here: the platform's verifier refuses a chain that does not
+    /// certify the AK.
+    pub fn with_ak(
+        tpm: Arc<Tpm>,
+        ak: AttestationKey,
+        ak_cert_chain: Vec<Vec<u8>>,
+        variant: Variant,
+    ) -> Self {
+        tracing::debug!(
+            ak_name = %hex::encode(ak.name()),
+            platform = crate::platform::profile_name(variant),
+            certificates = ak_cert_chain.len(),
+            "attestation key ready"
+        );
+        Self {
             tpm,
             ak,
             ak_cert_chain,
+            variant,
+            platform_report: Vec::new(),
+            platform_aux: Vec::new(),
             quoted_pcrs: DEFAULT_QUOTED_PCRS.collect(),
             pcr_cache: Mutex::new(None),
-        })
+        }
+    }
+
+    /// Sends the platform's own report (and what it needs beside it) with every evidence: the
+    /// HCL report of an Azure confidential VM, say.
+    pub fn with_platform_report(mut self, report: Vec<u8>, aux: Vec<u8>) -> Self {
+        self.platform_report = report;
+        self.platform_aux = aux;
+        self
+    }
+
+    /// The platform profile of the evidence.
+    pub fn variant(&self) -> Variant {
+        self.variant
     }
 
     /// Quotes only `pcrs` (sha256 bank) instead of all 24.
@@ -213,7 +254,7 @@ impl TpmIssuer {
             .unwrap_or_default();
         Ok(Evidence {
             version: EVIDENCE_VERSION,
-            variant: Variant::QemuVtpm as i32,
+            variant: self.variant as i32,
             ak_public: self.ak.public_tpm2b().to_vec(),
             quote: quote.attest,
             signature: quote.signature,
@@ -222,6 +263,8 @@ impl TpmIssuer {
             user_data: user_data.to_vec(),
             nonce: binding.nonce.to_vec(),
             tls_key_hash: binding.tls_key_hash().to_vec(),
+            platform_report: self.platform_report.clone(),
+            platform_aux: self.platform_aux.clone(),
         })
     }
 }

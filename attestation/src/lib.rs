@@ -34,6 +34,7 @@ pub mod evidence;
 #[cfg(feature = "tpm")]
 pub mod issuer;
 pub mod measurements;
+pub mod platform;
 pub mod releases;
 pub mod report;
 #[cfg(test)]
@@ -47,6 +48,7 @@ pub use evidence::{Binding, Evidence, EvidenceIssuer, IssueError, Nonce, Role, V
 #[cfg(feature = "tpm")]
 pub use issuer::{IssuerError, TpmIssuer};
 pub use measurements::{ExpectedMeasurements, ExpectedPcr, MeasurementsError};
+pub use platform::{PlatformRefusal, PlatformVerified, PlatformVerifier};
 pub use report::{
     BOOT_REPORT_MARKER, BootReport, PhaseTiming, QuoteEvidence, REPORT_VERSION, VerifiedQuote,
     VerifiedReport, VerifyError,

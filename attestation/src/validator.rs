@@ -18,6 +18,7 @@
 //!    (exact match; `warnOnly` PCRs are logged and returned as warnings).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use prost::Message as _;
 use rustls_pki_types::TrustAnchor;
@@ -28,6 +29,7 @@ use x509_parser::prelude::{FromDer as _, X509Certificate};
 
 use crate::evidence::{Binding, EVIDENCE_VERSION, Evidence, MAX_EVIDENCE_LEN, Variant};
 use crate::measurements::{ExpectedMeasurements, MeasurementMismatch, MeasurementWarning};
+use crate::platform::{PlatformRefusal, PlatformVerified, PlatformVerifier, profile_name};
 use crate::releases::{ReleaseMismatch, ReleaseSet};
 use crate::report::{FieldNames, QuoteParts, VerifyError, verify_quote};
 use crate::tpm_types::ClockInfo;
@@ -82,6 +84,8 @@ pub enum AkTrustError {
 #[derive(Debug, Clone)]
 pub struct AkTrust {
     anchors: Vec<TrustAnchor<'static>>,
+    /// A cloud platform's verifier in the provider CA's place (see [`crate::platform`]).
+    platform: Option<Arc<dyn PlatformVerifier>>,
 }
 
 impl AkTrust {
@@ -101,7 +105,26 @@ impl AkTrust {
         if anchors.is_empty() {
             return Err(AkTrustError::NoCertificates);
         }
-        Ok(Self { anchors })
+        Ok(Self {
+            anchors,
+            platform: None,
+        })
+    }
+
+    /// Trusts AKs the way a cloud platform vouches for them: `verifier` checks the platform's
+    /// evidence (see [`crate::platform`]), and evidence of any other variant is refused.
+    pub fn platform(verifier: Arc<dyn PlatformVerifier>) -> Self {
+        Self {
+            anchors: Vec::new(),
+            platform: Some(verifier),
+        }
+    }
+
+    /// The evidence variant this trust accepts: the platform's, else QEMU's provider CA.
+    pub fn variant(&self) -> Variant {
+        self.platform
+            .as_ref()
+            .map_or(Variant::QemuVtpm, |platform| platform.variant())
     }
 
     /// Trusts every certificate in a PEM file's text.
@@ -112,12 +135,12 @@ impl AkTrust {
         Self::from_der(certs)
     }
 
-    /// How many roots are trusted.
+    /// How many provider CA roots are trusted (0 for a platform's trust).
     pub fn len(&self) -> usize {
         self.anchors.len()
     }
 
-    /// Whether no root is trusted (never true for a constructed value).
+    /// Whether no provider CA root is trusted (a platform's trust).
     pub fn is_empty(&self) -> bool {
         self.anchors.is_empty()
     }
@@ -143,9 +166,20 @@ pub enum EvidenceError {
     /// A version this verifier does not know.
     #[error("the evidence has version {found}; this verifier understands version {supported}")]
     Version { found: u32, supported: u32 },
-    /// A variant this verifier does not know how to root.
-    #[error("the evidence variant is {found}; this verifier accepts VARIANT_QEMU_VTPM (1)")]
+    /// A variant this verifier does not know.
+    #[error("the evidence variant is {found}, which no hawser platform profile has")]
     Variant { found: i32 },
+    /// Evidence of another platform than the one this verifier trusts.
+    #[error(
+        "the cluster's measurements select the {expected} profile; the peer presented {found} evidence"
+    )]
+    Platform {
+        expected: &'static str,
+        found: &'static str,
+    },
+    /// The platform's own check refused the evidence.
+    #[error(transparent)]
+    PlatformRefused(#[from] PlatformRefusal),
     /// A PCR index outside 0..=23.
     #[error("pcrs_sha256 lists PCR {pcr}, but a TPM has PCRs 0 to 23")]
     PcrIndex { pcr: u32 },
@@ -320,13 +354,20 @@ impl Validator {
             });
         }
         let variant = match Variant::try_from(evidence.variant) {
-            Ok(Variant::QemuVtpm) => Variant::QemuVtpm,
-            _ => {
+            Ok(Variant::Unspecified) | Err(_) => {
                 return Err(EvidenceError::Variant {
                     found: evidence.variant,
                 });
             }
+            Ok(variant) => variant,
         };
+        let expected = self.ak_trust.variant();
+        if variant != expected {
+            return Err(EvidenceError::Platform {
+                expected: profile_name(expected),
+                found: profile_name(variant),
+            });
+        }
         let mut pcrs = BTreeMap::new();
         for (&pcr, value) in &evidence.pcrs_sha256 {
             let index = u8::try_from(pcr)
@@ -346,6 +387,10 @@ impl Validator {
         let selection: Vec<u8> = pcrs.keys().copied().collect();
 
         let qualifying_data = binding.qualifying_data(&evidence.user_data);
+        if let Some(platform) = &self.ak_trust.platform {
+            let verified = platform.verify(evidence, &qualifying_data)?;
+            return self.judge_platform(variant, verified, evidence);
+        }
         let quote = verify_quote(
             QuoteParts {
                 ak_public: &evidence.ak_public,
@@ -382,6 +427,30 @@ impl Validator {
             user_data: evidence.user_data.clone(),
             clock_info: quote.clock_info,
             firmware_version: quote.firmware_version,
+        })
+    }
+
+    /// The measurements of evidence a platform verified.
+    fn judge_platform(
+        &self,
+        variant: Variant,
+        verified: PlatformVerified,
+        evidence: &Evidence,
+    ) -> Result<ValidatedEvidence, EvidenceError> {
+        let (_, warnings) = self.releases.check(&verified.pcrs)?;
+        let ak_name = hex::encode(&verified.ak_name);
+        for warning in &warnings {
+            tracing::warn!(ak = %ak_name, %warning, "accepting evidence despite a warnOnly PCR difference");
+        }
+        Ok(ValidatedEvidence {
+            variant,
+            ak_name: verified.ak_name,
+            ak_certificate_subject: verified.ak_certificate_subject,
+            pcrs: verified.pcrs,
+            warnings,
+            user_data: evidence.user_data.clone(),
+            clock_info: verified.clock_info,
+            firmware_version: verified.firmware_version,
         })
     }
 
@@ -527,125 +596,4 @@ fn gloss(err: &webpki::Error) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::evidence::Role;
-    use crate::measurements::ExpectedPcr;
-
-    fn trust() -> AkTrust {
-        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).expect("key");
-        let mut params = rcgen::CertificateParams::new(Vec::new()).expect("params");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        let ca = params.self_signed(&key).expect("CA");
-        let from_der = AkTrust::from_der([ca.der()]).expect("DER anchor");
-        let from_pem = AkTrust::from_pem(&ca.pem()).expect("PEM anchor");
-        assert_eq!((from_der.len(), from_pem.len()), (1, 1));
-        from_der
-    }
-
-    fn validator() -> Validator {
-        let mut measurements = ExpectedMeasurements::new();
-        measurements.insert(
-            11,
-            ExpectedPcr {
-                expected: [0; 32],
-                warn_only: false,
-            },
-        );
-        Validator::new(measurements, trust()).expect("validator")
-    }
-
-    fn evidence() -> Evidence {
-        Evidence {
-            version: EVIDENCE_VERSION,
-            variant: Variant::QemuVtpm as i32,
-            ..Evidence::default()
-        }
-    }
-
-    fn refuse(evidence: &[u8]) -> String {
-        let nonce = [0; 32];
-        let binding = Binding {
-            role: Role::Server,
-            nonce: &nonce,
-            tls_spki_der: b"spki",
-        };
-        let err = validator()
-            .validate(evidence, &binding)
-            .expect_err("refused");
-        crate::error_chain(&err)
-    }
-
-    #[test]
-    fn nothing_enforced_is_not_a_validator() {
-        let mut warn_only = ExpectedMeasurements::new();
-        warn_only.insert(
-            0,
-            ExpectedPcr {
-                expected: [0; 32],
-                warn_only: true,
-            },
-        );
-        for measurements in [ExpectedMeasurements::new(), warn_only] {
-            assert!(matches!(
-                Validator::new(measurements, trust()),
-                Err(ValidatorError::NothingEnforced)
-            ));
-        }
-    }
-
-    #[test]
-    fn malformed_evidence_is_refused_with_its_reason() {
-        assert_eq!(
-            refuse(&vec![0; MAX_EVIDENCE_LEN + 1]),
-            "the evidence is 16385 bytes, more than the 16384 bytes a hawser verifier accepts"
-        );
-        assert!(
-            refuse(b"\xff\xff\xff").starts_with("the evidence is not a hawser Evidence protobuf"),
-        );
-
-        let mut e = evidence();
-        e.version = 2;
-        assert_eq!(
-            refuse(&e.encode_to_vec()),
-            "the evidence has version 2; this verifier understands version 1"
-        );
-        let mut e = evidence();
-        e.variant = 7;
-        assert_eq!(
-            refuse(&e.encode_to_vec()),
-            "the evidence variant is 7; this verifier accepts VARIANT_QEMU_VTPM (1)"
-        );
-        let mut e = evidence();
-        e.pcrs_sha256.insert(24, vec![0; 32]);
-        assert_eq!(
-            refuse(&e.encode_to_vec()),
-            "pcrs_sha256 lists PCR 24, but a TPM has PCRs 0 to 23"
-        );
-        let mut e = evidence();
-        e.pcrs_sha256.insert(3, vec![0; 31]);
-        assert_eq!(
-            refuse(&e.encode_to_vec()),
-            "pcrs_sha256[3] holds 31 bytes, a sha256 PCR holds 32"
-        );
-        let mut e = evidence();
-        e.ak_public = vec![0x00, 0x10, 0x00, 0x23];
-        assert_eq!(
-            refuse(&e.encode_to_vec()),
-            "the quote is invalid: field ak_public does not parse: TPM2B_PUBLIC: field \
-             publicArea at offset 2 needs 16 bytes but only 2 remain"
-        );
-    }
-
-    #[test]
-    fn trust_anchors_must_be_certificates() {
-        assert!(matches!(
-            AkTrust::from_pem(""),
-            Err(AkTrustError::NoCertificates)
-        ));
-        assert!(matches!(
-            AkTrust::from_der([b"not a certificate"]),
-            Err(AkTrustError::Anchor { index: 0, .. })
-        ));
-    }
-}
+mod tests;

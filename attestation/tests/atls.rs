@@ -940,6 +940,8 @@ async fn tamper_boot_report_quote_cannot_be_used_as_atls_evidence() {
                 user_data: Vec::new(),
                 nonce: binding.nonce.to_vec(),
                 tls_key_hash: binding.tls_key_hash().to_vec(),
+                platform_report: Vec::new(),
+                platform_aux: Vec::new(),
             };
             certificate_for(&key, &evidence)
         }),

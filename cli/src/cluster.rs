@@ -146,11 +146,19 @@ pub struct NodeTrust {
 
 impl NodeTrust {
     pub fn load(measurements: &Path, provider_ca: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(measurements)
+            .with_context(|| format!("reading the measurements {}", measurements.display()))?;
+        let platform = hawser_platforms::profile::Platform::from_measurements(&text)
+            .with_context(|| format!("the measurements {}", measurements.display()))?;
         let measurements = ExpectedMeasurements::from_json_file(measurements)?;
         let pem = std::fs::read_to_string(provider_ca)
             .with_context(|| format!("reading the provider CA {}", provider_ca.display()))?;
-        let ak_trust = AkTrust::from_pem(&pem)
-            .with_context(|| format!("the provider CA {}", provider_ca.display()))?;
+        let ak_trust = hawser_platforms::verifier::ak_trust(platform, &pem).with_context(|| {
+            format!(
+                "the {platform} trust from the provider CA {}",
+                provider_ca.display()
+            )
+        })?;
         Ok(NodeTrust {
             measurements,
             ak_trust,

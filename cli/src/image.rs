@@ -10,7 +10,10 @@ use hawser_image::pipeline::{self, PipelineOptions};
 use hawser_image::profile::ImageProfile;
 use hawser_image::rootfs::{self, lock::RootfsLock};
 
-use hawser_cli::image_build::{NodeKubernetes, print_timeline, workspace};
+use hawser_cli::image_build::{
+    NodeKubernetes, NodePlatform, print_next_steps, print_timeline, workspace,
+};
+use hawser_image::platform::ImagePlatform;
 
 #[derive(Subcommand)]
 pub enum ImageCommand {
@@ -50,6 +53,12 @@ pub enum ImageCommand {
         /// or hawser's stand-ins (NOT Kubernetes: for tests that need a fast boot).
         #[arg(long, value_enum, default_value_t = NodeKubernetes::Source)]
         kubernetes: NodeKubernetes,
+        /// Where the image runs: adds the platform's console and `hawser.platform=` to the
+        /// measured command line (not for qemu), its NIC, disk and attestation drivers to the
+        /// initramfs, and writes the file the cloud imports next to the raw disk
+        /// (docs/platform-images.md).
+        #[arg(long, value_enum, default_value_t = NodePlatform::Qemu)]
+        platform: NodePlatform,
     },
     /// Download, verify and unpack the inputs named in inputs.lock, and download and verify
     /// the rootfs packages named in rootfs.lock.
@@ -122,31 +131,40 @@ pub fn run(cmd: ImageCommand) -> anyhow::Result<()> {
             provider_ca,
             uki_only,
             kubernetes,
+            platform,
         } => {
+            let platform = ImagePlatform::from(platform);
             let profile = if development {
                 ImageProfile::Development
             } else {
                 ImageProfile::Production
             };
-            let cmdline = profile.cmdline(&cmdline)?;
-            eprintln!("{profile:?} image, measured command line: {cmdline}");
+            let cmdline = platform.cmdline(&profile.cmdline(&cmdline)?);
+            eprintln!("{profile:?} image for {platform}, measured command line: {cmdline}");
             let opts = PipelineOptions {
                 init_binary: init,
                 cmdline,
                 target_dir,
                 provider_ca,
                 kubernetes: kubernetes.into(),
+                platform,
                 ..PipelineOptions::new(&ws, &out)
             };
             if uki_only {
                 let (output, timeline) = pipeline::build_image(&opts)?;
                 println!("{output}");
                 print_timeline(&timeline);
+                if platform != ImagePlatform::Qemu {
+                    eprintln!("no {platform} upload file: --uki-only builds no disk image");
+                }
             } else {
                 let (node, timeline) =
                     pipeline::build_node_image(&opts, &mut |line| eprintln!("{line}"))?;
                 println!("{node}");
                 print_timeline(&timeline);
+                if let Some(upload) = &node.upload {
+                    print_next_steps(platform, &upload.path);
+                }
             }
         }
         ImageCommand::Fetch => {

@@ -25,6 +25,7 @@ use hawser_cluster_store::releases::{
 use hawser_cluster_store::revocations::Revocation;
 use hawser_keys::MasterSecret;
 use hawser_pcr::{PCR_CLUSTER_ID, PCR_KERNEL_BOOT, cluster_lock_pcr};
+use hawser_platforms::profile::Platform;
 use hawser_proto::admin::admin_client::AdminClient;
 use hawser_proto::admin::{
     AddReleaseRequest, ListNodesRequest, ListReleasesRequest, ReadmitNodeRequest,
@@ -63,6 +64,29 @@ impl std::fmt::Debug for AdminTarget {
     }
 }
 
+/// The AK trust of the platform profile `releases` were published for (their
+/// `attestationVariant`; `qemu` without): the provider CA, or the platform's verifier over the
+/// roots of `provider_ca_pem`. Releases of different profiles are refused: a cluster runs on one.
+pub fn releases_ak_trust(releases: &[Release], provider_ca_pem: &str) -> anyhow::Result<AkTrust> {
+    let mut platforms = releases.iter().map(|release| {
+        release
+            .attestation_variant
+            .as_deref()
+            .map_or(Ok(Platform::Qemu), Platform::from_name)
+    });
+    let platform = platforms.next().transpose()?.unwrap_or(Platform::Qemu);
+    for other in platforms {
+        let other = other?;
+        if other != platform {
+            bail!(
+                "the releases are for two platform profiles ({platform} and {other}); a cluster runs on one"
+            );
+        }
+    }
+    hawser_platforms::verifier::ak_trust(platform, provider_ca_pem)
+        .with_context(|| format!("the {platform} trust from the provider CA file"))
+}
+
 impl AdminTarget {
     /// The target at `address`, trusting `trusted` releases, with `master`'s token.
     pub fn new(
@@ -75,12 +99,12 @@ impl AdminTarget {
         if trusted.is_empty() {
             bail!("no release to verify the join service against: give --measurements");
         }
+        let ak_trust = releases_ak_trust(&trusted, provider_ca_pem)?;
         Ok(Self {
             address: address.to_owned(),
             trusted,
             cluster_id,
-            ak_trust: AkTrust::from_pem(provider_ca_pem)
-                .context("the provider CA is not a PEM certificate")?,
+            ak_trust,
             token: master.admin_token(),
         })
     }

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
-use hawser_attestation::validator::AkTrust;
 use hawser_cli::cluster::ClusterFile;
 use hawser_cli::lifecycle::{self, AdminTarget, NodeVerdict};
 use hawser_cluster_store::releases::Release;
@@ -287,8 +286,7 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<()> {
                 .collect::<anyhow::Result<Vec<_>>>()?
         }
     };
-    let trust =
-        AkTrust::from_pem(&provider_ca).context("the provider CA is not a PEM certificate")?;
+    let trust = lifecycle::releases_ak_trust(&releases, &provider_ca)?;
     let verdicts: Vec<NodeVerdict> = rt.block_on(async {
         let mut verdicts = Vec::new();
         for node in &args.nodes {

@@ -14,6 +14,8 @@ use std::time::Instant;
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
 use hawser_attestation::report::BootReport;
+use hawser_cli::image_build::published_variants;
+use hawser_image::platform::ImagePlatform;
 use hawser_measurements::eventlog::{self, EventLog};
 use hawser_measurements::explain::explain;
 use hawser_measurements::predict::{Phase, Prediction};
@@ -193,6 +195,32 @@ pub fn run(cmd: MeasurementsCommand) -> anyhow::Result<()> {
     }
 }
 
+/// Makes `doc`'s `list` the entries of the platform the image's measured command line names
+/// (`hawser.platform=`, which `hawser image build --platform` writes): the same measurements
+/// under each of its attestation variants. A QEMU image's document is left as it is.
+fn publish_for_platform(doc: &mut serde_json::Value, cmdline: &str) -> anyhow::Result<()> {
+    let platform = ImagePlatform::of_cmdline(cmdline).with_context(|| {
+        format!(
+            "the reference's command line names a platform hawser builds no image for: {cmdline}"
+        )
+    })?;
+    if platform == ImagePlatform::Qemu {
+        return Ok(());
+    }
+    let measurements = doc["list"][0]["measurements"].clone();
+    doc["list"] = published_variants(platform)
+        .into_iter()
+        .map(|variant| {
+            serde_json::json!({
+                "csp": variant.csp,
+                "attestationVariant": variant.attestation_variant,
+                "measurements": measurements,
+            })
+        })
+        .collect();
+    Ok(())
+}
+
 fn publish(
     reference: Option<PathBuf>,
     out: Option<PathBuf>,
@@ -213,7 +241,8 @@ fn publish(
         git_ref,
         stream,
     };
-    let doc = hawser_measurements::publish::publish(&reference, &release);
+    let mut doc = hawser_measurements::publish::publish(&reference, &release);
+    publish_for_platform(&mut doc, &reference.metadata.cmdline)?;
     let mut bytes = serde_json::to_vec_pretty(&doc)?;
     bytes.push(b'\n');
     match out {

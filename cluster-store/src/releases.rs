@@ -38,6 +38,10 @@ pub struct Release {
     /// When it was retired; `None` while accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retired_unix: Option<u64>,
+    /// The platform profile its measurements file selected (`attestationVariant`; `None`:
+    /// `qemu`), so that a verifier of a running node judges it by its platform's evidence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attestation_variant: Option<String>,
 }
 
 /// Why a release cannot be added, retired or read.
@@ -136,7 +140,12 @@ impl Release {
         check_name(name)?;
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(MeasurementsError::from)?;
-        let (map, version) = match value.get("list").and_then(|l| l.get(0)) {
+        let variant = |of: &serde_json::Value| {
+            of.get("attestationVariant")
+                .and_then(|v| v.as_str())
+                .map(str::to_owned)
+        };
+        let (map, version, attestation_variant) = match value.get("list").and_then(|l| l.get(0)) {
             Some(first) => (
                 first
                     .get("measurements")
@@ -146,11 +155,17 @@ impl Release {
                     .get("version")
                     .and_then(|v| v.as_str())
                     .map(str::to_owned),
+                variant(first).or_else(|| variant(&value)),
             ),
-            None => (value, None),
+            None => {
+                let attestation_variant = variant(&value);
+                (value, None, attestation_variant)
+            }
         };
         let measurements = ExpectedMeasurements::from_json(&map.to_string())?;
-        Self::new(name, &measurements, version, added_by, now_unix)
+        let mut release = Self::new(name, &measurements, version, added_by, now_unix)?;
+        release.attestation_variant = attestation_variant;
+        Ok(release)
     }
 
     /// A release named `name` of `measurements`' enforced PCRs.
@@ -174,6 +189,7 @@ impl Release {
             added_unix: now_unix,
             added_by: added_by.to_owned(),
             retired_unix: None,
+            attestation_variant: None,
         })
     }
 

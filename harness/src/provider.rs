@@ -47,15 +47,15 @@ const NV_WRITE_CHUNK: usize = 512;
 const TPM_ST_NO_SESSIONS: u16 = 0x8001;
 const TPM_ST_SESSIONS: u16 = 0x8002;
 const TPM_RS_PW: u32 = 0x4000_0009;
-const TPM_RH_ENDORSEMENT: u32 = 0x4000_000b;
+pub(crate) const TPM_RH_ENDORSEMENT: u32 = 0x4000_000b;
 const TPM_RH_PLATFORM: u32 = 0x4000_000c;
 const TPM_ALG_SHA256: u16 = 0x000b;
 const TPM_CC_NV_UNDEFINE_SPACE: u32 = 0x0122;
 const TPM_CC_NV_DEFINE_SPACE: u32 = 0x012a;
-const TPM_CC_CREATE_PRIMARY: u32 = 0x0131;
+pub(crate) const TPM_CC_CREATE_PRIMARY: u32 = 0x0131;
 const TPM_CC_NV_WRITE: u32 = 0x0137;
 const TPM_CC_NV_WRITE_LOCK: u32 = 0x0138;
-const TPM_CC_FLUSH_CONTEXT: u32 = 0x0165;
+pub(crate) const TPM_CC_FLUSH_CONTEXT: u32 = 0x0165;
 const TPM_CC_NV_READ_PUBLIC: u32 = 0x0169;
 /// TPM_RC_HANDLE for the first handle: what TPM2_NV_ReadPublic answers for a missing index.
 const TPM_RC_HANDLE_1: u32 = 0x018b;
@@ -308,19 +308,19 @@ fn hex_encode(bytes: &[u8]) -> String {
 }
 
 /// A raw TPM 2.0 command channel to swtpm's TCP server port.
-struct RawTpm {
+pub(crate) struct RawTpm {
     stream: TcpStream,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 /// A TPM command's response: its handles and its parameter area.
-struct Response {
-    handles: Vec<u32>,
-    params: Vec<u8>,
+pub(crate) struct Response {
+    pub(crate) handles: Vec<u32>,
+    pub(crate) params: Vec<u8>,
 }
 
 impl RawTpm {
-    fn connect(port: u16) -> Result<Self, ProviderError> {
+    pub(crate) fn connect(port: u16) -> Result<Self, ProviderError> {
         let io = |source| ProviderError::Io {
             port,
             command: "connect",
@@ -336,7 +336,7 @@ impl RawTpm {
 
     /// Sends one command. `auth_handles` of the `handles` are authorised with an empty password
     /// session each; the response has `response_handles` handles.
-    fn command(
+    pub(crate) fn command(
         &mut self,
         name: &'static str,
         code: u32,
@@ -470,7 +470,7 @@ impl RawTpm {
 
     /// Defines `index` with the platform hierarchy (replacing an existing definition), writes
     /// `data` and write-locks it.
-    fn store_nv(&mut self, index: u32, data: &[u8]) -> Result<(), ProviderError> {
+    pub(crate) fn store_nv(&mut self, index: u32, data: &[u8]) -> Result<(), ProviderError> {
         const MAX: usize = 2048; // MAX_NV_INDEX_SIZE of libtpms
         if data.len() > MAX {
             return Err(ProviderError::ChainTooLarge {

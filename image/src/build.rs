@@ -158,23 +158,22 @@ pub fn default_os_release(version: &str) -> String {
 
 /// Builds the image from `inputs` into `out_dir` (created if missing).
 pub fn build(inputs: &BuildInputs, out_dir: &Path) -> Result<BuildOutput, ImageError> {
+    build_with_modules(inputs, &[], out_dir)
+}
+
+/// [`build`], with `platform_modules` (a platform's, [`crate::platform::ImagePlatform`]) and
+/// their dependencies in the initramfs besides PID 1's own; a name PID 1 loads anyway is not
+/// added twice. With none, the initramfs is [`build`]'s, byte for byte.
+pub fn build_with_modules(
+    inputs: &BuildInputs,
+    platform_modules: &[&str],
+    out_dir: &Path,
+) -> Result<BuildOutput, ImageError> {
     check_inputs(inputs)?;
     std::fs::create_dir_all(out_dir).map_err(ImageError::io("create directory", out_dir))?;
 
     tracing::info!(release = %inputs.kernel_release, "building the initramfs");
-    let mut spec = InitramfsSpec::for_hawser(
-        &inputs.init_binary,
-        &inputs.lib_roots,
-        &inputs.modules_dir,
-        &inputs.kernel_release,
-        inputs.source_date_epoch,
-    );
-    if let Some(pem) = &inputs.provider_ca_pem {
-        spec.files.push((
-            initramfs::PROVIDER_CA_PATH.to_owned(),
-            pem.as_bytes().to_vec(),
-        ));
-    }
+    let spec = initramfs_spec(inputs, platform_modules);
     let initrd = initramfs::build_initramfs(&spec)?;
     tracing::info!(
         entries = initrd.manifest.len(),
@@ -260,6 +259,30 @@ pub fn build(inputs: &BuildInputs, out_dir: &Path) -> Result<BuildOutput, ImageE
         modules: initrd.modules,
         kernel_release: inputs.kernel_release.clone(),
     })
+}
+
+/// What the initramfs of [`build_with_modules`] holds: PID 1's spec, the platform's modules
+/// after PID 1's own (a name already there is not repeated), the provider CA.
+pub fn initramfs_spec(inputs: &BuildInputs, platform_modules: &[&str]) -> InitramfsSpec {
+    let mut spec = InitramfsSpec::for_hawser(
+        &inputs.init_binary,
+        &inputs.lib_roots,
+        &inputs.modules_dir,
+        &inputs.kernel_release,
+        inputs.source_date_epoch,
+    );
+    for module in platform_modules {
+        if !spec.modules.iter().any(|name| name == module) {
+            spec.modules.push((*module).to_owned());
+        }
+    }
+    if let Some(pem) = &inputs.provider_ca_pem {
+        spec.files.push((
+            initramfs::PROVIDER_CA_PATH.to_owned(),
+            pem.as_bytes().to_vec(),
+        ));
+    }
+    spec
 }
 
 /// Refuses inputs that would build an image that cannot boot as measured.
@@ -357,6 +380,102 @@ mod tests {
             os_release: default_os_release("0.1.0"),
             source_date_epoch: 0,
             provider_ca_pem: None,
+        }
+    }
+
+    /// The trixie kernel and libraries of the input cache (`hawser image fetch`), with the
+    /// host's `true` as PID 1 (what the initramfs ships besides PID 1 does not depend on it);
+    /// `None` after saying why the test is skipped (a failure with `HAWSER_REQUIRE_INPUTS=1`).
+    fn cached_inputs() -> Option<BuildInputs> {
+        let lock_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../inputs.lock");
+        let lock = crate::inputs::InputLock::load(&lock_path).unwrap();
+        let fetched = crate::inputs::cached(&lock, &crate::inputs::cache_dir())
+            .inspect_err(|error| {
+                crate::test_support::missing_input(&format!(
+                    "the pinned kernel and libraries ({error})"
+                ));
+            })
+            .ok()?;
+        Some(BuildInputs {
+            init_binary: crate::locate_tool("true").unwrap(),
+            kernel_image: fetched.kernel_image,
+            kernel_release: fetched.kernel_release,
+            modules_dir: fetched.modules_dir,
+            lib_roots: fetched.lib_roots,
+            stub: fetched.stub,
+            cmdline: crate::pipeline::DEFAULT_CMDLINE.into(),
+            os_release: default_os_release("0.1.0"),
+            source_date_epoch: lock.source_date_epoch,
+            provider_ca_pem: None,
+        })
+    }
+
+    /// The module names of shipped files, in load order.
+    fn names(files: &[String]) -> Vec<String> {
+        files
+            .iter()
+            .map(|file| hawser_kmod::normalize_name(file))
+            .collect()
+    }
+
+    #[test]
+    fn the_qemu_image_is_unchanged_and_each_platform_ships_its_modules() {
+        use crate::platform::ImagePlatform;
+        let Some(inputs) = cached_inputs() else {
+            return;
+        };
+        // The QEMU image's initramfs through the platform path is PID 1's own, byte for byte
+        // (and its command line is the same: platform::tests).
+        let qemu = ImagePlatform::Qemu;
+        assert_eq!(qemu.cmdline(&inputs.cmdline), inputs.cmdline);
+        let own = InitramfsSpec::for_hawser(
+            &inputs.init_binary,
+            &inputs.lib_roots,
+            &inputs.modules_dir,
+            &inputs.kernel_release,
+            inputs.source_date_epoch,
+        );
+        let (own_archive, _, base) = initramfs::assemble(&own).unwrap();
+        let (qemu_archive, _, qemu_modules) =
+            initramfs::assemble(&initramfs_spec(&inputs, &qemu.kernel_module_names())).unwrap();
+        assert_eq!(qemu_modules, base);
+        assert!(
+            qemu_archive.to_bytes(inputs.source_date_epoch).unwrap()
+                == own_archive.to_bytes(inputs.source_date_epoch).unwrap()
+        );
+
+        // Every other platform ships PID 1's modules, then its own with their dependencies
+        // (nvme is built into trixie's cloud kernel: no file).
+        for (platform, extra) in [
+            (
+                ImagePlatform::Gce,
+                &["scsi_common", "scsi_mod", "virtio_scsi", "sd_mod", "gve"][..],
+            ),
+            (
+                ImagePlatform::Azure,
+                &[
+                    "hv_vmbus",
+                    "hv_netvsc",
+                    "scsi_common",
+                    "scsi_mod",
+                    "scsi_transport_fc",
+                    "hv_storvsc",
+                    "sd_mod",
+                    "pci_hyperv_intf",
+                    "pci_hyperv",
+                    "hv_utils",
+                ],
+            ),
+            (ImagePlatform::Aws, &["ena", "configfs", "tsm", "sev_guest"]),
+            (ImagePlatform::SevSnp, &["configfs", "tsm", "sev_guest"]),
+            (ImagePlatform::Tdx, &["configfs", "tsm", "tdx_guest"]),
+        ] {
+            let spec = initramfs_spec(&inputs, &platform.kernel_module_names());
+            let (_, _, shipped) = initramfs::assemble(&spec).unwrap();
+            let shipped = names(&shipped);
+            let (own, added) = shipped.split_at(base.len());
+            assert_eq!(own, names(&base), "{platform}");
+            assert_eq!(added, extra, "{platform}");
         }
     }
 

@@ -18,17 +18,22 @@
 //! - [`kubernetes`]: Kubernetes 1.20.2 built reproducibly from Debian's source as a pinned
 //!   input (`kubernetes.lock`);
 //! - [`profile`]: production or development, as the measured command line says it (the
-//!   state disk's integrity).
+//!   state disk's integrity);
+//! - [`platform`]: the cloud or bare confidential VM an image is for (`--platform`): its
+//!   measured command line and kernel modules, and the file it imports, which [`export`]
+//!   writes from the raw disk (GCE's `disk.raw` tar.gz, Azure's fixed VHD).
 
 pub mod build;
 pub mod closure;
 pub mod compile;
 pub mod cpio;
 pub mod disk;
+pub mod export;
 pub mod initramfs;
 pub mod inputs;
 pub mod kubernetes;
 pub mod pipeline;
+pub mod platform;
 pub mod profile;
 pub mod rootfs;
 #[doc(hidden)]

@@ -1,7 +1,10 @@
 //! The whole image build, as `hawser image build` and the end-to-end tests run it: fetch the
 //! locked inputs, compile PID 1 reproducibly, assemble initramfs and UKI ([`build_image`]);
 //! for a node image also the verified rootfs, its root hash on the UKI's measured command line,
-//! and the GPT disk image holding all three ([`build_node_image`]).
+//! and the GPT disk image holding all three ([`build_node_image`]), and, for a cloud, the file
+//! that cloud imports ([`crate::export`]). The platform ([`PipelineOptions::platform`]) adds its
+//! arguments to the measured command line and its kernel modules to the initramfs; the default,
+//! `qemu`, adds nothing.
 //!
 //! Reproducibility of the init binary: it is compiled with the `image` profile (one codegen
 //! unit, fat LTO, stripped) and every build-machine path that could end up in it is remapped
@@ -16,8 +19,10 @@ use std::time::Instant;
 use crate::build::{self, BuildInputs, BuildOutput};
 use crate::compile::{image_cargo_build, image_target_dir};
 use crate::disk::{self, DiskImage, DiskLayout};
+use crate::export::{self, ExportedDisk};
 use crate::inputs::{self, InputLock};
 use crate::kubernetes::{self as k8s, Binary, KubernetesLock};
+use crate::platform::ImagePlatform;
 use crate::rootfs::{self, Rootfs, RootfsKubernetes, RootfsOptions};
 pub use hawser_kube_types::KubernetesOrigin;
 
@@ -42,6 +47,10 @@ pub struct PipelineOptions {
     /// A node image's Kubernetes: built from the source pinned in `kubernetes.lock` (the
     /// default), upstream's release binaries pinned there, or hawser's stand-ins (tests).
     pub kubernetes: KubernetesOrigin,
+    /// Where the image runs: its arguments go on the measured command line
+    /// ([`ImagePlatform::cmdline`]), its modules into the initramfs, and a node image gets the
+    /// file the platform imports next to the raw disk. `qemu` (the default) changes nothing.
+    pub platform: ImagePlatform,
 }
 
 /// The kernel command line of the QEMU image: serial console, quiet kernel, and PID 1's
@@ -60,6 +69,7 @@ impl PipelineOptions {
             source_date_epoch: None,
             provider_ca: None,
             kubernetes: KubernetesOrigin::Source,
+            platform: ImagePlatform::Qemu,
         }
     }
 }
@@ -95,6 +105,13 @@ pub enum PipelineError {
     /// Kubernetes could not be fetched or built.
     #[error(transparent)]
     Kubernetes(Box<k8s::KubernetesError>),
+    /// The file the platform imports could not be written.
+    #[error("writing the {platform} image file failed")]
+    Export {
+        platform: ImagePlatform,
+        #[source]
+        source: export::ExportError,
+    },
 }
 
 impl From<k8s::KubernetesError> for PipelineError {
@@ -113,6 +130,7 @@ pub struct PipelineTimeline {
 pub fn build_image(
     opts: &PipelineOptions,
 ) -> Result<(BuildOutput, PipelineTimeline), PipelineError> {
+    check_platform(opts)?;
     let mut timeline = PipelineTimeline::default();
     let t = Instant::now();
     let (lock, epoch) = lock_and_epoch(opts)?;
@@ -131,7 +149,7 @@ pub fn build_image(
         None => None,
     };
     let t = Instant::now();
-    let output = build::build(
+    let output = build::build_with_modules(
         &BuildInputs {
             init_binary,
             kernel_image: fetched.kernel_image,
@@ -139,15 +157,31 @@ pub fn build_image(
             modules_dir: fetched.modules_dir,
             lib_roots: fetched.lib_roots,
             stub: fetched.stub,
-            cmdline: opts.cmdline.clone(),
+            cmdline: opts.platform.cmdline(&opts.cmdline),
             os_release: build::default_os_release(env!("CARGO_PKG_VERSION")),
             source_date_epoch: epoch,
             provider_ca_pem,
         },
+        &opts.platform.kernel_module_names(),
         &opts.out_dir,
     )?;
     timeline.steps.push(("assemble image", t.elapsed()));
     Ok((output, timeline))
+}
+
+/// Refuses a command line that names another platform than the one the image is built for:
+/// its modules and file would not be that platform's.
+fn check_platform(opts: &PipelineOptions) -> Result<(), PipelineError> {
+    match opts.platform.other_platform_named(&opts.cmdline) {
+        None => Ok(()),
+        Some(named) => Err(PipelineError::Build(crate::ImageError::InvalidInput(
+            format!(
+                "the command line says hawser.platform={named}, but the image is built for {}: \
+             choose the platform with --platform, not on the command line",
+                opts.platform
+            ),
+        ))),
+    }
 }
 
 /// The input lock and the build's `SOURCE_DATE_EPOCH`: the option, else the environment, else
@@ -171,6 +205,8 @@ pub struct NodeImage {
     pub image: BuildOutput,
     pub rootfs: Rootfs,
     pub disk: DiskImage,
+    /// What the image's platform imports; `None` for `qemu`, which boots the raw disk.
+    pub upload: Option<ExportedDisk>,
 }
 
 impl std::fmt::Display for NodeImage {
@@ -209,18 +245,24 @@ impl std::fmt::Display for NodeImage {
             "disk     {:>7.2} MiB GPT (ESP, root, verity)  {}",
             mib(self.disk.bytes),
             self.disk.path.display()
-        )
+        )?;
+        match &self.upload {
+            Some(upload) => write!(f, "\n{upload}"),
+            None => Ok(()),
+        }
     }
 }
 
 /// Builds a node image: the rootfs first (its root hash goes on the measured command line,
 /// so PCR 11 covers the whole operating system), then the UKI with `opts.cmdline` plus
-/// `hawser.root_hash=…`, then the disk image [`DISK_FILE`] from both. `progress` gets a line
-/// per step of the rootfs build (mkosi takes minutes on a cold cache).
+/// `hawser.root_hash=…`, then the disk image [`DISK_FILE`] from both, and for a platform other
+/// than `qemu` the file it imports ([`export::export_disk`]). `progress` gets a line per step
+/// of the rootfs build (mkosi takes minutes on a cold cache) and of the export.
 pub fn build_node_image(
     opts: &PipelineOptions,
     progress: &mut dyn FnMut(&str),
 ) -> Result<(NodeImage, PipelineTimeline), PipelineError> {
+    check_platform(opts)?;
     let (lock, epoch) = lock_and_epoch(opts)?;
     let mut timeline = PipelineTimeline::default();
     let t = Instant::now();
@@ -256,7 +298,7 @@ pub fn build_node_image(
     let uki_opts = PipelineOptions {
         cmdline: format!(
             "{} {} {}",
-            opts.cmdline,
+            opts.platform.cmdline(&opts.cmdline),
             rootfs::root_hash_cmdline_arg(&rootfs.root_hash),
             rootfs::kubernetes_cmdline_arg(&rootfs.kubernetes.version)
         ),
@@ -280,11 +322,26 @@ pub fn build_node_image(
         &opts.out_dir.join(DISK_FILE),
     )?;
     timeline.steps.push(("disk image", t.elapsed()));
+    let upload = match opts.platform {
+        ImagePlatform::Qemu => None,
+        platform => {
+            let t = Instant::now();
+            progress(&format!(
+                "{platform}: writing the file {platform} imports from {}",
+                disk.path.display()
+            ));
+            let upload = export::export_disk(platform, &disk.path, &opts.out_dir, epoch, progress)
+                .map_err(|source| PipelineError::Export { platform, source })?;
+            timeline.steps.push(("platform file", t.elapsed()));
+            Some(upload)
+        }
+    };
     Ok((
         NodeImage {
             image,
             rootfs,
             disk,
+            upload,
         },
         timeline,
     ))

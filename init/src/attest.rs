@@ -10,8 +10,74 @@ use std::ops::RangeInclusive;
 use hawser_attestation::report::{BootReport, QuoteEvidence, REPORT_VERSION};
 use hawser_attestation::tpm::{Tpm, TpmError};
 use hawser_pcr::{PCR_KERNEL_BOOT, PHASE_ENTER_INITRD};
+use hawser_platforms::node::AzureAuxRequest;
 
 use crate::platform::timings::PhaseTimer;
+
+/// The platform profile this boot attests as: set once from `hawser.platform`, before any
+/// evidence is issued (one platform per boot), `qemu` until then.
+static PLATFORM: std::sync::OnceLock<hawser_platforms::profile::Platform> =
+    std::sync::OnceLock::new();
+
+/// Records the boot's platform profile (the first call wins).
+pub fn set_platform(platform: hawser_platforms::profile::Platform) {
+    let _ = PLATFORM.set(platform);
+}
+
+/// The boot's platform profile.
+pub fn platform() -> hawser_platforms::profile::Platform {
+    PLATFORM
+        .get()
+        .copied()
+        .unwrap_or(hawser_platforms::profile::Platform::Qemu)
+}
+
+/// On an Azure confidential VM: what the boot asked Azure's metadata service for (from the
+/// HCL report it read at boot) and the answer, sent in every evidence as `platform_aux`. Set
+/// once, after the network is up and before any evidence is issued.
+static AZURE_AUX: std::sync::OnceLock<(AzureAuxRequest, Vec<u8>)> = std::sync::OnceLock::new();
+
+/// Records Azure's answer to `request` for this boot's evidence (the first call wins).
+pub fn set_azure_aux(request: AzureAuxRequest, aux: Vec<u8>) {
+    let _ = AZURE_AUX.set((request, aux));
+}
+
+/// The evidence issuer of this boot's platform (the AK its platform certified). Blocking.
+///
+/// An Azure profile's issuer sends the metadata answer [`set_azure_aux`] recorded; without one
+/// it is refused (`NodeError::NeedsMetadata`), as it is when the HCL report asks for another
+/// answer than the one recorded (it changed since the boot read it).
+pub fn issuer(
+    tpm: std::sync::Arc<Tpm>,
+) -> Result<hawser_attestation::TpmIssuer, hawser_platforms::node::NodeError> {
+    use hawser_platforms::profile::Platform;
+    let platform = platform();
+    match (platform, AZURE_AUX.get()) {
+        (Platform::AzureSnp | Platform::AzureTdx, Some((asked, aux))) => {
+            hawser_platforms::node::issuer_for_azure(platform, tpm, |request| {
+                recorded_aux(asked, aux, request)
+            })
+        }
+        _ => hawser_platforms::node::issuer_for(platform, tpm),
+    }
+}
+
+/// The recorded answer, if `request` is what it answered.
+fn recorded_aux(
+    asked: &AzureAuxRequest,
+    aux: &[u8],
+    request: &AzureAuxRequest,
+) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> {
+    if request != asked {
+        return Err(format!(
+            "the HCL report in NV 0x01400001 changed since the boot fetched {}: the answer \
+             recorded then is not for it",
+            asked.what()
+        )
+        .into());
+    }
+    Ok(aux.to_vec())
+}
 
 /// The sha256-bank PCRs read for the report and covered by its quote: all of them. Every value
 /// in the report is signed (the verifier refuses unquoted values), and quoting 24 PCRs costs the
@@ -137,5 +203,33 @@ impl Attestation {
             init_started_at_ms: context.timer.started_at_boottime_ms(),
             warnings: context.warnings,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_recorded_azure_answer_is_sent_only_for_the_request_it_answered() {
+        let vcek = AzureAuxRequest::VcekChain;
+        assert_eq!(recorded_aux(&vcek, b"PEM", &vcek).unwrap(), b"PEM");
+
+        let quote_of = |byte: u8| AzureAuxRequest::TdQuote {
+            td_report: vec![byte; 1024],
+        };
+        assert_eq!(
+            recorded_aux(&quote_of(1), b"quote", &quote_of(1)).unwrap(),
+            b"quote"
+        );
+        let error = recorded_aux(&quote_of(1), b"quote", &quote_of(2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("changed since the boot fetched the TD quote"),
+            "{error}"
+        );
+        assert!(recorded_aux(&quote_of(1), b"quote", &vcek).is_err());
     }
 }

@@ -128,6 +128,8 @@ pub struct CmdlineConfig {
     /// image builder), known before the rootfs is mounted: the default of `hawser init` and the
     /// only version this node installs or joins. `None` on images without a rootfs.
     pub kubernetes: Option<KubernetesVersion>,
+    /// `hawser.platform` (`hawser image build --platform`; `qemu` when absent).
+    pub platform: NodePlatform,
     /// Things worth a warning line (unknown keys, repeated keys).
     pub warnings: Vec<String>,
 }
@@ -146,6 +148,7 @@ impl Default for CmdlineConfig {
             root_hash: None,
             init_secret_hash: None,
             kubernetes: None,
+            platform: NodePlatform::Qemu,
             warnings: Vec::new(),
         }
     }
@@ -398,6 +401,15 @@ pub fn parse_kernel_cmdline(cmdline: &str) -> Result<CmdlineConfig, ConfigError>
                 );
             }
             "kubernetes" => config.kubernetes = Some(parse_kubernetes(value)?),
+            "platform" => {
+                config.platform = value.and_then(NodePlatform::parse).ok_or_else(|| {
+                    malformed(
+                        key,
+                        value,
+                        "expected qemu, gce, azure, azure-snp, azure-tdx, aws, sev-snp or tdx",
+                    )
+                })?;
+            }
             "join_discovery" => {
                 config.join_discovery = match value {
                     Some("none") => JoinDiscovery::None,
@@ -581,5 +593,7 @@ fn parse_nonce(key: &str, raw: &[u8]) -> Result<Vec<u8>, ConfigError> {
     Ok(nonce)
 }
 
+mod platform;
+pub use platform::NodePlatform;
 #[cfg(test)]
 mod tests;

@@ -502,17 +502,17 @@ fn attester(tpm: std::sync::Arc<hawser_attestation::tpm::Tpm>) -> hawser_proto::
         std::sync::OnceLock::new();
     std::sync::Arc::new(move |nonce: [u8; 32]| {
         let issuer = issuer.get_or_init(|| {
-            hawser_attestation::TpmIssuer::new(std::sync::Arc::clone(&tpm))
+            crate::attest::issuer(std::sync::Arc::clone(&tpm))
                 .inspect_err(|e| {
                     warn!(
-                        "mesh: cannot re-attest, no provider-certified AK: {}",
+                        "mesh: cannot re-attest, no platform-certified AK: {}",
                         error_chain(e)
                     )
                 })
                 .ok()
         });
         let Some(issuer) = issuer else {
-            return Err("no provider-certified AK".to_owned());
+            return Err("no platform-certified AK".to_owned());
         };
         let binding = Binding {
             role: Role::Client,

@@ -43,7 +43,7 @@ use hawser_attestation::atls::{
     AtlsConnectInfo, AtlsServer, CallTracking, ConnectionLimits, Identity, PeerPolicy,
     incoming_from,
 };
-use hawser_attestation::validator::{AkTrust, AkTrustError, Validator, ValidatorError};
+use hawser_attestation::validator::{AkTrust, Validator, ValidatorError};
 use hawser_mesh::MeshError;
 use hawser_proto::join::join_service_server::{JoinService, JoinServiceServer};
 use hawser_proto::join::{
@@ -84,8 +84,12 @@ pub struct ServiceConfig {
     pub listen: SocketAddr,
     /// The decisions.
     pub core: Arc<JoinCore>,
-    /// PEM of the provider CA(s) that certify nodes' attestation keys.
+    /// PEM of the provider CA(s) that certify nodes' attestation keys (on a cloud profile: the
+    /// platform's roots and intermediates).
     pub provider_ca_pem: String,
+    /// The platform profile the cluster's measurements file selects (`attestationVariant`;
+    /// `qemu` by default): nodes presenting another profile's evidence are refused by name.
+    pub platform: hawser_platforms::profile::Platform,
     /// What the service presents: `Unattested` on a host without a TPM (then only the node
     /// attests), attested on a control-plane node (mutual attestation).
     pub identity: Identity,
@@ -114,6 +118,7 @@ impl std::fmt::Debug for ServiceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServiceConfig")
             .field("listen", &self.listen)
+            .field("platform", &self.platform)
             .field("identity", &self.identity)
             .field("max_concurrent_calls", &self.max_concurrent_calls)
             .field("rate_per_sec", &self.rate_per_sec)
@@ -134,6 +139,7 @@ impl ServiceConfig {
             listen,
             core,
             provider_ca_pem,
+            platform: hawser_platforms::profile::Platform::Qemu,
             identity: Identity::Unattested,
             max_concurrent_calls: 64,
             rate_per_sec: 5.0,
@@ -161,9 +167,10 @@ pub enum ServiceError {
         #[source]
         source: std::io::Error,
     },
-    /// The provider CA file holds no certificate usable as a trust anchor.
+    /// The provider CA file holds no certificate usable as a trust anchor (or the platform's
+    /// trust cannot be built from it).
     #[error("the provider CA is unusable as an attestation-key trust anchor")]
-    ProviderCa(#[from] AkTrustError),
+    ProviderCa(#[from] hawser_platforms::verifier::TrustError),
     /// The expected measurements enforce nothing (or are otherwise unusable).
     #[error("the expected measurements cannot make a validator")]
     Validator(#[from] ValidatorError),
@@ -210,7 +217,7 @@ impl RunningService {
 /// Starts the join service: binds, starts the policy watcher, the aTLS acceptor and the gRPC
 /// server, and returns once it listens.
 pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError> {
-    let trust = AkTrust::from_pem(&config.provider_ca_pem)?;
+    let trust = hawser_platforms::verifier::ak_trust(config.platform, &config.provider_ca_pem)?;
     let acceptor = Acceptor {
         identity: config.identity.clone(),
         trust,

@@ -6,7 +6,10 @@
 //! disagree about what "the modules PID 1 needs" means.
 //!
 //! There is no `modprobe` in the initramfs: a module the kernel would auto-load on demand
-//! (`request_module`) must be listed in [`BOOT_MODULE_TABLE`] or be built in.
+//! (`request_module`) must be listed in [`BOOT_MODULE_TABLE`] or be built in. A cloud's own
+//! devices (its NIC, its disk controller, its confidential-computing report) are in that
+//! platform's table, [`platform_modules`], chosen by `hawser.platform=` on the measured command
+//! line.
 //!
 //! Each listed module says why PID 1 loads it and whether the boot can go on without it
 //! ([`Need`]): a module that drives a CPU feature or device the machine may lack, where the
@@ -16,9 +19,11 @@
 //! included, so PID 1 decides from data and not from module names.
 
 mod index;
+mod platform_table;
 mod table;
 
 pub use index::{KmodError, ModuleIndex, PlannedModule, normalize_name};
+pub use platform_table::{PLATFORM_MODULE_TABLES, platform_modules};
 pub use table::{BOOT_MODULE_TABLE, BOOT_MODULES, KUBERNETES_MODULE_TABLE, KUBERNETES_MODULES};
 
 /// Whether the boot can go on when the kernel refuses a module for a CPU feature or device

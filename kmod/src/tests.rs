@@ -204,3 +204,89 @@ fn subset_round_trips_through_parse() {
         "subset must not contain unrequested modules"
     );
 }
+
+#[test]
+fn every_platform_table_is_well_formed_and_adds_to_the_boot_table() {
+    let names: Vec<&str> = PLATFORM_MODULE_TABLES
+        .iter()
+        .map(|(name, _)| *name)
+        .collect();
+    assert_eq!(names, ["qemu", "gce", "azure", "aws", "sev-snp", "tdx"]);
+    for (platform, table) in PLATFORM_MODULE_TABLES {
+        let unique: BTreeSet<&str> = table.iter().map(|module| module.name).collect();
+        assert_eq!(unique.len(), table.len(), "{platform} lists a module twice");
+        for module in *table {
+            assert_eq!(normalize_name(module.name), module.name, "{platform}");
+            assert!(!module.purpose.is_empty(), "{platform}: {}", module.name);
+            assert_eq!(module.used_for, Use::Always, "{platform}: {}", module.name);
+            assert!(
+                !BOOT_MODULES.contains(&module.name),
+                "{platform}: {} is in the boot table already",
+                module.name
+            );
+            if let Need::Optional { without } = module.need {
+                assert!(!without.is_empty(), "{platform}: {}", module.name);
+            }
+        }
+    }
+}
+
+#[test]
+fn platforms_are_looked_up_by_their_command_line_name() {
+    let names = |platform: &str| -> Vec<&str> {
+        platform_modules(platform)
+            .unwrap_or_else(|| panic!("{platform} has no table"))
+            .iter()
+            .map(|module| module.name)
+            .collect()
+    };
+    assert_eq!(names("qemu"), Vec::<&str>::new());
+    assert_eq!(names("gce"), ["nvme", "virtio_scsi", "sd_mod", "gve"]);
+    assert_eq!(names("aws"), ["nvme", "ena", "sev_guest", "tsm"]);
+    assert_eq!(names("sev-snp"), ["sev_guest", "tsm"]);
+    assert_eq!(names("tdx"), ["tdx_guest", "tsm"]);
+    let azure = names("azure");
+    for needed in ["hv_vmbus", "hv_storvsc", "hv_netvsc", "sd_mod"] {
+        assert!(azure.contains(&needed), "{needed}: {azure:?}");
+    }
+    // hawser-platforms' two Azure profiles boot the one Azure image.
+    assert_eq!(names("azure-snp"), azure);
+    assert_eq!(names("azure-tdx"), azure);
+    assert!(platform_modules("openstack").is_none());
+}
+
+#[test]
+fn only_modules_whose_init_checks_the_machine_say_what_for() {
+    let checking: Vec<(&str, &str)> = PLATFORM_MODULE_TABLES
+        .iter()
+        .flat_map(|(platform, table)| {
+            table
+                .iter()
+                .filter(|module| module.hardware.is_some())
+                .map(move |module| (*platform, module.name))
+        })
+        .collect();
+    assert_eq!(
+        checking,
+        [
+            ("azure", "hv_vmbus"),
+            ("aws", "sev_guest"),
+            ("sev-snp", "sev_guest"),
+            ("tdx", "tdx_guest")
+        ]
+    );
+    // On AWS the SNP report is a bonus (instances without AmdSevSnp=enabled boot too); on a
+    // bare SEV-SNP or TDX guest it is the evidence, and a machine without it is refused.
+    let need = |platform: &str, name: &str| {
+        platform_modules(platform)
+            .unwrap()
+            .iter()
+            .find(|module| module.name == name)
+            .unwrap()
+            .need
+    };
+    assert!(matches!(need("aws", "sev_guest"), Need::Optional { .. }));
+    assert_eq!(need("sev-snp", "sev_guest"), Need::Required);
+    assert_eq!(need("tdx", "tdx_guest"), Need::Required);
+    assert_eq!(need("azure", "hv_vmbus"), Need::Required);
+}

@@ -62,6 +62,11 @@ pub fn node_cmdline(base: &str, join_service: bool) -> String {
     cmdline
 }
 
+/// Where a local cluster whose measurements select another platform profile than `qemu` (an
+/// emulated cloud's) keeps that platform's roots and intermediates (PEM), which its join
+/// service trusts in the provider CA's place.
+pub const PLATFORM_ROOTS_FILE: &str = "platform-roots.pem";
+
 /// The port of the cluster's join service on its first control-plane node (PID 1's
 /// `JOIND_PORT`).
 pub const NODE_JOIND_PORT: u16 = 7000;
@@ -161,7 +166,14 @@ pub fn user_net_args_in_namespace(join_port: u16, wireguard_port: u16) -> Vec<St
 pub fn write_expected_measurements(uki: &Path, out: &Path) -> anyhow::Result<()> {
     let bytes = std::fs::read(uki).with_context(|| format!("reading {}", uki.display()))?;
     let prediction = Prediction::from_uki(&bytes, &uki.display().to_string())?;
-    let json = prediction.expected_measurements_json(Phase::EnterInitrd);
+    let mut json = prediction.expected_measurements_json(Phase::EnterInitrd);
+    // An image built for a platform profile (`hawser image build --platform`): its nodes
+    // present that profile's evidence, and the join service must judge it so.
+    if let Some(platform) = hawser_platforms::profile::Platform::of_cmdline(&prediction.cmdline)
+        .filter(|p| *p != hawser_platforms::profile::Platform::Qemu)
+    {
+        json[hawser_platforms::profile::VARIANT_KEY] = platform.attestation_variant().into();
+    }
     std::fs::write(out, serde_json::to_string_pretty(&json)?)
         .with_context(|| format!("writing {}", out.display()))
 }
@@ -378,7 +390,26 @@ impl LocalCluster {
                 core
             }
         };
-        let config = ServiceConfig::new(listen, core, self.provider.certificate_pem());
+        // The platform profile the measurements select: QEMU's nodes are certified by this
+        // cluster's provider CA; another profile's (an emulated cloud's) by the roots kept in
+        // PLATFORM_ROOTS_FILE.
+        let platform = hawser_platforms::profile::Platform::from_measurements(
+            &std::fs::read_to_string(measurements)?,
+        )?;
+        let trust = match platform {
+            hawser_platforms::profile::Platform::Qemu => self.provider.certificate_pem(),
+            other => {
+                let path = self.dir.join(PLATFORM_ROOTS_FILE);
+                std::fs::read_to_string(&path).map_err(|e| {
+                    anyhow::anyhow!(
+                        "the measurements select the {other} profile, whose roots belong in {}: {e}",
+                        path.display()
+                    )
+                })?
+            }
+        };
+        let mut config = ServiceConfig::new(listen, core, trust);
+        config.platform = platform;
         Ok(service::spawn(config).await?)
     }
 

@@ -11,6 +11,10 @@
 //! Google's AK certificates have an empty subject and a critical subjectAltName holding only a
 //! directory name (the TPM's manufacturer "GOOG", model "vTPM"); path validators built for the
 //! web refuse those, so the chain is walked by [`super::chain`].
+//!
+//! [`verify`] trusts Google's roots and no other. [`verify_pinned`] trusts the roots its caller
+//! names by fingerprint instead: the way a test chain shaped like Google's (the harness's
+//! emulated GCE vTPM, `hawser_harness::provider_gce`) is trusted, explicitly.
 
 use std::collections::BTreeMap;
 
@@ -128,12 +132,35 @@ pub enum GceError {
 
 /// Verifies GCE evidence against `roots` (DER; each accepted only if its fingerprint is one of
 /// [`GOOGLE_ROOTS`]), the verifier's `nonce`, at `at`.
+///
+/// The intermediates are the evidence's ([`GceEvidence::intermediates`]): a verifier that keeps
+/// its own (a trust bundle) merges them into that list.
 pub fn verify(
     evidence: &GceEvidence<'_>,
     roots: &[&[u8]],
     nonce: &[u8],
     at: VerificationTime,
 ) -> Result<VerifiedGce, GceError> {
+    verify_pinned(evidence, roots, &GOOGLE_ROOTS, nonce, at)
+}
+
+/// [`verify`] with the roots accepted by `pinned_roots` (the SHA-256 of each root's DER, hex)
+/// **instead of** [`GOOGLE_ROOTS`]: a verifier that trusts a root of its own (a test chain
+/// such as `hawser_harness::provider_gce::GceTestCa`'s) names it here explicitly, and passes
+/// [`GOOGLE_ROOTS`] along if Google's are to stay trusted. A root in `roots` that no pin names
+/// is refused ([`ChainError::UnpinnedRoot`], naming its fingerprint), as by [`verify`].
+pub fn verify_pinned(
+    evidence: &GceEvidence<'_>,
+    roots: &[&[u8]],
+    pinned_roots: &[&str],
+    nonce: &[u8],
+    at: VerificationTime,
+) -> Result<VerifiedGce, GceError> {
+    let pinned: Vec<String> = pinned_roots
+        .iter()
+        .map(|p| p.to_ascii_lowercase())
+        .collect();
+    let pinned: Vec<&str> = pinned.iter().map(String::as_str).collect();
     // The AK certificate to a pinned root.
     let ak_cert = Cert::parse("the AK certificate", evidence.ak_certificate)?;
     let intermediates = evidence
@@ -147,13 +174,13 @@ pub fn verify(
         .ok_or(GceError::NoIntermediate(intermediates.len()))?;
     let roots = roots
         .iter()
-        .map(|der| Cert::parse("Google's root", der))
+        .map(|der| Cert::parse("the AK certificate's root", der))
         .collect::<Result<Vec<_>, _>>()?;
     let root = roots
         .iter()
         .find(|c| c.x509.subject() == intermediate.x509.issuer())
         .ok_or(GceError::NoRoot(roots.len()))?;
-    verify_chain(&[&ak_cert, intermediate, root], &GOOGLE_ROOTS, at)?;
+    verify_chain(&[&ak_cert, intermediate, root], &pinned, at)?;
 
     // The certificate's key is the AK, and the AK only signs what the TPM made.
     let ak = RsaPublic::parse_tpmt(evidence.ak_public).map_err(GceError::AkPublic)?;
@@ -346,5 +373,67 @@ mod tests {
         // Cut short: refused, naming what is missing.
         let err = parse_instance_info(&value[..40]).unwrap_err().to_string();
         assert!(err.contains("malformed"), "{err}");
+    }
+
+    #[test]
+    fn a_test_root_is_refused_unless_its_fingerprint_is_pinned_explicitly() {
+        use hawser_harness::provider_gce::{GCE_AK_TEMPLATE_RSA, GceTestCa, GceTestInstance};
+
+        let ca = GceTestCa::generate().unwrap();
+        // An RSA-2048 AK: Google's template with a modulus.
+        let mut ak_public = GCE_AK_TEMPLATE_RSA[..22].to_vec();
+        ak_public.extend_from_slice(&256u16.to_be_bytes());
+        ak_public.extend((0..=255u8).map(|i| i | 0x81));
+        let ak_certificate = ca
+            .issue_ak_certificate(&ak_public, &GceTestInstance::example())
+            .unwrap();
+        let intermediates = [ca.intermediate_der()];
+        let pcrs = BTreeMap::new();
+        let evidence = GceEvidence {
+            ak_public: &ak_public,
+            ak_certificate: &ak_certificate,
+            intermediates: &intermediates,
+            quote: VtpmQuote {
+                attest: &[],
+                signature: &[],
+                pcrs: &pcrs,
+            },
+        };
+        let roots = [ca.root_der()];
+        let fingerprint = Cert::parse("the test root", ca.root_der())
+            .unwrap()
+            .fingerprint();
+        let now = VerificationTime::now();
+
+        // Plain `verify`: Google's roots only. The test root is refused by its fingerprint.
+        let err = verify(&evidence, &roots, b"nonce", now).unwrap_err();
+        assert!(
+            matches!(&err, GceError::Chain(ChainError::UnpinnedRoot { fingerprint: f, .. })
+                if *f == fingerprint),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "the AK certificate's root is not a pinned root (its SHA-256 is {fingerprint}; \
+                 pinned: {})",
+                GOOGLE_ROOTS.join(", ")
+            )
+        );
+        // Pinned explicitly (in any case of hex, alongside Google's), the chain is accepted and
+        // the next check judges: here the quote, which this evidence does not have.
+        let upper = fingerprint.to_uppercase();
+        let pins = [GOOGLE_ROOTS[0], GOOGLE_ROOTS[1], upper.as_str()];
+        let err = verify_pinned(&evidence, &roots, &pins, b"nonce", now).unwrap_err();
+        assert!(
+            matches!(err, GceError::Quote(QuoteError::SignatureFormat(_))),
+            "{err}"
+        );
+        // No pins at all: nothing is trusted.
+        let err = verify_pinned(&evidence, &roots, &[], b"nonce", now).unwrap_err();
+        assert!(
+            matches!(err, GceError::Chain(ChainError::UnpinnedRoot { .. })),
+            "{err}"
+        );
     }
 }

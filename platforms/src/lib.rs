@@ -16,6 +16,10 @@
 //!   reads, and one `verify` over them all.
 //! - [`node`]: the node side, reading a platform's evidence from the vTPM's NV indices or
 //!   configfs-tsm.
+//! - [`verifier`]: the platforms' verifiers as hawser's validator's hook
+//!   ([`hawser_attestation::platform`]), and [`verifier::ak_trust`], the trust a cluster's
+//!   measurements file selects; [`verifier_cloud`]: the Azure, bare SEV-SNP and bare TDX
+//!   verifiers of that hook, each at a configurable verification time.
 //! - [`chain`]: the certificate walk every platform shares; [`tpm_rsa`]: RSA AKs and their
 //!   quote signatures (cloud vTPMs' AKs are RSA).
 
@@ -27,5 +31,7 @@ pub mod profile;
 pub mod snp;
 pub mod tdx;
 pub mod tpm_rsa;
+pub mod verifier;
+pub mod verifier_cloud;
 
 pub use chain::{ChainError, VerificationTime};

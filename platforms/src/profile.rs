@@ -164,6 +164,17 @@ impl Platform {
         }
     }
 
+    /// The profile a UKI's measured command line names (`hawser.platform=`, the last one, as
+    /// PID 1 reads it), if it names one by a profile's name (`azure` and `aws` do not: an Azure
+    /// image serves both Azure profiles, AWS has none).
+    pub fn of_cmdline(cmdline: &str) -> Option<Platform> {
+        cmdline
+            .split_ascii_whitespace()
+            .filter_map(|word| word.strip_prefix("hawser.platform="))
+            .next_back()
+            .and_then(|name| Platform::from_name(name).ok())
+    }
+
     /// The NV indices a node of this profile reads its evidence from.
     pub fn nv_layout(self) -> &'static [NvIndex] {
         match self {
@@ -375,6 +386,20 @@ mod tests {
             err.to_string(),
             "the measurements file's attestationVariant is \"aws-nitro-tpm\", which no hawser \
              profile verifies (known: qemu, gce, azure-snp, azure-tdx, sev-snp, tdx)"
+        );
+    }
+
+    #[test]
+    fn a_command_line_names_its_profile() {
+        assert_eq!(Platform::of_cmdline("console=ttyS0 quiet"), None);
+        assert_eq!(
+            Platform::of_cmdline("hawser.platform=qemu hawser.platform=gce x"),
+            Some(Platform::Gce)
+        );
+        assert_eq!(Platform::of_cmdline("hawser.platform=azure"), None);
+        assert_eq!(
+            Platform::of_cmdline("hawser.platform=azure-tdx"),
+            Some(Platform::AzureTdx)
         );
     }
 

@@ -238,3 +238,25 @@ pub fn verify_quote(
     }
     Ok(attest)
 }
+
+/// Checks that the quote's signed `qualifiedSigner` names `ak_name` as a primary of the
+/// endorsement hierarchy (`000b || SHA-256(TPM_RH_ENDORSEMENT || name)`), the way a platform
+/// creates its AK.
+pub(crate) fn check_signed_primary(
+    attest: &hawser_attestation::tpm_types::Attest,
+    ak_name: &[u8],
+) -> Result<(), String> {
+    use hawser_attestation::tpm_types::{TPM_ALG_SHA256, TPM_RH_ENDORSEMENT};
+    let mut qualified = TPM_ALG_SHA256.to_be_bytes().to_vec();
+    qualified.extend_from_slice(&Sha256::digest(
+        [TPM_RH_ENDORSEMENT.to_be_bytes().as_slice(), ak_name].concat(),
+    ));
+    if attest.qualified_signer == qualified {
+        return Ok(());
+    }
+    Err(format!(
+        "the quote's signer is {}, not the presented AK {} as a primary of the endorsement hierarchy",
+        hex::encode(&attest.qualified_signer),
+        hex::encode(ak_name)
+    ))
+}

@@ -89,6 +89,8 @@ mod tests {
             user_data: Vec::new(),
             nonce: vec![0xEE; 32],
             tls_key_hash: vec![0xFF; 32],
+            platform_report: Vec::new(),
+            platform_aux: Vec::new(),
         };
         let bytes = evidence.encode_to_vec();
         assert_eq!(Evidence::decode(bytes.as_slice()).unwrap(), evidence);

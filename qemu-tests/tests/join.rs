@@ -141,3 +141,160 @@ fn a_node_with_a_changed_cmdline_is_refused_naming_the_pcr() {
     host.runtime.block_on(service.shutdown());
     assert!(!vm.console_lines().join("\n").contains(JOIN_REPORT_MARKER));
 }
+
+/// The GCE node's measured command line before `--platform gce` adds `hawser.platform=gce`:
+/// neither an address nor a join endpoint (the cloud gives those).
+fn gce_cmdline() -> String {
+    format!(
+        "{DEFAULT_CMDLINE} hawser.state_disk=serial:{} \
+         hawser.state_disk_key_source=join-service hawser.join_service_trust=insecure-dev",
+        localhost::STATE_DISK_SERIAL
+    )
+}
+
+/// Where the emulated GCE node finds its join service: inside the user network's
+/// 169.254.169.0/24 (slirp forwards only addresses there), told by the metadata server.
+const GCE_JOIN_ENDPOINT: &str = "169.254.169.100:7000";
+
+/// (4) The GCE path, emulated end to end: an image built for `gce` (its measured command line
+/// names the platform; its trust bundle is a test CA shaped like Google's), a vTPM laid out as
+/// GCE's (Google's AK template and an AK certificate from that CA in Google's NV indices), the
+/// address by DHCP and the join endpoint and role from a metadata server in Google's format at
+/// 169.254.169.254, and a join service whose measurements select the `gce` profile: the node
+/// joins with GCE evidence. Then a node of the QEMU profile is refused by that service, by
+/// name. (The reverse, a GCE node refused by a QEMU-profile service, is
+/// `joinservice/tests/platforms.rs`'s, on swtpm.)
+#[test]
+#[ignore = "builds a GCE image and boots QEMU twice (~2 min under TCG)"]
+fn a_gce_node_joins_a_gce_profile_service_with_its_settings_from_the_metadata_server() {
+    use hawser_harness::TpmConfig;
+    use hawser_harness::metadata_server::{MetadataServer, gce_user_netdev};
+    use hawser_harness::provider_gce::{GceTestCa, GceTestInstance};
+
+    let dir = scratch("gce");
+    let ca = GceTestCa::generate().unwrap();
+    let bundle = dir.join("gce-roots.pem");
+    std::fs::write(&bundle, ca.bundle_pem()).unwrap();
+    let mut opts =
+        hawser_image::pipeline::PipelineOptions::new(&common::workspace(), &dir.join("image"));
+    opts.cmdline = gce_cmdline();
+    opts.platform = hawser_image::platform::ImagePlatform::Gce;
+    opts.provider_ca = Some(bundle);
+    let (gce, timeline) = hawser_image::pipeline::build_image(&opts).unwrap();
+    eprintln!("gce image built: {timeline:?}");
+
+    // The join service of the gce profile: the image's predicted measurements, which name the
+    // profile its command line does; the test CA's roots in the provider CA's place.
+    let host = host("gce-service", &gce.uki.path);
+    let measurements: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&host.measurements).unwrap()).unwrap();
+    assert_eq!(measurements["attestationVariant"], "gcp-sev-es");
+    std::fs::write(
+        host.cluster.dir.join(localhost::PLATFORM_ROOTS_FILE),
+        ca.bundle_pem(),
+    )
+    .unwrap();
+    let port = free_port().unwrap();
+    let service = host.start_service(SocketAddr::from(([127, 0, 0, 1], port)));
+
+    // The cloud: the vTPM, the metadata server, the network.
+    let tpm_dir = host.cluster.dir.join("gce-tpm");
+    let provisioned = ca
+        .provision_state_dir(&tpm_dir, &GceTestInstance::example())
+        .unwrap();
+    let metadata = MetadataServer::gce([
+        ("hawser-join_endpoint", GCE_JOIN_ENDPOINT),
+        ("hawser-role", "worker"),
+        ("startup-script", "not hawser's: ignored"),
+    ])
+    .unwrap();
+    let disk = host.cluster.dir.join("gce-state.img");
+    std::fs::File::create(&disk)
+        .and_then(|f| f.set_len(256 << 20))
+        .unwrap();
+    let (join_host, join_port) = GCE_JOIN_ENDPOINT.split_once(':').unwrap();
+    let netdev = format!(
+        "{},guestfwd=tcp:{join_host}:{join_port}-cmd:bash -c \
+         'exec 3<>/dev/tcp/127.0.0.1/{port} || exit 1; cat <&3 & cat >&3; kill %1'",
+        gce_user_netdev("n0", metadata.port())
+    );
+    let mut config = VmConfig::uefi(&gce.uki.path)
+        .name("gce")
+        .tpm(TpmConfig {
+            state_dir: Some(tpm_dir),
+            ..TpmConfig::default()
+        })
+        .disk(&disk, localhost::STATE_DISK_SERIAL)
+        .keep_logs_in(host.cluster.dir.join("logs").join("gce"));
+    config.extra_args.extend([
+        "-netdev".to_owned(),
+        netdev,
+        "-device".to_owned(),
+        "virtio-net-pci,netdev=n0".to_owned(),
+    ]);
+    let vm = Vm::start(config).unwrap();
+    let line = vm
+        .wait_for_marker("join report", JOIN_REPORT_MARKER, BOOT_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\n{}", vm.console_lines().join("\n")));
+    let join = JoinReport::find_in_console(&line).unwrap().unwrap();
+    vm.kill();
+    let console = vm.console_lines().join("\n");
+
+    assert_eq!(join.rpc, "IssueJoinTicket", "{console}");
+    assert_eq!(
+        join.cluster_id,
+        hex::encode(host.cluster.cluster_id()).as_str()
+    );
+    let uuid = luks_uuid(&disk).expect("the node formatted its state disk");
+    assert_eq!(join.disk_uuid, uuid.as_str(), "{console}");
+    // The settings came from the cloud: the address by DHCP, the rest from the metadata
+    // server, asked the way Google requires.
+    for expected in [
+        "platform: gce (hawser.platform)",
+        "by DHCP from 169.254.169.2",
+        "GCE instance metadata: join_endpoint, role",
+    ] {
+        assert!(
+            console.contains(expected),
+            "{expected:?} missing:\n{console}"
+        );
+    }
+    let requests = metadata.requests();
+    assert!(
+        !requests.is_empty(),
+        "no request reached the metadata server"
+    );
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.header("Metadata-Flavor") == Some("Google")),
+        "{requests:?}"
+    );
+    // The disk is recorded under the AK Google's template gives on this vTPM.
+    let ak_name = {
+        use sha2::{Digest as _, Sha256};
+        let mut name = vec![0x00, 0x0b];
+        name.extend_from_slice(&Sha256::digest(&provisioned.ak_public));
+        hex::encode(name)
+    };
+    let registry = std::fs::read_to_string(host.cluster.dir.join("joined-disks")).unwrap();
+    assert!(
+        registry.contains(&format!("{uuid} {ak_name}")),
+        "{registry}\n{console}"
+    );
+
+    // A node of the QEMU profile (the provider CA's AK) is refused by this service by name.
+    let qemu = image();
+    let (vm, _disk) = boot(&host, &qemu.uki.path, port);
+    let reason =
+        "the cluster's measurements select the gce profile; the peer presented qemu evidence";
+    let refusal = vm
+        .wait_for_line(
+            |line: &str| line.contains("join attempt") && line.contains(reason),
+            BOOT_TIMEOUT,
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", vm.console_lines().join("\n")));
+    eprintln!("refusal: {refusal}");
+    vm.kill();
+    host.runtime.block_on(service.shutdown());
+}

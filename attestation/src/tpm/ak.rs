@@ -1,12 +1,15 @@
 //! The attestation key and its quotes: [`Tpm::create_attestation_key`] re-derives the AK from
-//! the fixed template (see the `tpm` module docs), [`AttestationKey`] flushes it when dropped.
+//! the fixed template (see the `tpm` module docs), [`AttestationKey`] flushes it when dropped;
+//! [`Tpm::load_persistent_attestation_key`] uses a key a platform keeps persistent (Azure's),
+//! which is never flushed.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use tss_esapi::{
     attributes::ObjectAttributesBuilder,
-    handles::{KeyHandle, ObjectHandle},
+    constants::CapabilityType,
+    handles::{KeyHandle, ObjectHandle, PersistentTpmHandle, TpmHandle},
     interface_types::{
         algorithm::{EccSchemeAlgorithm, PublicAlgorithm},
         ecc::EccCurve,
@@ -14,17 +17,16 @@ use tss_esapi::{
         session_handles::AuthSession,
     },
     structures::{
-        Data, EccPoint, EccScheme, HashScheme, KeyDerivationFunctionScheme, PcrSelectionList,
-        Public, PublicBuffer, PublicBuilder, PublicEccParametersBuilder, SignatureScheme,
-        SymmetricDefinitionObject,
+        CapabilityData, Data, EccPoint, EccScheme, HashScheme, KeyDerivationFunctionScheme,
+        PcrSelectionList, Public, PublicBuffer, PublicBuilder, PublicEccParametersBuilder,
+        SignatureScheme, SymmetricDefinitionObject,
     },
-    traits::Marshall,
+    traits::{Marshall, UnMarshall},
 };
 
 use super::pcrs::pcr_slot;
 use super::{HashingAlgorithm, Inner, Tpm, TpmError, lock};
 use crate::report::QuoteEvidence;
-use crate::tpm_types::EccPublic;
 
 /// The AK template described in the module docs.
 fn attestation_key_template() -> Result<Public, tss_esapi::Error> {
@@ -66,22 +68,176 @@ impl Tpm {
     /// flushes the key when dropped.
     pub fn create_attestation_key(&self) -> Result<AttestationKey, TpmError> {
         const CALL: &str = "TPM2_CreatePrimary(endorsement, AK template)";
+        let template = attestation_key_template().map_err(|source| TpmError::Call {
+            call: CALL,
+            tcti: self.tcti.clone(),
+            source,
+        })?;
+        let scheme = SignatureScheme::EcDsa {
+            hash_scheme: HashScheme::new(HashingAlgorithm::Sha256),
+        };
+        self.create_primary_ak(CALL, template, scheme)
+    }
+
+    /// Creates the attestation key a platform describes by its own template (a marshalled
+    /// `TPMT_PUBLIC`, as GCE keeps in NV 0x01C10001): a restricted signing primary of the
+    /// endorsement hierarchy, RSA (RSASSA-SHA256) or ECC (ECDSA-SHA256). The platform certified
+    /// the key this template gives on this TPM, so the node re-derives exactly it.
+    pub fn create_attestation_key_from_template(
+        &self,
+        tpmt_public: &[u8],
+    ) -> Result<AttestationKey, TpmError> {
+        const CALL: &str = "TPM2_CreatePrimary(endorsement, the platform's AK template)";
+        let unexpected = |detail: String| TpmError::Unexpected {
+            call: CALL,
+            tcti: self.tcti.clone(),
+            detail,
+        };
+        let template = Public::unmarshall(tpmt_public).map_err(|source| TpmError::Call {
+            call: "Tss2_MU_TPMT_PUBLIC_Unmarshal",
+            tcti: self.tcti.clone(),
+            source,
+        })?;
+        let attributes = template.object_attributes();
+        if !(attributes.restricted() && attributes.sign_encrypt() && !attributes.decrypt()) {
+            return Err(unexpected(
+                "the platform's AK template is not a restricted signing key".to_owned(),
+            ));
+        }
+        let hash_scheme = HashScheme::new(HashingAlgorithm::Sha256);
+        let scheme = match &template {
+            Public::Rsa { .. } => SignatureScheme::RsaSsa { hash_scheme },
+            Public::Ecc { .. } => SignatureScheme::EcDsa { hash_scheme },
+            _ => {
+                return Err(unexpected(
+                    "the platform's AK template is neither RSA nor ECC".to_owned(),
+                ));
+            }
+        };
+        self.create_primary_ak(CALL, template, scheme)
+    }
+
+    /// Uses the attestation key a platform keeps persistent at `handle` (Azure's vTPM AK at
+    /// 0x81000003, a restricted RSA signing primary of the endorsement hierarchy the paravisor
+    /// makes at boot). Its public area is read with TPM2_ReadPublic and its name computed from
+    /// it (and checked against the TPM's); an RSA key quotes with RSASSA-SHA256, an ECC key
+    /// with ECDSA-SHA256. The key belongs to the platform: dropping the guard releases only
+    /// ESYS's bookkeeping for the handle (Esys_TR_Close), never TPM2_FlushContext or
+    /// TPM2_EvictControl, so the key stays for the next boot stage and the next guard.
+    pub fn load_persistent_attestation_key(&self, handle: u32) -> Result<AttestationKey, TpmError> {
+        const CALL: &str = "TPM2_ReadPublic(the platform's persistent AK)";
+        let unexpected = |detail: String| TpmError::Unexpected {
+            call: CALL,
+            tcti: self.tcti.clone(),
+            detail,
+        };
         let mut inner = lock(&self.inner);
-        let template = attestation_key_template().map_err(inner.call_err(CALL))?;
+        let tpm_handle = PersistentTpmHandle::new(handle).map_err(inner.call_err(CALL))?;
+        let (data, _more) = inner
+            .context
+            .execute_without_session(|ctx| ctx.get_capability(CapabilityType::Handles, handle, 1))
+            .map_err(inner.call_err("TPM2_GetCapability(TPM_CAP_HANDLES)"))?;
+        let present = matches!(&data, CapabilityData::Handles(list)
+            if list.iter().next().is_some_and(|h| u32::from(*h) == handle));
+        if !present {
+            drop(inner);
+            return Err(unexpected(format!(
+                "no key is persistent at handle {handle:#010x}"
+            )));
+        }
+        let object = inner
+            .context
+            .execute_without_session(|ctx| {
+                ctx.tr_from_tpm_public(TpmHandle::Persistent(tpm_handle))
+            })
+            .map_err(inner.call_err("Esys_TR_FromTPMPublic"))?;
+        // From here on the guard owns the ESYS handle: any error below closes it (and only that).
+        let mut key = AttestationKey {
+            tpm: Arc::clone(&self.inner),
+            handle: KeyHandle::from(object),
+            scheme: SignatureScheme::Null,
+            public_tpm2b: Vec::new(),
+            name: Vec::new(),
+            persistent: true,
+        };
+        let read = inner
+            .context
+            .execute_without_session(|ctx| ctx.read_public(key.handle))
+            .map_err(inner.call_err(CALL));
+        // Release the lock before any return: the guard's Drop takes it.
+        drop(inner);
+        let (public, tpm_name, _qualified_name) = read?;
+        let attributes = public.object_attributes();
+        if !(attributes.restricted() && attributes.sign_encrypt() && !attributes.decrypt()) {
+            return Err(unexpected(format!(
+                "the key at {handle:#010x} is not a restricted signing key"
+            )));
+        }
+        let hash_scheme = HashScheme::new(HashingAlgorithm::Sha256);
+        key.scheme = match &public {
+            Public::Rsa { .. } => SignatureScheme::RsaSsa { hash_scheme },
+            Public::Ecc { .. } => SignatureScheme::EcDsa { hash_scheme },
+            _ => {
+                return Err(unexpected(format!(
+                    "the key at {handle:#010x} is neither RSA nor ECC"
+                )));
+            }
+        };
+        let public_tpm2b = PublicBuffer::try_from(public)
+            .and_then(|buffer| buffer.marshall())
+            .map_err(|source| TpmError::Call {
+                call: "Tss2_MU_TPM2B_PUBLIC_Marshal",
+                tcti: self.tcti.clone(),
+                source,
+            })?;
+        let name = name_of_public(&public_tpm2b).ok_or_else(|| {
+            unexpected(format!(
+                "an AK public area without a SHA-256 name: {}",
+                hex::encode(&public_tpm2b)
+            ))
+        })?;
+        if name != tpm_name.value() {
+            return Err(unexpected(format!(
+                "the TPM names the key {}, its public area hashes to {}",
+                hex::encode(tpm_name.value()),
+                hex::encode(&name)
+            )));
+        }
+        key.public_tpm2b = public_tpm2b;
+        key.name = name;
+        tracing::debug!(
+            ak_name = %hex::encode(&key.name),
+            handle = format_args!("{handle:#010x}"),
+            "using the platform's persistent attestation key"
+        );
+        Ok(key)
+    }
+
+    /// TPM2_CreatePrimary of `template` in the endorsement hierarchy, as an AK that quotes with
+    /// `scheme`.
+    fn create_primary_ak(
+        &self,
+        call: &'static str,
+        template: Public,
+        scheme: SignatureScheme,
+    ) -> Result<AttestationKey, TpmError> {
+        let mut inner = lock(&self.inner);
         let created = inner
             .context
             .execute_with_session(Some(AuthSession::Password), |ctx| {
                 ctx.create_primary(Hierarchy::Endorsement, template, None, None, None, None)
             })
-            .map_err(inner.call_err(CALL))?;
+            .map_err(inner.call_err(call))?;
         // Release the lock before the guard exists: its Drop takes the lock to flush.
         drop(inner);
         // From here on the guard owns the handle: any error below flushes it.
         let mut key = AttestationKey {
             tpm: Arc::clone(&self.inner),
             handle: created.key_handle,
+            scheme,
             public_tpm2b: Vec::new(),
             name: Vec::new(),
+            persistent: false,
         };
         let public_tpm2b = PublicBuffer::try_from(created.out_public)
             .and_then(|buffer| buffer.marshall())
@@ -90,17 +246,14 @@ impl Tpm {
                 tcti: self.tcti.clone(),
                 source,
             })?;
-        let name = EccPublic::parse(&public_tpm2b)
-            .ok()
-            .and_then(|public| public.name())
-            .ok_or_else(|| TpmError::Unexpected {
-                call: CALL,
-                tcti: self.tcti.clone(),
-                detail: format!(
-                    "an AK public area that does not parse: {}",
-                    hex::encode(&public_tpm2b)
-                ),
-            })?;
+        let name = name_of_public(&public_tpm2b).ok_or_else(|| TpmError::Unexpected {
+            call,
+            tcti: self.tcti.clone(),
+            detail: format!(
+                "an AK public area without a SHA-256 name: {}",
+                hex::encode(&public_tpm2b)
+            ),
+        })?;
         key.public_tpm2b = public_tpm2b;
         key.name = name;
         tracing::debug!(ak_name = %hex::encode(&key.name), "created attestation key");
@@ -167,9 +320,7 @@ impl Tpm {
             .build()
             .map_err(inner.call_err(CALL))?;
         let qualifying_data = Data::try_from(nonce.to_vec()).map_err(inner.call_err(CALL))?;
-        let scheme = SignatureScheme::EcDsa {
-            hash_scheme: HashScheme::new(HashingAlgorithm::Sha256),
-        };
+        let scheme = ak.scheme;
         let handle = ak.handle;
         let (attest, signature) = inner
             .context
@@ -202,12 +353,20 @@ pub struct MarshalledQuote {
     pub pcr_selection: Vec<u8>,
 }
 
-/// The loaded attestation key. Dropping it flushes the transient object from the TPM.
+/// The loaded attestation key. Dropping it flushes the transient object from the TPM; a
+/// platform's persistent key ([`Tpm::load_persistent_attestation_key`]) stays.
 pub struct AttestationKey {
     tpm: Arc<Mutex<Inner>>,
     handle: KeyHandle,
+    /// How it signs quotes: ECDSA for hawser's own template, the platform's template's scheme
+    /// otherwise.
+    scheme: SignatureScheme,
     public_tpm2b: Vec<u8>,
     name: Vec<u8>,
+    /// A persistent handle the platform owns: dropped by closing the ESYS handle only, never
+    /// flushed (flushing a persistent handle is an error, evicting it would destroy the
+    /// platform's key).
+    persistent: bool,
 }
 
 impl AttestationKey {
@@ -220,12 +379,32 @@ impl AttestationKey {
     pub fn name(&self) -> &[u8] {
         &self.name
     }
+
+    /// Whether the key is a platform's persistent key (kept in the TPM when dropped).
+    pub fn is_persistent(&self) -> bool {
+        self.persistent
+    }
+}
+
+/// The TPM name of a marshalled `TPM2B_PUBLIC` whose name algorithm is SHA-256:
+/// `000b || SHA-256(TPMT_PUBLIC)`.
+fn name_of_public(public_tpm2b: &[u8]) -> Option<Vec<u8>> {
+    use sha2::Digest as _;
+    let tpmt = public_tpm2b.get(2..)?;
+    let declared = usize::from(u16::from_be_bytes([public_tpm2b[0], public_tpm2b[1]]));
+    if declared != tpmt.len() || tpmt.get(2..4)? != [0x00, 0x0b] {
+        return None;
+    }
+    let mut name = vec![0x00, 0x0b];
+    name.extend_from_slice(&sha2::Sha256::digest(tpmt));
+    Some(name)
 }
 
 impl std::fmt::Debug for AttestationKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AttestationKey")
             .field("name", &hex::encode(&self.name))
+            .field("persistent", &self.persistent)
             .finish()
     }
 }
@@ -233,6 +412,13 @@ impl std::fmt::Debug for AttestationKey {
 impl Drop for AttestationKey {
     fn drop(&mut self) {
         let mut inner = lock(&self.tpm);
+        if self.persistent {
+            let mut object = ObjectHandle::from(self.handle);
+            if let Err(err) = inner.context.tr_close(&mut object) {
+                tracing::warn!(tcti = %inner.tcti, %err, "Esys_TR_Close of the persistent attestation key failed");
+            }
+            return;
+        }
         match inner.context.flush_context(ObjectHandle::from(self.handle)) {
             Ok(()) => tracing::debug!("flushed attestation key"),
             Err(err) => {
@@ -254,5 +440,25 @@ mod tests {
             hex::encode(marshalled),
             hex::encode(crate::tpm_types::AK_TEMPLATE)
         );
+    }
+
+    #[test]
+    fn the_name_of_a_public_area_is_its_sha256_with_the_algorithm_in_front() {
+        let tpmt = crate::tpm_types::AK_TEMPLATE;
+        let mut tpm2b = u16::try_from(tpmt.len())
+            .expect("short")
+            .to_be_bytes()
+            .to_vec();
+        tpm2b.extend_from_slice(&tpmt);
+        let expected = crate::tpm_types::EccPublic::parse(&tpm2b)
+            .expect("parses")
+            .name()
+            .expect("named");
+        assert_eq!(name_of_public(&tpm2b), Some(expected));
+        // A length that disagrees, or another name algorithm, has no name here.
+        assert_eq!(name_of_public(&tpm2b[..tpm2b.len() - 1]), None);
+        let mut sha1 = tpm2b.clone();
+        sha1[5] = 0x04;
+        assert_eq!(name_of_public(&sha1), None);
     }
 }

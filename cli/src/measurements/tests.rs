@@ -51,3 +51,62 @@ fn a_changed_package_in_the_rootfs_lock_is_named_with_both_versions() {
         "{drift:?}"
     );
 }
+
+/// A published document's `list` as Constellation's shape has it, for a QEMU image.
+fn published_qemu_doc() -> serde_json::Value {
+    serde_json::json!({
+        "version": "v0.1.0",
+        "list": [{
+            "csp": "QEMU",
+            "attestationVariant": "qemu-vtpm",
+            "measurements": {"4": {"expected": "aa", "warnOnly": false}},
+        }],
+        "hawser": {"cmdline": "console=ttyS0"},
+    })
+}
+
+#[test]
+fn a_platform_image_is_published_under_its_attestation_variants() {
+    let entries = |cmdline: &str| {
+        let mut doc = published_qemu_doc();
+        publish_for_platform(&mut doc, cmdline).unwrap();
+        assert_eq!(doc["hawser"], published_qemu_doc()["hawser"]);
+        doc["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| {
+                assert_eq!(
+                    entry["measurements"],
+                    published_qemu_doc()["list"][0]["measurements"]
+                );
+                (
+                    entry["csp"].as_str().unwrap().to_owned(),
+                    entry["attestationVariant"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let pair = |csp: &str, variant: &str| (csp.to_owned(), variant.to_owned());
+    // The QEMU image's document is left exactly as hawser-measurements made it.
+    let mut doc = published_qemu_doc();
+    publish_for_platform(&mut doc, "console=ttyS0 quiet hawser.root_hash=ab").unwrap();
+    assert_eq!(doc, published_qemu_doc());
+    assert_eq!(
+        entries("console=ttyS0 hawser.platform=gce hawser.root_hash=ab"),
+        [pair("GCP", "gcp-sev-es")]
+    );
+    assert_eq!(
+        entries("console=ttyS0 earlyprintk=ttyS0 hawser.platform=azure"),
+        [pair("Azure", "azure-sev-snp"), pair("Azure", "azure-tdx")]
+    );
+    assert_eq!(entries("hawser.platform=aws"), [pair("AWS", "aws-sev-snp")]);
+    assert_eq!(
+        entries("hawser.platform=sev-snp"),
+        [pair("QEMU", "qemu-sev-snp")]
+    );
+    assert_eq!(entries("hawser.platform=tdx"), [pair("QEMU", "qemu-tdx")]);
+    let mut doc = published_qemu_doc();
+    let err = publish_for_platform(&mut doc, "hawser.platform=mars").unwrap_err();
+    assert!(err.to_string().contains("hawser.platform=mars"), "{err}");
+}

@@ -52,6 +52,26 @@ fn a_release_keeps_the_enforced_pcrs_and_reads_a_published_document() {
         Release::from_measurements_text("v1", &published.to_string(), "admin", 10).unwrap();
     assert_eq!(from_doc.digest, r.digest, "the same image, the same digest");
     assert_eq!(from_doc.version.as_deref(), Some("v0.2.0"));
+    assert_eq!(
+        from_doc.attestation_variant, None,
+        "a QEMU release names no platform"
+    );
+    // A cloud's release keeps its platform profile, in a verifier map or a published list.
+    let mut gce = published.clone();
+    gce["list"][0]["attestationVariant"] = "gcp-sev-es".into();
+    let from_doc = Release::from_measurements_text("v1", &gce.to_string(), "admin", 10).unwrap();
+    assert_eq!(from_doc.attestation_variant.as_deref(), Some("gcp-sev-es"));
+    let mut map = published["list"][0]["measurements"].clone();
+    map["attestationVariant"] = "azure-sev-snp".into();
+    let from_map = Release::from_measurements_text("v1", &map.to_string(), "admin", 10).unwrap();
+    assert_eq!(
+        from_map.attestation_variant.as_deref(),
+        Some("azure-sev-snp")
+    );
+    assert_eq!(
+        from_map.digest, r.digest,
+        "the platform is not part of the digest"
+    );
     let err = Release::from_measurements_text("bad name", "{}", "admin", 0).unwrap_err();
     assert!(err.to_string().contains("\"bad name\""), "{err}");
     let err = Release::from_measurements_text("v", "{}", "admin", 0).unwrap_err();

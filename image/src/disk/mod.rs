@@ -26,10 +26,10 @@
 //! the partition's offset. (The pure-Rust `fatfs` 0.3 writes long-name entries for `.` and `..`,
 //! which `fsck.fat` rejects.)
 //!
-//! The file is raw and sparse. Clouds take it converted, losslessly:
-//! `qemu-img convert -f raw -O vpc -o subformat=fixed,force_size disk.raw disk.vhd` (Azure, which
-//! wants a virtual size that is a whole number of MiB: it is), `qemu-img convert -f raw -O qcow2
-//! disk.raw disk.qcow2` (OpenStack, libvirt), or the raw file as `disk.raw` in a tar (GCP).
+//! The file is raw and sparse. Clouds take it as it is (AWS imports a RAW snapshot) or
+//! wrapped, losslessly: `hawser image build --platform gce|azure` writes GCE's `disk.raw` in a
+//! gzip'd GNU tar and Azure's fixed VHD next to it ([`crate::export`]); for OpenStack or libvirt,
+//! `qemu-img convert -f raw -O qcow2 disk.raw disk.qcow2`.
 //!
 //! [`build_gpt_disk`] is the general builder (any partitions, each a FAT volume or a file's
 //! bytes); [`build_disk_image`] is the hawser layout on top of it. The QEMU harness builds its

@@ -213,13 +213,12 @@ impl Boot {
         let Ok(tpm) = self.tpm() else {
             return;
         };
-        let issuer =
-            tokio::task::spawn_blocking(move || hawser_attestation::TpmIssuer::new(tpm)).await;
+        let issuer = tokio::task::spawn_blocking(move || crate::attest::issuer(tpm)).await;
         let issuer = match issuer {
             Ok(Ok(issuer)) => Arc::new(issuer),
             Ok(Err(e)) => {
                 warn!(
-                    "no attestation for `hawser verify`: cannot load the provider-certified AK: {}",
+                    "no attestation for `hawser verify`: cannot load the platform-certified AK: {}",
                     error_chain(&e)
                 );
                 return;

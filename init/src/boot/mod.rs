@@ -42,6 +42,7 @@
 //! prepare → race → apply in `state_disk.rs`, the report and the node in `after_disk.rs`.
 
 mod after_disk;
+mod cloud;
 mod context;
 mod phases;
 mod pivot_role;
@@ -127,12 +128,22 @@ pub enum BootError {
     /// The network (`hawser.net`) cannot be brought up.
     #[error(transparent)]
     Net(#[from] crate::platform::net::NetError),
+    /// A cloud's DHCP server gave no usable lease.
+    #[error(transparent)]
+    Dhcp(#[from] crate::platform::dhcp::DhcpError),
+    /// The instance metadata service cannot be read.
+    #[error("cannot read the node's settings from the instance metadata service")]
+    Metadata(#[from] crate::platform::metadata::MetadataError),
+    /// The node cannot present its platform's evidence (Azure: the HCL report, the metadata
+    /// service's VCEK chain or TD quote; AWS: no profile).
+    #[error(transparent)]
+    PlatformEvidence(#[from] cloud::PlatformEvidenceError),
     /// The join client cannot start (no provider CA for an attested join service).
     #[error(transparent)]
     JoinSetup(#[from] crate::enrollment::client::JoinSetupError),
     /// The TPM-backed attestation issuer cannot start.
     #[error("cannot attest to the join service or the admin: the TPM issuer cannot start")]
-    Issuer(#[source] hawser_attestation::IssuerError),
+    Issuer(#[source] hawser_platforms::node::NodeError),
     /// `hawser.join_discovery=mdns`, but browsing the LAN cannot start.
     #[error("cannot look for the join service on the LAN (hawser.join_discovery=mdns)")]
     Discovery(#[source] crate::enrollment::discover::DiscoveryError),
@@ -411,7 +422,7 @@ fn kib_field(text: &str, name: &str) -> Option<u64> {
 
 /// The bring-up, phase by phase.
 async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
-    let config = boot.read_config()?;
+    let mut config = boot.read_config()?;
     let kernel_release = after_disk::kernel_release();
     boot.load_modules(&config).await?;
     // The TPM steps while fw_cfg's and the NIC's drivers load (they mostly wait on the TPM).
@@ -421,7 +432,11 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
     boot.await_network_modules().await?;
     let mut fw_cfg = boot.read_fw_cfg()?;
     let nonce = boot.nonce(fw_cfg.quote_nonce.take()).await?;
-    boot.bring_up_net(&config).await?;
+    if !boot.lease_net(&mut config).await? {
+        boot.bring_up_net(&config).await?;
+    }
+    boot.read_metadata(&config, &mut fw_cfg).await?;
+    boot.platform_evidence(&config).await?;
     boot.bring_up_lan(&fw_cfg).await?;
     let lan_address = fw_cfg.lan_net.as_ref().map(|lan| lan.address);
     // The node's WireGuard key for a first join: its public half goes in the join request.

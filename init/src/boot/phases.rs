@@ -30,6 +30,12 @@ impl Boot {
         })?;
         fatal::set_reboot_policy(config.reboot_policy);
         console::set_level(config.log_level);
+        if let Some(profile) = config.platform.profile() {
+            crate::attest::set_platform(profile);
+        }
+        if config.platform != config::NodePlatform::Qemu {
+            info!("platform: {} (hawser.platform)", config.platform);
+        }
         if config.reboot_policy == RebootPolicy::HaltForever {
             info!("hawser.reboot_delay=0: a fatal error halts the machine forever");
         }
@@ -48,8 +54,12 @@ impl Boot {
     /// work. An optional module the machine cannot use was logged as a warning; the boot report
     /// lists it too.
     pub(super) async fn load_modules(&mut self, config: &CmdlineConfig) -> Result<(), BootError> {
+        // The platform's drivers (its disks and NICs, configfs-tsm) after the boot table's: the
+        // image ships them for `hawser.platform` (hawser_kmod::platform_modules).
+        let platform = hawser_kmod::platform_modules(&config.platform.to_string()).unwrap_or(&[]);
         let wanted: Vec<KernelModule> = hawser_kmod::BOOT_MODULE_TABLE
             .iter()
+            .chain(platform)
             .filter(|module| needed(module, config))
             .copied()
             .collect();

@@ -59,11 +59,9 @@ impl Boot {
         let issuer = {
             let tpm = Arc::clone(&tpm);
             Arc::new(
-                self.time_blocking("attestation-key", move || {
-                    hawser_attestation::TpmIssuer::new(tpm)
-                })
-                .await?
-                .map_err(BootError::Issuer)?,
+                self.time_blocking("attestation-key", move || crate::attest::issuer(tpm))
+                    .await?
+                    .map_err(BootError::Issuer)?,
             )
         };
         // `hawser verify` reaches the node from now on, before its pivot too.

@@ -65,7 +65,7 @@ pub enum JoinSetupError {
     ProviderCa {
         path: &'static str,
         #[source]
-        source: hawser_attestation::validator::AkTrustError,
+        source: hawser_platforms::verifier::TrustError,
     },
     /// The node's own PCRs, which the join service must share, cannot be read.
     #[error("cannot read this node's own PCRs to build the join service's expected measurements")]

@@ -256,6 +256,15 @@ pub fn fresh_node_measurements_json(own: &BTreeMap<u8, [u8; 32]>) -> serde_json:
         PCR_CLUSTER_ID.to_string(),
         serde_json::json!({"expected": hex::encode([0u8; 32]), "warnOnly": false}),
     );
+    // The node's platform profile, so that its join service judges joiners by it (a QEMU
+    // file carries none: `qemu` is the default).
+    let platform = crate::attest::platform();
+    if platform != hawser_platforms::profile::Platform::Qemu {
+        map.insert(
+            hawser_platforms::profile::VARIANT_KEY.to_owned(),
+            platform.attestation_variant().into(),
+        );
+    }
     map.into()
 }
 
@@ -306,7 +315,8 @@ impl JoinServicePolicy {
 }
 
 /// The join client's policy for the join service, per the measured `trust`. Blocking (reads
-/// the TPM's PCRs). `attested` needs the provider CA the image carries at `provider_ca`.
+/// the TPM's PCRs). `attested` needs the provider CA the image carries at `provider_ca` (on a
+/// cloud profile: the platform's roots, as [`hawser_platforms::verifier::ak_trust`] reads them).
 pub fn join_service_policy(
     trust: JoinServiceTrust,
     tpm: &Tpm,
@@ -319,8 +329,8 @@ pub fn join_service_policy(
                 std::fs::read_to_string(provider_ca).map_err(|_| JoinSetupError::NoProviderCa {
                     path: PROVIDER_CA_PATH,
                 })?;
-            let ak_trust =
-                AkTrust::from_pem(&pem).map_err(|source| JoinSetupError::ProviderCa {
+            let ak_trust = hawser_platforms::verifier::ak_trust(crate::attest::platform(), &pem)
+                .map_err(|source| JoinSetupError::ProviderCa {
                     path: PROVIDER_CA_PATH,
                     source,
                 })?;

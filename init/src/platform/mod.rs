@@ -12,6 +12,9 @@
 //! - [`fw_cfg`]: QEMU's fw_cfg files. [`console`]: the console, `/dev/kmsg`, tracing.
 //! - [`reaper`]: reaping orphans, and the registry of children PID 1 waits for itself.
 //! - [`power_button`]: the ACPI power button's input device. [`net`]: link-up and an address.
+//! - [`dhcp`]: a DHCPv4 client for the first NIC on clouds (address, routes incl. option 121,
+//!   MTU). [`metadata`]: the cloud's instance metadata service (GCE, Azure, AWS IMDSv2) as a
+//!   source of hawser keys beside fw_cfg, for the same allow-list.
 //! - [`poll`]: the one wait-until-it-is-there helper. [`timings`]: the phase timer.
 //! - [`rlimit`]: PID 1's open-file limit, raised at startup (and why to which values).
 //! - [`rebase`]: after the pivot, PID 1's own mappings moved from the deleted initramfs onto
@@ -39,11 +42,13 @@
 
 pub mod block;
 pub mod console;
+pub mod dhcp;
 pub mod dm;
 pub mod entropy;
 pub mod error;
 pub mod fs;
 pub mod fw_cfg;
+pub mod metadata;
 pub mod mounts;
 pub mod net;
 pub mod poll;

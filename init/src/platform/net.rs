@@ -135,16 +135,23 @@ async fn bring_up_nth(index: usize, config: &NetConfig) -> Result<String, NetErr
 }
 
 fn socket() -> Result<OwnedFd, NetError> {
+    ioctl_socket().map_err(NetError::Socket)
+}
+
+/// The `AF_INET` datagram socket the interface ioctls go through (also the DHCP client's,
+/// `dhcp::link`).
+pub(super) fn ioctl_socket() -> io::Result<OwnedFd> {
     // SAFETY: socket(2) with constant arguments; the returned descriptor is checked and owned.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return Err(NetError::Socket(io::Error::last_os_error()));
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: fd is a fresh, valid descriptor nobody else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn ifreq(name: &str) -> libc::ifreq {
+/// An `ifreq` naming interface `name` (cut to `IFNAMSIZ - 1` bytes), all else zero.
+pub(super) fn ifreq(name: &str) -> libc::ifreq {
     // SAFETY: ifreq is plain old data; all-zero is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req
@@ -157,7 +164,8 @@ fn ifreq(name: &str) -> libc::ifreq {
     req
 }
 
-fn sockaddr_in(address: Ipv4Addr) -> libc::sockaddr {
+/// `address` as the `sockaddr` the interface and route ioctls take.
+pub(super) fn sockaddr_in(address: Ipv4Addr) -> libc::sockaddr {
     let sin = libc::sockaddr_in {
         sin_family: libc::AF_INET as libc::sa_family_t,
         sin_port: 0,
@@ -178,15 +186,25 @@ fn ioctl(
     what: &'static str,
     interface: &str,
 ) -> Result<(), NetError> {
-    // SAFETY: `arg` points to a live, properly initialized struct of the type `request`
-    // expects (ifreq or rtentry), owned by the caller for the duration of the call.
+    raw_ioctl(socket, request, arg).map_err(|source| NetError::Ioctl {
+        what,
+        interface: interface.to_owned(),
+        source,
+    })
+}
+
+/// ioctl(2) `request` on `socket` with `arg`, which must point to a live, initialized struct of
+/// the type `request` expects (`ifreq` or `rtentry`), owned by the caller for the call.
+pub(super) fn raw_ioctl(
+    socket: &OwnedFd,
+    request: libc::c_ulong,
+    arg: *mut libc::c_void,
+) -> io::Result<()> {
+    // SAFETY: per this function's contract, `arg` points to a live, properly initialized
+    // struct of the type `request` expects, owned by the caller for the duration of the call.
     let rc = unsafe { libc::ioctl(socket.as_raw_fd(), request, arg) };
     if rc < 0 {
-        return Err(NetError::Ioctl {
-            what,
-            interface: interface.to_owned(),
-            source: io::Error::last_os_error(),
-        });
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }

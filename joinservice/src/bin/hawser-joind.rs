@@ -10,7 +10,6 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use hawser_attestation::atls::Identity;
-use hawser_attestation::issuer::TpmIssuer;
 use hawser_attestation::tpm::Tpm;
 use hawser_discovery::{Advertiser, JoinServiceAdvert, ServiceDaemon};
 use hawser_joinservice::approvals::ApprovalStore;
@@ -266,6 +265,20 @@ async fn run(args: Args) -> anyhow::Result<()> {
     }
     let provider_ca_pem = std::fs::read_to_string(&args.provider_ca)
         .with_context(|| format!("cannot read the provider CA {}", args.provider_ca.display()))?;
+    let platform = hawser_platforms::profile::Platform::from_measurements(
+        &std::fs::read_to_string(&args.measurements).with_context(|| {
+            format!(
+                "cannot read the expected measurements {}",
+                args.measurements.display()
+            )
+        })?,
+    )
+    .with_context(|| {
+        format!(
+            "{} selects no platform profile",
+            args.measurements.display()
+        )
+    })?;
     let policy = Arc::new(PolicyStore::load(&args.measurements).with_context(|| {
         format!(
             "cannot load the expected measurements {}",
@@ -363,7 +376,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
     let core = if core.mesh().is_some() && args.reattest_interval_secs > 0 {
-        let trust = hawser_attestation::validator::AkTrust::from_pem(&provider_ca_pem)
+        let trust = hawser_platforms::verifier::ak_trust(platform, &provider_ca_pem)
             .context("the provider CA cannot verify re-attestations")?;
         core.with_reattestation(hawser_joinservice::reattest::Reattestation::new(
             Duration::from_secs(args.reattest_interval_secs),
@@ -413,11 +426,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         None => None,
     };
     let mut config = ServiceConfig::new(args.listen, Arc::clone(&core), provider_ca_pem);
+    config.platform = platform;
     if let Some(tcti) = &args.attest_with_tpm {
         let tpm = Tpm::open(tcti).with_context(|| format!("cannot open the TPM {tcti}"))?;
-        let issuer = TpmIssuer::new(Arc::new(tpm)).with_context(|| {
-            format!("cannot load the provider-certified attestation key from the TPM {tcti}")
-        })?;
+        let issuer =
+            hawser_platforms::node::issuer_for(platform, Arc::new(tpm)).with_context(|| {
+                format!("cannot load the {platform}-certified attestation key from the TPM {tcti}")
+            })?;
         if let Some(uuid) = own_disk {
             tokio::spawn(hawser_joinservice::store::bind_own_disk(
                 Arc::clone(core.store()),

@@ -36,7 +36,7 @@ pub struct Node {
     /// built by PID 1's own function from this TPM's PCRs and the provider CA.
     pub attested: JoinServicePolicy,
     // Last: the TPM connection inside the issuer closes before swtpm is killed.
-    _swtpm: Swtpm,
+    pub _swtpm: Swtpm,
 }
 
 pub fn node(ca: &ProviderCa) -> Node {
