@@ -104,11 +104,11 @@ pub struct RecordedRequest {
 }
 
 impl RecordedRequest {
-    /// The first value of header `name` (lowercase).
+    /// The first value of header `name` (in any case: HTTP's header names are).
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
-            .find(|(n, _)| n == name)
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     }
 }
