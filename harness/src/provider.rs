@@ -430,15 +430,24 @@ impl RawTpm {
     /// TPM2_CreatePrimary(endorsement, AK template), then TPM2_FlushContext of the key; returns
     /// the `TPM2B_PUBLIC`.
     fn create_ak_public(&mut self) -> Result<Vec<u8>, ProviderError> {
-        const NAME: &str = "TPM2_CreatePrimary(endorsement, AK template)";
+        self.create_primary("TPM2_CreatePrimary(endorsement, AK template)", &AK_TEMPLATE)
+    }
+
+    /// TPM2_CreatePrimary(endorsement, `template`) (a `TPMT_PUBLIC`), then TPM2_FlushContext of
+    /// the key; returns the key's `TPM2B_PUBLIC`. `name` names the call in errors.
+    pub(crate) fn create_primary(
+        &mut self,
+        name: &'static str,
+        template: &[u8],
+    ) -> Result<Vec<u8>, ProviderError> {
         let mut params = Vec::new();
         params.extend_from_slice(&[0x00, 0x04, 0x00, 0x00, 0x00, 0x00]); // inSensitive: empty
-        params.extend_from_slice(&(AK_TEMPLATE.len() as u16).to_be_bytes());
-        params.extend_from_slice(&AK_TEMPLATE); // inPublic
+        params.extend_from_slice(&(template.len() as u16).to_be_bytes());
+        params.extend_from_slice(template); // inPublic
         params.extend_from_slice(&[0x00, 0x00]); // outsideInfo: empty
         params.extend_from_slice(&[0x00, 0x00, 0x00, 0x00]); // creationPCR: none
         let response = self.command(
-            NAME,
+            name,
             TPM_CC_CREATE_PRIMARY,
             &[TPM_RH_ENDORSEMENT],
             1,
@@ -463,7 +472,7 @@ impl RawTpm {
         )?;
         public.ok_or_else(|| ProviderError::Response {
             port: self.port,
-            command: NAME,
+            command: name,
             detail: "outPublic is truncated".into(),
         })
     }

@@ -57,9 +57,7 @@ use rcgen::{
     SerialNumber, SignatureAlgorithm,
 };
 
-use crate::provider::{
-    ProviderError, RawTpm, TPM_CC_CREATE_PRIMARY, TPM_CC_FLUSH_CONTEXT, TPM_RH_ENDORSEMENT,
-};
+use crate::provider::{ProviderError, RawTpm};
 use crate::{Swtpm, SwtpmOptions};
 
 /// GCE's NV index of the RSA AK's certificate (`hawser_platforms::gce::AK_CERT_NV_INDEX_RSA`).
@@ -381,42 +379,11 @@ fn ca_params(
 /// TPM2_CreatePrimary(endorsement, `template`), then TPM2_FlushContext of the key; returns the
 /// key's `TPMT_PUBLIC`.
 fn create_primary(tpm: &mut RawTpm, template: &[u8]) -> Result<Vec<u8>, ProviderError> {
-    const NAME: &str = "TPM2_CreatePrimary(endorsement, GCE's AK template)";
-    let mut params = Vec::new();
-    params.extend_from_slice(&[0x00, 0x04, 0x00, 0x00, 0x00, 0x00]); // inSensitive: empty
-    params.extend_from_slice(&(template.len() as u16).to_be_bytes());
-    params.extend_from_slice(template); // inPublic
-    params.extend_from_slice(&[0x00, 0x00]); // outsideInfo: empty
-    params.extend_from_slice(&[0x00, 0x00, 0x00, 0x00]); // creationPCR: none
-    let response = tpm.command(
-        NAME,
-        TPM_CC_CREATE_PRIMARY,
-        &[TPM_RH_ENDORSEMENT],
-        1,
-        &params,
-        1,
+    let public = tpm.create_primary(
+        "TPM2_CreatePrimary(endorsement, GCE's AK template)",
+        template,
     )?;
-    let handle = response.handles[0];
-    let out = &response.params;
-    let public = out
-        .get(..2)
-        .map(|s| usize::from(u16::from_be_bytes([s[0], s[1]])))
-        .and_then(|size| out.get(2..2 + size))
-        .map(<[u8]>::to_vec);
-    // Flush before judging the response: the transient slot must not leak.
-    tpm.command(
-        "TPM2_FlushContext",
-        TPM_CC_FLUSH_CONTEXT,
-        &[],
-        0,
-        &handle.to_be_bytes(),
-        0,
-    )?;
-    public.ok_or_else(|| ProviderError::Response {
-        port: tpm.port,
-        command: NAME,
-        detail: "outPublic is truncated".into(),
-    })
+    Ok(public.get(2..).map(<[u8]>::to_vec).unwrap_or_default())
 }
 
 /// The PKCS#1 `RSAPublicKey` of an RSA signing key's `TPMT_PUBLIC`.
