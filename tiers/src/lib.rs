@@ -164,7 +164,7 @@ pub const CRATES: &[Crate] = &[
         "platforms",
         "hawser-platforms",
         Tier::Engine,
-        "confidential-computing platforms' own evidence (GCE vTPM, SEV-SNP, TDX), verified offline",
+        "confidential-computing platforms' evidence (GCE, Azure, SEV-SNP, TDX): verifiers behind the validator, the node side's reads",
     ),
     row(
         "measurements",
