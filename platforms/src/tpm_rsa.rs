@@ -98,6 +98,16 @@ impl RsaPublic {
         Some(name)
     }
 
+    /// The qualified name a TPM reports as `qualifiedSigner` when this key is a primary of the
+    /// hierarchy with handle `hierarchy` (as `EccPublic::primary_qualified_name`).
+    pub fn primary_qualified_name(&self, hierarchy: u32) -> Option<Vec<u8>> {
+        let mut input = hierarchy.to_be_bytes().to_vec();
+        input.extend_from_slice(&self.name()?);
+        let mut qualified = self.name_alg.to_be_bytes().to_vec();
+        qualified.extend_from_slice(&hash(self.name_alg, &input)?);
+        Some(qualified)
+    }
+
     /// Whether `signature` is this key's RSASSA-PKCS1-v1_5 or RSA-PSS signature (SHA-256) over
     /// `message`.
     pub fn verify(&self, message: &[u8], signature: &RsaSignature) -> bool {
@@ -239,24 +249,28 @@ pub fn verify_quote(
     Ok(attest)
 }
 
-/// Checks that the quote's signed `qualifiedSigner` names `ak_name` as a primary of the
-/// endorsement hierarchy (`000b || SHA-256(TPM_RH_ENDORSEMENT || name)`), the way a platform
-/// creates its AK.
-pub(crate) fn check_signed_primary(
+/// The name of `ak` as the TPM signed it: the quote's `qualifiedSigner` must be `ak` as a primary
+/// of the endorsement hierarchy (the way a platform creates its AK), so the name comes from the
+/// TPM's signature, not only from the presented public area (whose attribute bits change the
+/// name without changing the key).
+pub(crate) fn signed_primary_name(
     attest: &hawser_attestation::tpm_types::Attest,
-    ak_name: &[u8],
-) -> Result<(), String> {
-    use hawser_attestation::tpm_types::{TPM_ALG_SHA256, TPM_RH_ENDORSEMENT};
-    let mut qualified = TPM_ALG_SHA256.to_be_bytes().to_vec();
-    qualified.extend_from_slice(&Sha256::digest(
-        [TPM_RH_ENDORSEMENT.to_be_bytes().as_slice(), ak_name].concat(),
-    ));
+    ak: &RsaPublic,
+) -> Result<Vec<u8>, String> {
+    use hawser_attestation::tpm_types::TPM_RH_ENDORSEMENT;
+    let (Some(name), Some(qualified)) = (ak.name(), ak.primary_qualified_name(TPM_RH_ENDORSEMENT))
+    else {
+        return Err(format!(
+            "the AK's name algorithm {:#06x} is not SHA-2",
+            ak.name_alg
+        ));
+    };
     if attest.qualified_signer == qualified {
-        return Ok(());
+        return Ok(name);
     }
     Err(format!(
         "the quote's signer is {}, not the presented AK {} as a primary of the endorsement hierarchy",
         hex::encode(&attest.qualified_signer),
-        hex::encode(ak_name)
+        hex::encode(&name)
     ))
 }

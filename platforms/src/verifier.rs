@@ -197,8 +197,10 @@ impl PlatformVerifier for GceVerifier {
             .map_err(|e| refuse(format!("the quote does not parse: {e}").into()))?;
         // The name disks and revocations are keyed on: the one the TPM signed, not only the
         // presented public area's (its attribute bits change the name, not the key).
-        let ak_name = name_of_tpmt(tpmt);
-        crate::tpm_rsa::check_signed_primary(&attest, &ak_name).map_err(|e| refuse(e.into()))?;
+        let ak = crate::tpm_rsa::RsaPublic::parse_tpmt(tpmt)
+            .map_err(|e| refuse(format!("ak_public does not parse: {e}").into()))?;
+        let ak_name =
+            crate::tpm_rsa::signed_primary_name(&attest, &ak).map_err(|e| refuse(e.into()))?;
         let pcrs = verified
             .pcrs
             .iter()
@@ -225,11 +227,4 @@ impl PlatformVerifier for GceVerifier {
 fn tpmt_of(tpm2b: &[u8]) -> Option<&[u8]> {
     let (size, rest) = tpm2b.split_first_chunk::<2>()?;
     (usize::from(u16::from_be_bytes(*size)) == rest.len()).then_some(rest)
-}
-
-/// The TPM name of a SHA-256-named `TPMT_PUBLIC`: `000b || SHA-256(TPMT_PUBLIC)`.
-fn name_of_tpmt(tpmt: &[u8]) -> Vec<u8> {
-    let mut name = vec![0x00, 0x0b];
-    name.extend_from_slice(&Sha256::digest(tpmt));
-    name
 }

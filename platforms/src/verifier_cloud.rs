@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use dcap_qvl::QuoteCollateralV3;
 use hawser_attestation::evidence::{Evidence, Variant};
 use hawser_attestation::platform::{PlatformRefusal, PlatformVerified, PlatformVerifier};
-use hawser_attestation::tpm_types::{Attest, ClockInfo, TPM_ALG_SHA256};
+use hawser_attestation::tpm_types::{Attest, ClockInfo};
 use x509_parser::prelude::X509Certificate;
 
 use crate::azure::{AzureEvidence, AzureHardware, HclReport};
@@ -423,11 +423,8 @@ impl AzureVerifier {
         }
         let attest = Attest::parse(&evidence.quote)
             .map_err(|e| refuse(format!("the quote does not parse: {e}").into()))?;
-        let ak_name = ak
-            .name()
-            .filter(|_| ak.name_alg == TPM_ALG_SHA256)
-            .ok_or_else(|| refuse("ak_public's name algorithm is not SHA-256".into()))?;
-        crate::tpm_rsa::check_signed_primary(&attest, &ak_name).map_err(|e| refuse(e.into()))?;
+        let ak_name =
+            crate::tpm_rsa::signed_primary_name(&attest, &ak).map_err(|e| refuse(e.into()))?;
         let vm = verified.hcl.vm_configuration["vmUniqueId"]
             .as_str()
             .unwrap_or("?");
