@@ -9,7 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use clap::Subcommand;
@@ -18,11 +17,13 @@ use hawser_cli::image_build::published_variants;
 use hawser_image::platform::ImagePlatform;
 use hawser_measurements::eventlog::{self, EventLog};
 use hawser_measurements::explain::explain;
-use hawser_measurements::predict::{Phase, Prediction};
+use hawser_measurements::predict::{Phase, PredictOptions, Prediction};
 use hawser_measurements::reference::ReferenceMeasurements;
 
 mod committed;
+mod predict;
 use committed::{check, write_reference};
+use predict::predict;
 
 /// Where the committed reference for the QEMU image lives, relative to the workspace.
 pub const QEMU_REFERENCE: &str = "measurements/qemu.json";
@@ -73,6 +74,10 @@ pub enum MeasurementsCommand {
         /// a node locked to a cluster: PCR 15 is then its node lock instead of zeros.
         #[arg(long, value_parser = parse_cluster_id)]
         cluster_id: Option<[u8; 32]>,
+        /// The profile of a multi-profile UKI (systemd-stub 257 on) the boot entry selects with
+        /// `@N`; 0, the default, is what a boot without `@N` starts.
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        profile: u32,
     },
     /// Write a reference measurement file for UKI: predicted PCRs, warn-only firmware PCRs
     /// from a boot report, and the metadata `check` needs to name what changed.
@@ -154,6 +159,9 @@ pub enum MeasurementsCommand {
         /// named. The result is a diagnosis, not a prediction of the UKI.
         #[arg(long, value_name = "MAJOR")]
         assume_stub: Option<u32>,
+        /// The profile the boot started (its entry's `@N`), as for `predict --profile`.
+        #[arg(long, default_value_t = 0, value_name = "N")]
+        profile: u32,
     },
 }
 
@@ -164,7 +172,8 @@ pub fn run(cmd: MeasurementsCommand) -> anyhow::Result<()> {
             json,
             events,
             cluster_id,
-        } => predict(&uki, json, events, cluster_id.as_ref()),
+            profile,
+        } => predict(&uki, json, events, cluster_id.as_ref(), profile),
         MeasurementsCommand::Reference {
             uki,
             boot_report,
@@ -191,7 +200,17 @@ pub fn run(cmd: MeasurementsCommand) -> anyhow::Result<()> {
             console,
             boot_report,
             assume_stub,
-        } => run_explain(&uki, event_log, console, boot_report, assume_stub),
+            profile,
+        } => run_explain(
+            &uki,
+            event_log,
+            console,
+            boot_report,
+            PredictOptions {
+                assume_stub,
+                profile,
+            },
+        ),
     }
 }
 
@@ -286,104 +305,6 @@ fn parse_cluster_id(text: &str) -> Result<[u8; 32], String> {
         .map_err(|b: Vec<u8>| format!("a cluster ID is 32 bytes (64 hex digits), not {}", b.len()))
 }
 
-fn predict(
-    uki: &Path,
-    json: bool,
-    events: bool,
-    cluster_id: Option<&[u8; 32]>,
-) -> anyhow::Result<()> {
-    let started = Instant::now();
-    let p = predict_file(uki)?;
-    let elapsed = started.elapsed();
-    if json {
-        let phases: serde_json::Map<String, serde_json::Value> = PHASES
-            .iter()
-            .map(|&(phase, name, _)| {
-                (
-                    name.to_owned(),
-                    p.expected_measurements_json_in_cluster(phase, cluster_id),
-                )
-            })
-            .collect();
-        let out = serde_json::json!({
-            "measurements": p.expected_measurements_json_in_cluster(Phase::EnterInitrd, cluster_id),
-            "measurementsAfterLeaveInitrd": {
-                "11": {"expected": hex::encode(p.pcr(11, Phase::LeaveInitrd)), "warnOnly": false}
-            },
-            "measurementsPerPhase": phases,
-            "clusterId": cluster_id.map(hex::encode),
-            "pcr11AfterStub": hex::encode(p.pcr(11, Phase::Stub)),
-            "prediction": p,
-        });
-        println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(());
-    }
-    println!(
-        "UKI {} ({} bytes, sha256 {})",
-        uki.display(),
-        p.uki_size,
-        hex::encode(p.uki_sha256)
-    );
-    println!("stub: {}; kernel: Linux {}", p.stub, p.kernel_release);
-    println!("kernel command line: {}", p.cmdline);
-    println!(
-        "PCR  4  {}  OVMF: boot action, separator, UKI and kernel Authenticode",
-        hex::encode(p.pcr(4, Phase::Stub))
-    );
-    println!(
-        "PCR  9  {}  Linux EFI stub: command line, initrd ({} bytes)",
-        hex::encode(p.pcr(9, Phase::Stub)),
-        p.initrd_size
-    );
-    let pcrs = |phase| p.pcrs_in_cluster(phase, cluster_id);
-    println!(
-        "PCR 11  {}  after enter-initrd (what the boot report quotes)",
-        hex::encode(pcrs(Phase::EnterInitrd)[&11])
-    );
-    println!(
-        "        {}  after systemd-stub only",
-        hex::encode(pcrs(Phase::Stub)[&11])
-    );
-    println!(
-        "        {}  after leave-initrd (a worker in its rootfs)",
-        hex::encode(pcrs(Phase::LeaveInitrd)[&11])
-    );
-    println!(
-        "        {}  after control-plane, leave-initrd (a control plane in its rootfs)",
-        hex::encode(pcrs(Phase::LeaveInitrdControlPlane)[&11])
-    );
-    for pcr in [12u8, 13] {
-        println!(
-            "PCR {pcr:>2}  {}",
-            hex::encode(pcrs(Phase::LeaveInitrd)[&pcr])
-        );
-    }
-    match cluster_id {
-        Some(id) => println!(
-            "PCR 15  {}  node locked to cluster {}",
-            hex::encode(pcrs(Phase::LeaveInitrd)[&15]),
-            hex::encode(id)
-        ),
-        None => println!(
-            "PCR 15  {}  a fresh node (--cluster-id gives a locked node's)",
-            hex::encode(pcrs(Phase::LeaveInitrd)[&15])
-        ),
-    }
-    if events {
-        println!("events:");
-        for e in &p.events {
-            println!(
-                "  PCR {:>2}  {}  {}",
-                e.pcr,
-                hex::encode(e.digest),
-                e.description
-            );
-        }
-    }
-    eprintln!("predicted in {:.0} ms", elapsed.as_secs_f64() * 1000.0);
-    Ok(())
-}
-
 /// Reads a boot report from a console log (the marker line) or a JSON file, and verifies it
 /// (its own nonce: the quote is internally consistent, not fresh).
 fn boot_report(path: &Path) -> anyhow::Result<(BootReport, BTreeMap<u8, [u8; 32]>)> {
@@ -423,16 +344,12 @@ fn run_explain(
     event_log: Option<PathBuf>,
     console: Option<PathBuf>,
     boot_report_path: Option<PathBuf>,
-    assume_stub: Option<u32>,
+    options: PredictOptions,
 ) -> anyhow::Result<()> {
-    let prediction = match assume_stub {
-        None => predict_file(uki)?,
+    let p = Prediction::from_uki_with(&read(uki)?, &uki.display().to_string(), options)?;
+    let prediction = match options.assume_stub {
+        None => p,
         Some(major) => {
-            let p = Prediction::from_uki_assuming(
-                &read(uki)?,
-                &uki.display().to_string(),
-                Some(major),
-            )?;
             println!(
                 "ASSUMING systemd-stub {major}'s model for {} (it carries {}, Linux {}): a diagnosis, not a prediction of this UKI",
                 uki.display(),

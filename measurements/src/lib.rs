@@ -13,6 +13,7 @@
 //! - [`models`]: which stub (`.sdmagic`) and kernel (`.linux`) a UKI carries, and what each
 //!   modelled version measures; every other version is refused by name.
 //! - [`stub`]: how systemd-stub converts the command line and passes `.osrel` to the kernel.
+//! - [`hwids`]: which `.dtbauto` systemd-stub ≥ 257 picks (CHIDs, `.hwids`) with no firmware DT.
 //! - [`predict`]: the predicted events and values of PCRs 4, 9, 11 (per boot phase), 12, 13, 15.
 //! - [`eventlog`]: the firmware's TCG event log (crypto-agile), its replay, and the console
 //!   line PID 1 prints it in.
@@ -28,6 +29,7 @@
 pub mod authenticode;
 pub mod eventlog;
 pub mod explain;
+pub mod hwids;
 pub mod models;
 pub mod predict;
 pub mod publish;

@@ -83,38 +83,77 @@ pub struct StubModel {
     /// The sections measured into PCR 11, in the order of the version's `enum UnifiedSection`
     /// (`.pcrsig` is in every enum but never measured, so it is not listed).
     pub pcr11_sections: &'static [&'static str],
-    /// Whether `.osrel` is passed to the kernel as `/.extra/os-release` in a cpio appended to
-    /// the initrd (and so measured into PCR 9 by the kernel).
-    pub osrel_cpio: bool,
+    /// The sections handed to the kernel as they are, at the start of its initrd, in this order
+    /// (257 prepends `.ucode` to `.initrd`).
+    pub initrd_sections: &'static [&'static str],
+    /// The sections passed to the kernel after them as one `/.extra/<file>` cpio each, in the
+    /// stub's order: (section, file). The kernel measures them into PCR 9 with the rest.
+    pub extra_cpios: &'static [(&'static str, &'static str)],
+    /// How the stub finds a section by name.
+    pub lookup: SectionLookup,
     /// Why this version's measurements cannot be predicted at all, if they cannot.
     pub refusal: Option<&'static str>,
     /// Sections this version turns into something the predictor does not model, and what.
     pub unmodelled_sections: &'static [(&'static str, &'static str)],
 }
 
-const PCRSIG: (&str, &str) = (
-    ".pcrsig",
-    "is passed to the kernel as /.extra/tpm2-pcr-signature.json inside the measured initrd",
-);
-const PCRPKEY: (&str, &str) = (
-    ".pcrpkey",
-    "is passed to the kernel as /.extra/tpm2-pcr-public-key.pem inside the measured initrd",
-);
-const PROFILE: (&str, &str) = (
-    ".profile",
-    "selects between several sets of sections and passes /.extra/profile to the kernel",
-);
-const UCODE: (&str, &str) = (
-    ".ucode",
-    "is prepended to the initrd the kernel measures; not modelled",
-);
-const BY_HARDWARE_ID: &str = "selects a device tree by the firmware's hardware IDs";
-const DTBAUTO: (&str, &str) = (".dtbauto", BY_HARDWARE_ID);
-const HWIDS: (&str, &str) = (".hwids", BY_HARDWARE_ID);
+/// How a stub version finds a section by name in the section table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SectionLookup {
+    /// Before 257 (`locate_sections`, `src/boot/efi/pe.c`): every section whose name *starts
+    /// with* the wanted one (`memcmp` over the wanted name's length), the last in the table
+    /// winning. A `.dtbauto` is taken for `.dtb`, and in a multi-profile UKI the last
+    /// profile's sections win.
+    LastByPrefix,
+    /// 257 on (`pe_locate_sections_internal`): the first section of exactly that name (up to
+    /// 8 characters), per profile.
+    FirstExact,
+}
+
+impl SectionLookup {
+    /// Whether a section called `have` answers a lookup of `want`.
+    pub fn matches(self, have: &str, want: &str) -> bool {
+        match self {
+            SectionLookup::LastByPrefix => have.starts_with(want),
+            SectionLookup::FirstExact => have == want,
+        }
+    }
+}
+
+impl StubModel {
+    /// Whether `.profile` sections split a UKI into profiles, one chosen at boot (257 on:
+    /// `.profile` is in its section enum).
+    pub fn has_profiles(&self) -> bool {
+        self.pcr11_sections.contains(&".profile")
+    }
+
+    /// Whether the stub picks one of several `.dtbauto` sections by the firmware's devicetree
+    /// or hardware IDs (257 on).
+    pub fn picks_dtbauto(&self) -> bool {
+        self.pcr11_sections.contains(&".dtbauto")
+    }
+}
+
 const EFIFW: (&str, &str) = (
     ".efifw",
     "carries firmware images the stub selects by the firmware's hardware IDs",
 );
+
+/// The `/.extra` cpios of 252 to 255 (`pack_cpio_literal` calls in `run()`, `src/boot/efi/stub.c`),
+/// after `.initrd`, credentials and sysexts.
+const EXTRA_CPIOS_252: &[(&str, &str)] = &[
+    (".pcrsig", "tpm2-pcr-signature.json"),
+    (".pcrpkey", "tpm2-pcr-public-key.pem"),
+];
+/// The `/.extra` cpios of 257 and 262 (`generate_embedded_initrds`, `enum InitrdType` order).
+const EXTRA_CPIOS_257: &[(&str, &str)] = &[
+    (".pcrsig", "tpm2-pcr-signature.json"),
+    (".pcrpkey", "tpm2-pcr-public-key.pem"),
+    (".osrel", "os-release"),
+    (".profile", "profile"),
+];
+/// 257's embedded initrds before the cpios (`lookup_embedded_initrds`): microcode first.
+const INITRD_SECTIONS_257: &[&str] = &[".ucode", ".initrd"];
 
 /// PCR 11's sections from systemd 254 on (252's and `.uname .sbat`), in `enum UnifiedSection`
 /// order; 255 has the same enum.
@@ -135,6 +174,27 @@ const SECTIONS_262: &[&str] = &[
 /// Every section some modelled stub measures into PCR 11.
 pub(crate) const ALL_PCR11_SECTIONS: &[&str] = SECTIONS_262;
 
+/// The sections among `names` that some stub acts on and `model`'s version does not look up
+/// (`.pcrsig` is known to every version), each once, in the order found.
+pub fn ignored_sections<'a>(
+    model: &StubModel,
+    names: impl Iterator<Item = &'a str>,
+) -> Vec<String> {
+    let mut ignored: Vec<String> = Vec::new();
+    for name in names {
+        if ALL_PCR11_SECTIONS.contains(&name)
+            && !model
+                .pcr11_sections
+                .iter()
+                .any(|&want| model.lookup.matches(name, want))
+            && !ignored.iter().any(|i| i == name)
+        {
+            ignored.push(name.to_owned());
+        }
+    }
+    ignored
+}
+
 /// Every systemd-stub version the predictor models, each proven by a boot; a version whose
 /// measurements are known not to be predictable carries the reason it is refused. The rules per
 /// version are in `docs/research/systemd-stub-versions.md`.
@@ -145,43 +205,53 @@ pub const STUB_MODELS: &[StubModel] = &[
         pcr11_sections: &[
             ".linux", ".osrel", ".cmdline", ".initrd", ".splash", ".dtb", ".pcrpkey",
         ],
-        osrel_cpio: false,
+        initrd_sections: &[".initrd"],
+        extra_cpios: EXTRA_CPIOS_252,
+        lookup: SectionLookup::LastByPrefix,
         refusal: None,
-        unmodelled_sections: &[PCRSIG, PCRPKEY],
+        unmodelled_sections: &[],
     },
     StubModel {
         major: 254,
         proven_with: "Debian 12 bookworm-backports systemd-boot-efi 254.26-1~bpo12+1",
         pcr11_sections: SECTIONS_254,
-        osrel_cpio: false,
+        initrd_sections: &[".initrd"],
+        extra_cpios: EXTRA_CPIOS_252,
+        lookup: SectionLookup::LastByPrefix,
         refusal: None,
-        unmodelled_sections: &[PCRSIG, PCRPKEY],
+        unmodelled_sections: &[],
     },
     StubModel {
         major: 255,
         proven_with: "Ubuntu 24.04 systemd-boot-efi 255.4-1ubuntu8",
         pcr11_sections: SECTIONS_254,
-        osrel_cpio: false,
+        initrd_sections: &[".initrd"],
+        extra_cpios: EXTRA_CPIOS_252,
+        lookup: SectionLookup::LastByPrefix,
         refusal: None,
-        unmodelled_sections: &[PCRSIG, PCRPKEY],
+        unmodelled_sections: &[],
     },
     StubModel {
         major: 257,
         proven_with: "Debian 13 systemd-boot-efi 257.13-1~deb13u1 (hawser's own stub)",
         pcr11_sections: SECTIONS_257,
-        osrel_cpio: true,
+        initrd_sections: INITRD_SECTIONS_257,
+        extra_cpios: EXTRA_CPIOS_257,
+        lookup: SectionLookup::FirstExact,
         refusal: None,
-        unmodelled_sections: &[PCRSIG, PCRPKEY, PROFILE, UCODE, DTBAUTO, HWIDS],
+        unmodelled_sections: &[],
     },
     StubModel {
         major: 262,
         proven_with: "Debian forky systemd-boot-efi 262-1",
         pcr11_sections: SECTIONS_262,
-        osrel_cpio: true,
+        initrd_sections: INITRD_SECTIONS_257,
+        extra_cpios: EXTRA_CPIOS_257,
+        lookup: SectionLookup::FirstExact,
         refusal: Some(
             "appends a per-machine boot secret (/.extra/boot-secret, derived from an EFI variable it creates and a mixin it writes to the ESP) to the initrd the kernel measures into PCR 9, so PCR 9 differs from machine to machine and cannot be predicted from the UKI (two boots of UKIs with the same kernel, initrd and command line quote different PCR 9 values)",
         ),
-        unmodelled_sections: &[PCRSIG, PCRPKEY, PROFILE, UCODE, DTBAUTO, HWIDS, EFIFW],
+        unmodelled_sections: &[EFIFW],
     },
 ];
 

@@ -32,11 +32,14 @@ use hawser_pcr::{
 use hawser_pe::{PeError, PeImage};
 
 mod pcr11;
+mod pcr12;
 mod pcr4;
 mod pcr9;
+mod sections;
 
 pub use pcr4::{BootPath, OVMF_CALLING_EFI_APPLICATION, OVMF_RETURNING_FROM_EFI_APPLICATION};
 pub use pcr9::{LINUX_TAG_INITRD, LINUX_TAG_LOAD_OPTIONS};
+pub use pcr12::UKI_PROFILE_EVENT_TAG;
 
 /// The PCRs a prediction covers (the firmware's own PCRs 0–3 and 5–7 are not predicted).
 pub const PREDICTED_PCRS: [u8; 6] = [4, 9, 11, 12, 13, 15];
@@ -134,6 +137,16 @@ pub struct Prediction {
     pub cmdline: String,
     /// Size of the initrd the kernel loads and measures (`.initrd` + padding + `.osrel` cpio).
     pub initrd_size: u64,
+    /// The profile predicted (the boot entry's `@N`; 0 when it passes none).
+    pub profile: u32,
+    /// How many profiles the UKI has (1 for a UKI without `.profile` sections).
+    pub profiles: u32,
+    /// Sections of the UKI specification the UKI has but this stub version ignores (a newer
+    /// stub acts on them): they are in no PCR but PCR 4's Authenticode hash of the whole file.
+    pub ignored_sections: Vec<String>,
+    /// Which `.dtbauto` the stub uses and why, when the UKI has any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dtbauto: Option<String>,
     /// Every predicted event, PCR by PCR in boot order.
     pub events: Vec<PredictedEvent>,
 }
@@ -167,6 +180,20 @@ pub enum PredictError {
         stub: StubIdentity,
         why: &'static str,
     },
+    /// `--profile` named a profile the UKI does not have.
+    #[error(
+        "the UKI {uki} has no profile {profile}: it has {profiles} (numbered from 0), one per .profile section"
+    )]
+    NoSuchProfile {
+        uki: String,
+        profile: u32,
+        profiles: u32,
+    },
+    /// `--profile` for a stub that has no profiles.
+    #[error(
+        "the UKI {uki} carries {stub}, which has no profiles (they came with systemd-stub 257): it boots only what profile 0 would"
+    )]
+    NoProfiles { uki: String, stub: StubIdentity },
     /// A text section is implausibly large.
     #[error(
         "the {section} section of the UKI {uki} is {size} bytes, more than the {limit} bytes hawser accepts for it"
@@ -199,11 +226,21 @@ const REQUIRED_SECTIONS: [(&str, &str); 3] = [
     ),
 ];
 
+/// How a UKI is booted, beyond its bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PredictOptions {
+    /// Predict as if the UKI carried this stub ([`Prediction::from_uki_assuming`]).
+    pub assume_stub: Option<u32>,
+    /// The profile the boot entry selects with `@N` (systemd-stub 257 on); 0 when it passes
+    /// none.
+    pub profile: u32,
+}
+
 impl Prediction {
     /// Predicts every event of a boot of `uki`; `label` names the file in errors. The stub and
     /// the kernel must be modelled versions ([`crate::models`]).
     pub fn from_uki(uki: &[u8], label: &str) -> Result<Prediction, PredictError> {
-        Self::from_uki_assuming(uki, label, None)
+        Self::from_uki_with(uki, label, PredictOptions::default())
     }
 
     /// As [`Self::from_uki`], but with `assume_stub` (a major version in
@@ -216,6 +253,26 @@ impl Prediction {
         label: &str,
         assume_stub: Option<u32>,
     ) -> Result<Prediction, PredictError> {
+        Self::from_uki_with(
+            uki,
+            label,
+            PredictOptions {
+                assume_stub,
+                profile: 0,
+            },
+        )
+    }
+
+    /// Predicts a boot of `uki` as `options` say it is booted.
+    pub fn from_uki_with(
+        uki: &[u8],
+        label: &str,
+        options: PredictOptions,
+    ) -> Result<Prediction, PredictError> {
+        let PredictOptions {
+            assume_stub,
+            profile,
+        } = options;
         let pe = PeImage::parse(uki, format!("UKI {label}"))?;
         for (section, why) in REQUIRED_SECTIONS {
             if pe.section(section).is_none() {
@@ -255,6 +312,13 @@ impl Prediction {
             }
         }
 
+        let chosen = sections::choose(&pe, model, &stub, profile, label)?;
+        for (section, why) in REQUIRED_SECTIONS {
+            if chosen.get(section).is_none() {
+                return Err(missing_section(&pe, label, section, why));
+            }
+        }
+
         let sections: Vec<SectionDigest> = pe
             .sections
             .iter()
@@ -273,7 +337,7 @@ impl Prediction {
 
         // PCR 4: OVMF's boot manager, then the two images it loads.
         let uki_authenticode = authenticode_sha256(&pe)?;
-        let kernel = pcr4::LinuxKernel::from_uki(&pe, label, assume_stub)?;
+        let kernel = pcr4::LinuxKernel::from_uki(&pe, &chosen, label, assume_stub)?;
         events.extend(pcr4::boot_events(
             uki.len() as u64,
             uki_authenticode,
@@ -281,13 +345,16 @@ impl Prediction {
         ));
 
         // PCR 9: the Linux EFI stub.
-        let (cmdline, load_options_event) = pcr9::load_options(&pe, label)?;
+        let (cmdline, load_options_event) = pcr9::load_options(&pe, &chosen, label)?;
         events.push(load_options_event);
-        let (initrd_size, initrd_event) = pcr9::initrd(&pe, label, model)?;
+        let (initrd_size, initrd_event) = pcr9::initrd(&pe, &chosen, label, model)?;
         events.push(initrd_event);
 
         // PCR 11: systemd-stub's sections, then hawser's phases.
-        events.extend(pcr11::events(model, &sections));
+        events.extend(pcr11::events(&pe, model, &chosen));
+
+        // PCR 12: the profile, if not the default one.
+        events.extend(pcr12::profile_event(profile));
 
         Ok(Prediction {
             stub,
@@ -299,6 +366,17 @@ impl Prediction {
             sections,
             cmdline,
             initrd_size,
+            profile,
+            profiles: if model.has_profiles() {
+                sections::profile_count(&pe)
+            } else {
+                1
+            },
+            dtbauto: chosen.dtbauto.clone(),
+            ignored_sections: models::ignored_sections(
+                model,
+                pe.sections.iter().map(|s| s.name.as_str()),
+            ),
             events,
         })
     }

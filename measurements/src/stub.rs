@@ -58,9 +58,11 @@ fn utf8_to_unichar(s: &[u8]) -> (Option<u32>, usize) {
     (Some(value), len)
 }
 
-/// systemd's `xstrn8_to_16()`, truncated at the first NUL unit (which is where every consumer
-/// of the result stops).
-fn utf8_to_ucs2(mut s: &[u8]) -> Vec<u16> {
+/// systemd's `xstrn8_to_16()` (`src/boot/efi-string.c`), truncated at the first NUL unit (which
+/// is where every consumer of the result stops): invalid or truncated sequences, surrogates and
+/// code points above U+FFFF are dropped, overlong forms accepted as decoded. The command line's
+/// conversion, and the hardware-ID strings' ([`crate::hwids`]).
+pub(crate) fn utf8_to_ucs2(mut s: &[u8]) -> Vec<u16> {
     let mut out = Vec::with_capacity(s.len());
     while !s.is_empty() && s[0] != 0 {
         let (c, used) = utf8_to_unichar(s);
@@ -97,28 +99,30 @@ fn mangle_stub_cmdline(s: &[u16]) -> Vec<u16> {
     out
 }
 
-/// The newc cpio systemd-stub generates for `.osrel` (`pack_cpio_literal(…, ".extra",
-/// u"os-release", 0555, 0444, …)`, `src/boot/cpio.c`): a directory `.extra` (mode 040555), the
-/// file `.extra/os-release` (mode 0100444) with the section's bytes, and the trailer. All
-/// numbers are 8 lowercase hex digits (the trailer is a literal with an uppercase `B`), mtimes,
-/// uids and gids 0, inodes counted from 1, padding to 4 bytes relative to the cpio's start.
-pub fn osrel_cpio(osrel: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(osrel.len() + 400);
+/// The newc cpio systemd-stub generates for a section it passes to the kernel as
+/// `/.extra/<file>` (`pack_cpio_literal(…, ".extra", <file>, 0555, 0444, …)`, `src/boot/cpio.c`;
+/// `.osrel` as `os-release`, `.pcrsig`, `.pcrpkey`, `.profile`): a directory `.extra` (mode
+/// 040555), the file `.extra/<file>` (mode 0100444) with the section's bytes, and the trailer.
+/// All numbers are 8 lowercase hex digits (the trailer is a literal with an uppercase `B`),
+/// mtimes, uids and gids 0, inodes counted from 1, padding to 4 bytes relative to the cpio's
+/// start.
+pub fn extra_cpio(file: &str, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 400);
     // pack_cpio_prefix(".extra", 0555): one directory entry (the path has no '/').
     cpio_header(&mut out, 1, 0o040555, 0, ".extra".len() + 1);
     out.extend_from_slice(b".extra\0");
     pad4(&mut out);
-    // pack_cpio_one(u"os-release", …, ".extra", 0444).
+    // pack_cpio_one(<file>, …, ".extra", 0444).
     cpio_header(
         &mut out,
         2,
         0o100444,
-        osrel.len(),
-        ".extra".len() + "os-release".len() + 2,
+        data.len(),
+        ".extra".len() + file.len() + 2,
     );
-    out.extend_from_slice(b".extra/os-release\0");
+    out.extend_from_slice(format!(".extra/{file}\0").as_bytes());
     pad4(&mut out);
-    out.extend_from_slice(osrel);
+    out.extend_from_slice(data);
     pad4(&mut out);
     // pack_cpio_trailer().
     out.extend_from_slice(b"070701");
@@ -129,6 +133,11 @@ pub fn osrel_cpio(osrel: &[u8]) -> Vec<u8> {
     out.extend_from_slice(b"00000000");
     out.extend_from_slice(b"TRAILER!!!\0\0\0\0");
     out
+}
+
+/// [`extra_cpio`] of `.osrel`: `/.extra/os-release`.
+pub fn osrel_cpio(osrel: &[u8]) -> Vec<u8> {
+    extra_cpio("os-release", osrel)
 }
 
 fn cpio_header(out: &mut Vec<u8>, inode: u32, mode: u32, size: usize, namesize: usize) {

@@ -5,11 +5,24 @@
 //! systemd-stub pinned in `measurements/stubs.lock` (Debian 12's 252, bookworm-backports' 254,
 //! Ubuntu 24.04's 255, Debian forky's 262) and hawser's own 257, each twice: with objcopy, the
 //! way distributions' and users' scripts did before ukify (the recipe of the Arch wiki and
-//! systemd's documentation), and with ukify 257. For every UKI `hawser measurements predict`
-//! must name the stub and kernel it models, and a boot under OVMF + swtpm must quote exactly the
-//! predicted PCRs 4, 9, 11 (before and after hawser's phase), 12, 13 and 15, with the event log
-//! lining up event for event. All UKIs are booted before anything is asserted, so one run shows
-//! every stub's result.
+//! systemd's documentation), and with ukify 257 and every option that adds a section every
+//! stub version is handed alike: `--microcode` (`.ucode`), `--devicetree` (`.dtb`), `--pcrpkey`
+//! and a `.pcrsig` signed by `systemd-measure` (this host's, systemd 252, which knows no
+//! `.ucode`, so ukify's own `--pcr-private-key` cannot run it on a UKI with microcode: the
+//! signature is made beforehand and added with `--section .pcrsig:@…`, in the place ukify's
+//! signing would put it; its contents are data to every stub). 252's stub has header room for
+//! one section more than ukify's plain UKI: its ukify UKI adds `--pcrpkey` alone.
+//! Around 257 also the sections only it acts on: two `.dtbauto` with a `.hwids` table that
+//! names the QEMU platform's hardware IDs (the stub must pick the devicetree of the most
+//! specific match, not the first), and a two-profile UKI (`--profile`, `--join-profile`),
+//! booted as profile 0 directly and as profile 1 from systemd-boot's menu entry
+//! (`<uki>@<id>`, which passes `@1`).
+//!
+//! For every UKI `hawser measurements predict` must name the stub and kernel it models, and a
+//! boot under OVMF + swtpm must quote exactly the predicted PCRs 4, 9, 11 (before and after
+//! hawser's phase), 12, 13 and 15 on its boot path and profile, with the event log lining up
+//! event for event. All UKIs are booted before anything is asserted, so one run shows every
+//! result.
 //!
 //! A stub the predictor does not model is refused by name before any boot: the same UKI with
 //! `.sdmagic` saying systemd-stub 249.
@@ -21,17 +34,23 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use hawser_image::build::BuildOutput;
+use std::ffi::OsString;
+
+use hawser_harness::{Esp, EspFile, VmConfig};
 use hawser_image::inputs::{self, InputLock};
+use hawser_measurements::authenticode::authenticode_sha256;
 use hawser_measurements::explain::{EventMatch, explain};
+use hawser_measurements::hwids;
 use hawser_measurements::models::STUB_MODELS;
-use hawser_measurements::predict::Prediction;
+use hawser_measurements::pe::PeImage;
+use hawser_measurements::predict::{BootPath, PredictOptions, Prediction};
 
 mod common;
 
 /// The input cache's subdirectory for other distributions' packages.
 const OTHER_DISTRIBUTIONS: &str = "other-distributions";
-use common::quote::{Boot, boot, boot_matches};
+use common::quote::{Boot, boot, boot_matches, boot_with};
+use common::ukify::{self, Parts, run};
 use common::{build_image, workspace};
 
 fn scratch(name: &str) -> PathBuf {
@@ -40,32 +59,6 @@ fn scratch(name: &str) -> PathBuf {
 
 /// Where a `systemd-boot-efi` package keeps the stub.
 const STUB_IN_PACKAGE: &str = "usr/lib/systemd/boot/efi/linuxx64.efi.stub";
-
-/// The parts every UKI here is assembled from: hawser's, from the image build.
-struct Parts {
-    linux: PathBuf,
-    initrd: PathBuf,
-    cmdline: PathBuf,
-    osrel: PathBuf,
-}
-
-fn parts(image: &BuildOutput, dir: &Path) -> Parts {
-    let uki = std::fs::read(&image.uki.path).expect("read hawser's UKI");
-    let osrel = hawser_image::uki::read_uki_sections(&uki)
-        .expect("hawser's UKI parses")
-        .into_iter()
-        .find(|s| s.name == ".osrel")
-        .expect("hawser's UKI has .osrel")
-        .data;
-    let osrel_path = dir.join("os-release");
-    std::fs::write(&osrel_path, osrel.strip_suffix(b"\0").unwrap_or(&osrel)).unwrap();
-    Parts {
-        linux: image.kernel.path.clone(),
-        initrd: image.initrd.path.clone(),
-        cmdline: image.cmdline.path.clone(),
-        osrel: osrel_path,
-    }
-}
 
 /// Every stub to assemble around: hawser's own (inputs.lock) and each of `measurements/stubs.lock`,
 /// fetched (and verified) into the input cache.
@@ -152,19 +145,6 @@ fn refused_on_purpose(version: &str) -> bool {
         .any(|m| m.major == major && m.refusal.is_some())
 }
 
-fn run(mut command: Command, what: &str) {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot run {command:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The objcopy recipe users ran before ukify (Arch wiki, "Unified kernel image", manual
 /// assembly): each section placed after the stub's last one at the stub's section alignment,
 /// in the order `.osrel .cmdline .initrd .linux`.
@@ -200,17 +180,186 @@ fn objcopy_uki(stub: &Path, parts: &Parts, out: &Path) {
     run(c, "the objcopy recipe (binutils)");
 }
 
-fn ukify_uki(ukify: &Path, stub: &Path, parts: &Parts, out: &Path) {
-    let mut c = Command::new("/usr/bin/python3");
-    c.arg(ukify).arg("build").arg("--stub").arg(stub);
-    c.arg("--linux")
-        .arg(&parts.linux)
-        .arg("--initrd")
-        .arg(&parts.initrd);
-    c.arg(format!("--cmdline=@{}", parts.cmdline.display()));
-    c.arg(format!("--os-release=@{}", parts.osrel.display()));
-    c.arg("--output").arg(out);
-    run(c, "ukify 257 (systemd-ukify, python3-pefile)");
+/// The section-adding options every stub is handed alike (see the module docs).
+struct Extras {
+    microcode: PathBuf,
+    devicetree: PathBuf,
+    pcr_public_key: PathBuf,
+    pcr_signature: PathBuf,
+}
+
+impl Extras {
+    fn new(dir: &Path, parts: &Parts) -> Extras {
+        let devicetree = ukify::devicetree(dir, "qemu", "hawser,qemu-q35");
+        let (private, public) = ukify::pcr_signing_key(dir);
+        let pcr_signature = ukify::pcr_signature(dir, parts, &devicetree, &private, &public);
+        Extras {
+            microcode: ukify::microcode(dir),
+            devicetree,
+            pcr_public_key: public,
+            pcr_signature,
+        }
+    }
+
+    /// The options for a stub of `version`: all of them, but for 252 only `--pcrpkey`, the one
+    /// extra section that fits its headers (seven free section slots; ukify needs six for the
+    /// plain UKI and cannot grow them). 252's `.pcrsig`, `.dtb` and `.ucode` code is 254's.
+    fn args(&self, version: &str) -> Vec<OsString> {
+        if version.starts_with("252.") {
+            return vec!["--pcrpkey".into(), self.pcr_public_key.clone().into()];
+        }
+        vec![
+            "--microcode".into(),
+            self.microcode.clone().into(),
+            "--devicetree".into(),
+            self.devicetree.clone().into(),
+            "--pcrpkey".into(),
+            self.pcr_public_key.clone().into(),
+            format!("--section=.pcrsig:@{}", self.pcr_signature.display()).into(),
+        ]
+    }
+}
+
+/// One UKI to boot: how it was made, and how it is booted.
+struct Case {
+    name: String,
+    /// The stub's version.
+    version: String,
+    uki: PathBuf,
+    profile: u32,
+    path: BootPath,
+    /// The VM (its ESP) for a path other than the direct one.
+    vm: Option<VmConfig>,
+}
+
+impl Case {
+    fn direct(name: String, version: &str, uki: PathBuf) -> Case {
+        Case {
+            name,
+            version: version.to_owned(),
+            uki,
+            profile: 0,
+            path: BootPath::Direct,
+            vm: None,
+        }
+    }
+
+    fn boot(&self) -> Boot {
+        match &self.vm {
+            None => boot(&self.name, &self.uki),
+            Some(vm) => boot_with(&self.name, vm.clone()),
+        }
+    }
+}
+
+/// What the prediction of a UKI made for one section must say before its boot can prove it.
+fn special_case_wrong(case: &Case, p: &Prediction) -> Option<String> {
+    let major: u32 = case.version[..3].parse().unwrap_or(0);
+    if case.name.ends_with("-dtbauto") {
+        let why = p.dtbauto.clone().unwrap_or_default();
+        return (!why.contains("\"hawser,qemu-exact\"")).then(|| {
+            format!("the prediction does not use the devicetree of the CHID-3 device: {why}")
+        });
+    }
+    if case.profile != 0 {
+        return (p.pcr(12, hawser_measurements::predict::Phase::Stub) == [0; 32])
+            .then(|| "a profile other than 0 leaves PCR 12 empty in the prediction".into());
+    }
+    if case.name.ends_with("-ukify") && (254..257).contains(&major) {
+        return (!p.ignored_sections.iter().any(|s| s == ".ucode")).then(|| {
+            format!(
+                "systemd-stub {major} does not know .ucode, yet the prediction does not list it as ignored: {:?}",
+                p.ignored_sections
+            )
+        });
+    }
+    None
+}
+
+/// The UKIs of the sections only systemd-stub 257 acts on (see the module docs).
+fn cases_of_257(ukify_script: &Path, stub: &Path, parts: &Parts, dir: &Path) -> Vec<Case> {
+    let version = "257.13-1~deb13u1";
+    // .dtbauto: three devicetrees, the .hwids naming two devices of this platform (CHID 3, the
+    // most specific, and CHID 9: manufacturer and product name) and one of another. The stub
+    // must use the devicetree of the CHID-3 device, the second .dtbauto.
+    let machine = hwids::chids(&hwids::QEMU_REFERENCE_SMBIOS);
+    let chid = |n: usize| machine[n].expect("the QEMU platform has this CHID");
+    let hwids_dir = ukify::hwids(
+        dir,
+        &[
+            ("another board", "hawser,other-board", [0x5a; 16]),
+            ("QEMU q35, exactly", "hawser,qemu-exact", chid(3)),
+            ("QEMU q35", "hawser,qemu-q35", chid(9)),
+        ],
+    );
+    let mut args = ukify::base_args(parts);
+    for (name, compatible) in [
+        ("qemu-broad", "hawser,qemu-q35"),
+        ("qemu-exact", "hawser,qemu-exact"),
+        ("other", "hawser,other-board"),
+    ] {
+        args.push("--devicetree-auto".into());
+        args.push(ukify::devicetree(dir, name, compatible).into());
+    }
+    args.push("--hwids".into());
+    args.push(hwids_dir.into());
+    let dtbauto = dir.join("stub-257-ukify-dtbauto.efi");
+    ukify::build(ukify_script, stub, &args, &dtbauto);
+
+    // Two profiles: 0 ("main") as the base, 1 ("debug") with its own command line, built (as
+    // ukify does by default) around the addon stub, which carries no `.sbat` to import.
+    let profile1 = dir.join("profile-debug.efi");
+    let addon_stub = stub.with_file_name("addonx64.efi.stub");
+    ukify::build(
+        ukify_script,
+        &addon_stub,
+        &[
+            "--profile=ID=debug\nTITLE=Debug".into(),
+            format!("--cmdline={} loglevel=7", parts.cmdline_text()).into(),
+        ],
+        &profile1,
+    );
+    let mut args = ukify::base_args(parts);
+    args.push("--profile=ID=main\nTITLE=Main".into());
+    args.push("--join-profile".into());
+    args.push(profile1.into());
+    let two = dir.join("stub-257-two-profiles.efi");
+    ukify::build(ukify_script, stub, &args, &two);
+
+    // Profile 1 is chosen from systemd-boot's menu: its entry `<file>@<ID>`.
+    let sd_boot = stub
+        .parent()
+        .expect("the stub's directory")
+        .join("systemd-bootx64.efi");
+    let bytes = std::fs::read(&sd_boot).unwrap();
+    let authenticode =
+        authenticode_sha256(&PeImage::parse(&bytes, "systemd-boot").unwrap()).unwrap();
+    let loader_conf = dir.join("loader.conf");
+    std::fs::write(
+        &loader_conf,
+        "timeout 0\ndefault stub-257-two-profiles.efi@debug\n",
+    )
+    .unwrap();
+    let esp = Esp::Files(vec![
+        EspFile::default_boot_loader(&sd_boot),
+        EspFile::new("loader/loader.conf", &loader_conf),
+        EspFile::new("EFI/Linux/stub-257-two-profiles.efi", &two),
+    ]);
+    vec![
+        Case::direct("stub-257-ukify-dtbauto".into(), version, dtbauto),
+        Case::direct("stub-257-two-profiles-0".into(), version, two.clone()),
+        Case {
+            name: "stub-257-two-profiles-1-systemd-boot".into(),
+            version: version.to_owned(),
+            uki: two,
+            profile: 1,
+            path: BootPath::BootManager {
+                name: "systemd-boot 257.13".into(),
+                authenticode,
+            },
+            vm: Some(VmConfig::uefi_with_esp(esp)),
+        },
+    ]
 }
 
 /// The UKI with its `.sdmagic` rewritten to a stub version no model covers.
@@ -232,60 +381,83 @@ fn with_stub_version(uki: &[u8], from: &str, to: &str) -> Vec<u8> {
 fn ukis_with_other_stubs_and_tools_boot_to_exactly_the_predicted_pcrs() {
     let image = build_image(&scratch("image"), None);
     let dir = scratch("ukis");
-    let parts = parts(&image, &dir);
-    let ukify = inputs::cached(
+    let parts = Parts::of(&image, &dir);
+    let ukify_script = inputs::cached(
         &InputLock::load(&workspace().join("inputs.lock")).unwrap(),
         &inputs::cache_dir(),
     )
     .expect("inputs fetched by the image build")
     .ukify;
+    let extras = Extras::new(&dir, &parts);
 
-    let mut built = Vec::new();
+    let mut cases = Vec::new();
     for (version, stub) in stubs() {
         for tool in ["objcopy", "ukify"] {
             let name = format!("stub-{}-{tool}", version.split(['-', '~']).next().unwrap());
             let out = dir.join(format!("{name}.efi"));
             match tool {
                 "objcopy" => objcopy_uki(&stub, &parts, &out),
-                _ => ukify_uki(&ukify, &stub, &parts, &out),
+                _ => {
+                    let mut args = ukify::base_args(&parts);
+                    args.extend(extras.args(&version));
+                    ukify::build(&ukify_script, &stub, &args, &out);
+                }
             }
-            built.push((name, version.clone(), out));
+            cases.push(Case::direct(name, &version, out));
+        }
+        if version.starts_with("257.") {
+            cases.extend(cases_of_257(&ukify_script, &stub, &parts, &dir));
         }
     }
 
     let mut failures = Vec::new();
     // UKIs of a stub the predictor refuses, with the quoted PCR 9 of their boots.
     let mut refused: Vec<(String, [u8; 32])> = Vec::new();
-    for (name, version, uki) in &built {
-        let prediction = match Prediction::from_uki(&std::fs::read(uki).unwrap(), name) {
-            Ok(p) => p,
-            Err(e) if refused_on_purpose(version) => {
-                let err = e.to_string();
-                eprintln!("{name}: refused as it should be: {err}");
-                if !err.contains(&format!(
-                    "systemd-stub {version} appends a per-machine boot secret"
-                )) {
-                    failures.push(format!(
-                        "{name}: the refusal does not name the stub and why: {err}"
-                    ));
-                }
-                let quoted = boot(name, uki);
-                refused.push((name.clone(), quoted.verified.pcrs[&9]));
-                if let Err(why) = explained_against_257(uki, name, &quoted) {
-                    failures.push(format!("{name}: {why}"));
-                }
-                continue;
-            }
-            Err(e) => {
-                failures.push(format!(
-                    "{name} (systemd-stub {version}): not predicted: {e}"
-                ));
-                continue;
-            }
+    for case in &cases {
+        let (name, version, uki) = (&case.name, &case.version, &case.uki);
+        let options = PredictOptions {
+            assume_stub: None,
+            profile: case.profile,
         };
-        let quoted = boot(name, uki);
+        let prediction =
+            match Prediction::from_uki_with(&std::fs::read(uki).unwrap(), name, options) {
+                Ok(p) => p.on_path(&case.path),
+                Err(e) if refused_on_purpose(version) => {
+                    let err = e.to_string();
+                    eprintln!("{name}: refused as it should be: {err}");
+                    if !err.contains(&format!(
+                        "systemd-stub {version} appends a per-machine boot secret"
+                    )) {
+                        failures.push(format!(
+                            "{name}: the refusal does not name the stub and why: {err}"
+                        ));
+                    }
+                    let quoted = case.boot();
+                    refused.push((name.clone(), quoted.verified.pcrs[&9]));
+                    if let Err(why) = explained_against_257(uki, name, &quoted) {
+                        failures.push(format!("{name}: {why}"));
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    failures.push(format!(
+                        "{name} (systemd-stub {version}): not predicted: {e}"
+                    ));
+                    continue;
+                }
+            };
+        if let Some(why) = &prediction.dtbauto {
+            eprintln!("{name}: .dtbauto: {why}");
+        }
+        if let Some(wrong) = special_case_wrong(case, &prediction) {
+            failures.push(format!("{name}: {wrong}"));
+        }
+        let quoted = case.boot();
         match boot_matches(&prediction, &quoted) {
-            Ok(()) => eprintln!("{name}: the boot quoted exactly the predicted PCRs"),
+            Ok(()) => eprintln!(
+                "{name}: the boot quoted exactly the predicted PCRs (profile {}, {})",
+                case.profile, case.path
+            ),
             Err(why) => failures.push(format!("{name} (systemd-stub {version}):\n{why}")),
         }
     }
@@ -306,7 +478,11 @@ fn ukis_with_other_stubs_and_tools_boot_to_exactly_the_predicted_pcrs() {
     }
 
     // A version no model covers is refused by name.
-    let (_, version, first) = &built[0];
+    let Case {
+        version,
+        uki: first,
+        ..
+    } = &cases[0];
     assert!(
         version.starts_with("257."),
         "the first UKI is hawser's stub's"
@@ -331,7 +507,7 @@ fn ukis_with_other_stubs_and_tools_boot_to_exactly_the_predicted_pcrs() {
         failures.is_empty(),
         "{} of {} UKIs:\n\n{}",
         failures.len(),
-        built.len(),
+        cases.len(),
         failures.join("\n\n")
     );
 }

@@ -72,7 +72,7 @@ fn manifest_entries(uki: &Path) -> anyhow::Result<BTreeMap<String, String>> {
 /// The boot manager the QEMU reference accepts in front of the UKI: systemd-boot from the
 /// pinned `systemd-boot-efi` (the stub's package, so the same systemd), by its Authenticode
 /// hash (`qemu-tests/tests/boot_paths.rs` boots it).
-fn systemd_boot(lock: &InputLock) -> anyhow::Result<(String, [u8; 32])> {
+pub(super) fn systemd_boot(lock: &InputLock) -> anyhow::Result<(String, [u8; 32])> {
     let cache = hawser_image::inputs::cache_dir();
     let fetched = hawser_image::inputs::cached(lock, &cache)
         .context("the pinned inputs are not in the cache: run `hawser image fetch`")?;

@@ -6,6 +6,7 @@ use std::borrow::Cow;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use super::sections::Chosen;
 use super::{
     PredictError, PredictedEvent, Prediction, REQUIRED_SECTIONS, event_type, extend_sha256,
     missing_section, size,
@@ -76,11 +77,12 @@ impl LinuxKernel {
     /// The kernel of `pe`; without `assume_stub` its release must be a modelled one.
     pub(super) fn from_uki(
         pe: &PeImage<'_>,
+        chosen: &Chosen<'_>,
         label: &str,
         assume_stub: Option<u32>,
     ) -> Result<Self, PredictError> {
-        let linux_header = pe
-            .section(".linux")
+        let linux_header = chosen
+            .get(".linux")
             .ok_or_else(|| missing_section(pe, label, ".linux", REQUIRED_SECTIONS[0].1))?;
         let linux = pe.loaded(linux_header);
         // The kernel is loaded from the section's memory; VirtualSize beyond the file data is
@@ -199,7 +201,7 @@ impl Prediction {
                     BootPath::BootManager { name, authenticode } => events.push(PredictedEvent {
                         pcr: 4,
                         event_type: event_type::EV_EFI_BOOT_SERVICES_APPLICATION,
-                        key: "app#0".into(),
+                        key: "app#1".into(),
                         description: format!(
                             "OVMF: EV_EFI_BOOT_SERVICES_APPLICATION, the boot manager {name} (Authenticode)"
                         ),
@@ -209,9 +211,42 @@ impl Prediction {
                     }),
                 }
             }
-            events.push(e.clone());
+            // The boot manager is the first application the log counts: the UKI and the
+            // kernel come one later (`app#2`, `app#3`).
+            let mut e = e.clone();
+            if matches!(path, BootPath::BootManager { .. })
+                && let Some(n) = e
+                    .key
+                    .strip_prefix("app#")
+                    .and_then(|n| n.parse::<u32>().ok())
+            {
+                e.key = format!("app#{}", n + 1);
+            }
+            events.push(e);
         }
         events
+    }
+
+    /// The prediction of a boot on `path`: PCR 4's events as [`Self::pcr4_events`] gives them,
+    /// and, for a profile other than 0 started by the boot manager (systemd-boot, which passes
+    /// the profile as `@N`), its measurement of those load options in PCR 12 before the
+    /// stub's. On the direct path the firmware's boot entry carries `@N` and measures nothing.
+    pub fn on_path(&self, path: &BootPath) -> Prediction {
+        let mut events = self.pcr4_events(path);
+        events.extend(
+            self.events
+                .iter()
+                .filter(|e| e.pcr != 4 && e.pcr != 12)
+                .cloned(),
+        );
+        if matches!(path, BootPath::BootManager { .. }) {
+            events.extend(super::pcr12::systemd_boot_options_event(self.profile));
+        }
+        events.extend(self.events.iter().filter(|e| e.pcr == 12).cloned());
+        Prediction {
+            events,
+            ..self.clone()
+        }
     }
 
     /// PCR 4's predicted value on `path` ([`Self::pcr4_events`]).

@@ -3,12 +3,13 @@
 
 use sha2::{Digest, Sha256};
 
+use super::sections::Chosen;
 use super::{
     MAX_TEXT_SECTION, PredictError, PredictedEvent, REQUIRED_SECTIONS, event_type, missing_section,
     size,
 };
 use crate::models::StubModel;
-use crate::stub::{load_options_utf16, osrel_cpio};
+use crate::stub::{extra_cpio, load_options_utf16};
 use hawser_pe::PeImage;
 
 /// Event tag of the Linux EFI stub's command-line measurement (`efistub.h`).
@@ -20,10 +21,11 @@ pub const LINUX_TAG_INITRD: u32 = 0x8F3B_22EC;
 /// stub's event for it.
 pub(super) fn load_options(
     pe: &PeImage<'_>,
+    chosen: &Chosen<'_>,
     label: &str,
 ) -> Result<(String, PredictedEvent), PredictError> {
-    let cmdline_header = pe
-        .section(".cmdline")
+    let cmdline_header = chosen
+        .get(".cmdline")
         .ok_or_else(|| missing_section(pe, label, ".cmdline", REQUIRED_SECTIONS[1].1))?;
     let cmdline_loaded = pe.loaded(cmdline_header);
     if cmdline_loaded.len() > MAX_TEXT_SECTION {
@@ -42,7 +44,10 @@ pub(super) fn load_options(
         event_type: event_type::EV_EVENT_TAG,
         key: format!("tag:{LINUX_TAG_LOAD_OPTIONS:#010x}"),
         description: "Linux EFI stub: LOADED_IMAGE::LoadOptions (UTF-16 command line)".into(),
-        covers: format!("the .cmdline section, as the kernel receives it: {cmdline:?}"),
+        covers: format!(
+            "{}, as the kernel receives it: {cmdline:?}",
+            chosen.describe(".cmdline")
+        ),
         digest: Sha256::digest(&load_options).into(),
         phase: None,
     };
@@ -52,10 +57,11 @@ pub(super) fn load_options(
 /// The size of the initrd the kernel loads and the Linux EFI stub's event for it.
 pub(super) fn initrd(
     pe: &PeImage<'_>,
+    chosen: &Chosen<'_>,
     label: &str,
     model: &StubModel,
 ) -> Result<(u64, PredictedEvent), PredictError> {
-    let (initrd_digest, initrd_size, initrd_covers) = initrd_measurement(pe, label, model)?;
+    let (initrd_digest, initrd_size, initrd_covers) = initrd_measurement(pe, chosen, label, model)?;
     let event = PredictedEvent {
         pcr: 9,
         event_type: event_type::EV_EVENT_TAG,
@@ -70,43 +76,51 @@ pub(super) fn initrd(
 
 /// The digest and size of the initrd the kernel loads, and a description of its parts.
 ///
-/// systemd-stub 257 (`run()` and `combine_initrds()` in `src/boot/stub.c`) hands the kernel
-/// the parts `.ucode`, `.initrd` and the `.osrel` cpio (stubs before 257 pass no such cpio:
-/// [`StubModel::osrel_cpio`]) (other parts come from files on the ESP
-/// or sections refused earlier); a single part is passed as is, several are each zero-padded to
-/// a multiple of 4 bytes and concatenated.
+/// systemd-stub (`run()` and `combine_initrds()` in 257's `src/boot/stub.c`) hands the kernel
+/// the sections of [`StubModel::initrd_sections`] (257: `.ucode`, then `.initrd`), then one
+/// `/.extra` cpio per section of [`StubModel::extra_cpios`] the UKI has (257: `.pcrsig`,
+/// `.pcrpkey`, `.osrel`, `.profile`; other parts come from files on the ESP); a single part
+/// is passed as is, several are each zero-padded to a multiple of 4 bytes and concatenated.
 fn initrd_measurement(
     pe: &PeImage<'_>,
+    chosen: &Chosen<'_>,
     label: &str,
     model: &StubModel,
 ) -> Result<([u8; 32], u64, String), PredictError> {
-    let osrel_cpio = match pe.section(".osrel").filter(|_| model.osrel_cpio) {
-        Some(s) => {
-            let loaded = pe.loaded(s);
-            if loaded.len() > MAX_TEXT_SECTION {
-                return Err(PredictError::TooLarge {
-                    uki: label.to_owned(),
-                    section: ".osrel",
-                    size: loaded.len() as u64,
-                    limit: MAX_TEXT_SECTION as u64,
-                });
-            }
-            Some(osrel_cpio(&loaded.to_vec()))
-        }
-        None => None,
-    };
     let mut parts: Vec<(String, hawser_pe::Loaded<'_>)> = Vec::new();
-    for name in [".ucode", ".initrd"] {
-        if let Some(s) = pe.section(name) {
+    for &name in model.initrd_sections {
+        if let Some(s) = chosen.get(name) {
             let loaded = pe.loaded(s);
             if !loaded.is_empty() {
-                parts.push((name.to_owned(), loaded));
+                parts.push((chosen.describe(name), loaded));
             }
         }
     }
-    if let Some(cpio) = &osrel_cpio {
+    let mut cpios = Vec::new();
+    for &(name, file) in model.extra_cpios {
+        let Some(s) = chosen.get(name) else {
+            continue;
+        };
+        let loaded = pe.loaded(s);
+        if loaded.len() > MAX_TEXT_SECTION {
+            return Err(PredictError::TooLarge {
+                uki: label.to_owned(),
+                section: name,
+                size: loaded.len() as u64,
+                limit: MAX_TEXT_SECTION as u64,
+            });
+        }
+        cpios.push((
+            format!(
+                "{} as /.extra/{file} (systemd-stub's cpio)",
+                chosen.describe(name)
+            ),
+            extra_cpio(file, &loaded.to_vec()),
+        ));
+    }
+    for (what, cpio) in &cpios {
         parts.push((
-            ".osrel as /.extra/os-release (systemd-stub's cpio)".to_owned(),
+            what.clone(),
             hawser_pe::Loaded {
                 data: cpio,
                 zeros: 0,

@@ -14,6 +14,7 @@ use hawser_local::localhost::{self, LocalCluster};
 
 pub mod quote;
 pub mod toolbox;
+pub mod ukify;
 
 /// The hawser workspace this crate lives in.
 pub fn workspace() -> PathBuf {
