@@ -8,7 +8,7 @@
 //! usr/lib/x86_64-linux-gnu/…             its shared-library closure (closure.rs)
 //! usr/sbin/mke2fs                        programs PID 1 runs (PROGRAMS), and their closures
 //! usr/lib64/ld-linux-x86-64.so.2         -> ../lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
-//! usr/lib/modules/<kver>/kernel/….ko     hawser_kmod::BOOT_MODULES, KUBERNETES_MODULES + dependencies
+//! usr/lib/modules/<kver>/kernel/….ko     hawser_kmod::BOOT_MODULES (+ a platform's) + dependencies
 //! usr/lib/modules/<kver>/modules.dep     of exactly the shipped modules (PID 1 reads it)
 //! usr/lib/modules/<kver>/modules.builtin the kernel package's, unchanged
 //! dev/console                            char 5:1, so fds 0-2 of PID 1 are the console
@@ -80,7 +80,9 @@ pub const PROVIDER_CA_PATH: &str = "etc/hawser/provider-ca.pem";
 
 impl InitramfsSpec {
     /// The spec for hawser's PID 1: [`DLOPENED_LIBRARIES`], [`PROGRAMS`],
-    /// [`hawser_kmod::BOOT_MODULES`] and [`hawser_kmod::KUBERNETES_MODULES`].
+    /// [`hawser_kmod::BOOT_MODULES`]. [`hawser_kmod::KUBERNETES_MODULES`] are not in it: only
+    /// a node with a rootfs runs Kubernetes, and PID 1 loads them from the verified rootfs
+    /// after the pivot ([`module_files`], `rootfs::install_kernel_modules`).
     pub fn for_hawser(
         init_binary: &Path,
         lib_roots: &[PathBuf],
@@ -97,7 +99,6 @@ impl InitramfsSpec {
             kernel_release: kernel_release.to_owned(),
             modules: hawser_kmod::BOOT_MODULES
                 .iter()
-                .chain(hawser_kmod::KUBERNETES_MODULES)
                 .map(|s| (*s).to_owned())
                 .collect(),
             source_date_epoch,
@@ -273,10 +274,35 @@ fn add_skeleton(archive: &mut CpioArchive) -> Result<(), ImageError> {
 /// Adds the modules of `spec.modules` and their dependencies, a `modules.dep` of exactly those
 /// and the package's `modules.builtin`; returns the load order.
 fn add_modules(archive: &mut CpioArchive, spec: &InitramfsSpec) -> Result<Vec<String>, ImageError> {
-    let dir = &spec.modules_dir;
     let names: Vec<&str> = spec.modules.iter().map(String::as_str).collect();
+    let modules = module_files(&spec.modules_dir, &spec.kernel_release, &names)?;
+    for (path, data) in modules.files {
+        archive.add_file(&path, 0o644, data)?;
+    }
+    Ok(modules.order)
+}
+
+/// The files of a module directory holding `names` and their dependencies.
+#[derive(Debug, Clone)]
+pub struct ModuleFiles {
+    /// (path under the root, e.g. `usr/lib/modules/<kver>/kernel/…/x.ko`, contents): every
+    /// module decompressed (still signed), a `modules.dep` of exactly those, and the package's
+    /// `modules.builtin`.
+    pub files: Vec<(String, Vec<u8>)>,
+    /// The load order, as paths relative to the module directory.
+    pub order: Vec<String>,
+}
+
+/// [`ModuleFiles`] of `names` from the kernel package's `modules_dir`, under
+/// `usr/lib/modules/<kernel_release>`: what the initramfs carries for PID 1's own modules, and
+/// the rootfs for Kubernetes'.
+pub fn module_files(
+    dir: &Path,
+    kernel_release: &str,
+    names: &[&str],
+) -> Result<ModuleFiles, ImageError> {
     let modules_error = |source| ImageError::Modules {
-        modules_dir: dir.clone(),
+        modules_dir: dir.to_owned(),
         source,
     };
     // An installed kernel has modules.dep; a kernel package (never installed) does not, and
@@ -287,38 +313,34 @@ fn add_modules(archive: &mut CpioArchive, spec: &InitramfsSpec) -> Result<Vec<St
     let index = if dep_path.is_file() {
         ModuleIndex::parse(&read_text(&dep_path)?, Some(&builtin)).map_err(modules_error)?
     } else {
-        ModuleIndex::scan_modules_dir(dir, &names).map_err(modules_error)?
+        ModuleIndex::scan_modules_dir(dir, names).map_err(modules_error)?
     };
-    let order = index.load_order(&names).map_err(modules_error)?;
+    let order = index.load_order(names).map_err(modules_error)?;
     tracing::info!(
         requested = names.len(),
         shipped = order.len(),
         "resolved kernel modules"
     );
 
-    let base = format!("{MODULES_ROOT}/{}", spec.kernel_release);
+    let base = format!("{MODULES_ROOT}/{kernel_release}");
+    let mut files = Vec::with_capacity(order.len() + 2);
     for module in &order {
         let elf = hawser_kmod::read_module(&dir.join(module)).map_err(modules_error)?;
         let shipped = hawser_kmod::decompressed_path(module);
-        archive.add_file(&format!("{base}/{shipped}"), 0o644, elf)?;
+        files.push((format!("{base}/{shipped}"), elf));
     }
-    archive.add_file(
-        &format!("{base}/modules.dep"),
-        0o644,
+    files.push((
+        format!("{base}/modules.dep"),
         index
             .render_subset_as(&order, hawser_kmod::decompressed_path)
             .into_bytes(),
-    )?;
+    ));
+    files.push((format!("{base}/modules.builtin"), builtin.into_bytes()));
     let order = order
         .iter()
         .map(|module| hawser_kmod::decompressed_path(module).to_owned())
         .collect();
-    archive.add_file(
-        &format!("{base}/modules.builtin"),
-        0o644,
-        builtin.into_bytes(),
-    )?;
-    Ok(order)
+    Ok(ModuleFiles { files, order })
 }
 
 /// zstd at [`ZSTD_LEVEL`], one thread, with the content size and a content checksum in the

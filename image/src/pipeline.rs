@@ -277,6 +277,12 @@ pub fn build_node_image(
         .unwrap_or_else(|| bin_dir.join("hawser-init"));
     let fetched = inputs::fetch(&lock, &inputs::cache_dir())?;
     let pid1_files = crate::initramfs::pid1_elf_files(&init_binary, &fetched.lib_roots)?;
+    let kernel_modules = crate::initramfs::module_files(
+        &fetched.modules_dir,
+        &fetched.kernel_release,
+        hawser_kmod::KUBERNETES_MODULES,
+    )?
+    .files;
     let t = Instant::now();
     let kubernetes = node_kubernetes(opts, epoch, progress)?;
     timeline.steps.push(("kubernetes", t.elapsed()));
@@ -290,6 +296,7 @@ pub fn build_node_image(
             standin_bin_dir: bin_dir,
             kubernetes,
             pid1_files,
+            kernel_modules,
         },
         progress,
     )?;

@@ -241,18 +241,24 @@ fn initramfs_from_real_inputs_is_complete_and_deterministic() {
     let dep = std::fs::read_to_string(modules_base.join("modules.dep")).unwrap();
     let builtin = std::fs::read_to_string(modules_base.join("modules.builtin")).unwrap();
     let index = ModuleIndex::parse(&dep, Some(&builtin)).unwrap();
-    let shipped: Vec<&str> = BOOT_MODULES
-        .iter()
-        .chain(KUBERNETES_MODULES)
-        .copied()
-        .collect();
-    let order = index.load_order(&shipped).unwrap();
+    let order = index.load_order(BOOT_MODULES).unwrap();
     assert_eq!(order, first.modules);
-    // What PID 1 loads after the pivot resolves from the same index.
+    // Kubernetes' modules are not in the initramfs: the rootfs carries them
+    // (`initramfs::module_files`, tests/rootfs.rs), and PID 1 loads them from there.
     assert!(
-        index
-            .load_order(KUBERNETES_MODULES)
-            .unwrap()
+        index.load_order(KUBERNETES_MODULES).is_err(),
+        "the initramfs resolves Kubernetes' modules: {:?}",
+        index.load_order(KUBERNETES_MODULES)
+    );
+    let for_rootfs = hawser_image::initramfs::module_files(
+        &inputs.modules_dir,
+        &inputs.kernel_release,
+        KUBERNETES_MODULES,
+    )
+    .unwrap();
+    assert!(
+        for_rootfs
+            .order
             .iter()
             .any(|p| p.ends_with("/br_netfilter.ko"))
     );

@@ -241,6 +241,12 @@ fn the_full_rootfs_build_is_reproducible() {
         &fetched.lib_roots,
     )
     .unwrap_or_else(|e| panic!("{e}"));
+    let kernel_modules = hawser_image::initramfs::module_files(
+        &fetched.modules_dir,
+        &fetched.kernel_release,
+        hawser_kmod::KUBERNETES_MODULES,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let scratch = tempfile::tempdir().unwrap();
     let build = |name: &str| {
         let opts = RootfsOptions {
@@ -253,6 +259,7 @@ fn the_full_rootfs_build_is_reproducible() {
             // Kubernetes is built (twice, in two clones) by scripts/check-reproducible-node.
             kubernetes: RootfsKubernetes::StandIn,
             pid1_files: pid1_files.clone(),
+            kernel_modules: kernel_modules.files.clone(),
         };
         let mut lines = Vec::new();
         let rootfs = rootfs::build_rootfs(&opts, &mut |l| {
@@ -272,6 +279,13 @@ fn the_full_rootfs_build_is_reproducible() {
         "/usr/sbin/conntrack",
     ] {
         assert!(dump_erofs_has(&a.erofs, path), "{path} is not in the image");
+    }
+    // Kubernetes' kernel modules, which PID 1 loads from here after the pivot.
+    for path in kernel_modules.files.iter().map(|(p, _)| format!("/{p}")) {
+        assert!(
+            dump_erofs_has(&a.erofs, &path),
+            "{path} is not in the image"
+        );
     }
     let summary: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(a.erofs.with_file_name(rootfs::SUMMARY_FILE)).unwrap(),

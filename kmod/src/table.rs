@@ -107,8 +107,9 @@ pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
     .in_background(),
 ];
 
-/// Modules a Kubernetes node needs after the pivot, loaded by PID 1 just before it (the
-/// initramfs, which carries them, is freed by the switch, and the rootfs has no modules).
+/// Modules a Kubernetes node needs after the pivot, loaded by PID 1 right after it from the
+/// rootfs, which carries them (the image builder writes them under `/usr/lib/modules`); the
+/// initramfs carries only [`BOOT_MODULE_TABLE`] and a platform's.
 /// "Required" here means required for the pod network: PID 1 reports a failure and the node
 /// stays up without it. None of these checks for hardware.
 pub const KUBERNETES_MODULE_TABLE: &[KernelModule] = &[

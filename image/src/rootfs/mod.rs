@@ -62,8 +62,8 @@ use lock::{MkosiConf, RootfsLock, RootfsLockError};
 pub use mkosi::manifest_packages;
 use mkosi::{MkosiRun, run_mkosi};
 pub use standins::{
-    JOIND_PATH, compile_rootfs_binaries, install_joind, install_pid1_copies, install_standins,
-    standin_marker_text,
+    JOIND_PATH, compile_rootfs_binaries, install_joind, install_kernel_modules,
+    install_pid1_copies, install_standins, standin_marker_text,
 };
 pub use tree::normalize_tree;
 
@@ -120,6 +120,9 @@ pub struct RootfsOptions {
     /// PID 1's ELF files as the initramfs holds them (path in the initramfs, file): copied
     /// under [`hawser_disk_format::rootfs::PID1_COPIES`] ([`crate::initramfs::pid1_elf_files`]).
     pub pid1_files: Vec<(String, PathBuf)>,
+    /// The kernel modules Kubernetes needs, at their paths in the tree
+    /// ([`crate::initramfs::module_files`] of [`hawser_kmod::KUBERNETES_MODULES`]).
+    pub kernel_modules: Vec<(String, Vec<u8>)>,
 }
 
 /// The built rootfs.
@@ -356,6 +359,13 @@ pub fn build_rootfs(
         "rootfs: installed copies of PID 1's {} ELF files under /{}",
         opts.pid1_files.len(),
         hawser_disk_format::rootfs::PID1_COPIES
+    ));
+
+    install_kernel_modules(&tree, &opts.kernel_modules, opts.source_date_epoch)?;
+    progress(&format!(
+        "rootfs: installed {} files of Kubernetes' kernel modules under /{}",
+        opts.kernel_modules.len(),
+        crate::initramfs::MODULES_ROOT
     ));
 
     let t = Instant::now();

@@ -71,14 +71,62 @@ pub fn install_pid1_copies(
     epoch: u64,
 ) -> Result<(), RootfsError> {
     let base = tree.join(hawser_disk_format::rootfs::PID1_COPIES);
+    let files = files
+        .iter()
+        .map(|(dest, source)| {
+            (
+                base.join(dest.trim_start_matches('/')),
+                Contents::CopyOf(source),
+                0o755,
+            )
+        })
+        .collect();
+    install_files(tree, files, epoch)
+}
+
+/// Writes the kernel modules Kubernetes needs ([`crate::initramfs::module_files`] of
+/// [`hawser_kmod::KUBERNETES_MODULES`]: the modules, their `modules.dep`, `modules.builtin`)
+/// into `tree` at their paths (`usr/lib/modules/<kver>/…`), mode 0644, for PID 1 to load after
+/// the pivot: the verified rootfs carries them, not the initramfs.
+pub fn install_kernel_modules(
+    tree: &Path,
+    files: &[(String, Vec<u8>)],
+    epoch: u64,
+) -> Result<(), RootfsError> {
+    let files = files
+        .iter()
+        .map(|(path, data)| (tree.join(path), Contents::Bytes(data), 0o644))
+        .collect();
+    install_files(tree, files, epoch)
+}
+
+/// What [`install_files`] writes at a path.
+enum Contents<'a> {
+    CopyOf(&'a Path),
+    Bytes(&'a [u8]),
+}
+
+/// Writes each file at its path in `tree` with its mode, creating directories; every file and
+/// directory made gets the epoch as its mtime.
+fn install_files(
+    tree: &Path,
+    files: Vec<(PathBuf, Contents<'_>, u32)>,
+    epoch: u64,
+) -> Result<(), RootfsError> {
     let mut touched = Vec::new();
-    for (dest, source) in files {
-        let to = base.join(dest.trim_start_matches('/'));
+    for (to, contents, mode) in files {
         if let Some(parent) = to.parent() {
             std::fs::create_dir_all(parent).map_err(io_error("create directory", parent))?;
         }
-        std::fs::copy(source, &to).map_err(io_error("copy a PID 1 file to", &to))?;
-        touched.push((to, Some(0o755)));
+        match contents {
+            Contents::CopyOf(source) => {
+                std::fs::copy(source, &to).map_err(io_error("copy a PID 1 file to", &to))?;
+            }
+            Contents::Bytes(data) => {
+                std::fs::write(&to, data).map_err(io_error("write", &to))?;
+            }
+        }
+        touched.push((to, Some(mode)));
     }
     // Directories too: the tree's mtimes are all the epoch.
     let mut dirs: Vec<PathBuf> = touched

@@ -1,7 +1,8 @@
-//! Kubernetes networking, prepared from the initramfs after the switch: the kernel modules
-//! kube-proxy and CNI plugins need live in the initramfs (the rootfs carries no modules), so a
-//! thread loads them through the descriptor the switch kept open and sets the sysctls kubeadm's
-//! preflight checks, while containerd starts ([`super::pivot`]).
+//! Kubernetes networking, prepared after the switch: the kernel modules kube-proxy and CNI
+//! plugins need live in the verified rootfs (`/usr/lib/modules/<release>`, written by the image
+//! builder; the initramfs carries only PID 1's own), so a thread loads them from the new root
+//! and sets the sysctls kubeadm's preflight checks, while containerd starts
+//! ([`super::pivot`]).
 
 use std::path::Path;
 
@@ -22,9 +23,6 @@ pub enum NetworkingError {
     /// which).
     #[error(transparent)]
     Modules(#[from] crate::modules::ModuleError),
-    /// The initramfs, which holds the modules, was not kept open by the switch.
-    #[error("the initramfs is not open after the switch")]
-    NoInitramfs,
     /// A sysctl of [`KUBERNETES_SYSCTLS`] cannot be written.
     #[error("cannot set {key}={value}")]
     Sysctl {
@@ -37,11 +35,11 @@ pub enum NetworkingError {
     },
 }
 
-/// Loads [`hawser_kmod::KUBERNETES_MODULE_TABLE`] from the initramfs at `initramfs` (several
-/// at once with more than one CPU) and sets [`KUBERNETES_SYSCTLS`]; returns how many modules
-/// are loaded.
-pub(super) fn prepare_kubernetes_networking(initramfs: &Path) -> Result<usize, NetworkingError> {
-    let dir = initramfs.join(
+/// Loads [`hawser_kmod::KUBERNETES_MODULE_TABLE`] from the root at `root` (the rootfs, `/`
+/// after the switch; several at once with more than one CPU) and sets [`KUBERNETES_SYSCTLS`];
+/// returns how many modules are loaded.
+pub(super) fn prepare_kubernetes_networking(root: &Path) -> Result<usize, NetworkingError> {
+    let dir = root.join(
         crate::modules::running_modules_dir()
             .strip_prefix("/")
             .unwrap_or(Path::new("")),

@@ -13,7 +13,7 @@ use hawser_attestation::tpm::Tpm;
 use hawser_pcr::PCR_KERNEL_BOOT;
 use tracing::{info, warn};
 
-use super::networking::{KUBERNETES_SYSCTLS, NetworkingError, prepare_kubernetes_networking};
+use super::networking::{KUBERNETES_SYSCTLS, prepare_kubernetes_networking};
 use super::{RootHash, RootfsPlan, StateBacking};
 use crate::platform::error_chain;
 use crate::platform::mounts::SharedMountTable;
@@ -98,11 +98,8 @@ pub async fn pivot(
     let old_root = outcome.old_root.take();
     let networking = tokio::task::spawn_blocking(move || {
         let started = Instant::now();
-        let prepared = old_root
-            .as_ref()
-            .and_then(crate::platform::syscalls::OldRoot::path)
-            .map(|root| prepare_kubernetes_networking(&root))
-            .unwrap_or(Err(NetworkingError::NoInitramfs));
+        // The new root: the rootfs carries Kubernetes' modules.
+        let prepared = prepare_kubernetes_networking(std::path::Path::new("/"));
         match &prepared {
             Ok(loaded) => info!(
                 "loaded {loaded} kernel modules for Kubernetes networking in {:.1} ms; {}",
