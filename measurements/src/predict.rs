@@ -351,7 +351,7 @@ impl Prediction {
         events.push(initrd_event);
 
         // PCR 11: systemd-stub's sections, then hawser's phases.
-        events.extend(pcr11::events(&pe, model, &chosen));
+        events.extend(pcr11::events(model, &chosen, &sections));
 
         // PCR 12: the profile, if not the default one.
         events.extend(pcr12::profile_event(profile));
@@ -367,11 +367,7 @@ impl Prediction {
             cmdline,
             initrd_size,
             profile,
-            profiles: if model.has_profiles() {
-                sections::profile_count(&pe)
-            } else {
-                1
-            },
+            profiles: chosen.profiles,
             dtbauto: chosen.dtbauto.clone(),
             ignored_sections: models::ignored_sections(
                 model,

@@ -5,30 +5,26 @@ use sha2::{Digest, Sha256};
 
 use super::sections::Chosen;
 use super::{
-    PHASE_CONTROL_PLANE, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, PredictedEvent, event_type,
-    phase_digest, size,
+    PHASE_CONTROL_PLANE, PHASE_ENTER_INITRD, PHASE_LEAVE_INITRD, PredictedEvent, SectionDigest,
+    event_type, phase_digest, size,
 };
 use crate::models::StubModel;
-use hawser_pe::PeImage;
 
 /// PCR 11's events: for each section of `model.pcr11_sections` the stub uses ([`Chosen`]: the
-/// first of its name, or the chosen profile's), its name with NUL and then its contents; then
-/// every phase word PID 1 may extend (which of them a value includes is [`super::Phase`]'s
-/// choice).
+/// first of its name, or the chosen profile's), its name with NUL and then its contents (its
+/// digest among `sections`, every section of the UKI in table order); then every phase word
+/// PID 1 may extend (which of them a value includes is [`super::Phase`]'s choice).
 pub(super) fn events(
-    pe: &PeImage<'_>,
     model: &StubModel,
     chosen: &Chosen<'_>,
+    sections: &[SectionDigest],
 ) -> Vec<PredictedEvent> {
     let mut events = Vec::new();
     for &name in model.pcr11_sections {
-        let Some(section) = chosen.get(name) else {
+        let Some(section) = chosen.index(name).and_then(|i| sections.get(i)) else {
             continue;
         };
-        let mut h = Sha256::new();
-        let loaded = pe.loaded(section);
-        loaded.feed(|b| h.update(b));
-        let (content, len): ([u8; 32], usize) = (h.finalize().into(), loaded.len());
+        let (content, len) = (section.sha256, section.size);
         let mut with_nul = name.as_bytes().to_vec();
         with_nul.push(0);
         events.push(PredictedEvent {
@@ -45,7 +41,7 @@ pub(super) fn events(
             event_type: event_type::EV_IPL,
             key: format!("ipl:{name}#2"),
             description: format!("systemd-stub: contents of {name}"),
-            covers: format!("{} ({})", chosen.describe(name), size(len as u64)),
+            covers: format!("{} ({})", chosen.describe(name), size(len)),
             digest: content,
             phase: None,
         });

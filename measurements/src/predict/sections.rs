@@ -19,9 +19,14 @@ use crate::models::{SectionLookup, StubIdentity, StubModel};
 
 /// The sections a stub uses, by name, and which part of the UKI each comes from.
 pub(crate) struct Chosen<'p> {
-    entries: Vec<(&'static str, &'p SectionHeader, Origin)>,
+    table: &'p [SectionHeader],
+    /// (name in the stub's enum, index in `table`, where it sits), in the enum's order.
+    entries: Vec<(&'static str, usize, Origin)>,
     /// What the `.dtbauto` choice was based on, if the stub made one.
     pub dtbauto: Option<String>,
+    /// How many profiles the UKI has to this stub (1 without `.profile` sections, or for a
+    /// stub without profiles).
+    pub profiles: u32,
 }
 
 /// Where a chosen section sits.
@@ -34,28 +39,27 @@ pub(crate) enum Origin {
 }
 
 impl<'p> Chosen<'p> {
+    fn entry(&self, name: &str) -> Option<&(&'static str, usize, Origin)> {
+        self.entries.iter().find(|(n, _, _)| *n == name)
+    }
+
+    /// The index in the section table of the section the stub uses for `name`.
+    pub fn index(&self, name: &str) -> Option<usize> {
+        self.entry(name).map(|(_, i, _)| *i)
+    }
+
     /// The section the stub uses for `name`.
     pub fn get(&self, name: &str) -> Option<&'p SectionHeader> {
-        self.entries
-            .iter()
-            .find(|(n, _, _)| *n == name)
-            .map(|(_, s, _)| *s)
+        self.index(name).and_then(|i| self.table.get(i))
     }
 
     /// "the .cmdline section" or "the .cmdline section of profile 1".
     pub fn describe(&self, name: &str) -> String {
-        match self.entries.iter().find(|(n, _, _)| *n == name) {
+        match self.entry(name) {
             Some((_, _, Origin::Profile(p))) => format!("the {name} section of profile {p}"),
             _ => format!("the {name} section"),
         }
     }
-}
-
-/// The number of profiles of a UKI to a stub with profiles: one per `.profile` section, and
-/// the implied profile 0 when there is none.
-pub(crate) fn profile_count(pe: &PeImage<'_>) -> u32 {
-    let n = pe.sections.iter().filter(|s| s.name == ".profile").count();
-    u32::try_from(n.max(1)).unwrap_or(u32::MAX)
 }
 
 /// The sections `model` uses in `pe` when booted with `profile`.
@@ -73,96 +77,102 @@ pub(crate) fn choose<'p>(
         .copied()
         .chain([".pcrsig"])
         .collect();
-    let table = &pe.sections;
-    if !model.has_profiles() {
+    let table = pe.sections.as_slice();
+    let starts: Vec<usize> = if model.has_profiles() {
+        table
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.name == ".profile")
+            .map(|(i, _)| i)
+            .collect()
+    } else {
         if profile != 0 {
             return Err(PredictError::NoProfiles {
                 uki: label.to_owned(),
                 stub: stub.clone(),
             });
         }
-        let entries = names
-            .iter()
-            .filter_map(|&n| {
-                let mut candidates = table.iter().filter(|s| model.lookup.matches(&s.name, n));
-                let found = match model.lookup {
-                    SectionLookup::LastByPrefix => candidates.next_back(),
-                    SectionLookup::FirstExact => candidates.next(),
-                };
-                found.map(|s| (n, s, Origin::Base))
-            })
-            .collect();
-        return Ok(Chosen {
-            entries,
-            dtbauto: None,
-        });
-    }
-    let starts: Vec<usize> = table
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.name == ".profile")
-        .map(|(i, _)| i)
-        .collect();
+        Vec::new()
+    };
+    let profiles = u32::try_from(starts.len().max(1)).unwrap_or(u32::MAX);
     let base_end = starts.first().copied().unwrap_or(table.len());
     let mut dtbauto = None;
-    let mut entries: Vec<(&'static str, &'p SectionHeader, Origin)> =
-        locate(pe, model, &table[..base_end], &names, &mut dtbauto)
+    let mut entries: Vec<(&'static str, usize, Origin)> =
+        locate(pe, model, table, 0..base_end, &names, &mut dtbauto)
             .into_iter()
-            .map(|(n, s)| (n, s, Origin::Base))
+            .map(|(n, i)| (n, i, Origin::Base))
             .collect();
     let p = usize::try_from(profile).unwrap_or(usize::MAX);
     match starts.get(p) {
         Some(&start) => {
             let end = starts.get(p + 1).copied().unwrap_or(table.len());
             let mut profile_dtbauto = None;
-            for (n, s) in locate(pe, model, &table[start..end], &names, &mut profile_dtbauto) {
+            for (n, i) in locate(pe, model, table, start..end, &names, &mut profile_dtbauto) {
                 entries.retain(|(m, _, _)| *m != n);
-                entries.push((n, s, Origin::Profile(profile)));
+                entries.push((n, i, Origin::Profile(profile)));
             }
             if profile_dtbauto.is_some() {
                 dtbauto = profile_dtbauto;
             }
         }
         // "The first profile is implied if it doesn't exist" (`find_sections`).
-        None if profile == 0 && starts.is_empty() => {}
+        None if profile == 0 => {}
         None => {
             return Err(PredictError::NoSuchProfile {
                 uki: label.to_owned(),
                 profile,
-                profiles: profile_count(pe),
+                profiles,
             });
         }
     }
     // Keep the enum's order.
     entries.sort_by_key(|(n, _, _)| names.iter().position(|m| m == n));
-    Ok(Chosen { entries, dtbauto })
+    Ok(Chosen {
+        table,
+        entries,
+        dtbauto,
+        profiles,
+    })
 }
 
-fn first<'p>(part: &'p [SectionHeader], name: &str) -> Option<&'p SectionHeader> {
-    part.iter().find(|s| s.name == name)
+/// The index of the section `model` finds for `name` among `table[range]` ([`SectionLookup`]).
+fn find(
+    model: &StubModel,
+    table: &[SectionHeader],
+    range: std::ops::Range<usize>,
+    name: &str,
+) -> Option<usize> {
+    let mut candidates = range.filter(|&i| model.lookup.matches(&table[i].name, name));
+    match model.lookup {
+        SectionLookup::LastByPrefix => candidates.next_back(),
+        SectionLookup::FirstExact => candidates.next(),
+    }
 }
 
-/// `pe_locate_sections` over one part of the table: the first section of each name, except
-/// `.dtbauto` (see the module docs). `dtbauto` receives what the choice was based on.
-fn locate<'p>(
+/// `pe_locate_sections` over `table[range]`: the section [`find`] gives for each name, except
+/// `.dtbauto` where the stub picks one (see the module docs). `dtbauto` receives what the
+/// choice was based on.
+fn locate(
     pe: &PeImage<'_>,
     model: &StubModel,
-    part: &'p [SectionHeader],
+    table: &[SectionHeader],
+    range: std::ops::Range<usize>,
     names: &[&'static str],
     dtbauto: &mut Option<String>,
-) -> Vec<(&'static str, &'p SectionHeader)> {
+) -> Vec<(&'static str, usize)> {
     let mut found = Vec::new();
     for &name in names {
         if name == ".dtbauto" && model.picks_dtbauto() {
+            let part = &table[range.clone()];
             let (chosen, why) = pick_dtbauto(pe, part);
             if part.iter().any(|s| s.name == ".dtbauto") {
                 *dtbauto = Some(why);
             }
-            if let Some(s) = chosen {
-                found.push((name, s));
+            if let Some(i) = chosen {
+                found.push((name, range.start + i));
             }
-        } else if let Some(s) = first(part, name) {
-            found.push((name, s));
+        } else if let Some(i) = find(model, table, range.clone(), name) {
+            found.push((name, i));
         }
     }
     found
@@ -171,11 +181,8 @@ fn locate<'p>(
 /// The `.dtbauto` of `part` systemd-stub 257 installs on the QEMU reference platform (no
 /// firmware devicetree): the first compatible with the device `part`'s `.hwids` name for the
 /// platform's hardware IDs, or none. With the reason, in words.
-fn pick_dtbauto<'p>(
-    pe: &PeImage<'_>,
-    part: &'p [SectionHeader],
-) -> (Option<&'p SectionHeader>, String) {
-    let Some(hwids_section) = first(part, ".hwids") else {
+fn pick_dtbauto(pe: &PeImage<'_>, part: &[SectionHeader]) -> (Option<usize>, String) {
+    let Some(hwids_section) = part.iter().find(|s| s.name == ".hwids") else {
         return (
             None,
             "no .hwids section beside it, and the platform has no firmware devicetree: no .dtbauto is used".into(),
@@ -210,7 +217,7 @@ fn pick_dtbauto<'p>(
     let pick = hwids::select_dtbauto(blobs.iter().map(|(i, b)| (*i, b.as_slice())), Some(device));
     match pick {
         Some(i) => (
-            part.get(i),
+            Some(i),
             format!(
                 "the .hwids device {:?} matches the QEMU reference platform; the .dtbauto compatible with {:?} is used",
                 device.name.as_deref().unwrap_or("(unnamed)"),

@@ -48,8 +48,9 @@ impl Parts {
     }
 }
 
-/// Runs `command`, failing the test with its output (and what to install) if it fails.
-pub fn run(mut command: Command, what: &str) {
+/// Runs `command`, failing the test with its output (and what to install) if it fails; its
+/// output.
+pub fn run(mut command: Command, what: &str) -> std::process::Output {
     let out = command
         .output()
         .unwrap_or_else(|e| panic!("{what}: cannot run {command:?}: {e}"));
@@ -60,6 +61,7 @@ pub fn run(mut command: Command, what: &str) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    out
 }
 
 /// `ukify build --stub <stub> <args…> --output <out>` with the pinned ukify 257.
@@ -161,16 +163,7 @@ pub fn pcr_signature(
         .arg("--bank=sha256")
         .arg(format!("--private-key={}", private.display()))
         .arg(format!("--public-key={}", public.display()));
-    let what = "systemd-measure sign (apt-get install systemd)";
-    let out = c
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: cannot run {c:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run(c, "systemd-measure sign (apt-get install systemd)");
     let path = dir.join("pcrsig.json");
     std::fs::write(&path, &out.stdout).unwrap();
     path
