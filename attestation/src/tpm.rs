@@ -1,8 +1,15 @@
-//! The issuer: hawser's PID 1 talking to the node's TPM through tss-esapi and libtss2.
+//! The issuer: hawser's PID 1 talking to the node's TPM. It speaks the few TPM 2.0 commands it
+//! needs itself (module `wire`: TPM2_GetCapability, TPM2_ReadPublic, TPM2_CreatePrimary,
+//! TPM2_Quote, TPM2_PCR_Read, TPM2_PCR_Extend, TPM2_Hash, TPM2_NV_ReadPublic, TPM2_NV_Read,
+//! TPM2_GetRandom, TPM2_FlushContext), in pure Rust: no libtss2, and so no libcrypto, in the
+//! initramfs.
 //!
 //! A blocking API (the PID 1 runs it on `spawn_blocking`), one connection per [`Tpm`], opened
-//! from a TCTI string: `device:/dev/tpmrm0` in the guest, `swtpm:host=127.0.0.1,port=N` against
-//! a host swtpm.
+//! from a TCTI string: `device:/dev/tpmrm0` in the guest (the character device: write a
+//! command, read its response), `swtpm:host=127.0.0.1,port=N` against a host swtpm (its TCP
+//! server socket, raw command bytes as libtss2's `swtpm` TCTI sends them). Neither sends
+//! TPM2_Startup: the firmware, or swtpm's `startup-clear` flag, did. A TPM that answers
+//! TPM_RC_RETRY, TPM_RC_YIELDED or TPM_RC_TESTING gets the command again, after a pause.
 //!
 //! # Transient handles
 //!
@@ -33,7 +40,7 @@
 //! with an empty auth value, no sensitive data, no outside info and no creation PCRs. It is the
 //! template `tpm2_createprimary -C e -G ecc256:ecdsa-sha256:null -g sha256 -a
 //! 'fixedtpm|fixedparent|sensitivedataorigin|userwithauth|restricted|sign'` produces (a test
-//! checks both give the same key).
+//! checks both give the same key). The command sends [`crate::tpm_types::AK_TEMPLATE`] as is.
 //!
 //! # Sessions
 //!
@@ -51,28 +58,25 @@
 //! every such bank if none is). SHA-2 banks are hashed here; any other bank (SHA-1 on swtpm,
 //! SM3) is hashed by the TPM itself with TPM2_Hash, so no extra hash implementation is needed.
 //!
-//! The PCR commands are in `pcrs`, the attestation key and its quotes in `ak`; this file holds
-//! the connection, its errors, NV reads and the random number generator.
+//! The PCR commands are in `pcrs`, the attestation key and its quotes in `ak`, the wire format
+//! and the transports in `wire`; this file holds the connection, its errors, NV reads and the
+//! random number generator.
 
-use std::str::FromStr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use thiserror::Error;
-use tss_esapi::{
-    Context, TctiNameConf,
-    constants::CapabilityType,
-    handles::{NvIndexHandle, NvIndexTpmHandle, TpmHandle},
-    interface_types::{resource_handles::NvAuth, session_handles::AuthSession},
-    structures::CapabilityData,
-};
+
+use crate::tpm_types::{ParseError, Reader};
 
 mod ak;
 mod pcrs;
+mod wire;
 
 pub use ak::{AttestationKey, MarshalledQuote};
+pub use wire::{CommandError, HashingAlgorithm, ResponseCode};
 
-/// The TPM hash algorithms naming PCR banks (re-exported so callers need no tss-esapi dependency).
-pub use tss_esapi::interface_types::algorithm::HashingAlgorithm;
+use wire::{Command, Reply, Transport, cc};
 
 /// Bytes asked for per TPM2_GetRandom (a TPM returns at most its largest digest size).
 const RANDOM_PER_CALL: usize = 32;
@@ -81,24 +85,35 @@ const RANDOM_PER_CALL: usize = 32;
 const NV_READ_CHUNK: u16 = 512;
 /// The largest NV index this module reads (TPM NV indices are a few KiB at most).
 const NV_MAX_READ: usize = 16 * 1024;
+/// How often a command the TPM asks to retry (TPM_RC_RETRY, _YIELDED, _TESTING) is sent.
+const RETRY_ATTEMPTS: u32 = 40;
+/// The pause before each retry (40 × 50 ms: a TPM's self-test is over well within 2 s).
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// `TPM_CAP_HANDLES`.
+const TPM_CAP_HANDLES: u32 = 0x0000_0001;
+/// `TPM_CAP_PCRS`.
+const TPM_CAP_PCRS: u32 = 0x0000_0005;
 
 /// A TPM operation that failed. Each variant names the TPM command and the TCTI.
 #[derive(Debug, Error)]
 pub enum TpmError {
-    /// The TCTI string does not parse or the TCTI library cannot be loaded.
+    /// The TCTI string does not parse (this issuer speaks `device:` and `swtpm:`).
+    #[error("cannot open TPM through TCTI {tcti:?}: {detail}")]
+    Tcti { tcti: String, detail: String },
+    /// The device cannot be opened or the swtpm socket not connected.
     #[error("cannot open TPM through TCTI {tcti:?}")]
     Open {
         tcti: String,
         #[source]
-        source: tss_esapi::Error,
+        source: std::io::Error,
     },
-    /// A TPM command failed.
+    /// A TPM command failed: the TPM returned an error code, or the I/O failed.
     #[error("{call} failed on TPM {tcti}")]
     Call {
         call: &'static str,
         tcti: String,
         #[source]
-        source: tss_esapi::Error,
+        source: CommandError,
     },
     /// A TPM command returned a TPMS_ATTEST that does not parse.
     #[error("{call} on TPM {tcti} returned a TPMS_ATTEST that does not parse")]
@@ -132,26 +147,25 @@ pub enum TpmError {
     NvIndexMissing { index: u32, tcti: String },
 }
 
+impl TpmError {
+    /// The TPM's response code, when the TPM refused the command.
+    pub fn response_code(&self) -> Option<ResponseCode> {
+        match self {
+            TpmError::Call {
+                source: CommandError::Response(rc),
+                ..
+            } => Some(*rc),
+            _ => None,
+        }
+    }
+}
+
 struct Inner {
-    context: Context,
+    transport: Transport,
     tcti: String,
 }
 
-// SAFETY: `Inner` owns its ESAPI context (heap state reached only through `&mut Context`) and the
-// TCTI context (which tss-esapi itself declares Send + Sync). libtss2 requires that one ESAPI
-// context is not used by two threads at the same time, which `Mutex<Inner>` guarantees; it has no
-// thread affinity, so moving the context to another thread is sound.
-unsafe impl Send for Inner {}
-
 impl Inner {
-    fn call_err(&self, call: &'static str) -> impl FnOnce(tss_esapi::Error) -> TpmError + '_ {
-        move |source| TpmError::Call {
-            call,
-            tcti: self.tcti.clone(),
-            source,
-        }
-    }
-
     fn unexpected(&self, call: &'static str, detail: String) -> TpmError {
         TpmError::Unexpected {
             call,
@@ -159,6 +173,103 @@ impl Inner {
             detail,
         }
     }
+
+    fn parse_err(&self, call: &'static str) -> impl FnOnce(ParseError) -> TpmError + '_ {
+        move |err| self.unexpected(call, err.to_string())
+    }
+
+    /// Sends `command` (again while the TPM asks for a retry) and returns the successful
+    /// response, framing checked.
+    fn execute(&mut self, call: &'static str, command: &Command) -> Result<Vec<u8>, TpmError> {
+        let call_err = |tcti: &str, source| TpmError::Call {
+            call,
+            tcti: tcti.to_string(),
+            source,
+        };
+        let bytes = command
+            .marshal()
+            .map_err(|err| call_err(&self.tcti, CommandError::Io(err)))?;
+        let mut attempt = 1;
+        loop {
+            let response = self
+                .transport
+                .transact(&bytes)
+                .map_err(|err| call_err(&self.tcti, CommandError::Io(err)))?;
+            let rc = wire::response_code(&response);
+            if rc == 0 {
+                return Ok(response);
+            }
+            let rc = ResponseCode(rc);
+            if rc.is_retry() && attempt < RETRY_ATTEMPTS {
+                tracing::debug!(call, tcti = %self.tcti, %rc, attempt, "TPM asks to retry");
+                attempt += 1;
+                std::thread::sleep(RETRY_PAUSE);
+                continue;
+            }
+            tracing::debug!(call, code = command.code(), %rc, "TPM command failed");
+            return Err(call_err(&self.tcti, CommandError::Response(rc)));
+        }
+    }
+
+    /// [`Inner::execute`], then splits the response: `handles` response handles, then the
+    /// parameters, handed to `parse`.
+    fn run<T>(
+        &mut self,
+        call: &'static str,
+        command: Command,
+        handles: usize,
+        parse: impl FnOnce(Reply<'_>) -> Result<T, ParseError>,
+    ) -> Result<T, TpmError> {
+        let response = self.execute(call, &command)?;
+        wire::split_reply(&response, handles, command.has_sessions())
+            .and_then(parse)
+            .map_err(self.parse_err(call))
+    }
+
+    /// TPM2_GetCapability(TPM_CAP_HANDLES) of one handle: whether it exists.
+    fn handle_exists(&mut self, handle: u32) -> Result<bool, TpmError> {
+        const CALL: &str = "TPM2_GetCapability(TPM_CAP_HANDLES)";
+        let command = Command::new(cc::GET_CAPABILITY)
+            .u32(TPM_CAP_HANDLES)
+            .u32(handle)
+            .u32(1);
+        self.run(CALL, command, 0, |mut reply| {
+            let r = &mut reply.params;
+            r.u8("moreData")?;
+            let capability_offset = r.offset();
+            let capability = r.u32("capability")?;
+            if capability != TPM_CAP_HANDLES {
+                return Err(r.unexpected(
+                    "capability",
+                    capability_offset,
+                    "TPM_CAP_HANDLES",
+                    capability.into(),
+                ));
+            }
+            let count = r.u32("count")?;
+            let first = if count > 0 {
+                Some(r.u32("handle")?)
+            } else {
+                None
+            };
+            Ok(first == Some(handle))
+        })
+    }
+
+    /// TPM2_FlushContext of a transient object.
+    fn flush(&mut self, handle: u32) -> Result<(), TpmError> {
+        let command = Command::new(cc::FLUSH_CONTEXT).u32(handle);
+        self.run("TPM2_FlushContext", command, 0, |_| Ok(()))
+    }
+}
+
+/// Reads a `TPM2B_*` and returns it with its size prefix (as a `TPM2B_PUBLIC` is kept).
+fn tpm2b_whole(r: &mut Reader<'_>, field: &'static str, max: usize) -> Result<Vec<u8>, ParseError> {
+    let body = r.tpm2b(field, max)?;
+    // The reader bounded it by `max` < 65536.
+    let mut out = (body.len() as u16).to_be_bytes().to_vec();
+    out.extend_from_slice(body);
+    Ok(out)
 }
 
 /// A connection to a TPM. It is `Send + Sync` and every method takes `&self`, serialising on an
@@ -175,25 +286,27 @@ impl std::fmt::Debug for Tpm {
 }
 
 fn lock(inner: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
-    // A panic while holding the lock leaves the ESAPI context usable (each call is one TPM
-    // command), so a poisoned lock is not a reason to give up on the TPM.
+    // A panic while holding the lock leaves the connection usable (each call is one TPM
+    // command and its whole response), so a poisoned lock is not a reason to give up on the TPM.
     inner.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Tpm {
     /// Opens a TPM through a TCTI configuration string (`device:/dev/tpmrm0`,
-    /// `swtpm:host=127.0.0.1,port=2321`, …).
+    /// `swtpm:host=127.0.0.1,port=2321`).
     pub fn open(tcti: &str) -> Result<Tpm, TpmError> {
-        let open_err = |source| TpmError::Open {
+        let target = wire::parse_tcti(tcti).map_err(|detail| TpmError::Tcti {
+            tcti: tcti.to_string(),
+            detail,
+        })?;
+        let transport = Transport::open(&target).map_err(|source| TpmError::Open {
             tcti: tcti.to_string(),
             source,
-        };
-        let conf = TctiNameConf::from_str(tcti).map_err(open_err)?;
-        let context = Context::new(conf).map_err(open_err)?;
+        })?;
         tracing::debug!(tcti, "opened TPM");
         Ok(Tpm {
             inner: Arc::new(Mutex::new(Inner {
-                context,
+                transport,
                 tcti: tcti.to_string(),
             })),
             tcti: tcti.to_string(),
@@ -211,38 +324,27 @@ impl Tpm {
     pub fn read_nv(&self, index: u32) -> Result<Vec<u8>, TpmError> {
         const CALL: &str = "TPM2_NV_Read";
         let mut inner = lock(&self.inner);
-        let (data, _more) = inner
-            .context
-            .execute_without_session(|ctx| ctx.get_capability(CapabilityType::Handles, index, 1))
-            .map_err(inner.call_err("TPM2_GetCapability(TPM_CAP_HANDLES)"))?;
-        let defined = matches!(&data, CapabilityData::Handles(list)
-            if list.iter().next().is_some_and(|h| u32::from(*h) == index));
-        if !defined {
+        if !inner.handle_exists(index)? {
             return Err(TpmError::NvIndexMissing {
                 index,
                 tcti: inner.tcti.clone(),
             });
         }
-        let tpm_handle = NvIndexTpmHandle::new(index).map_err(inner.call_err(CALL))?;
-        let mut object = inner
-            .context
-            .execute_without_session(|ctx| ctx.tr_from_tpm_public(TpmHandle::NvIndex(tpm_handle)))
-            .map_err(inner.call_err("Esys_TR_FromTPMPublic"))?;
-        let result = Self::read_nv_locked(&mut inner, NvIndexHandle::from(object));
-        // Releases only the ESYS bookkeeping for the index; the index itself stays.
-        if let Err(err) = inner.context.tr_close(&mut object) {
-            tracing::warn!(tcti = %inner.tcti, %err, "Esys_TR_Close of an NV index failed");
-        }
-        result
-    }
-
-    fn read_nv_locked(inner: &mut Inner, handle: NvIndexHandle) -> Result<Vec<u8>, TpmError> {
-        const CALL: &str = "TPM2_NV_Read";
-        let (public, _name) = inner
-            .context
-            .execute_without_session(|ctx| ctx.nv_read_public(handle))
-            .map_err(inner.call_err("TPM2_NV_ReadPublic"))?;
-        let size = public.data_size();
+        let size = inner.run(
+            "TPM2_NV_ReadPublic",
+            Command::new(cc::NV_READ_PUBLIC).handle(index),
+            0,
+            |mut reply| {
+                let r = &mut reply.params;
+                let public = r.tpm2b("nvPublic", usize::from(u16::MAX))?;
+                let mut p = Reader::new(public, "TPMS_NV_PUBLIC");
+                p.u32("nvIndex")?;
+                p.u16("nameAlg")?;
+                p.u32("attributes")?;
+                p.tpm2b("authPolicy", 64)?;
+                Ok(usize::from(p.u16("dataSize")?))
+            },
+        )?;
         if size > NV_MAX_READ {
             return Err(inner.unexpected(
                 "TPM2_NV_ReadPublic",
@@ -254,16 +356,21 @@ impl Tpm {
             // Both fit in u16: size <= NV_MAX_READ < 65536.
             let offset = data.len() as u16;
             let want = (size - data.len()).min(usize::from(NV_READ_CHUNK)) as u16;
-            let chunk = inner
-                .context
-                .execute_with_session(Some(AuthSession::Password), |ctx| {
-                    ctx.nv_read(NvAuth::NvIndex(handle), handle, want, offset)
-                })
-                .map_err(inner.call_err(CALL))?;
-            if chunk.value().is_empty() {
+            let command = Command::new(cc::NV_READ)
+                .authorised_handle(index)
+                .handle(index)
+                .u16(want)
+                .u16(offset);
+            let chunk = inner.run(CALL, command, 0, |mut reply| {
+                Ok(reply
+                    .params
+                    .tpm2b("data", usize::from(NV_READ_CHUNK))?
+                    .to_vec())
+            })?;
+            if chunk.is_empty() {
                 return Err(inner.unexpected(CALL, format!("0 bytes at offset {offset}")));
             }
-            data.extend_from_slice(chunk.value());
+            data.extend_from_slice(&chunk);
         }
         data.truncate(size);
         Ok(data)
@@ -276,15 +383,16 @@ impl Tpm {
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             let want = (n - out.len()).min(RANDOM_PER_CALL);
-            let bytes = inner
-                .context
-                .execute_without_session(|ctx| ctx.get_random(want))
-                .map_err(inner.call_err(CALL))?;
-            if bytes.value().is_empty() {
+            // want <= 32.
+            let command = Command::new(cc::GET_RANDOM).u16(want as u16);
+            let bytes = inner.run(CALL, command, 0, |mut reply| {
+                Ok(reply.params.tpm2b("randomBytes", 64)?.to_vec())
+            })?;
+            if bytes.is_empty() {
                 return Err(inner.unexpected(CALL, format!("0 bytes for a request of {want}")));
             }
-            let take = bytes.value().len().min(n - out.len());
-            out.extend_from_slice(&bytes.value()[..take]);
+            let take = bytes.len().min(n - out.len());
+            out.extend_from_slice(&bytes[..take]);
         }
         Ok(out)
     }

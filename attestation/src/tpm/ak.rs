@@ -6,60 +6,61 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-use tss_esapi::{
-    attributes::ObjectAttributesBuilder,
-    constants::CapabilityType,
-    handles::{KeyHandle, ObjectHandle, PersistentTpmHandle, TpmHandle},
-    interface_types::{
-        algorithm::{EccSchemeAlgorithm, PublicAlgorithm},
-        ecc::EccCurve,
-        resource_handles::Hierarchy,
-        session_handles::AuthSession,
-    },
-    structures::{
-        CapabilityData, Data, EccPoint, EccScheme, HashScheme, KeyDerivationFunctionScheme,
-        PcrSelectionList, Public, PublicBuffer, PublicBuilder, PublicEccParametersBuilder,
-        SignatureScheme, SymmetricDefinitionObject,
-    },
-    traits::{Marshall, UnMarshall},
+use super::pcrs::pcr_slot;
+use super::wire::{Command, cc};
+use super::{HashingAlgorithm, Inner, Tpm, TpmError, lock, tpm2b_whole};
+use crate::report::QuoteEvidence;
+use crate::tpm_types::{
+    AK_TEMPLATE, TPM_ALG_ECC, TPM_ALG_ECDSA, TPM_RH_ENDORSEMENT, object_attributes,
 };
 
-use super::pcrs::pcr_slot;
-use super::{HashingAlgorithm, Inner, Tpm, TpmError, lock};
-use crate::report::QuoteEvidence;
+/// `TPM_ALG_RSA`.
+const TPM_ALG_RSA: u16 = 0x0001;
+/// `TPM_ALG_RSASSA`.
+const TPM_ALG_RSASSA: u16 = 0x0014;
+/// The largest `TPMT_PUBLIC` (an RSA-4096 key's is under 600 bytes).
+const MAX_PUBLIC: usize = 1024;
+/// The largest `TPM2B_NAME` (a SHA-512 name and its algorithm).
+const MAX_NAME: usize = 66;
+/// The largest `TPM2B_DATA` qualifying data (`sizeof(TPMT_HA)`).
+const MAX_QUALIFYING_DATA: usize = 66;
+/// The largest `TPM2B_ATTEST`.
+const MAX_ATTEST: usize = 1024;
 
-/// The AK template described in the module docs.
-fn attestation_key_template() -> Result<Public, tss_esapi::Error> {
-    let attributes = ObjectAttributesBuilder::new()
-        .with_fixed_tpm(true)
-        .with_fixed_parent(true)
-        .with_sensitive_data_origin(true)
-        .with_user_with_auth(true)
-        .with_restricted(true)
-        .with_sign_encrypt(true)
-        .with_decrypt(false)
-        .build()?;
-    PublicBuilder::new()
-        .with_public_algorithm(PublicAlgorithm::Ecc)
-        .with_name_hashing_algorithm(HashingAlgorithm::Sha256)
-        .with_object_attributes(attributes)
-        .with_ecc_parameters(
-            PublicEccParametersBuilder::new()
-                .with_symmetric(SymmetricDefinitionObject::Null)
-                .with_ecc_scheme(EccScheme::create(
-                    EccSchemeAlgorithm::EcDsa,
-                    Some(HashingAlgorithm::Sha256),
-                    None,
-                )?)
-                .with_curve(EccCurve::NistP256)
-                .with_key_derivation_function_scheme(KeyDerivationFunctionScheme::Null)
-                .with_is_signing_key(true)
-                .with_is_decryption_key(false)
-                .with_restricted(true)
-                .build()?,
-        )
-        .with_ecc_unique_identifier(EccPoint::default())
-        .build()
+/// The key type (`TPM_ALG_RSA` or `TPM_ALG_ECC`) and attributes of a marshalled `TPMT_PUBLIC`.
+fn type_and_attributes(tpmt_public: &[u8]) -> Option<(u16, u32)> {
+    let key_type = u16::from_be_bytes(tpmt_public.get(0..2)?.try_into().ok()?);
+    let attributes = u32::from_be_bytes(tpmt_public.get(4..8)?.try_into().ok()?);
+    Some((key_type, attributes))
+}
+
+/// Whether a key's attributes make it a restricted signing key.
+fn is_restricted_signer(attributes: u32) -> bool {
+    use object_attributes::{DECRYPT, RESTRICTED, SIGN_ENCRYPT};
+    attributes & RESTRICTED != 0 && attributes & SIGN_ENCRYPT != 0 && attributes & DECRYPT == 0
+}
+
+/// The quote signature scheme (RSASSA or ECDSA, both SHA-256) for a key type.
+fn scheme_for(key_type: u16) -> Option<u16> {
+    match key_type {
+        TPM_ALG_RSA => Some(TPM_ALG_RSASSA),
+        TPM_ALG_ECC => Some(TPM_ALG_ECDSA),
+        _ => None,
+    }
+}
+
+/// The TPM2_CreatePrimary command for an endorsement-hierarchy primary from `tpmt_public`:
+/// empty auth and sensitive data, no outside info, no creation PCRs.
+fn create_primary_command(tpmt_public: &[u8]) -> Command {
+    Command::new(cc::CREATE_PRIMARY)
+        .authorised_handle(TPM_RH_ENDORSEMENT)
+        // TPM2B_SENSITIVE_CREATE: size 4, empty userAuth, empty data.
+        .tpm2b(&[0, 0, 0, 0])
+        .tpm2b(tpmt_public)
+        // outsideInfo: empty.
+        .tpm2b(&[])
+        // creationPCR: an empty TPML_PCR_SELECTION.
+        .u32(0)
 }
 
 impl Tpm {
@@ -68,15 +69,7 @@ impl Tpm {
     /// flushes the key when dropped.
     pub fn create_attestation_key(&self) -> Result<AttestationKey, TpmError> {
         const CALL: &str = "TPM2_CreatePrimary(endorsement, AK template)";
-        let template = attestation_key_template().map_err(|source| TpmError::Call {
-            call: CALL,
-            tcti: self.tcti.clone(),
-            source,
-        })?;
-        let scheme = SignatureScheme::EcDsa {
-            hash_scheme: HashScheme::new(HashingAlgorithm::Sha256),
-        };
-        self.create_primary_ak(CALL, template, scheme)
+        self.create_primary_ak(CALL, &AK_TEMPLATE, TPM_ALG_ECDSA)
     }
 
     /// Creates the attestation key a platform describes by its own template (a marshalled
@@ -93,37 +86,38 @@ impl Tpm {
             tcti: self.tcti.clone(),
             detail,
         };
-        let template = Public::unmarshall(tpmt_public).map_err(|source| TpmError::Call {
-            call: "Tss2_MU_TPMT_PUBLIC_Unmarshal",
-            tcti: self.tcti.clone(),
-            source,
-        })?;
-        let attributes = template.object_attributes();
-        if !(attributes.restricted() && attributes.sign_encrypt() && !attributes.decrypt()) {
+        let Some((key_type, attributes)) = type_and_attributes(tpmt_public) else {
+            return Err(unexpected(format!(
+                "the platform's AK template of {} bytes is not a TPMT_PUBLIC",
+                tpmt_public.len()
+            )));
+        };
+        if tpmt_public.len() > MAX_PUBLIC {
+            return Err(unexpected(format!(
+                "the platform's AK template has {} bytes (more than {MAX_PUBLIC})",
+                tpmt_public.len()
+            )));
+        }
+        if !is_restricted_signer(attributes) {
             return Err(unexpected(
                 "the platform's AK template is not a restricted signing key".to_owned(),
             ));
         }
-        let hash_scheme = HashScheme::new(HashingAlgorithm::Sha256);
-        let scheme = match &template {
-            Public::Rsa { .. } => SignatureScheme::RsaSsa { hash_scheme },
-            Public::Ecc { .. } => SignatureScheme::EcDsa { hash_scheme },
-            _ => {
-                return Err(unexpected(
-                    "the platform's AK template is neither RSA nor ECC".to_owned(),
-                ));
-            }
+        let Some(scheme) = scheme_for(key_type) else {
+            return Err(unexpected(
+                "the platform's AK template is neither RSA nor ECC".to_owned(),
+            ));
         };
-        self.create_primary_ak(CALL, template, scheme)
+        self.create_primary_ak(CALL, tpmt_public, scheme)
     }
 
     /// Uses the attestation key a platform keeps persistent at `handle` (Azure's vTPM AK at
     /// 0x81000003, a restricted RSA signing primary of the endorsement hierarchy the paravisor
     /// makes at boot). Its public area is read with TPM2_ReadPublic and its name computed from
     /// it (and checked against the TPM's); an RSA key quotes with RSASSA-SHA256, an ECC key
-    /// with ECDSA-SHA256. The key belongs to the platform: dropping the guard releases only
-    /// ESYS's bookkeeping for the handle (Esys_TR_Close), never TPM2_FlushContext or
-    /// TPM2_EvictControl, so the key stays for the next boot stage and the next guard.
+    /// with ECDSA-SHA256. The key belongs to the platform: dropping the guard never sends
+    /// TPM2_FlushContext or TPM2_EvictControl, so the key stays for the next boot stage and the
+    /// next guard.
     pub fn load_persistent_attestation_key(&self, handle: u32) -> Result<AttestationKey, TpmError> {
         const CALL: &str = "TPM2_ReadPublic(the platform's persistent AK)";
         let unexpected = |detail: String| TpmError::Unexpected {
@@ -131,80 +125,65 @@ impl Tpm {
             tcti: self.tcti.clone(),
             detail,
         };
+        if handle >> 24 != 0x81 {
+            return Err(unexpected(format!(
+                "{handle:#010x} is not a persistent handle"
+            )));
+        }
         let mut inner = lock(&self.inner);
-        let tpm_handle = PersistentTpmHandle::new(handle).map_err(inner.call_err(CALL))?;
-        let (data, _more) = inner
-            .context
-            .execute_without_session(|ctx| ctx.get_capability(CapabilityType::Handles, handle, 1))
-            .map_err(inner.call_err("TPM2_GetCapability(TPM_CAP_HANDLES)"))?;
-        let present = matches!(&data, CapabilityData::Handles(list)
-            if list.iter().next().is_some_and(|h| u32::from(*h) == handle));
-        if !present {
+        if !inner.handle_exists(handle)? {
             drop(inner);
             return Err(unexpected(format!(
                 "no key is persistent at handle {handle:#010x}"
             )));
         }
-        let object = inner
-            .context
-            .execute_without_session(|ctx| {
-                ctx.tr_from_tpm_public(TpmHandle::Persistent(tpm_handle))
-            })
-            .map_err(inner.call_err("Esys_TR_FromTPMPublic"))?;
-        // From here on the guard owns the ESYS handle: any error below closes it (and only that).
-        let mut key = AttestationKey {
-            tpm: Arc::clone(&self.inner),
-            handle: KeyHandle::from(object),
-            scheme: SignatureScheme::Null,
-            public_tpm2b: Vec::new(),
-            name: Vec::new(),
-            persistent: true,
-        };
-        let read = inner
-            .context
-            .execute_without_session(|ctx| ctx.read_public(key.handle))
-            .map_err(inner.call_err(CALL));
-        // Release the lock before any return: the guard's Drop takes it.
+        let (public_tpm2b, tpm_name) = inner.run(
+            CALL,
+            Command::new(cc::READ_PUBLIC).handle(handle),
+            0,
+            |mut reply| {
+                let r = &mut reply.params;
+                let public = tpm2b_whole(r, "outPublic", MAX_PUBLIC)?;
+                let name = r.tpm2b("name", MAX_NAME)?.to_vec();
+                Ok((public, name))
+            },
+        )?;
         drop(inner);
-        let (public, tpm_name, _qualified_name) = read?;
-        let attributes = public.object_attributes();
-        if !(attributes.restricted() && attributes.sign_encrypt() && !attributes.decrypt()) {
+        let tpmt = public_tpm2b.get(2..).unwrap_or_default();
+        let Some((key_type, attributes)) = type_and_attributes(tpmt) else {
+            return Err(unexpected("a public area too short to be a key".to_owned()));
+        };
+        if !is_restricted_signer(attributes) {
             return Err(unexpected(format!(
                 "the key at {handle:#010x} is not a restricted signing key"
             )));
         }
-        let hash_scheme = HashScheme::new(HashingAlgorithm::Sha256);
-        key.scheme = match &public {
-            Public::Rsa { .. } => SignatureScheme::RsaSsa { hash_scheme },
-            Public::Ecc { .. } => SignatureScheme::EcDsa { hash_scheme },
-            _ => {
-                return Err(unexpected(format!(
-                    "the key at {handle:#010x} is neither RSA nor ECC"
-                )));
-            }
+        let Some(scheme) = scheme_for(key_type) else {
+            return Err(unexpected(format!(
+                "the key at {handle:#010x} is neither RSA nor ECC"
+            )));
         };
-        let public_tpm2b = PublicBuffer::try_from(public)
-            .and_then(|buffer| buffer.marshall())
-            .map_err(|source| TpmError::Call {
-                call: "Tss2_MU_TPM2B_PUBLIC_Marshal",
-                tcti: self.tcti.clone(),
-                source,
-            })?;
         let name = name_of_public(&public_tpm2b).ok_or_else(|| {
             unexpected(format!(
                 "an AK public area without a SHA-256 name: {}",
                 hex::encode(&public_tpm2b)
             ))
         })?;
-        if name != tpm_name.value() {
+        if name != tpm_name {
             return Err(unexpected(format!(
                 "the TPM names the key {}, its public area hashes to {}",
-                hex::encode(tpm_name.value()),
+                hex::encode(&tpm_name),
                 hex::encode(&name)
             )));
         }
-        key.public_tpm2b = public_tpm2b;
-        key.name = name;
+        let key = AttestationKey {
+            tpm: Arc::clone(&self.inner),
+            handle,
+            scheme,
+            public_tpm2b,
+            name,
+            persistent: true,
+        };
         tracing::debug!(
             ak_name = %hex::encode(&key.name),
             handle = format_args!("{handle:#010x}"),
@@ -213,39 +192,42 @@ impl Tpm {
         Ok(key)
     }
 
-    /// TPM2_CreatePrimary of `template` in the endorsement hierarchy, as an AK that quotes with
-    /// `scheme`.
+    /// TPM2_CreatePrimary of `tpmt_public` in the endorsement hierarchy, as an AK that quotes
+    /// with `scheme` (and SHA-256).
     fn create_primary_ak(
         &self,
         call: &'static str,
-        template: Public,
-        scheme: SignatureScheme,
+        tpmt_public: &[u8],
+        scheme: u16,
     ) -> Result<AttestationKey, TpmError> {
         let mut inner = lock(&self.inner);
-        let created = inner
-            .context
-            .execute_with_session(Some(AuthSession::Password), |ctx| {
-                ctx.create_primary(Hierarchy::Endorsement, template, None, None, None, None)
-            })
-            .map_err(inner.call_err(call))?;
+        let (handles, public_tpm2b, tpm_name) =
+            inner.run(call, create_primary_command(tpmt_public), 1, |mut reply| {
+                let r = &mut reply.params;
+                let public = tpm2b_whole(r, "outPublic", MAX_PUBLIC)?;
+                r.tpm2b("creationData", usize::from(u16::MAX))?;
+                r.tpm2b("creationHash", 64)?;
+                // TPMT_TK_CREATION: tag, hierarchy, digest.
+                r.u16("creationTicket.tag")?;
+                r.u32("creationTicket.hierarchy")?;
+                r.tpm2b("creationTicket.digest", 64)?;
+                let name = r.tpm2b("name", MAX_NAME)?.to_vec();
+                Ok((reply.handles, public, name))
+            })?;
+        let Some(&handle) = handles.first() else {
+            return Err(inner.unexpected(call, "no object handle".to_owned()));
+        };
         // Release the lock before the guard exists: its Drop takes the lock to flush.
         drop(inner);
         // From here on the guard owns the handle: any error below flushes it.
         let mut key = AttestationKey {
             tpm: Arc::clone(&self.inner),
-            handle: created.key_handle,
+            handle,
             scheme,
             public_tpm2b: Vec::new(),
             name: Vec::new(),
             persistent: false,
         };
-        let public_tpm2b = PublicBuffer::try_from(created.out_public)
-            .and_then(|buffer| buffer.marshall())
-            .map_err(|source| TpmError::Call {
-                call: "Tss2_MU_TPM2B_PUBLIC_Marshal",
-                tcti: self.tcti.clone(),
-                source,
-            })?;
         let name = name_of_public(&public_tpm2b).ok_or_else(|| TpmError::Unexpected {
             call,
             tcti: self.tcti.clone(),
@@ -254,6 +236,17 @@ impl Tpm {
                 hex::encode(&public_tpm2b)
             ),
         })?;
+        if name != tpm_name {
+            return Err(TpmError::Unexpected {
+                call,
+                tcti: self.tcti.clone(),
+                detail: format!(
+                    "the TPM names the key {}, its public area hashes to {}",
+                    hex::encode(&tpm_name),
+                    hex::encode(&name)
+                ),
+            });
+        }
         key.public_tpm2b = public_tpm2b;
         key.name = name;
         tracing::debug!(ak_name = %hex::encode(&key.name), "created attestation key");
@@ -310,30 +303,34 @@ impl Tpm {
             pcr_slot(pcr)?;
             selected.insert(pcr);
         }
-        let slots = selected
-            .iter()
-            .map(|&pcr| pcr_slot(pcr))
-            .collect::<Result<Vec<_>, _>>()?;
         let mut inner = lock(&self.inner);
-        let selection = PcrSelectionList::builder()
-            .with_selection(HashingAlgorithm::Sha256, &slots)
-            .build()
-            .map_err(inner.call_err(CALL))?;
-        let qualifying_data = Data::try_from(nonce.to_vec()).map_err(inner.call_err(CALL))?;
-        let scheme = ak.scheme;
-        let handle = ak.handle;
-        let (attest, signature) = inner
-            .context
-            .execute_with_session(Some(AuthSession::Password), |ctx| {
-                ctx.quote(handle, qualifying_data, scheme, selection)
-            })
-            .map_err(inner.call_err(CALL))?;
-        let attest = attest
-            .marshall()
-            .map_err(inner.call_err("Tss2_MU_TPMS_ATTEST_Marshal"))?;
-        let signature = signature
-            .marshall()
-            .map_err(inner.call_err("Tss2_MU_TPMT_SIGNATURE_Marshal"))?;
+        if nonce.len() > MAX_QUALIFYING_DATA {
+            return Err(inner.unexpected(
+                CALL,
+                format!(
+                    "qualifying data of {} bytes (at most {MAX_QUALIFYING_DATA})",
+                    nonce.len()
+                ),
+            ));
+        }
+        let selection: Vec<u8> = selected.iter().copied().collect();
+        let command = Command::new(cc::QUOTE)
+            .authorised_handle(ak.handle)
+            .tpm2b(nonce)
+            // TPMT_SIG_SCHEME: the key's scheme with SHA-256.
+            .u16(ak.scheme)
+            .u16(HashingAlgorithm::Sha256.id())
+            .pcr_selection(HashingAlgorithm::Sha256, &selection);
+        let (attest, signature) = inner.run(CALL, command, 0, |mut reply| {
+            let r = &mut reply.params;
+            let attest = r.tpm2b("quoted", MAX_ATTEST)?.to_vec();
+            // TPMT_SIGNATURE: the rest of the parameters.
+            let signature = r.bytes(r.remaining(), "signature")?.to_vec();
+            Ok((attest, signature))
+        })?;
+        if signature.len() < 4 {
+            return Err(inner.unexpected(CALL, format!("a signature of {} bytes", signature.len())));
+        }
         Ok(MarshalledQuote {
             attest,
             signature,
@@ -357,14 +354,13 @@ pub struct MarshalledQuote {
 /// platform's persistent key ([`Tpm::load_persistent_attestation_key`]) stays.
 pub struct AttestationKey {
     tpm: Arc<Mutex<Inner>>,
-    handle: KeyHandle,
-    /// How it signs quotes: ECDSA for hawser's own template, the platform's template's scheme
-    /// otherwise.
-    scheme: SignatureScheme,
+    handle: u32,
+    /// How it signs quotes (`TPM_ALG_ECDSA` or `TPM_ALG_RSASSA`, with SHA-256): ECDSA for
+    /// hawser's own template, the platform's template's scheme otherwise.
+    scheme: u16,
     public_tpm2b: Vec<u8>,
     name: Vec<u8>,
-    /// A persistent handle the platform owns: dropped by closing the ESYS handle only, never
-    /// flushed (flushing a persistent handle is an error, evicting it would destroy the
+    /// A persistent handle the platform owns: never flushed (flushing a persistent handle is an error, evicting it would destroy the
     /// platform's key).
     persistent: bool,
 }
@@ -411,18 +407,14 @@ impl std::fmt::Debug for AttestationKey {
 
 impl Drop for AttestationKey {
     fn drop(&mut self) {
-        let mut inner = lock(&self.tpm);
         if self.persistent {
-            let mut object = ObjectHandle::from(self.handle);
-            if let Err(err) = inner.context.tr_close(&mut object) {
-                tracing::warn!(tcti = %inner.tcti, %err, "Esys_TR_Close of the persistent attestation key failed");
-            }
             return;
         }
-        match inner.context.flush_context(ObjectHandle::from(self.handle)) {
+        let mut inner = lock(&self.tpm);
+        match inner.flush(self.handle) {
             Ok(()) => tracing::debug!("flushed attestation key"),
             Err(err) => {
-                tracing::warn!(tcti = %inner.tcti, %err, "TPM2_FlushContext of the attestation key failed")
+                tracing::warn!(tcti = %inner.tcti, err = %crate::error_chain(&err), "TPM2_FlushContext of the attestation key failed")
             }
         }
     }
@@ -433,13 +425,38 @@ mod tests {
     use super::*;
 
     #[test]
-    fn template_marshals_to_the_documented_bytes() {
-        let template = attestation_key_template().expect("template builds");
-        let marshalled = template.marshall().expect("marshals");
-        assert_eq!(
-            hex::encode(marshalled),
-            hex::encode(crate::tpm_types::AK_TEMPLATE)
+    fn the_ak_command_marshals_to_the_documented_bytes() {
+        let command = create_primary_command(&AK_TEMPLATE)
+            .marshal()
+            .expect("marshals");
+        let expected = concat!(
+            "8002",     // TPM_ST_SESSIONS
+            "00000041", // 65 bytes
+            "00000131", // TPM_CC_CreatePrimary
+            "4000000b", // TPM_RH_ENDORSEMENT
+            "00000009", "40000009", "0000", "00", "0000", // TPM_RS_PW, empty password
+            "0004", "0000", "0000", // inSensitive: empty userAuth, empty data
+            "0018", // inPublic: 24 bytes of TPMT_PUBLIC
+            "0023", "000b", "00050072", "0000", // ECC, SHA-256, attributes, no policy
+            "0010", "0018", "000b", "0003",
+            "0010", // symmetric NULL, ECDSA-SHA256, P-256, kdf NULL
+            "0000", "0000",     // unique: empty x, empty y
+            "0000",     // outsideInfo: empty
+            "00000000", // creationPCR: none
         );
+        assert_eq!(hex::encode(command), expected);
+    }
+
+    #[test]
+    fn the_ak_template_is_a_restricted_ecc_signer() {
+        let (key_type, attributes) = type_and_attributes(&AK_TEMPLATE).expect("long enough");
+        assert_eq!(key_type, TPM_ALG_ECC);
+        assert_eq!(attributes, 0x0005_0072);
+        assert!(is_restricted_signer(attributes));
+        assert!(!is_restricted_signer(
+            attributes | object_attributes::DECRYPT
+        ));
+        assert_eq!(scheme_for(key_type), Some(TPM_ALG_ECDSA));
     }
 
     #[test]

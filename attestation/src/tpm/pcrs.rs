@@ -4,42 +4,25 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use sha2::{Digest as _, Sha256, Sha384, Sha512};
-use tss_esapi::{
-    constants::CapabilityType,
-    handles::PcrHandle,
-    interface_types::{resource_handles::Hierarchy, session_handles::AuthSession},
-    structures::{CapabilityData, Digest, DigestValues, MaxBuffer, PcrSelectionList, PcrSlot},
-};
 
+use super::wire::{Command, cc};
 use super::{HashingAlgorithm, Inner, Tpm, TpmError, lock};
 
 /// The PCRs of a PC-client TPM: 0 to 23.
 const PCR_COUNT: u8 = 24;
 /// TPM2_PCR_Read returns at most 8 PCRs per call (the TPM's PCR selection output is limited).
 const PCRS_PER_READ: usize = 8;
+/// `TPM_RH_NULL`: TPM2_Hash without a ticket.
+const TPM_RH_NULL: u32 = 0x4000_0007;
+/// `MAX_DIGEST_BUFFER`: the largest TPM2B_MAX_BUFFER every TPM takes.
+const MAX_DIGEST_BUFFER: usize = 1024;
 
-pub(super) fn pcr_slot(pcr: u8) -> Result<PcrSlot, TpmError> {
+/// Checks that `pcr` is one of a PC-client TPM's 24.
+pub(super) fn pcr_slot(pcr: u8) -> Result<u8, TpmError> {
     if pcr >= PCR_COUNT {
         return Err(TpmError::PcrIndex { pcr });
     }
-    PcrSlot::try_from(1u32 << pcr).map_err(|_| TpmError::PcrIndex { pcr })
-}
-
-fn pcr_handle(pcr: u8) -> Result<PcrHandle, TpmError> {
-    use PcrHandle::*;
-    const HANDLES: [PcrHandle; PCR_COUNT as usize] = [
-        Pcr0, Pcr1, Pcr2, Pcr3, Pcr4, Pcr5, Pcr6, Pcr7, Pcr8, Pcr9, Pcr10, Pcr11, Pcr12, Pcr13,
-        Pcr14, Pcr15, Pcr16, Pcr17, Pcr18, Pcr19, Pcr20, Pcr21, Pcr22, Pcr23,
-    ];
-    HANDLES
-        .get(usize::from(pcr))
-        .copied()
-        .ok_or(TpmError::PcrIndex { pcr })
-}
-
-fn slot_index(slot: PcrSlot) -> u8 {
-    // A PcrSlot is a single bit of a u32, so trailing_zeros is below 32.
-    u32::from(slot).trailing_zeros() as u8
+    Ok(pcr)
 }
 
 impl Tpm {
@@ -51,21 +34,33 @@ impl Tpm {
 
     fn full_banks(inner: &mut Inner) -> Result<Vec<HashingAlgorithm>, TpmError> {
         const CALL: &str = "TPM2_GetCapability(TPM_CAP_PCRS)";
-        let (data, _more) = inner
-            .context
-            .get_capability(CapabilityType::AssignedPcr, 0, 1)
-            .map_err(inner.call_err(CALL))?;
-        let CapabilityData::AssignedPcr(list) = data else {
-            return Err(inner.unexpected(CALL, format!("{data:?} instead of assigned PCRs")));
-        };
-        let banks: Vec<HashingAlgorithm> = list
-            .get_selections()
+        let command = Command::new(cc::GET_CAPABILITY)
+            .u32(super::TPM_CAP_PCRS)
+            .u32(0)
+            .u32(1);
+        let selections = inner.run(CALL, command, 0, |mut reply| {
+            let r = &mut reply.params;
+            r.u8("moreData")?;
+            let offset = r.offset();
+            let capability = r.u32("capability")?;
+            if capability != super::TPM_CAP_PCRS {
+                return Err(r.unexpected("capability", offset, "TPM_CAP_PCRS", capability.into()));
+            }
+            read_selections(r)
+        })?;
+        let banks: Vec<HashingAlgorithm> = selections
             .iter()
-            .filter(|selection| {
-                (0..PCR_COUNT)
-                    .all(|pcr| pcr_slot(pcr).is_ok_and(|slot| selection.is_selected(slot)))
+            .filter(|(_, pcrs)| (0..PCR_COUNT).all(|pcr| pcrs.contains(&pcr)))
+            .filter_map(|(alg, _)| {
+                let bank = HashingAlgorithm::from_id(*alg);
+                if bank.is_none() {
+                    tracing::debug!(
+                        alg = format_args!("{alg:#06x}"),
+                        "skipping a PCR bank of an unknown hash"
+                    );
+                }
+                bank
             })
-            .map(|selection| selection.hashing_algorithm())
             .collect();
         if banks.is_empty() {
             return Err(TpmError::NoPcrBanks {
@@ -98,32 +93,37 @@ impl Tpm {
         }
         let mut values = BTreeMap::new();
         while !pending.is_empty() {
-            let batch = pending
-                .iter()
-                .take(PCRS_PER_READ)
-                .map(|&pcr| pcr_slot(pcr))
-                .collect::<Result<Vec<_>, _>>()?;
-            let selection = PcrSelectionList::builder()
-                .with_selection(bank, &batch)
-                .build()
-                .map_err(inner.call_err(CALL))?;
-            let (_update_counter, read, digests) = inner
-                .context
-                .pcr_read(selection)
-                .map_err(inner.call_err(CALL))?;
+            let batch: Vec<u8> = pending.iter().take(PCRS_PER_READ).copied().collect();
+            let command = Command::new(cc::PCR_READ).pcr_selection(bank, &batch);
+            let (read, digests) = inner.run(CALL, command, 0, |mut reply| {
+                let r = &mut reply.params;
+                r.u32("pcrUpdateCounter")?;
+                let read = read_selections(r)?;
+                let count = r.u32("pcrValues.count")?;
+                let mut digests = Vec::new();
+                for _ in 0..count.min(PCRS_PER_READ as u32 * 8) {
+                    digests.push(r.tpm2b("pcrValues.digest", 64)?.to_vec());
+                }
+                Ok((read, digests))
+            })?;
             // The digests follow the returned selection: banks in order, PCRs ascending.
-            let mut digests = digests.value().iter();
+            let mut digests = digests.into_iter();
             let mut progressed = false;
-            for selection in read.get_selections() {
-                for slot in selection.selected() {
+            for (alg, pcrs) in read {
+                for pcr in pcrs {
                     let Some(digest) = digests.next() else {
                         return Err(
                             inner.unexpected(CALL, "fewer digests than selected PCRs".to_string())
                         );
                     };
-                    let pcr = slot_index(slot);
-                    if selection.hashing_algorithm() == bank && pending.remove(&pcr) {
-                        values.insert(pcr, digest.value().to_vec());
+                    if alg == bank.id() && pending.remove(&pcr) {
+                        if digest.len() != bank.digest_size() {
+                            return Err(inner.unexpected(
+                                CALL,
+                                format!("{bank:?} PCR {pcr} has {} bytes", digest.len()),
+                            ));
+                        }
+                        values.insert(pcr, digest);
                         progressed = true;
                     }
                 }
@@ -165,7 +165,7 @@ impl Tpm {
         if phase.is_empty() {
             return Err(TpmError::EmptyPhase);
         }
-        let handle = pcr_handle(pcr)?;
+        pcr_slot(pcr)?;
         let mut inner = lock(&self.inner);
         let full = Self::full_banks(&mut inner)?;
 
@@ -183,17 +183,14 @@ impl Tpm {
         }
         let banks = if good.is_empty() { full } else { good };
 
-        let mut digests = DigestValues::new();
+        let mut digests = Vec::with_capacity(banks.len());
         for &bank in &banks {
-            let digest = Self::hash_for_bank(&mut inner, bank, phase.as_bytes())?;
-            digests.set(bank, digest);
+            digests.push((
+                bank,
+                Self::hash_for_bank(&mut inner, bank, phase.as_bytes())?,
+            ));
         }
-        inner
-            .context
-            .execute_with_session(Some(AuthSession::Password), |ctx| {
-                ctx.pcr_extend(handle, digests)
-            })
-            .map_err(inner.call_err("TPM2_PCR_Extend"))?;
+        Self::pcr_extend(&mut inner, pcr, &digests)?;
         tracing::info!(pcr, phase, banks = ?banks, "extended PCR with boot phase");
         Ok(banks)
     }
@@ -201,43 +198,100 @@ impl Tpm {
     /// Extends the sha256 bank of `pcr` with `digest` itself (not a hash of it), as
     /// Constellation's node lock extends PCR 15 with the cluster ID.
     pub fn extend_sha256_digest(&self, pcr: u8, digest: &[u8; 32]) -> Result<(), TpmError> {
-        let handle = pcr_handle(pcr)?;
+        pcr_slot(pcr)?;
         let mut inner = lock(&self.inner);
-        let mut digests = DigestValues::new();
-        let value = Digest::try_from(digest.to_vec()).map_err(inner.call_err("Digest"))?;
-        digests.set(HashingAlgorithm::Sha256, value);
-        inner
-            .context
-            .execute_with_session(Some(AuthSession::Password), |ctx| {
-                ctx.pcr_extend(handle, digests)
-            })
-            .map_err(inner.call_err("TPM2_PCR_Extend"))?;
+        Self::pcr_extend(
+            &mut inner,
+            pcr,
+            &[(HashingAlgorithm::Sha256, digest.to_vec())],
+        )?;
         tracing::info!(pcr, "extended the sha256 bank with a digest");
         Ok(())
+    }
+
+    /// TPM2_PCR_Extend of `pcr` with one digest per bank.
+    fn pcr_extend(
+        inner: &mut Inner,
+        pcr: u8,
+        digests: &[(HashingAlgorithm, Vec<u8>)],
+    ) -> Result<(), TpmError> {
+        const CALL: &str = "TPM2_PCR_Extend";
+        // At most the 8 hash algorithms there are.
+        let mut command = Command::new(cc::PCR_EXTEND)
+            .authorised_handle(u32::from(pcr))
+            .u32(digests.len() as u32);
+        for (bank, digest) in digests {
+            if digest.len() != bank.digest_size() {
+                return Err(
+                    inner.unexpected(CALL, format!("a {bank:?} digest of {} bytes", digest.len()))
+                );
+            }
+            command = command.u16(bank.id()).bytes(digest);
+        }
+        inner.run(CALL, command, 0, |_| Ok(()))
     }
 
     fn hash_for_bank(
         inner: &mut Inner,
         bank: HashingAlgorithm,
         data: &[u8],
-    ) -> Result<Digest, TpmError> {
-        let local = match bank {
-            HashingAlgorithm::Sha256 => Some(Sha256::digest(data).to_vec()),
-            HashingAlgorithm::Sha384 => Some(Sha384::digest(data).to_vec()),
-            HashingAlgorithm::Sha512 => Some(Sha512::digest(data).to_vec()),
-            _ => None,
-        };
-        match local {
-            Some(bytes) => Digest::try_from(bytes).map_err(inner.call_err("TPM2_PCR_Extend")),
-            None => {
-                let buffer =
-                    MaxBuffer::try_from(data.to_vec()).map_err(inner.call_err("TPM2_Hash"))?;
-                let (digest, _ticket) = inner
-                    .context
-                    .execute_without_session(|ctx| ctx.hash(buffer, bank, Hierarchy::Null))
-                    .map_err(inner.call_err("TPM2_Hash"))?;
+    ) -> Result<Vec<u8>, TpmError> {
+        const CALL: &str = "TPM2_Hash";
+        match bank {
+            HashingAlgorithm::Sha256 => Ok(Sha256::digest(data).to_vec()),
+            HashingAlgorithm::Sha384 => Ok(Sha384::digest(data).to_vec()),
+            HashingAlgorithm::Sha512 => Ok(Sha512::digest(data).to_vec()),
+            _ => {
+                if data.len() > MAX_DIGEST_BUFFER {
+                    return Err(inner.unexpected(
+                        CALL,
+                        format!(
+                            "{} bytes to hash, more than {MAX_DIGEST_BUFFER}",
+                            data.len()
+                        ),
+                    ));
+                }
+                let command = Command::new(cc::HASH)
+                    .tpm2b(data)
+                    .u16(bank.id())
+                    .u32(TPM_RH_NULL);
+                let digest = inner.run(CALL, command, 0, |mut reply| {
+                    Ok(reply.params.tpm2b("outHash", 64)?.to_vec())
+                })?;
+                if digest.len() != bank.digest_size() {
+                    return Err(inner
+                        .unexpected(CALL, format!("a {bank:?} digest of {} bytes", digest.len())));
+                }
                 Ok(digest)
             }
         }
     }
+}
+
+/// A `TPML_PCR_SELECTION`: each bank's algorithm ID and its selected PCRs, ascending.
+fn read_selections(
+    r: &mut crate::tpm_types::Reader<'_>,
+) -> Result<Vec<(u16, Vec<u8>)>, crate::tpm_types::ParseError> {
+    let count = r.u32("pcrSelections.count")?;
+    let mut out = Vec::new();
+    // TPM_NUM_PCR_BANKS is 16 at most.
+    for _ in 0..count.min(16) {
+        let alg = r.u16("pcrSelections.hash")?;
+        let size = r.u8("pcrSelections.sizeofSelect")?;
+        let select = r.bytes(usize::from(size), "pcrSelections.pcrSelect")?;
+        let mut pcrs = Vec::new();
+        for (i, byte) in select.iter().enumerate() {
+            for bit in 0..8u8 {
+                if byte & (1 << bit) != 0 {
+                    // i < 256: sizeofSelect is a u8; PCR numbers above 255 are not for this
+                    // module (a PC-client TPM has 24).
+                    if let Ok(pcr) = u8::try_from(i * 8 + usize::from(bit)) {
+                        pcrs.push(pcr);
+                    }
+                }
+            }
+        }
+        out.push((alg, pcrs));
+    }
+    Ok(out)
 }
