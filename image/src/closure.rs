@@ -6,8 +6,7 @@
 //! dynamic loader needs at boot is exactly this:
 //!
 //! - the interpreter named by `PT_INTERP` (`/lib64/ld-linux-x86-64.so.2`), at that path;
-//! - every `DT_NEEDED` soname, recursively, plus sonames the program `dlopen`s (the tss2 TCTI
-//!   libraries), found by the loader's default search since the initramfs has no
+//! - every `DT_NEEDED` soname, recursively, plus sonames the program `dlopen`s, found by the loader's default search since the initramfs has no
 //!   `/etc/ld.so.cache`.
 //!
 //! Layout in the initramfs: every library file sits in `usr/lib/x86_64-linux-gnu` (the first

@@ -35,9 +35,9 @@ use crate::ImageError;
 use crate::closure::{self, LibraryClosure};
 use crate::cpio::{CpioArchive, Entry};
 
-/// Libraries PID 1 `dlopen`s, which no `DT_NEEDED` names: the tss2 TCTI loader opens the
-/// device TCTI by soname at run time.
-pub const DLOPENED_LIBRARIES: &[&str] = &["libtss2-tcti-device.so.0"];
+/// Libraries PID 1 `dlopen`s, which no `DT_NEEDED` names: none. (There was the tss2 device
+/// TCTI, until the issuer spoke TPM 2.0 commands itself: PID 1 links libc and libgcc_s only.)
+pub const DLOPENED_LIBRARIES: &[&str] = &[];
 
 /// Programs PID 1 runs, as paths inside the package roots; each is installed at the same path
 /// with its library closure. mke2fs creates the state disk's filesystem.

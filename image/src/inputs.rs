@@ -57,15 +57,6 @@ pub const WANTED: &[(&str, Role)] = &[
     ("systemd-boot-efi", Role::Stub),
     ("libc6", Role::Library),
     ("libgcc-s1", Role::Library),
-    ("libssl3t64", Role::Library),
-    // libcrypto.so.3 needs these two.
-    ("zlib1g", Role::Library),
-    ("libzstd1", Role::Library),
-    ("libtss2-esys-3.0.2-0t64", Role::Library),
-    ("libtss2-sys1t64", Role::Library),
-    ("libtss2-mu-4.0.1-0t64", Role::Library),
-    ("libtss2-tctildr0t64", Role::Library),
-    ("libtss2-tcti-device0t64", Role::Library),
     // mke2fs, which PID 1 runs to create the state disk's filesystem (issue 6), and its
     // libraries. e2fsprogs is a program package; it is a library root all the same: the
     // initramfs builder finds programs and libraries in the same unpacked trees.

@@ -246,8 +246,8 @@ impl Boot {
         Ok(())
     }
 
-    /// Seeds the kernel pool from the TPM, before anything (libcrypto's session nonces) calls
-    /// a blocking getrandom.
+    /// Seeds the kernel pool from the TPM, before anything (TLS keys, nonces) calls a blocking
+    /// getrandom.
     pub(super) async fn seed_entropy(&mut self) -> Result<(), BootError> {
         let crng_was_ready = entropy::crng_ready();
         let tpm = self.tpm()?;

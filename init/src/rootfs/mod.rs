@@ -32,9 +32,7 @@
 //! runtime, TPM context and open files, carries on as PID 1 in the new root (see
 //! [`crate::supervisor`]). The binary and the shared libraries it has mapped stay mapped after
 //! the initramfs files are deleted. Anything loaded *later* is looked up in the new root,
-//! which has different files: the tss2 TCTI library (`libtss2-tcti-device.so.0`, dlopened by
-//! `Tss2_TctiLdr_Initialize`) must therefore be loaded — the TPM context opened — before the
-//! switch and kept, and glibc's NSS modules (dlopened by `getaddrinfo` for names, by
+//! which has different files: glibc's NSS modules (dlopened by `getaddrinfo` for names, by
 //! `getpwnam`) come from the rootfs afterwards: use numeric addresses, or make sure the rootfs
 //! has a matching glibc. Helper programs from the initramfs (`mke2fs`) are gone after the
 //! switch.
