@@ -6,7 +6,7 @@
 //! pieces, in the order evidence flows through them:
 //!
 //! - **Issuer** (feature `tpm`: [`tpm`], [`issuer`]): the PID 1's side (and `hawser-joind`'s
-//!   when it attests itself, `--attest-with-tpm`), over tss-esapi and the system's libtss2. It
+//!   when it attests itself, `--attest-with-tpm`), speaking TPM 2.0 commands itself (no libtss2). It
 //!   extends boot phases like systemd-pcrphase, reads the sha256 bank, creates the AK from a
 //!   fixed template ([`tpm_types::AK_TEMPLATE`]), reads the AK certificate the provider stored
 //!   in NV ([`tpm_types::AK_CERT_NV_INDEX`]) and quotes with qualifying data that binds a peer's

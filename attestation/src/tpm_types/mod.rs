@@ -58,8 +58,8 @@ pub const TPM_RH_ENDORSEMENT: u32 = 0x4000_000b;
 /// sign (0x00050072), empty authPolicy, symmetric NULL, scheme ECDSA with SHA-256, kdf NULL,
 /// empty unique. TPM2_CreatePrimary in the endorsement hierarchy with this template gives the
 /// same key on the same TPM every time, so the issuer (module `tpm`) and a provider certifying
-/// the key before boot (the QEMU harness) derive the same AK. The `tpm` module's tests check
-/// that tss-esapi's template marshals to exactly these bytes.
+/// the key before boot (the QEMU harness) derive the same AK. The `tpm` module sends these
+/// bytes as they are; its tests check the whole TPM2_CreatePrimary command.
 pub const AK_TEMPLATE: [u8; 24] = [
     0x00, 0x23, // type: TPM_ALG_ECC
     0x00, 0x0b, // nameAlg: TPM_ALG_SHA256

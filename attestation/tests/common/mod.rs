@@ -15,7 +15,7 @@ impl Swtpm {
         )
     }
 
-    /// The TCTI string for tss-esapi / tpm2-tools.
+    /// The TCTI string for `Tpm::open` / tpm2-tools.
     pub fn tcti(&self) -> String {
         self.0.tcti().expect("a TCP swtpm has a TCTI")
     }
