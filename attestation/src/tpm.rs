@@ -397,3 +397,82 @@ impl Tpm {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// A one-connection TPM on loopback that answers each command with the next of `responses`
+    /// (hex), and returns the commands it got.
+    fn fake_tpm(
+        responses: &'static [&'static str],
+    ) -> (String, std::thread::JoinHandle<Vec<Vec<u8>>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let server = std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().expect("accept");
+            let mut commands = Vec::new();
+            for response in responses {
+                let mut header = [0u8; 10];
+                stream.read_exact(&mut header).expect("header");
+                let size = u32::from_be_bytes([header[2], header[3], header[4], header[5]]);
+                let mut rest = vec![0u8; size as usize - 10];
+                stream.read_exact(&mut rest).expect("body");
+                commands.push([header.as_slice(), &rest].concat());
+                // Two writes: the client must put a response together from short reads.
+                let bytes = hex::decode(response).expect("hex");
+                stream.write_all(&bytes[..3]).expect("write");
+                stream.flush().expect("flush");
+                std::thread::sleep(Duration::from_millis(5));
+                stream.write_all(&bytes[3..]).expect("write");
+            }
+            commands
+        });
+        (format!("swtpm:host=127.0.0.1,port={port}"), server)
+    }
+
+    #[test]
+    fn a_command_the_tpm_asks_to_retry_is_sent_again() {
+        let (tcti, server) = fake_tpm(&[
+            "80010000000a00000922",             // TPM_RC_RETRY
+            "80010000000a0000090a",             // TPM_RC_TESTING
+            "80010000001000000000000401020304", // four random bytes
+        ]);
+        let tpm = Tpm::open(&tcti).expect("open");
+        assert_eq!(tpm.get_random(4).expect("random"), [1, 2, 3, 4]);
+        let commands = server.join().expect("server");
+        assert_eq!(commands.len(), 3);
+        assert!(
+            commands
+                .iter()
+                .all(|c| hex::encode(c) == "80010000000c0000017b0004")
+        );
+    }
+
+    #[test]
+    fn a_tpm_error_names_the_command_the_tcti_and_the_code() {
+        let (tcti, server) = fake_tpm(&["80010000000a0000018b"]);
+        let tpm = Tpm::open(&tcti).expect("open");
+        let err = tpm.read_nv(0x01c1_0002).expect_err("refused");
+        assert_eq!(err.response_code(), Some(ResponseCode(0x18b)));
+        let text = crate::error_chain(&err);
+        assert!(
+            text.contains("TPM2_GetCapability(TPM_CAP_HANDLES)"),
+            "{text}"
+        );
+        assert!(text.contains(&tcti), "{text}");
+        assert!(text.contains("TPM_RC_HANDLE of handle 1"), "{text}");
+        server.join().expect("server");
+    }
+
+    #[test]
+    fn an_unknown_tcti_is_refused_before_any_io() {
+        assert!(matches!(
+            Tpm::open("mssim:host=localhost"),
+            Err(TpmError::Tcti { .. })
+        ));
+    }
+}
