@@ -280,7 +280,7 @@ pub fn build_node_image(
     let kernel_modules = crate::initramfs::module_files(
         &fetched.modules_dir,
         &fetched.kernel_release,
-        hawser_kmod::KUBERNETES_MODULES,
+        &hawser_kmod::rootfs_modules(),
     )?
     .files;
     let t = Instant::now();

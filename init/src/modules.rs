@@ -16,6 +16,8 @@ use std::collections::BTreeSet;
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use hawser_kmod::{KernelModule, KmodError, ModuleIndex, PlannedModule};
 
@@ -298,7 +300,7 @@ pub fn load_concurrently(
             let path = dir.join(&planned.path);
             let result = match skipped_dependency {
                 Some(dependency) => judge_skipped_dependency(planned, &dependency),
-                None => judge(planned, &path, sys.load_module(&path, is_compressed(&path))),
+                None => judge(planned, &path, timed_load(sys, &planned.name, &path)),
             };
             guard = match state.lock() {
                 Ok(guard) => guard,
@@ -336,6 +338,39 @@ pub fn load_concurrently(
         .collect())
 }
 
+/// How long each `finit_module(2)` took since the last [`take_load_times`], in load order:
+/// the kernel's signature check, relocation and the module's init, for the boot log.
+static LOAD_TIMES: Mutex<Vec<(String, Duration)>> = Mutex::new(Vec::new());
+
+/// [`Syscalls::load_module`], timed into [`LOAD_TIMES`].
+fn timed_load(sys: &dyn Syscalls, name: &str, path: &Path) -> io::Result<()> {
+    let start = Instant::now();
+    let result = sys.load_module(path, is_compressed(path));
+    if let Ok(mut times) = LOAD_TIMES.lock() {
+        times.push((name.to_owned(), start.elapsed()));
+    }
+    result
+}
+
+/// The load times recorded since the last call, slowest first.
+pub fn take_load_times() -> Vec<(String, Duration)> {
+    let mut times = LOAD_TIMES
+        .lock()
+        .map(|mut times| std::mem::take(&mut *times))
+        .unwrap_or_default();
+    times.sort_by(|a, b| b.1.cmp(&a.1));
+    times
+}
+
+/// "dm_crypt 41.2, erofs 30.1, …" (ms), slowest first.
+pub fn describe_load_times(times: &[(String, Duration)]) -> String {
+    let parts: Vec<String> = times
+        .iter()
+        .map(|(name, took)| format!("{name} {:.1}", took.as_secs_f64() * 1e3))
+        .collect();
+    parts.join(", ")
+}
+
 /// Counts what [`load_all`] loaded and collects what it skipped.
 pub fn summarize(outcomes: Vec<(String, ModuleOutcome)>) -> LoadSummary {
     let mut summary = LoadSummary::default();
@@ -366,7 +401,7 @@ pub fn load_all(
             .find(|dependency| skipped.contains(*dependency));
         let outcome = match skipped_dependency {
             Some(dependency) => judge_skipped_dependency(planned, dependency)?,
-            None => judge(planned, &path, sys.load_module(&path, is_compressed(&path)))?,
+            None => judge(planned, &path, timed_load(sys, &planned.name, &path))?,
         };
         if let ModuleOutcome::Skipped(skip) = &outcome {
             tracing::warn!("{skip}");

@@ -24,7 +24,10 @@ mod table;
 
 pub use index::{KmodError, ModuleIndex, PlannedModule, normalize_name};
 pub use platform_table::{PLATFORM_MODULE_TABLES, platform_modules};
-pub use table::{BOOT_MODULE_TABLE, BOOT_MODULES, KUBERNETES_MODULE_TABLE, KUBERNETES_MODULES};
+pub use table::{
+    AFTER_PIVOT_MODULES, BOOT_MODULE_TABLE, BOOT_MODULES, KUBERNETES_MODULE_TABLE,
+    KUBERNETES_MODULES, rootfs_modules,
+};
 
 /// Whether the boot can go on when the kernel refuses a module for a CPU feature or device
 /// this machine lacks (ENODEV).
@@ -57,8 +60,18 @@ pub enum Stage {
     Background,
     /// On the same thread after the [`Stage::Background`] ones, while PID 1 opens the state
     /// disk (mostly waiting on the join service); awaited after it, before the mesh and the
-    /// rootfs that need these (tun, dm-verity, erofs, overlay).
+    /// rootfs that need these (dm-verity, erofs, overlay).
     AfterStateDisk,
+    /// Only when the node uses what it is for ([`Use`]), right before: `tun`, once the join
+    /// ticket or the state disk gives the node a place in a WireGuard mesh. A node without a
+    /// mesh never loads it.
+    OnDemand,
+    /// With a rootfs (`hawser.root_hash`), after the pivot, from the verified rootfs, which
+    /// carries them too ([`AFTER_PIVOT_MODULES`]): the power button's `button` and `evdev`,
+    /// which nothing before the pivot needs unless the bring-up waits (for the join service,
+    /// for `hawser init` or `recover`; PID 1 then loads them from the initramfs after a grace
+    /// period). Without a rootfs, with the [`Stage::Background`] ones.
+    AfterPivot,
 }
 
 /// What a module of [`BOOT_MODULE_TABLE`] is for, so a node whose command line does not ask
@@ -71,6 +84,9 @@ pub enum Use {
     Integrity,
     /// `hawser.root_hash=`: the verified rootfs (dm-verity, erofs, the `/etc` overlay).
     Rootfs,
+    /// A WireGuard mesh, which only the join (or the state disk, at a rejoin) says the node
+    /// has: loaded [`Stage::OnDemand`], before the tunnel starts.
+    Mesh,
 }
 
 /// A module PID 1 loads, and why.
@@ -136,6 +152,19 @@ impl KernelModule {
     /// Loaded in the background first, before the network ([`Stage::Network`]).
     pub const fn before_network(mut self) -> Self {
         self.stage = Stage::Network;
+        self
+    }
+
+    /// Loaded after the pivot when there is one ([`Stage::AfterPivot`]).
+    pub const fn after_pivot(mut self) -> Self {
+        self.stage = Stage::AfterPivot;
+        self
+    }
+
+    /// Loaded only when the node starts using `used_for` ([`Stage::OnDemand`]).
+    pub const fn on_demand(mut self, used_for: Use) -> Self {
+        self.stage = Stage::OnDemand;
+        self.used_for = used_for;
         self
     }
 

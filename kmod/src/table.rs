@@ -84,7 +84,7 @@ pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
         "tun",
         "/dev/net/tun for the WireGuard mesh (boringtun runs in PID 1 on a tun interface)",
     )
-    .after_state_disk(),
+    .on_demand(Use::Mesh),
     KernelModule::required("erofs", "the immutable rootfs (erofs)")
         .after_state_disk()
         .only_for(Use::Rootfs),
@@ -98,14 +98,29 @@ pub const BOOT_MODULE_TABLE: &[KernelModule] = &[
         "the ACPI power button (orderly shutdown on system_powerdown)",
         WITHOUT_POWER_BUTTON,
     )
-    .in_background(),
+    .after_pivot(),
     KernelModule::optional(
         "evdev",
         "the input device PID 1 reads the power button through",
         WITHOUT_POWER_BUTTON,
     )
-    .in_background(),
+    .after_pivot(),
 ];
+
+/// The modules of [`BOOT_MODULE_TABLE`] loaded after the pivot ([`crate::Stage::AfterPivot`]):
+/// the rootfs carries them too, next to [`KUBERNETES_MODULES`]. The initramfs keeps them, for
+/// images without a rootfs and for a bring-up that waits.
+pub const AFTER_PIVOT_MODULES: &[&str] = &["button", "evdev"];
+
+/// The modules the rootfs carries for PID 1 to load after the pivot: [`KUBERNETES_MODULES`]
+/// and [`AFTER_PIVOT_MODULES`].
+pub fn rootfs_modules() -> Vec<&'static str> {
+    KUBERNETES_MODULES
+        .iter()
+        .chain(AFTER_PIVOT_MODULES)
+        .copied()
+        .collect()
+}
 
 /// Modules a Kubernetes node needs after the pivot, loaded by PID 1 right after it from the
 /// rootfs, which carries them (the image builder writes them under `/usr/lib/modules`); the

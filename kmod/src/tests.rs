@@ -98,6 +98,30 @@ fn module_tables_are_well_formed_and_name_lists_follow_them() {
 }
 
 #[test]
+fn the_after_pivot_list_follows_the_table() {
+    let after_pivot: Vec<&str> = BOOT_MODULE_TABLE
+        .iter()
+        .filter(|module| module.stage == crate::Stage::AfterPivot)
+        .map(|module| module.name)
+        .collect();
+    assert_eq!(after_pivot, crate::AFTER_PIVOT_MODULES);
+    // Whatever loads after the pivot, or only on demand, is something the boot path can do
+    // without until then.
+    for module in BOOT_MODULE_TABLE {
+        if module.stage == crate::Stage::AfterPivot {
+            assert!(
+                matches!(module.need, Need::Optional { .. }),
+                "{}",
+                module.name
+            );
+        }
+        if module.stage == crate::Stage::OnDemand {
+            assert_eq!(module.used_for, Use::Mesh, "{}", module.name);
+        }
+    }
+}
+
+#[test]
 fn only_what_has_a_fallback_is_optional_at_boot() {
     let need = |name: &str| {
         BOOT_MODULE_TABLE

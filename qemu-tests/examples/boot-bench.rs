@@ -34,6 +34,8 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(360);
 const INIT_STARTED: &str = "kernel handed over ";
 /// PID 1's pivot line. Newer trees end it with `; /init → pivot 1234.5 ms (5.678 s after boot)`.
 const PIVOTED: &str = "switched into the rootfs";
+/// PID 1 watches the power button (after the pivot, from the rootfs's modules).
+const POWER_BUTTON_WATCHED: &str = "ACPI power button(s)";
 /// The Debian root's /sbin/init (written by the script): its first line, and its last after it
 /// printed the kernel log as `BENCH_DMESG <line>`.
 const ROOT_INIT: &str = "BENCH_ROOT_INIT";
@@ -418,8 +420,13 @@ fn hawser_boot(config: VmConfig, fresh: bool) -> BootResult {
     let mut note = String::new();
     if fresh {
         // A clean power-off, so that the rejoin finds the state file system clean (as after
-        // any orderly shutdown); a power cut would add a journal replay to it.
-        let clean = vm.powerdown().is_ok() && vm.wait_for_exit(Duration::from_secs(180)).is_ok();
+        // any orderly shutdown); a power cut would add a journal replay to it. PID 1 loads the
+        // power button's modules after the pivot: the press waits for its watch.
+        let watched = vm
+            .wait_for_line(POWER_BUTTON_WATCHED, Duration::from_secs(60))
+            .is_ok();
+        let clean =
+            watched && vm.powerdown().is_ok() && vm.wait_for_exit(Duration::from_secs(180)).is_ok();
         if !clean {
             note = "no clean power-off: the rejoin may replay the journal".into();
         }

@@ -120,8 +120,9 @@ pub struct RootfsOptions {
     /// PID 1's ELF files as the initramfs holds them (path in the initramfs, file): copied
     /// under [`hawser_disk_format::rootfs::PID1_COPIES`] ([`crate::initramfs::pid1_elf_files`]).
     pub pid1_files: Vec<(String, PathBuf)>,
-    /// The kernel modules Kubernetes needs, at their paths in the tree
-    /// ([`crate::initramfs::module_files`] of [`hawser_kmod::KUBERNETES_MODULES`]).
+    /// The kernel modules PID 1 loads after the pivot (Kubernetes' and the power button's), at
+    /// their paths in the tree ([`crate::initramfs::module_files`] of
+    /// [`hawser_kmod::rootfs_modules`]).
     pub kernel_modules: Vec<(String, Vec<u8>)>,
 }
 

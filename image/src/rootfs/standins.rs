@@ -84,8 +84,9 @@ pub fn install_pid1_copies(
     install_files(tree, files, epoch)
 }
 
-/// Writes the kernel modules Kubernetes needs ([`crate::initramfs::module_files`] of
-/// [`hawser_kmod::KUBERNETES_MODULES`]: the modules, their `modules.dep`, `modules.builtin`)
+/// Writes the kernel modules PID 1 loads after the pivot ([`crate::initramfs::module_files`]
+/// of [`hawser_kmod::rootfs_modules`], Kubernetes' and the power button's: the modules, their
+/// `modules.dep`, `modules.builtin`)
 /// into `tree` at their paths (`usr/lib/modules/<kver>/…`), mode 0644, for PID 1 to load after
 /// the pivot: the verified rootfs carries them, not the initramfs.
 pub fn install_kernel_modules(

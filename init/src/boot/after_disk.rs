@@ -119,6 +119,8 @@ impl Boot {
                 None => return Ok(None),
             },
         };
+        // Only a node with a mesh needs /dev/net/tun.
+        self.load_on_demand(hawser_kmod::Use::Mesh, "mesh").await?;
         let key = crate::mesh::node_key(state, &grant)?;
         let serves_peer_api =
             crate::kube::join_service::keeps_secrets(&super::pivot_role::kept_secrets_dir());
@@ -270,6 +272,7 @@ impl Boot {
                 return Err(BootError::Pivot(e));
             }
         };
+        let power_button = self.watch_power_buttons_after_pivot();
         self.serve_attestation(node_name.clone(), measured).await;
         // What the verified rootfs says about its Kubernetes must be what the command line
         // said before the disk (the init server's and the join's checks used that).
@@ -313,6 +316,10 @@ impl Boot {
                     progress.fail(reason);
                 }
             }
+        }
+        // Long done in practice: "boot complete" promises a watched power button.
+        if let Err(e) = power_button.await {
+            warn!("power-button shutdown requests are ignored: {e}");
         }
         Ok(())
     }

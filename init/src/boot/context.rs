@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use hawser_attestation::tpm::Tpm;
 use tokio::sync::mpsc;
@@ -41,6 +42,12 @@ pub struct Boot {
     tpm: Option<Arc<Tpm>>,
     /// The background module loads until awaited.
     background_modules: BackgroundModules,
+    /// Whether the power buttons are watched (once per boot: from the initramfs while the
+    /// bring-up waits, or after the pivot).
+    power_button: Arc<AtomicBool>,
+    /// With a rootfs: loads the power button's modules from the initramfs if the bring-up is
+    /// still waiting after a grace period; aborted at the pivot.
+    early_power_button: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// One group of module loads on the background thread: its start and end (ms since /init)
@@ -84,7 +91,24 @@ impl Boot {
                 state_disk: None,
                 after_state_disk: None,
             },
+            power_button: Arc::default(),
+            early_power_button: None,
         }
+    }
+
+    /// Whether the power buttons are watched.
+    pub fn power_button(&self) -> &Arc<AtomicBool> {
+        &self.power_button
+    }
+
+    /// Keeps the task that loads the power button's modules if the bring-up waits.
+    pub fn keep_early_power_button(&mut self, task: tokio::task::JoinHandle<()>) {
+        self.early_power_button = Some(task);
+    }
+
+    /// The task of [`Self::keep_early_power_button`], once.
+    pub fn take_early_power_button(&mut self) -> Option<tokio::task::JoinHandle<()>> {
+        self.early_power_button.take()
     }
 
     /// Where the background module loads are kept until awaited.

@@ -15,7 +15,8 @@
 //!       ─ (the NIC's modules) fw_cfg keys                        [fw-cfg]
 //!       ─ network (hawser.net)                                   [net]
 //!       ─ the attestation key and its provider certificate       [attestation-key]
-//!       ─ (the state disk's modules) power button watcher
+//!       ─ (the state disk's modules) power button watcher (with a rootfs: after the pivot,
+//!         or from the initramfs if the bring-up still waits 10 s later)
 //!       ─ state disk: find, format or open, map, mount           [state-disk-*]
 //!         (join-service key: join client races init server, node lock → PCR 15;
 //!         a first boot keeps its one-time grants before the "initialized" mark)
@@ -445,7 +446,7 @@ async fn bring_up(boot: &mut Boot) -> Result<(), BootError> {
         .enrollment(&config, &mut fw_cfg, mesh_key.public_key())
         .await?;
     boot.await_state_disk_modules().await?;
-    boot.watch_power_buttons();
+    boot.watch_power_buttons(&config);
     let first_boot = kube::grants::FirstBoot {
         image_kubernetes: config.kubernetes.as_ref(),
         mesh_key: &mesh_key,

@@ -63,10 +63,16 @@ impl Boot {
             .filter(|module| needed(module, config))
             .copied()
             .collect();
+        // Without a rootfs there is no pivot: the power button's modules load before the
+        // state disk.
+        let no_pivot = config.root_hash.is_none();
         let stage = |stage: Stage| -> Vec<KernelModule> {
             wanted
                 .iter()
-                .filter(|m| m.stage == stage)
+                .filter(|m| {
+                    m.stage == stage
+                        || (no_pivot && stage == Stage::Background && m.stage == Stage::AfterPivot)
+                })
                 .copied()
                 .collect()
         };
@@ -131,8 +137,8 @@ impl Boot {
         self.background_loaded("modules-background", "the state disk", waited_from, loaded)
     }
 
-    /// Waits for the rest, loaded while the state disk opened (tun, dm-verity, erofs,
-    /// overlay); phase `modules-after-state-disk`.
+    /// Waits for the rest, loaded while the state disk opened (dm-verity, erofs, overlay);
+    /// phase `modules-after-state-disk`.
     pub(super) async fn await_late_modules(&mut self) -> Result<(), BootError> {
         self.await_state_disk_modules().await?;
         let Some(loads) = self.background_modules().after_state_disk.take() else {
@@ -163,33 +169,84 @@ impl Boot {
             modules::load_threads(),
             (end - waited_from).max(0.0)
         );
+        let times = modules::take_load_times();
+        if !times.is_empty() {
+            info!(
+                "kernel module load times (ms, slowest first): {}",
+                modules::describe_load_times(&times)
+            );
+        }
         self.keep_warnings(kernel_modules.skipped.iter().map(ToString::to_string));
         Ok(())
     }
 
-    /// Turns presses of the ACPI power button into shutdown requests.
-    pub(super) fn watch_power_buttons(&mut self) {
-        let buttons = power_button::find_power_buttons(Path::new("/sys"), Path::new("/dev"));
-        if buttons.is_empty() {
-            self.warn(
-                "no ACPI power button input device found; power-button shutdown requests are \
-                 ignored",
+    /// The [`Stage::OnDemand`] modules for `used`, now (blocking on a thread; phase
+    /// `modules-<phase>`): `tun` before the mesh's tunnel.
+    pub(super) async fn load_on_demand(&mut self, used: Use, phase: &str) -> Result<(), BootError> {
+        let table: Vec<KernelModule> = hawser_kmod::BOOT_MODULE_TABLE
+            .iter()
+            .filter(|m| m.stage == Stage::OnDemand && m.used_for == used)
+            .copied()
+            .collect();
+        if table.is_empty() {
+            return Ok(());
+        }
+        let kernel_modules = self
+            .time_blocking(&format!("modules-{phase}"), move || {
+                modules::load_table(&LINUX, &table)
+            })
+            .await??;
+        info!("{kernel_modules} (for the {phase}, on demand)");
+        let times = modules::take_load_times();
+        if !times.is_empty() {
+            info!(
+                "kernel module load times (ms, slowest first): {}",
+                modules::describe_load_times(&times)
             );
+        }
+        self.keep_warnings(kernel_modules.skipped.iter().map(ToString::to_string));
+        Ok(())
+    }
+
+    /// Turns presses of the ACPI power button into shutdown requests: now, without a rootfs
+    /// (its modules loaded before the state disk); with one, after the pivot
+    /// ([`Self::watch_power_buttons_after_pivot`]), or from the initramfs if the bring-up is
+    /// still waiting [`POWER_BUTTON_GRACE`] from now.
+    pub(super) fn watch_power_buttons(&mut self, config: &CmdlineConfig) {
+        if config.root_hash.is_some() {
+            let (watched, requests) = (self.power_button().clone(), self.requests().clone());
+            let early = tokio::spawn(async move {
+                tokio::time::sleep(POWER_BUTTON_GRACE).await;
+                load_and_watch_power_buttons(
+                    modules::running_modules_dir(),
+                    watched,
+                    requests,
+                    "the bring-up is still waiting",
+                )
+                .await;
+            });
+            self.keep_early_power_button(early);
             return;
         }
-        for button in buttons {
-            let requests = self.requests().clone();
-            tokio::spawn(async move {
-                match power_button::wait_for_press(&button).await {
-                    Ok(()) => {
-                        let _ = requests.send(ShutdownRequest::PowerButton).await;
-                    }
-                    Err(e) => {
-                        tracing::warn!("stopped watching power button {}: {e}", button.display())
-                    }
-                }
-            });
+        if watch_buttons(self.power_button(), self.requests()) == Some(0) {
+            self.warn(NO_POWER_BUTTON);
         }
+    }
+
+    /// After the pivot: the power button's modules from the rootfs (or nothing, if the
+    /// initramfs's were loaded while the bring-up waited), then the buttons are watched.
+    pub(super) fn watch_power_buttons_after_pivot(&mut self) -> tokio::task::JoinHandle<()> {
+        if let Some(early) = self.take_early_power_button() {
+            early.abort();
+        }
+        let (watched, requests) = (self.power_button().clone(), self.requests().clone());
+        tokio::spawn(load_and_watch_power_buttons(
+            // The new root's: the rootfs carries them.
+            modules::running_modules_dir(),
+            watched,
+            requests,
+            "after the pivot, from the rootfs",
+        ))
     }
 
     /// The unmeasured configuration from fw_cfg.
@@ -298,6 +355,82 @@ impl Boot {
     }
 }
 
+/// How long a bring-up with a rootfs may wait (for the join service, for `hawser init` or
+/// `recover`) after the state disk's modules before PID 1 loads the power button's from the
+/// initramfs, so that a node waiting for a person still stops in order on a press. A boot
+/// that does not wait pivots long before and loads them from the rootfs, after the pivot.
+pub const POWER_BUTTON_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The warning when no power button can be watched.
+const NO_POWER_BUTTON: &str =
+    "no ACPI power button input device found; power-button shutdown requests are ignored";
+
+/// Watches every ACPI power button and returns how many; `None` if `watched` says that was
+/// done already.
+fn watch_buttons(
+    watched: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    requests: &tokio::sync::mpsc::Sender<ShutdownRequest>,
+) -> Option<usize> {
+    if watched.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        return None;
+    }
+    let buttons = power_button::find_power_buttons(Path::new("/sys"), Path::new("/dev"));
+    for button in &buttons {
+        let (button, requests) = (button.clone(), requests.clone());
+        tokio::spawn(async move {
+            match power_button::wait_for_press(&button).await {
+                Ok(()) => {
+                    let _ = requests.send(ShutdownRequest::PowerButton).await;
+                }
+                Err(e) => {
+                    tracing::warn!("stopped watching power button {}: {e}", button.display())
+                }
+            }
+        });
+    }
+    if !buttons.is_empty() {
+        info!("watching {} ACPI power button(s)", buttons.len());
+    }
+    Some(buttons.len())
+}
+
+/// Loads the [`Stage::AfterPivot`] modules (the power button's) from `dir` on a thread, then
+/// watches the buttons; `when` says why now, for the log. Once per boot (`watched`).
+async fn load_and_watch_power_buttons(
+    dir: std::path::PathBuf,
+    watched: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    requests: tokio::sync::mpsc::Sender<ShutdownRequest>,
+    when: &'static str,
+) {
+    if watched.load(std::sync::atomic::Ordering::SeqCst) {
+        return;
+    }
+    let table: Vec<KernelModule> = hawser_kmod::BOOT_MODULE_TABLE
+        .iter()
+        .filter(|m| m.stage == Stage::AfterPivot)
+        .copied()
+        .collect();
+    let loaded =
+        tokio::task::spawn_blocking(move || modules::load_table_in(&LINUX, &dir, &table, 1)).await;
+    match loaded {
+        Ok(Ok(summary)) => info!("{summary} for the power button ({when})"),
+        Ok(Err(e)) => {
+            tracing::warn!(
+                "power-button shutdown requests are ignored: {}",
+                crate::platform::error_chain(&e)
+            );
+            return;
+        }
+        Err(e) => {
+            tracing::warn!("power-button shutdown requests are ignored: {e}");
+            return;
+        }
+    }
+    if watch_buttons(&watched, &requests) == Some(0) {
+        tracing::warn!("{NO_POWER_BUTTON}");
+    }
+}
+
 /// Waits until `path` exists (devtmpfs creates TPM nodes when the driver probes).
 pub async fn wait_for_device(path: &Path, limit: std::time::Duration) -> Result<(), BootError> {
     if poll::wait_for_path(path, limit, std::time::Duration::from_millis(10)).await {
@@ -315,6 +448,8 @@ fn needed(module: &KernelModule, config: &CmdlineConfig) -> bool {
         Use::Always => true,
         Use::Integrity => config.state_disk.integrity != hawser_luks2::Integrity::None,
         Use::Rootfs => config.root_hash.is_some(),
+        // Loaded on demand (Stage::OnDemand), when the join or the state disk says so.
+        Use::Mesh => false,
     }
 }
 

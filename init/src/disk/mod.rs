@@ -462,7 +462,12 @@ impl Platform for LinuxPlatform {
         let mut command = tokio::process::Command::new(MKFS);
         command
             .args(["-t", "ext4", "-q", "-F", "-b", "4096", "-L", FS_LABEL])
-            .args(["-E", "nodiscard"])
+            // Lazy inode tables and journal: mke2fs writes the metadata it needs (≈ 0.25 MiB
+            // for 256 MiB) instead of zeroing the 16 MiB journal (and more on a larger disk)
+            // through dm-crypt. The volume key is new, so every block the new journal has not
+            // written decrypts to noise: jbd2 cannot mistake it for a transaction (magic,
+            // sequence number and, with metadata_csum, the journal checksum).
+            .args(["-E", "nodiscard,lazy_itable_init=1,lazy_journal_init=1"])
             .arg(mapped)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin")
