@@ -55,6 +55,10 @@ const TICK: Duration = Duration::from_millis(250);
 /// doubled: the shared limiter counts a handshake initiation twice, once at the look-up of its
 /// peer and once in the peer's `Tunn`).
 const HANDSHAKE_RATE_LIMIT: u64 = 200;
+/// Datagrams per UDP GSO message at most (the kernel's UDP_MAX_SEGMENTS is 64 or more).
+const GSO_MAX_SEGMENTS: usize = 64;
+/// Bytes per UDP GSO message at most: one IP packet's worth, less the headers.
+const GSO_MAX_BYTES: usize = 65535 - 40 - 8;
 /// The UDP socket's buffers.
 const SOCKET_BUFFER: libc::c_int = 4 << 20;
 
@@ -475,6 +479,9 @@ fn from_sockaddr(storage: &libc::sockaddr_storage) -> Option<SocketAddr> {
 
 /// Encrypted datagrams waiting for one `sendmmsg`.
 struct SendQueue {
+    /// Whether to hand runs of datagrams to the kernel as one (UDP GSO); off for good once the
+    /// kernel refuses.
+    gso: bool,
     buffer: Vec<u8>,
     /// Length and destination of each.
     packets: Vec<(usize, SocketAddr)>,
@@ -483,6 +490,7 @@ struct SendQueue {
 impl SendQueue {
     fn new() -> Self {
         Self {
+            gso: true,
             buffer: vec![0; SEND_BATCH * SLOT],
             packets: Vec::with_capacity(SEND_BATCH),
         }
@@ -507,10 +515,34 @@ impl SendQueue {
         if count == 0 {
             return;
         }
-        let mut addresses: Vec<(libc::sockaddr_storage, libc::socklen_t)> = self
-            .packets
+        // Runs of datagrams to one destination, all of one size but a shorter last one: one
+        // message each, cut by the kernel (UDP GSO) where it takes UDP_SEGMENT.
+        let mut runs: Vec<(usize, usize)> = Vec::with_capacity(count);
+        let mut start = 0;
+        while start < count {
+            let (size, to) = self.packets[start];
+            let mut end = start + 1;
+            let mut total = size;
+            if self.gso {
+                while end < count
+                    && end - start < GSO_MAX_SEGMENTS
+                    && self.packets[end].1 == to
+                    && self.packets[end].0 <= size
+                    && total + self.packets[end].0 <= GSO_MAX_BYTES
+                {
+                    total += self.packets[end].0;
+                    end += 1;
+                    if self.packets[end - 1].0 < size {
+                        break;
+                    }
+                }
+            }
+            runs.push((start, end));
+            start = end;
+        }
+        let mut addresses: Vec<(libc::sockaddr_storage, libc::socklen_t)> = runs
             .iter()
-            .map(|(_, to)| to_sockaddr(*to, v6))
+            .map(|(start, _)| to_sockaddr(self.packets[*start].1, v6))
             .collect();
         let base = self.buffer.as_mut_ptr();
         let mut iovecs: Vec<libc::iovec> = self
@@ -523,16 +555,25 @@ impl SendQueue {
                 iov_len: *length,
             })
             .collect();
-        let mut messages: Vec<libc::mmsghdr> = iovecs
-            .iter_mut()
+        // One control message per run: UDP_SEGMENT and the segment size.
+        let mut controls: Vec<[u64; 4]> = vec![[0; 4]; runs.len()];
+        let iov_base = iovecs.as_mut_ptr();
+        let mut messages: Vec<libc::mmsghdr> = runs
+            .iter()
             .zip(addresses.iter_mut())
-            .map(|(iov, (address, length))| {
+            .zip(controls.iter_mut())
+            .map(|((&(start, end), (address, length)), control)| {
                 // SAFETY: all zeroes is a valid msghdr.
                 let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
                 header.msg_name = (&raw mut *address).cast();
                 header.msg_namelen = *length;
-                header.msg_iov = iov;
-                header.msg_iovlen = 1;
+                // SAFETY: start < count = iovecs.len().
+                header.msg_iov = unsafe { iov_base.add(start) };
+                header.msg_iovlen = end - start;
+                if end - start > 1 {
+                    let size = u16::try_from(self.packets[start].0).unwrap_or(u16::MAX);
+                    set_segment_size(&mut header, control, size);
+                }
                 libc::mmsghdr {
                     msg_hdr: header,
                     msg_len: 0,
@@ -540,10 +581,10 @@ impl SendQueue {
             })
             .collect();
         let mut sent = 0;
-        while sent < count {
-            let rest = u32::try_from(count - sent).unwrap_or(u32::MAX);
-            // SAFETY: the headers point at addresses, iovecs and slots of `buffer`, all alive
-            // and unmoved across the call; sendmmsg reads at most `rest` of them.
+        while sent < messages.len() {
+            let rest = u32::try_from(messages.len() - sent).unwrap_or(u32::MAX);
+            // SAFETY: the headers point at addresses, control buffers, iovecs and slots of
+            // `buffer`, all alive and unmoved across the call; sendmmsg reads at most `rest`.
             let result = unsafe {
                 libc::sendmmsg(udp, messages[sent..].as_mut_ptr(), rest, libc::MSG_DONTWAIT)
             };
@@ -552,15 +593,45 @@ impl SendQueue {
                 if error.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                // A full socket buffer or an unreachable peer: the datagram is lost, as on a
-                // wire; skip it, send the rest.
-                tracing::trace!(%error, "mesh tunnel: a datagram was not sent");
+                let (start, end) = runs[sent];
+                if end - start > 1 && matches!(error.raw_os_error(), Some(libc::EIO | libc::EINVAL))
+                {
+                    // No UDP GSO here (no checksum offload on the way out, an old kernel):
+                    // from now on one datagram per message; this run and the rest again so.
+                    tracing::info!(%error, "mesh tunnel: UDP segmentation offload refused; sending datagrams singly");
+                    self.gso = false;
+                    let rest: Vec<(usize, SocketAddr)> = self.packets[start..].to_vec();
+                    // Move the unsent datagrams to the front of the queue and send them.
+                    self.buffer.copy_within(start * SLOT..count * SLOT, 0);
+                    self.packets = rest;
+                    return self.flush(udp, v6);
+                }
+                tracing::trace!(%error, "mesh tunnel: datagrams not sent");
                 sent += 1;
                 continue;
             }
             sent += usize::try_from(result).unwrap_or(1);
         }
         self.packets.clear();
+    }
+}
+
+/// Puts a UDP_SEGMENT control message with `size` into `control` and points `header` at it.
+fn set_segment_size(header: &mut libc::msghdr, control: &mut [u64; 4], size: u16) {
+    header.msg_control = control.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE only computes.
+    header.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+    // SAFETY: the header's control buffer is `control`, 32 bytes, room for one cmsghdr (16
+    // bytes) and its 2 data bytes, aligned for cmsghdr (u64).
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(header);
+        if cmsg.is_null() {
+            return;
+        }
+        (*cmsg).cmsg_level = libc::SOL_UDP;
+        (*cmsg).cmsg_type = libc::UDP_SEGMENT;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(2) as usize;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<u16>(), size);
     }
 }
 
@@ -660,14 +731,14 @@ impl Loop {
             return Ok(Step::Stop);
         }
         if fds[1].revents != 0 {
-            self.from_network();
+            self.network_to_tun();
         }
         if fds[0].revents & (libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0 {
             tracing::error!(interface = %self.interface, "mesh tunnel: the tun device failed");
             return Ok(Step::Stop);
         }
         if fds[0].revents != 0 {
-            self.from_tun();
+            self.tun_to_network();
         }
         Ok(Step::Continue)
     }
@@ -698,7 +769,7 @@ impl Loop {
     }
 
     /// Reads packets from the tun device, segments super-packets, encrypts and sends.
-    fn from_tun(&mut self) {
+    fn tun_to_network(&mut self) {
         let (udp, v6) = (self.udp.as_raw_fd(), self.v6);
         for _ in 0..ROUNDS {
             // SAFETY: read writes at most `tun_buffer.len()` bytes into it.
@@ -740,13 +811,16 @@ impl Loop {
                 }
                 encapsulate(&mut state, send, udp, v6, packet);
             }
+            drop(state);
+            // Out before the next read (which most often only says there is nothing more):
+            // a lone packet waits no longer than it must.
+            self.send.flush(udp, v6);
         }
-        self.send.flush(udp, v6);
     }
 
     /// Receives datagrams in batches, decrypts them and writes what they carry to the tun
     /// device, TCP segments coalesced.
-    fn from_network(&mut self) {
+    fn network_to_tun(&mut self) {
         let (udp, v6) = (self.udp.as_raw_fd(), self.v6);
         for _ in 0..ROUNDS {
             let mut sources: [MaybeUninit<libc::sockaddr_storage>; RECV_BATCH] =

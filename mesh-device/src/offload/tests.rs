@@ -214,8 +214,8 @@ fn a_partial_checksum_is_completed() {
     let mut packet = tcp4(&payload_bytes(333), TCP_ACK | TCP_PSH);
     let tcp_len = packet.len() - 20;
     let pseudo = checksum_fold(pseudo_header_sum(
-        &packet[12..16].to_vec(),
-        &packet[16..20].to_vec(),
+        &packet[12..16],
+        &packet[16..20],
         6,
         tcp_len,
     ));
