@@ -5,7 +5,6 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-use crate::uapi::AnswerError;
 use hawser_mesh::PublicKey;
 
 /// Why a [`Tunnel`](crate::Tunnel) operation failed. A refused peer change (the variants from
@@ -31,8 +30,8 @@ pub enum DeviceError {
         /// The prefix.
         prefix: Ipv4Net,
     },
-    /// The MTU is out of range: boringtun 0.7 reads at most 1500 bytes from the tun device when
-    /// configured over a UAPI descriptor, and IPv4 needs at least 68.
+    /// The MTU is out of range: the packet loop's slots hold at most 1500, and IPv4 needs at
+    /// least 68.
     #[error("tunnel MTU {mtu} is out of range: give 68 to 1500")]
     Mtu {
         /// The MTU given.
@@ -41,9 +40,6 @@ pub enum DeviceError {
     /// Zero worker threads were asked for.
     #[error("the tunnel needs at least one worker thread")]
     NoThreads,
-    /// The socket pair for boringtun's configuration channel could not be made or set up.
-    #[error("could not make the tunnel's configuration socket pair")]
-    ControlSocket(#[source] io::Error),
     /// The listen port is taken (by another tunnel, or the kernel's WireGuard).
     #[error("UDP port {port} is taken: the tunnel needs a port of its own")]
     PortInUse {
@@ -72,14 +68,14 @@ pub enum DeviceError {
         #[source]
         source: io::Error,
     },
-    /// boringtun could not start on the tun device: its UDP sockets, event queue or threads.
-    #[error("boringtun could not start the tunnel interface {interface}")]
+    /// The packet loop could not start on the tun device: its UDP socket or its thread.
+    #[error("could not start the tunnel's packet loop on {interface}")]
     Start {
         /// The interface.
         interface: String,
-        /// boringtun's error.
+        /// The socket's or thread's error.
         #[source]
-        source: boringtun::device::Error,
+        source: io::Error,
     },
     /// The netlink socket could not be opened.
     #[error("could not open a netlink socket to set up {interface}")]
@@ -90,8 +86,8 @@ pub enum DeviceError {
         #[source]
         source: io::Error,
     },
-    /// The kernel does not list the interface boringtun created.
-    #[error("the kernel lists no interface {interface} after boringtun created it")]
+    /// The kernel does not list the interface the tunnel created.
+    #[error("the kernel lists no interface {interface} after the tunnel created it")]
     LinkMissing {
         /// The interface.
         interface: String,
@@ -107,30 +103,9 @@ pub enum DeviceError {
         #[source]
         source: rtnetlink::Error,
     },
-    /// Writing to or reading from boringtun's configuration socket failed (or timed out).
-    #[error("the tunnel's configuration socket failed while {operation}")]
-    ControlIo {
-        /// What was being done.
-        operation: &'static str,
-        /// The socket error.
-        #[source]
-        source: io::Error,
-    },
-    /// boringtun answered with an error number, or an answer that does not parse.
-    #[error("the tunnel refused or garbled its answer while {operation}")]
-    Answer {
-        /// What was being done.
-        operation: &'static str,
-        /// What was wrong with the answer (the errno, or the malformed line).
-        #[source]
-        source: AnswerError,
-    },
-    /// An earlier exchange failed half-way, so answers can no longer be matched to requests.
-    #[error("the tunnel's configuration socket is out of step after an earlier failure")]
-    ControlBroken,
-    /// boringtun's answer to `get` has no listen port.
-    #[error("the tunnel did not report its listen port")]
-    NoListenPort,
+    /// The tunnel's packet loop is gone (stopped).
+    #[error("the tunnel is stopped")]
+    Stopped,
     /// One key appears twice among the peers given.
     #[error("peer key {key} appears twice in one tunnel change")]
     DuplicatePeer {

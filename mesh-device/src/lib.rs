@@ -1,54 +1,46 @@
-//! hawser-mesh-device: the mesh tunnel, boringtun on a tun interface, configured over its UAPI
-//! channel and netlink. The mesh's pure side (keys, addresses, the registry, updates, the
-//! polling agent) is `hawser-mesh`; this crate is its I/O, for PID 1 and the join service.
+//! hawser-mesh-device: the mesh tunnel, WireGuard on a tun interface (boringtun's `noise`
+//! protocol code under hawser's own packet loop), configured in-process and over netlink. The
+//! mesh's pure side (keys, addresses, the registry, updates, the polling agent) is
+//! `hawser-mesh`; this crate is its I/O, for PID 1 and the join service.
 //!
-//! [`Tunnel::start`] makes a tun interface and starts boringtun on it (its worker threads move
-//! the packets),
-//! gives it the node's private key and listen port over a socket pair (never the socket under
-//! /var/run boringtun binds otherwise, which also blocks SIGINT and SIGTERM in the calling
-//! thread: a PID 1 cannot afford that), then sets its address (with the mesh prefix's length, so
-//! the kernel routes the whole mesh into it), MTU and state over rtnetlink. No `ip` or `wg`
-//! command is run: the node image has none.
+//! [`Tunnel::start`] makes a tun interface (with the kernel's TCP segmentation and checksum
+//! offloads handed to the tunnel), binds the UDP socket and starts the packet loop's thread
+//! ([`device`]), then sets the interface's address (with the mesh prefix's length, so the kernel
+//! routes the whole mesh into it), MTU and state over rtnetlink. No `ip` or `wg` command is run:
+//! the node image has none.
 //!
-//! Peers change through one UAPI `set` transaction per call ([`Tunnel::apply`],
-//! [`Tunnel::replace_peers`]), checked first: a duplicate key, the tunnel's own key or address,
-//! or an address clash is refused and nothing is sent. [`Tunnel::stats`] reads what the nodes
-//! report in their polls.
+//! Peers change in one step per call ([`Tunnel::apply`], [`Tunnel::replace_peers`]), checked
+//! first: a duplicate key, the tunnel's own key or address, or an address clash is refused and
+//! nothing changes. [`Tunnel::stats`] reads what the nodes report in their polls.
 //!
 //! Everything here works in the network namespace of the thread that called
-//! [`Tunnel::start`]: the tun device, the UDP sockets and boringtun's threads belong to it.
+//! [`Tunnel::start`]: the tun device, the UDP socket and the loop's thread belong to it.
 
+mod device;
 mod error;
 mod link;
 #[cfg(feature = "netns-testing")]
 pub mod netns;
+pub mod offload;
 pub mod uapi;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{Read as _, Write as _};
 use std::net::Ipv4Addr;
-use std::os::fd::IntoRawFd as _;
-use std::os::unix::net::UnixStream;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use boringtun::device::{DeviceConfig, DeviceHandle};
 use ipnet::Ipv4Net;
 
 pub use error::DeviceError;
 use link::{LinkProbe, LinkSettings};
-use uapi::{DeviceState, PeerSection};
+use uapi::PeerSection;
 
 use hawser_mesh::{Peer, PeerStats, PrivateKey, PublicKey};
 
-/// How long one UAPI exchange may take before the tunnel is considered stuck.
-const CONTROL_TIMEOUT: Duration = Duration::from_secs(5);
-/// The longest answer accepted from boringtun (a `get` is ~300 bytes per peer).
-const MAX_ANSWER_BYTES: usize = 4 << 20;
 /// How long [`Tunnel::stop`] waits for the interface to go.
 const STOP_TIMEOUT: Duration = Duration::from_secs(3);
-/// The largest MTU boringtun 0.7 handles when configured over a UAPI descriptor: it then reads
-/// the tun device with the MTU the interface had at creation, 1500.
+/// The largest MTU: the packet loop's datagram slots hold an MTU of 1500 and WireGuard's
+/// overhead.
 pub const MAX_MTU: u32 = 1500;
 const MIN_MTU: u32 = 68;
 
@@ -57,7 +49,7 @@ const MIN_MTU: u32 = 68;
 pub struct TunnelConfig {
     /// The interface's name, e.g. `hawser0`: 1 to 15 bytes, no `/`, whitespace or NUL.
     pub interface: String,
-    /// This member's private key: given to boringtun over its UAPI channel, never logged.
+    /// This member's private key: handed to the packet loop, never logged.
     pub private_key: PrivateKey,
     /// The UDP port to listen on; 0 lets the kernel choose ([`Tunnel::listen_port`] tells which).
     pub listen_port: u16,
@@ -68,7 +60,7 @@ pub struct TunnelConfig {
     pub prefix: Ipv4Net,
     /// The interface's MTU, e.g. [`hawser_mesh::tunnel_mtu`]`(1500)`; at most [`MAX_MTU`].
     pub mtu: u32,
-    /// boringtun's worker threads (1 in PID 1).
+    /// At least 1 (the packet loop runs on one thread whatever the number: kept for callers).
     pub threads: usize,
     /// Whether the tunnel carries the pods' traffic: the pod network
     /// ([`hawser_mesh::pods::POD_NETWORK`]) is routed into it, and each peer's pod range
@@ -118,24 +110,21 @@ fn check_interface_name(name: &str) -> Result<(), DeviceError> {
     }
 }
 
-/// A running tunnel. Stopped by [`Tunnel::stop`] or when dropped: boringtun's threads exit and
+/// A running tunnel. Stopped by [`Tunnel::stop`] or when dropped: the loop's thread exits and
 /// the interface goes away.
 pub struct Tunnel {
     interface: String,
     address: Ipv4Addr,
     public_key: PublicKey,
     pod_routes: bool,
-    device: Option<DeviceHandle>,
+    device: Option<device::Device>,
     state: Mutex<ControlState>,
     probe: LinkProbe,
 }
 
-/// The UAPI channel and the peers it was told of, under one lock: one exchange at a time.
+/// The peers as last configured, under one lock: one change at a time.
 struct ControlState {
-    /// `None` once an exchange failed half-way.
-    socket: Option<UnixStream>,
-    /// The peers as last configured, to leave unchanged ones alone (re-adding a peer in
-    /// boringtun 0.7 drops its session).
+    /// The peers, to leave unchanged ones alone.
     peers: BTreeMap<PublicKey, PeerSection>,
 }
 
@@ -150,8 +139,8 @@ impl std::fmt::Debug for Tunnel {
 }
 
 impl Tunnel {
-    /// Creates the interface, starts boringtun on it with the private key and listen port, and
-    /// gives it its address, MTU and state. No peers yet.
+    /// Creates the interface, starts the packet loop on it with the private key and listen
+    /// port, and gives it its address, MTU and state. No peers yet.
     ///
     /// Runs on any tokio runtime with I/O enabled (`enable_io` or `enable_all`; a
     /// current-thread one in PID 1): the netlink socket is registered with it for the set-up.
@@ -166,7 +155,7 @@ impl Tunnel {
             });
         }
         check_port_free(config.listen_port)?;
-        let (device, ours) = spawn_boringtun(&config.interface, config.threads)?;
+        let device = start_device(&config)?;
         let tunnel = Tunnel {
             interface: config.interface,
             address: config.address,
@@ -174,20 +163,10 @@ impl Tunnel {
             pod_routes: config.pod_routes,
             device: Some(device),
             state: Mutex::new(ControlState {
-                socket: Some(ours),
                 peers: BTreeMap::new(),
             }),
             probe,
         };
-        {
-            let mut state = tunnel.lock();
-            let request = uapi::set_interface(&config.private_key, config.listen_port);
-            exchange(
-                &mut state,
-                "setting the private key and listen port",
-                &request,
-            )?;
-        }
         let settings = LinkSettings {
             address: config.address,
             prefix_len: config.prefix.prefix_len(),
@@ -210,13 +189,12 @@ impl Tunnel {
     }
 
     /// Adds or updates `upserts` (endpoint, `vpn_ip/32` as the allowed address, with its pod
-    /// range when the tunnel carries pods, a keepalive every 25 s) and removes `removed`, in one UAPI `set` transaction. Peers whose
-    /// configuration is unchanged are left alone (their sessions go on). Refused, with nothing
-    /// sent, when a key appears twice or in both lists, a peer has this tunnel's key or address,
+    /// range when the tunnel carries pods, a keepalive every 25 s) and removes `removed`, in one
+    /// step. Peers whose configuration is unchanged are left alone (their sessions go on; a
+    /// changed peer keeps its session too). Refused, with nothing changed, when a key appears twice or in both lists, a peer has this tunnel's key or address,
     /// or two peers would share an address.
     ///
-    /// Like every method here but [`Tunnel::start`], this blocks for one UAPI exchange (about
-    /// a millisecond in the namespace test; given up after 5 s).
+    /// Like every method here but [`Tunnel::start`], this takes the loop's lock for a moment.
     pub fn apply(&self, upserts: &[Peer], removed: &[PublicKey]) -> Result<(), DeviceError> {
         let mut state = self.lock();
         let removed: BTreeSet<PublicKey> = removed.iter().copied().collect();
@@ -242,58 +220,37 @@ impl Tunnel {
         if changed.is_empty() && removed.is_empty() {
             return Ok(());
         }
-        let request = uapi::set_peers(&changed, &removed, false);
-        match exchange(&mut state, "changing peers", &request) {
-            Ok(_) => {
-                tracing::info!(
-                    interface = %self.interface,
-                    changed = changed.len(),
-                    removed = removed.len(),
-                    peers = after.len(),
-                    "mesh peers changed"
-                );
-                state.peers = after;
-                Ok(())
-            }
-            Err(error) => {
-                // What boringtun holds of these peers is unknown now: forget them, so the next
-                // change sends them whole again (remove + add is always safe).
-                for key in changed.iter().map(|s| &s.public_key).chain(&removed) {
-                    state.peers.remove(key);
-                }
-                Err(error)
-            }
-        }
+        self.device()?.set_peers(&changed, &removed, false);
+        tracing::info!(
+            interface = %self.interface,
+            changed = changed.len(),
+            removed = removed.len(),
+            peers = after.len(),
+            "mesh peers changed"
+        );
+        state.peers = after;
+        Ok(())
     }
 
-    /// Makes `peers` the tunnel's whole peer set (UAPI `replace_peers=true`): every session
-    /// starts over, so this is for a full resynchronisation; [`Tunnel::apply`] for changes.
-    /// Refused, with nothing sent, on the same grounds as [`Tunnel::apply`].
+    /// Makes `peers` the tunnel's whole peer set: every session starts over, so this is for a
+    /// full resynchronisation; [`Tunnel::apply`] for changes. Refused, with nothing changed, on
+    /// the same grounds as [`Tunnel::apply`].
     pub fn replace_peers(&self, peers: &[Peer]) -> Result<(), DeviceError> {
         let mut state = self.lock();
         let sections = self.check_peers(peers)?;
         check_addresses(&sections)?;
         let list: Vec<PeerSection> = sections.values().cloned().collect();
-        let request = uapi::set_peers(&list, &[], true);
-        match exchange(&mut state, "replacing the peers", &request) {
-            Ok(_) => {
-                tracing::info!(interface = %self.interface, peers = list.len(), "mesh peers replaced");
-                state.peers = sections;
-                Ok(())
-            }
-            Err(error) => {
-                state.peers.clear();
-                Err(error)
-            }
-        }
+        self.device()?.set_peers(&list, &[], true);
+        tracing::info!(interface = %self.interface, peers = list.len(), "mesh peers replaced");
+        state.peers = sections;
+        Ok(())
     }
 
-    /// What boringtun knows of each peer: endpoint, last handshake, bytes received and sent.
+    /// What the tunnel knows of each peer: endpoint, last handshake, bytes received and sent.
     pub fn stats(&self) -> Result<Vec<PeerStats>, DeviceError> {
-        let device = self.get("reading the peer statistics")?;
+        let peers = self.device()?.peers();
         let now = SystemTime::now();
-        Ok(device
-            .peers
+        Ok(peers
             .into_iter()
             .map(|peer| peer_stats(peer, now))
             .collect())
@@ -301,9 +258,7 @@ impl Tunnel {
 
     /// The UDP port the tunnel listens on (the kernel's choice when configured with 0).
     pub fn listen_port(&self) -> Result<u16, DeviceError> {
-        self.get("reading the listen port")?
-            .listen_port
-            .ok_or(DeviceError::NoListenPort)
+        Ok(self.device()?.listen_port())
     }
 
     /// This member's public key.
@@ -321,18 +276,17 @@ impl Tunnel {
         self.address
     }
 
-    /// Stops boringtun and waits (a few seconds at most) for the interface to go.
+    /// Stops the packet loop and waits (a few seconds at most) for the interface to go.
     pub fn stop(self) {
         // Drop does it.
     }
 
-    fn get(&self, operation: &'static str) -> Result<DeviceState, DeviceError> {
-        exchange(&mut self.lock(), operation, uapi::GET)
+    fn device(&self) -> Result<&device::Device, DeviceError> {
+        self.device.as_ref().ok_or(DeviceError::Stopped)
     }
 
     fn lock(&self) -> MutexGuard<'_, ControlState> {
-        // A panic while holding the lock leaves nothing half-done in ControlState that the
-        // `socket: None` marker does not already cover.
+        // A panic while holding the lock leaves ControlState as it was: it is replaced whole.
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -375,9 +329,8 @@ impl Tunnel {
     }
 }
 
-/// Refuses a listen port another socket holds. boringtun binds with SO_REUSEADDR, which Linux
-/// lets two UDP sockets share: a second tunnel on a taken port would start, and the kernel would
-/// hand the port's packets to one of them. A plain bind here fails instead.
+/// Refuses a listen port another socket holds: the kernel would otherwise refuse the
+/// tunnel's own bind with a less telling error.
 fn check_port_free(port: u16) -> Result<(), DeviceError> {
     if port == 0 {
         return Ok(());
@@ -387,17 +340,10 @@ fn check_port_free(port: u16) -> Result<(), DeviceError> {
         .map_err(|source| DeviceError::PortInUse { port, source })
 }
 
-/// Creates the tun device and starts boringtun on it, configured over a socket pair: returns
-/// boringtun's handle and this side of the pair.
-fn spawn_boringtun(
-    interface: &str,
-    threads: usize,
-) -> Result<(DeviceHandle, UnixStream), DeviceError> {
-    let (ours, theirs) = UnixStream::pair().map_err(DeviceError::ControlSocket)?;
-    ours.set_read_timeout(Some(CONTROL_TIMEOUT))
-        .and_then(|()| ours.set_write_timeout(Some(CONTROL_TIMEOUT)))
-        .map_err(DeviceError::ControlSocket)?;
-    let tun = link::create_tun(interface).map_err(|source| {
+/// Creates the tun device and starts the packet loop on it.
+fn start_device(config: &TunnelConfig) -> Result<device::Device, DeviceError> {
+    let interface = &config.interface;
+    let (tun, offloads) = link::create_tun(interface).map_err(|source| {
         if source.raw_os_error() == Some(libc::EBUSY) {
             DeviceError::InterfaceExists {
                 interface: interface.to_owned(),
@@ -409,27 +355,18 @@ fn spawn_boringtun(
             }
         }
     })?;
-    let device_config = DeviceConfig {
-        n_threads: threads,
-        // boringtun 0.7 never closes a removed peer's connected socket: it goes on receiving
-        // that endpoint's packets (and drops them), so a peer removed and added again could
-        // never complete a handshake. One unconnected socket serves all peers.
-        use_connected_socket: false,
-        // All threads share the one queue of the tun device made above.
-        use_multi_queue: false,
-        // boringtun owns this end from here on (and, should it fail before taking it, the
-        // descriptor stays open: closing it here could close one boringtun already owns).
-        uapi_fd: theirs.into_raw_fd(),
-    };
-    // A name that is a number is a tun descriptor to boringtun: it takes ownership of it (the
-    // same caveat as the UAPI descriptor), and the interface lives as long as boringtun does.
-    let tun_name = tun.into_raw_fd().to_string();
-    let device =
-        DeviceHandle::new(&tun_name, device_config).map_err(|source| DeviceError::Start {
-            interface: interface.to_owned(),
-            source,
-        })?;
-    Ok((device, ours))
+    // The interface lives as long as the loop holds the descriptor.
+    device::Device::start(
+        tun,
+        offloads,
+        &config.private_key,
+        config.listen_port,
+        interface,
+    )
+    .map_err(|source| DeviceError::Start {
+        interface: interface.to_owned(),
+        source,
+    })
 }
 
 /// A peer's stats at `now`. boringtun 0.7 tells how long ago the last handshake was (the kernel's
@@ -463,45 +400,6 @@ fn check_addresses(peers: &BTreeMap<PublicKey, PeerSection>) -> Result<(), Devic
     Ok(())
 }
 
-/// Sends one request and reads its whole answer. An I/O failure leaves the channel out of step:
-/// it is closed and later exchanges fail with [`DeviceError::ControlBroken`].
-fn exchange(
-    state: &mut ControlState,
-    operation: &'static str,
-    request: &str,
-) -> Result<DeviceState, DeviceError> {
-    let socket = state.socket.as_mut().ok_or(DeviceError::ControlBroken)?;
-    let answer = match send_and_receive(socket, request) {
-        Ok(answer) => answer,
-        Err(source) => {
-            state.socket = None;
-            return Err(DeviceError::ControlIo { operation, source });
-        }
-    };
-    uapi::parse_answer_bytes(&answer).map_err(|source| DeviceError::Answer { operation, source })
-}
-
-fn send_and_receive(socket: &mut UnixStream, request: &str) -> std::io::Result<Vec<u8>> {
-    socket.write_all(request.as_bytes())?;
-    let mut answer = Vec::new();
-    let mut chunk = [0u8; 4096];
-    // Every answer ends with "errno=N\n\n" and holds no other empty line.
-    while !answer.ends_with(b"\n\n") {
-        let read = socket.read(&mut chunk)?;
-        if read == 0 {
-            return Err(std::io::ErrorKind::UnexpectedEof.into());
-        }
-        answer.extend_from_slice(&chunk[..read]);
-        if answer.len() > MAX_ANSWER_BYTES {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "answer longer than 4 MiB",
-            ));
-        }
-    }
-    Ok(answer)
-}
-
 /// The agent ([`hawser_mesh::agent`]) drives the tunnel directly.
 impl hawser_mesh::agent::TunnelControl for Tunnel {
     type Error = DeviceError;
@@ -517,27 +415,24 @@ impl hawser_mesh::agent::TunnelControl for Tunnel {
 
 impl Drop for Tunnel {
     fn drop(&mut self) {
-        // Dropping the handle tells boringtun's threads to exit; closing our end of the channel
-        // afterwards (not before: its handler would spin on the closed socket) lets go of the
-        // last reference to the interface, which the kernel then removes. The handle is dropped
-        // on a thread of its own: if a boringtun thread died holding its lock, that drop never
-        // returns, and only that thread waits forever, not the caller.
+        // Stopping the loop closes the tun device, the last reference to the interface, which
+        // the kernel then removes. It is stopped from a thread of its own: should the loop be
+        // stuck, only that thread waits forever, not the caller.
         if let Some(device) = self.device.take() {
             let (dropped_tx, dropped_rx) = std::sync::mpsc::channel();
             let dropper = std::thread::Builder::new()
                 .name("mesh-tunnel-stop".into())
                 .spawn(move || {
-                    drop(device);
+                    device.stop();
                     let _ = dropped_tx.send(());
                 });
             if dropper.is_ok() && dropped_rx.recv_timeout(STOP_TIMEOUT).is_err() {
                 tracing::error!(
                     interface = %self.interface,
-                    "boringtun did not stop (one of its threads is stuck or gone)"
+                    "the mesh tunnel's loop did not stop (its thread is stuck)"
                 );
             }
         }
-        self.lock().socket = None;
         let deadline = Instant::now() + STOP_TIMEOUT;
         while self.probe.exists(&self.interface) {
             if Instant::now() >= deadline {

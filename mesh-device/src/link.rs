@@ -102,19 +102,16 @@ async fn configure_with(
     Ok(())
 }
 
-/// How many descriptor numbers above the highest open one the tun device's descriptor is moved
-/// to (see [`create_tun`]).
-const TUN_FD_HEADROOM: i32 = 64;
+/// The offloads asked of the tun device: checksums and TCP segmentation left to the tunnel
+/// (`crate::offload`), so the kernel hands over 64 KiB super-packets.
+const TUN_OFFLOADS: libc::c_uint =
+    libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_TSO_ECN;
 
-/// Creates the tun device `interface` (layer 3, no packet information, one queue) and returns
-/// its descriptor, moved above every descriptor open now.
-///
-/// boringtun 0.7 indexes its event table by descriptor number, and when the listen port is set
-/// it removes the socket it opened at start by that socket's number, which it never registered
-/// (it registered a duplicate): when that number is beyond the table, it panics. The tun
-/// device is registered in the same table, so a tun descriptor numbered above the sockets
-/// boringtun opens after it keeps that look-up inside the table.
-pub fn create_tun(interface: &str) -> io::Result<OwnedFd> {
+/// Creates the tun device `interface` (layer 3, no packet information, one queue, a
+/// `virtio_net_hdr` in front of every packet) and asks for the offloads. Returns its
+/// descriptor and whether the kernel took the offloads (without them, packets come one by one
+/// with an empty header).
+pub fn create_tun(interface: &str) -> io::Result<(OwnedFd, bool)> {
     let tun = OpenOptions::new()
         .read(true)
         .write(true)
@@ -129,7 +126,8 @@ pub fn create_tun(interface: &str) -> io::Result<OwnedFd> {
         *slot = *byte as c_char;
     }
     // Without IFF_MULTI_QUEUE a name already in use is refused (EBUSY), not joined.
-    request.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+    request.ifr_ifru.ifru_flags =
+        (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
     // SAFETY: TUNSETIFF reads the ifreq (a NUL-terminated name and the flags), which lives
     // across the call, on a descriptor that is open.
     let result = unsafe {
@@ -142,27 +140,22 @@ pub fn create_tun(interface: &str) -> io::Result<OwnedFd> {
     if result < 0 {
         return Err(io::Error::last_os_error());
     }
-    let above = highest_open_fd().saturating_add(TUN_FD_HEADROOM);
-    // SAFETY: F_DUPFD_CLOEXEC takes an integer argument and returns a new descriptor (or -1).
-    let moved = unsafe { libc::fcntl(tun.as_raw_fd(), libc::F_DUPFD_CLOEXEC, above) };
-    if moved < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `moved` is a fresh descriptor owned by nobody else; the original closes with
-    // `tun` (the device stays: the duplicate holds it).
-    Ok(unsafe { OwnedFd::from_raw_fd(moved) })
-}
-
-/// The highest descriptor number open in this process (by /proc/self/fd), 255 if that cannot
-/// be read.
-fn highest_open_fd() -> i32 {
-    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
-        return 255;
+    // SAFETY: TUNSETOFFLOAD takes its flags as the integer argument itself.
+    let offloaded = unsafe {
+        libc::ioctl(
+            tun.as_raw_fd(),
+            libc::TUNSETOFFLOAD,
+            libc::c_ulong::from(TUN_OFFLOADS),
+        )
     };
-    entries
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .max()
-        .unwrap_or(255)
+    if offloaded < 0 {
+        tracing::warn!(
+            interface,
+            error = %io::Error::last_os_error(),
+            "the tun device takes no offloads: packets cross it one by one"
+        );
+    }
+    Ok((tun.into(), offloaded == 0))
 }
 
 /// Tells whether an interface exists in the namespace the probe was made in.
