@@ -438,7 +438,7 @@ fn tamper_a_bootstrap_token_belongs_to_one_join_and_is_short_lived() {
             let node = node(&ca);
             let client = JoinClient::new(
                 endpoints.clone(),
-                PeerPolicy::Unauthenticated,
+                JoinServicePolicy::Unauthenticated,
                 Arc::clone(&node.issuer),
             );
             let (secrets, _) = runtime

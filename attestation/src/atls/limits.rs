@@ -600,6 +600,40 @@ mod tests {
         let _again = admission.admit(a).unwrap();
     }
 
+    #[tokio::test]
+    async fn over_its_sources_bound_a_connection_waits_for_that_sources_next_place() {
+        let admission = Arc::new(Admission::new(&ConnectionLimits {
+            max_handshakes: 3,
+            max_handshakes_per_source: 1,
+            ..ConnectionLimits::default()
+        }));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = admission.admit_or_wait(a).unwrap().unwrap();
+        let waiting = admission.admit_or_wait(a).unwrap().unwrap_err();
+        // Another source is admitted at once.
+        let _other = admission.admit_or_wait(b).unwrap().unwrap();
+        // Without a free place, a wait ends empty-handed.
+        let in_vain = admission.admit_or_wait(a).unwrap().unwrap_err();
+        assert!(in_vain.admitted(Duration::from_millis(20)).await.is_none());
+        // The first to wait gets the place the first handshake leaves, handed over: the
+        // source still holds one place, so a further one is over its bound.
+        let handed = tokio::spawn(waiting.admitted(Duration::from_secs(5)));
+        drop(first);
+        let second = handed.await.unwrap().expect("the place was handed over");
+        assert_eq!(admission.admit(a).unwrap_err(), Refused::SourceBusy);
+        // At most `max_handshakes` wait (the one that gave up counts until it is reached):
+        // beyond, refused as without queueing.
+        let queued: Vec<_> = (0..2)
+            .map(|_| admission.admit_or_wait(a).unwrap().unwrap_err())
+            .collect();
+        assert_eq!(admission.admit_or_wait(a).unwrap_err(), Refused::SourceBusy);
+        drop(queued);
+        // Places of waiters that gave up are not handed to them: freed.
+        drop(second);
+        let _again = admission.admit(a).unwrap();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_pacer_paces_and_refuses_beyond_its_queue() {
         let pacer = Arc::new(QuotePacer::new(&ConnectionLimits {
