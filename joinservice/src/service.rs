@@ -14,8 +14,11 @@
 //!   policy gets `PERMISSION_DENIED` once the policy no longer admits it.
 //! - **Handshakes are isolated and bounded before authentication**: each runs in its own task
 //!   under [`ServiceConfig::handshake_timeout`]; at most [`MAX_PENDING_HANDSHAKES`] run at once
-//!   and [`MAX_PENDING_HANDSHAKES_PER_SOURCE`] from one address, and the excess is closed as
-//!   soon as it is accepted. A client that never finishes its handshake holds one slot until
+//!   and [`MAX_PENDING_HANDSHAKES_PER_SOURCE`] from one address. A connection over its
+//!   address's bound waits, accepted and unread (no TLS, no TPM work), for that address's next
+//!   place, first come first served, for at most the handshake timeout; beyond
+//!   [`MAX_PENDING_HANDSHAKES`] waiting, and over the total bound, connections are closed as
+//!   soon as they are accepted. A client that never finishes its handshake holds one slot until
 //!   its timeout, nothing more. When the service attests (on a control plane), its quotes are
 //!   paced first come, first served ([`ServiceConfig::connection_limits`],
 //!   [`hawser_attestation::atls::limits`]), so a flood cannot queue TPM work beyond the
@@ -41,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use hawser_attestation::atls::{
     AtlsConnectInfo, AtlsServer, CallTracking, ConnectionLimits, Identity, PeerPolicy,
-    incoming_from,
+    incoming_queued_from,
 };
 use hawser_attestation::validator::{AkTrust, Validator, ValidatorError};
 use hawser_mesh::MeshError;
@@ -67,7 +70,8 @@ pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// or silent client holds one until [`ServiceConfig::handshake_timeout`].
 pub const MAX_PENDING_HANDSHAKES: usize = 1024;
 /// aTLS handshakes in progress at once from one address (IPv6: one /64). A node runs one at a
-/// time; the rest is room for nodes behind one NAT. The excess is closed on accept.
+/// time; the rest is room for nodes behind one NAT. The excess waits for a place
+/// (at most the handshake timeout), unread.
 pub const MAX_PENDING_HANDSHAKES_PER_SOURCE: usize = 16;
 /// An established connection with no call in progress for this long is closed (a node
 /// connects to call; a reconnecting channel attests afresh).
@@ -260,7 +264,11 @@ pub async fn spawn(config: ServiceConfig) -> Result<RunningService, ServiceError
     );
     // The validator follows policy reloads: each new connection gets the server for the
     // policy in force. `None` (a reloaded policy that enforces nothing) refuses, loudly.
-    let incoming = incoming_from(listener, config.connection_limits.clone(), move || {
+    // Over its address's bound, a connection waits (unread) for that address's next place
+    // rather than being reset: nodes behind one NAT queue when the service is busy.
+    let handshake_timeout = config.handshake_timeout;
+    let limits = config.connection_limits.clone();
+    let incoming = incoming_queued_from(listener, limits, handshake_timeout, move || {
         acceptor
             .server()
             .inspect_err(|err| {

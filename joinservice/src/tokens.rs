@@ -5,6 +5,10 @@
 //! any one node (or whoever reads its disk's ticket) join further machines for the token's whole
 //! life. The join service asks for a short lifetime (`--token-ttl-secs`, 30 minutes).
 //!
+//! Minting costs a `kubeadm token create` (a process and an API-server round trip), so the
+//! join service keeps a pool of tokens minted ahead ([`TokenPool`], `--token-pool`): each still
+//! goes to one join only, with most of its lifetime left.
+//!
 //! The real issuer runs `kubeadm token create --print-join-command` with the admin kubeconfig
 //! on a control-plane node, and takes the API server endpoint, token and CA-cert hash from the
 //! join command kubeadm prints, checking each against kubeadm's formats. Tests use the same
@@ -16,6 +20,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use hawser_kube_types::{ApiServerEndpoint, BootstrapToken, CaCertHash};
+
+mod pool;
+
+pub use pool::{DEFAULT_POOL_SIZE, TokenPool};
 
 /// What a node needs for bootstrap-token discovery. `Debug` shows the token's ID only.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -410,42 +410,74 @@ fn tamper_fake_join_service_advert_only_costs_an_attempt() {
 
 /// Tamper row: a bootstrap token read from one node (its disk's ticket, or a pod on it). Every
 /// join gets a token of its own, asked of kubeadm with the short lifetime: a token admits the
-/// node it was issued to, for 30 minutes, and never another node's join.
+/// node it was issued to, for 30 minutes, and never another node's join. The same with tokens
+/// minted ahead (`--token-pool`): each pooled token goes to one join.
 #[test]
 fn tamper_a_bootstrap_token_belongs_to_one_join_and_is_short_lived() {
     let runtime = runtime();
     let ca = ProviderCa::generate("test provider").expect("CA");
-    let mut service = Service::new(&ca);
-    std::fs::write(service.path("go"), "").expect("write");
-    service.start();
-    let endpoints =
-        JoinEndpoints::parse(&format!("127.0.0.1:{}", service.port)).expect("endpoints");
-    let mut tokens = Vec::new();
-    for uuid in [UUID, "0b1c2d3e-4f50-4612-8a9b-0c1d2e3f4a5b"] {
-        let node = node(&ca);
-        let client = JoinClient::new(
-            endpoints.clone(),
-            JoinServicePolicy::Unauthenticated,
-            Arc::clone(&node.issuer),
+    for pool in ["0", "3"] {
+        let mut service = Service::new(&ca);
+        std::fs::write(service.path("go"), "").expect("write");
+        let listen = SocketAddr::from(([127, 0, 0, 1], service.port));
+        service.start_with(None, listen, &["--token-pool", pool]);
+        if pool != "0" {
+            wait_for("the token pool to fill", || {
+                service.log().contains("bootstrap token pool filled")
+            });
+        }
+        let endpoints =
+            JoinEndpoints::parse(&format!("127.0.0.1:{}", service.port)).expect("endpoints");
+        let mut tokens = Vec::new();
+        for uuid in [
+            UUID,
+            "0b1c2d3e-4f50-4612-8a9b-0c1d2e3f4a5b",
+            "1b1c2d3e-4f50-4612-8a9b-0c1d2e3f4a5b",
+            "2b1c2d3e-4f50-4612-8a9b-0c1d2e3f4a5b",
+        ] {
+            let node = node(&ca);
+            let client = JoinClient::new(
+                endpoints.clone(),
+                JoinServicePolicy::Unauthenticated,
+                Arc::clone(&node.issuer),
+            );
+            let (secrets, _) = runtime
+                .block_on(async {
+                    tokio::time::timeout(STEP, client.fetch(uuid, 64, DiskStatus::New)).await
+                })
+                .expect("the node joins");
+            let ticket = secrets.ticket.expect("a new disk gets a join ticket");
+            tokens.push(ticket.token.expose_secret().to_owned());
+        }
+        let calls = std::fs::read_to_string(service.path("kubeadm-calls")).expect("kubeadm ran");
+        let mut distinct = tokens.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            tokens.len(),
+            "two joins shared one token (pool {pool}):\n{calls}"
         );
-        let (secrets, _) = runtime
-            .block_on(async {
-                tokio::time::timeout(STEP, client.fetch(uuid, 64, DiskStatus::New)).await
-            })
-            .expect("the node joins");
-        let ticket = secrets.ticket.expect("a new disk gets a join ticket");
-        tokens.push(ticket.token.expose_secret().to_owned());
+        let creates: Vec<&str> = calls
+            .lines()
+            .filter(|l| l.starts_with("token create"))
+            .collect();
+        if pool == "0" {
+            assert_eq!(
+                creates.len(),
+                4,
+                "one `kubeadm token create` per join:\n{calls}"
+            );
+        } else {
+            // The pool's 3, and the refills after joins took them: each token minted once.
+            assert!(creates.len() >= 4, "{calls}");
+        }
+        assert!(creates.iter().all(|l| l.contains("--ttl 1800s")), "{calls}");
+        // No token in the service's log.
+        let log = service.log();
+        assert!(
+            tokens.iter().all(|t| !log.contains(t.as_str())),
+            "a token in the log"
+        );
     }
-    let calls = std::fs::read_to_string(service.path("kubeadm-calls")).expect("kubeadm ran");
-    assert_ne!(tokens[0], tokens[1], "two joins shared one token:\n{calls}");
-    let creates: Vec<&str> = calls
-        .lines()
-        .filter(|l| l.starts_with("token create"))
-        .collect();
-    assert_eq!(
-        creates.len(),
-        2,
-        "one `kubeadm token create` per join:\n{calls}"
-    );
-    assert!(creates.iter().all(|l| l.contains("--ttl 1800s")), "{calls}");
 }

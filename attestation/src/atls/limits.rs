@@ -278,14 +278,53 @@ pub(crate) fn source_key(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// Counts connections in their handshake, per source and in total.
+/// Counts connections in their handshake, per source and in total; and, for a listener that
+/// queues ([`super::incoming_queued_from`]), the connections waiting for a place of their
+/// source, first come first served.
 #[derive(Debug)]
 pub(crate) struct Admission {
     max_total: usize,
     max_per_source: usize,
-    counts: Mutex<(usize, HashMap<IpAddr, usize>)>,
+    counts: Mutex<Counts>,
     source_busy: RefusalLog,
     listener_busy: RefusalLog,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    total: usize,
+    per_source: HashMap<IpAddr, usize>,
+    /// Per source, the connections waiting for its next free place (a place is handed over
+    /// by the handshake that ends, without being counted free in between).
+    waiting: HashMap<IpAddr, std::collections::VecDeque<tokio::sync::oneshot::Sender<()>>>,
+    /// Entries of `waiting` (those whose connection gave up are removed when reached).
+    waiting_total: usize,
+}
+
+/// A connection waiting for a place of its source ([`Admission::wait`]).
+#[derive(Debug)]
+pub(crate) struct Waiting {
+    admission: Arc<Admission>,
+    source: IpAddr,
+    place: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Waiting {
+    /// Its place, once a handshake of its source ends, or `None` after `max_wait`.
+    pub(crate) async fn admitted(mut self, max_wait: Duration) -> Option<Admitted> {
+        let handed = match tokio::time::timeout(max_wait, &mut self.place).await {
+            Ok(result) => result.is_ok(),
+            Err(_) => {
+                // A place handed over just as the wait ended is still this connection's.
+                self.place.close();
+                self.place.try_recv().is_ok()
+            }
+        };
+        handed.then(|| Admitted {
+            admission: Arc::clone(&self.admission),
+            source: self.source,
+        })
+    }
 }
 
 /// A connection counted by [`Admission`] until it is dropped.
@@ -302,7 +341,7 @@ impl Admission {
         Self {
             max_total,
             max_per_source,
-            counts: Mutex::new((0, HashMap::new())),
+            counts: Mutex::new(Counts::default()),
             source_busy: RefusalLog::new(Refused::SourceBusy, max_per_source),
             listener_busy: RefusalLog::new(Refused::ListenerBusy, max_total),
         }
@@ -312,10 +351,9 @@ impl Admission {
     pub(crate) fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Admitted, Refused> {
         let source = source_key(peer);
         let mut counts = lock(&self.counts);
-        let (total, per_source) = &mut *counts;
-        let refused = if *total >= self.max_total {
+        let refused = if counts.total >= self.max_total {
             Some((Refused::ListenerBusy, &self.listener_busy))
-        } else if per_source.get(&source).copied().unwrap_or(0) >= self.max_per_source {
+        } else if counts.per_source.get(&source).copied().unwrap_or(0) >= self.max_per_source {
             Some((Refused::SourceBusy, &self.source_busy))
         } else {
             None
@@ -325,26 +363,71 @@ impl Admission {
             log.refused(Some(peer));
             return Err(cause);
         }
-        *total += 1;
-        *per_source.entry(source).or_insert(0) += 1;
+        counts.total += 1;
+        *counts.per_source.entry(source).or_insert(0) += 1;
         Ok(Admitted {
             admission: Arc::clone(self),
             source,
         })
     }
+
+    /// Like [`Admission::admit`], but a connection refused only because its source is busy
+    /// waits for that source's next free place (see [`Waiting::admitted`]) instead, while
+    /// fewer than the listener's total bound wait in all. Nothing is read from a waiting
+    /// connection: it costs a socket, no TLS and no TPM work.
+    pub(crate) fn admit_or_wait(
+        self: &Arc<Self>,
+        peer: IpAddr,
+    ) -> Result<Result<Admitted, Waiting>, Refused> {
+        let source = source_key(peer);
+        {
+            let mut counts = lock(&self.counts);
+            let busy = counts.total < self.max_total
+                && counts.per_source.get(&source).copied().unwrap_or(0) >= self.max_per_source;
+            if busy && counts.waiting_total < self.max_total {
+                let (handed, place) = tokio::sync::oneshot::channel();
+                counts.waiting.entry(source).or_default().push_back(handed);
+                counts.waiting_total += 1;
+                return Ok(Err(Waiting {
+                    admission: Arc::clone(self),
+                    source,
+                    place,
+                }));
+            }
+        }
+        self.admit(peer).map(Ok)
+    }
+
+    /// A connection of `source` left its handshake: its place goes to the first connection of
+    /// the same source still waiting, else it is free.
+    fn release(&self, source: IpAddr) {
+        let mut counts = lock(&self.counts);
+        let counts = &mut *counts;
+        if let Some(queue) = counts.waiting.get_mut(&source) {
+            while let Some(waiter) = queue.pop_front() {
+                counts.waiting_total = counts.waiting_total.saturating_sub(1);
+                if waiter.send(()).is_ok() {
+                    if queue.is_empty() {
+                        counts.waiting.remove(&source);
+                    }
+                    return;
+                }
+            }
+            counts.waiting.remove(&source);
+        }
+        counts.total = counts.total.saturating_sub(1);
+        if let Some(count) = counts.per_source.get_mut(&source) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                counts.per_source.remove(&source);
+            }
+        }
+    }
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut counts = lock(&self.admission.counts);
-        let (total, per_source) = &mut *counts;
-        *total = total.saturating_sub(1);
-        if let Some(count) = per_source.get_mut(&self.source) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                per_source.remove(&self.source);
-            }
-        }
+        self.admission.release(self.source);
     }
 }
 
@@ -514,6 +597,40 @@ mod tests {
         let _third = admission.admit(b).unwrap();
         assert_eq!(admission.admit(c).unwrap_err(), Refused::ListenerBusy);
         drop(first);
+        let _again = admission.admit(a).unwrap();
+    }
+
+    #[tokio::test]
+    async fn over_its_sources_bound_a_connection_waits_for_that_sources_next_place() {
+        let admission = Arc::new(Admission::new(&ConnectionLimits {
+            max_handshakes: 3,
+            max_handshakes_per_source: 1,
+            ..ConnectionLimits::default()
+        }));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = admission.admit_or_wait(a).unwrap().unwrap();
+        let waiting = admission.admit_or_wait(a).unwrap().unwrap_err();
+        // Another source is admitted at once.
+        let _other = admission.admit_or_wait(b).unwrap().unwrap();
+        // Without a free place, a wait ends empty-handed.
+        let in_vain = admission.admit_or_wait(a).unwrap().unwrap_err();
+        assert!(in_vain.admitted(Duration::from_millis(20)).await.is_none());
+        // The first to wait gets the place the first handshake leaves, handed over: the
+        // source still holds one place, so a further one is over its bound.
+        let handed = tokio::spawn(waiting.admitted(Duration::from_secs(5)));
+        drop(first);
+        let second = handed.await.unwrap().expect("the place was handed over");
+        assert_eq!(admission.admit(a).unwrap_err(), Refused::SourceBusy);
+        // At most `max_handshakes` wait (the one that gave up counts until it is reached):
+        // beyond, refused as without queueing.
+        let queued: Vec<_> = (0..2)
+            .map(|_| admission.admit_or_wait(a).unwrap().unwrap_err())
+            .collect();
+        assert_eq!(admission.admit_or_wait(a).unwrap_err(), Refused::SourceBusy);
+        drop(queued);
+        // Places of waiters that gave up are not handed to them: freed.
+        drop(second);
         let _again = admission.admit(a).unwrap();
     }
 

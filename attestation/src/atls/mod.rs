@@ -71,7 +71,7 @@ pub use limits::{ConnectionLimits, QuotePacer};
 #[cfg(feature = "tonic")]
 pub use net::{
     AtlsConnectInfo, AtlsConnector, AtlsIncoming, CallTracking, CallTrackingService, TrackedBody,
-    incoming_from,
+    incoming_from, incoming_queued_from,
 };
 
 use crate::evidence::{EvidenceIssuer, MAX_EVIDENCE_LEN, Nonce, Role};

@@ -207,6 +207,31 @@ pub fn incoming_from(
     limits: ConnectionLimits,
     server_for_connection: impl Fn() -> Option<AtlsServer> + Send + 'static,
 ) -> AtlsIncoming {
+    incoming_with(listener, limits, None, server_for_connection)
+}
+
+/// Like [`incoming_from`], except that a connection over its source's handshake bound waits,
+/// accepted and unread, for the next place of its source (first come, first served) for at
+/// most `max_wait`, instead of being closed at once: nodes behind one address (a NAT, a
+/// benchmark) queue when the service is busy rather than see their connections reset. At most
+/// [`ConnectionLimits::max_handshakes`] wait in all; beyond that, and over the listener's total
+/// bound, connections are closed on accept as with [`incoming_from`]. A waiting connection
+/// costs a socket: no TLS, no TPM work, and other sources are not delayed by it.
+pub fn incoming_queued_from(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+    max_wait: Duration,
+    server_for_connection: impl Fn() -> Option<AtlsServer> + Send + 'static,
+) -> AtlsIncoming {
+    incoming_with(listener, limits, Some(max_wait), server_for_connection)
+}
+
+fn incoming_with(
+    listener: TcpListener,
+    limits: ConnectionLimits,
+    max_wait: Option<Duration>,
+    server_for_connection: impl Fn() -> Option<AtlsServer> + Send + 'static,
+) -> AtlsIncoming {
     let (sender, accepted) = mpsc::channel(ACCEPTED_QUEUE);
     let admission = Arc::new(Admission::new(&limits));
     let pacer = Arc::new(QuotePacer::new(&limits));
@@ -226,19 +251,39 @@ pub fn incoming_from(
                 break;
             }
             // Over a bound: dropping the socket closes it, before any TLS or TPM work.
-            let Ok(admitted) = admission.admit(peer.ip()) else {
+            let admitted = match max_wait {
+                None => admission.admit(peer.ip()).map(Ok),
+                Some(_) => admission.admit_or_wait(peer.ip()),
+            };
+            let Ok(admitted) = admitted else {
                 continue;
             };
             if let Err(err) = tcp.set_nodelay(true) {
                 tracing::debug!(%peer, %err, "cannot set TCP_NODELAY");
             }
+            // The policy in force when the connection is accepted, also for one that waits.
             let Some(server) = server_for_connection() else {
                 continue;
             };
-            let server = server.with_quote_pacer(Arc::clone(&pacer));
+            let pacer = Arc::clone(&pacer);
             let sender = sender.clone();
             tokio::spawn(
                 async move {
+                    let admitted = match admitted {
+                        Ok(admitted) => admitted,
+                        Err(waiting) => {
+                            let Some(admitted) =
+                                waiting.admitted(max_wait.unwrap_or_default()).await
+                            else {
+                                tracing::debug!(
+                                    "closed a connection that waited in vain for a place of its source"
+                                );
+                                return;
+                            };
+                            admitted
+                        }
+                    };
+                    let server = server.with_quote_pacer(pacer);
                     let result = server.accept_from(tcp, Some(peer.ip())).await;
                     drop(admitted);
                     if let Ok(mut stream) = result {

@@ -18,7 +18,7 @@ use hawser_joinservice::member;
 use hawser_joinservice::policy::PolicyStore;
 use hawser_joinservice::service::{self, ServiceConfig};
 use hawser_joinservice::store::{ClusterStore, EtcdFlags, EtcdStore};
-use hawser_joinservice::tokens::KubeadmTokenIssuer;
+use hawser_joinservice::tokens::{KubeadmTokenIssuer, TokenPool};
 use hawser_joinservice::vpn::JoinServiceAddress;
 use hawser_keys::MasterSecret;
 use hawser_mesh::Ipv4Net;
@@ -30,7 +30,6 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "0.0.0.0:9090")]
     listen: SocketAddr,
-
     /// Serve the admin API (releases, revocations: docs/lifecycle.md) on this address: TLS
     /// where this service attests (with --attest-with-tpm) and callers show the admin token
     /// derived from the master secret. Off without it.
@@ -80,6 +79,9 @@ struct Args {
     /// admits nothing.
     #[arg(long, default_value_t = 1800)]
     token_ttl_secs: u64,
+    /// Bootstrap tokens minted ahead (each for one join, at least 5/6 of its life left). 0: off.
+    #[arg(long, default_value_t = hawser_joinservice::tokens::DEFAULT_POOL_SIZE)]
+    token_pool: usize,
     /// Calls running at once.
     #[arg(long, default_value_t = 64)]
     max_concurrent_calls: usize,
@@ -285,11 +287,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
             args.measurements.display()
         )
     })?);
-    // A token per join (docs/security.md): never one shared by every node.
-    let tokens = Arc::new(KubeadmTokenIssuer {
+    // A token per join (docs/security.md), minted ahead: no kubeadm on a join's path.
+    let token_ttl = Duration::from_secs(args.token_ttl_secs);
+    let kubeadm = KubeadmTokenIssuer {
         kubeadm: args.kubeadm.clone(),
         kubeconfig: args.kubeconfig.clone(),
-    });
+    };
+    let tokens = TokenPool::start(Arc::new(kubeadm), token_ttl, args.token_pool)
+        .context("cannot start the bootstrap token pool")?;
+    let tokens = Arc::new(tokens);
     // Public: what every node of the cluster extends into PCR 15.
     let cluster_id = hawser_keys::cluster_id(
         master_secret.measurement_secret().as_slice(),
@@ -299,7 +305,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         master_secret,
         measurement_salt,
         kubernetes_version: kubernetes_version.to_string(),
-        token_ttl: Duration::from_secs(args.token_ttl_secs),
+        token_ttl,
         pki_dir: args.pki_dir.clone(),
         registry_file: args.state_dir.join("joined-disks"),
     };
