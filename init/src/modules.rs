@@ -358,7 +358,7 @@ pub fn take_load_times() -> Vec<(String, Duration)> {
         .lock()
         .map(|mut times| std::mem::take(&mut *times))
         .unwrap_or_default();
-    times.sort_by(|a, b| b.1.cmp(&a.1));
+    times.sort_by_key(|t| std::cmp::Reverse(t.1));
     times
 }
 
