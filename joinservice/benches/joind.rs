@@ -47,7 +47,7 @@
 //! - `HAWSER_BENCH_RATE`: open loop at this many operations per second (unset: closed loop);
 //! - `HAWSER_BENCH_SWTPMS` (default 4): swtpms the clients quote on, round robin;
 //! - `HAWSER_BENCH_KUBEADM`: replaces the kubeadm stand-in;
-//! - `HAWSER_BENCH_TOKEN_POOL` (default: `HAWSER_BENCH_JOINS`): `hawser-joind --token-pool`;
+//! - `HAWSER_BENCH_TOKEN_POOL` (default: twice `HAWSER_BENCH_JOINS`, so that no refill runs during a level): `hawser-joind --token-pool`;
 //!   the level starts once the pool is full (0: every join runs kubeadm);
 //! - `HAWSER_BENCH_MAX_LOAD`: before each level, wait while the 1-minute load average is above
 //!   this (polled every 30 s, for at most `HAWSER_BENCH_MAX_WAIT_SECS`, default 600), then run.
@@ -176,7 +176,7 @@ fn main() {
                 .collect()
         },
     );
-    let token_pool = env_usize("HAWSER_BENCH_TOKEN_POOL", joins);
+    let token_pool = env_usize("HAWSER_BENCH_TOKEN_POOL", 2 * joins);
     let kubeadm = std::env::var_os("HAWSER_BENCH_KUBEADM")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
