@@ -152,7 +152,7 @@ pub const CRATES: &[Crate] = &[
         "attestation",
         "hawser-attestation",
         Tier::Engine,
-        "TPM evidence: issuer (tss-esapi), pure-Rust verifier, boot report, aTLS",
+        "TPM evidence: issuer (TPM 2.0 commands, pure Rust), verifier, boot report, aTLS",
     ),
     row(
         "cluster-store",
@@ -188,7 +188,7 @@ pub const CRATES: &[Crate] = &[
         "mesh-device",
         "hawser-mesh-device",
         Tier::Engine,
-        "the mesh's tunnel: boringtun on a tun interface, UAPI, netlink",
+        "the mesh's tunnel: a batched packet loop on boringtun's noise, tun offloads, netlink",
     ),
     row(
         "joinservice",

@@ -74,7 +74,12 @@ fn each_token_goes_to_one_join_and_the_pool_refills_in_the_background() {
     let before = taken.len();
     taken.dedup();
     assert_eq!(taken.len(), before, "a token went to two joins");
-    // Below the low-water mark, the refiller tops the pool up again.
+    // Below the low-water mark, the refiller tops the pool up again. The joins may have left
+    // it anywhere from empty to full (a take above the mark wakes nobody): take it below the
+    // mark first, then it refills to its size.
+    while pool.pooled() >= 4 {
+        pool.take(Instant::now());
+    }
     wait_until("the pool to refill", || pool.pooled() == 8);
     let pooled = pool.take(Instant::now()).unwrap();
     assert!(!taken.contains(&Counting::number(&pooled)));
@@ -106,7 +111,9 @@ fn a_pooled_token_is_handed_out_only_with_most_of_its_life_left() {
     let pool_state = lock(&pool.shared.state);
     assert!(!pool_state.tokens.is_empty());
     for (credentials, minted) in &pool_state.tokens {
-        assert_eq!(times[Counting::number(credentials)], *minted);
+        // The pool stamps a token when its mint begins, the issuer inside the mint.
+        let issued = times[Counting::number(credentials)];
+        assert!(issued >= *minted && issued - *minted < Duration::from_secs(1));
         assert!(now.saturating_duration_since(*minted) <= TokenPool::max_age(ttl) * 2);
     }
 }
