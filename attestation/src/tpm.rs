@@ -405,17 +405,19 @@ mod tests {
 
     use super::*;
 
-    /// A one-connection TPM on loopback that answers each command with the next of `responses`
-    /// (hex), and returns the commands it got.
+    /// A TPM on loopback that, like swtpm, serves one connection at a time, answers each
+    /// command with the next of `responses` (hex), and returns the commands it got. The
+    /// issuer's open connects once without a command (to fail early); every command connects.
     fn fake_tpm(
         responses: &'static [&'static str],
     ) -> (String, std::thread::JoinHandle<Vec<Vec<u8>>>) {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = listener.local_addr().expect("addr").port();
         let server = std::thread::spawn(move || {
-            let (mut stream, _) = listener.accept().expect("accept");
+            drop(listener.accept().expect("accept the open's probe"));
             let mut commands = Vec::new();
             for response in responses {
+                let (mut stream, _) = listener.accept().expect("accept");
                 let mut header = [0u8; 10];
                 stream.read_exact(&mut header).expect("header");
                 let size = u32::from_be_bytes([header[2], header[3], header[4], header[5]]);

@@ -312,11 +312,14 @@ pub(super) fn parse_tcti(tcti: &str) -> Result<Target, String> {
     }
 }
 
-/// An open transport.
+/// An open transport. swtpm serves one TCP connection at a time, so (as libtss2's swtpm TCTI
+/// does) each command connects, and the connection closes with its response: another client of
+/// the same swtpm (a provider writing NV indices, a second issuer) gets its turn between two
+/// commands.
 #[derive(Debug)]
 pub(super) enum Transport {
     Device(File),
-    Swtpm(TcpStream),
+    Swtpm { host: String, port: u16 },
 }
 
 impl Transport {
@@ -328,9 +331,12 @@ impl Transport {
                 .open(path)
                 .map(Transport::Device),
             Target::Swtpm { host, port } => {
-                let stream = TcpStream::connect((host.as_str(), *port))?;
-                stream.set_nodelay(true)?;
-                Ok(Transport::Swtpm(stream))
+                // Fails now, by name, if nothing listens; the commands connect again.
+                drop(TcpStream::connect((host.as_str(), *port))?);
+                Ok(Transport::Swtpm {
+                    host: host.clone(),
+                    port: *port,
+                })
             }
         }
     }
@@ -350,10 +356,12 @@ impl Transport {
                 }
                 read_response(file)
             }
-            Transport::Swtpm(stream) => {
+            Transport::Swtpm { host, port } => {
+                let mut stream = TcpStream::connect((host.as_str(), *port))?;
+                stream.set_nodelay(true)?;
                 stream.write_all(command)?;
                 stream.flush()?;
-                read_response(stream)
+                read_response(&mut stream)
             }
         }
     }
