@@ -372,6 +372,18 @@ impl Loop {
         state.rate_limiter.reset_count();
         let (udp, v6) = (self.udp.as_raw_fd(), self.v6);
         for peer in state.peers.values_mut() {
+            if peer.greet
+                && let Some(to) = peer.endpoint
+            {
+                peer.greet = false;
+                let slot = self.send.slot(udp, v6);
+                if let TunnResult::WriteToNetwork(packet) =
+                    peer.tunn.format_handshake_initiation(slot, false)
+                {
+                    let length = packet.len();
+                    self.send.commit(length, to);
+                }
+            }
             let slot = self.send.slot(udp, v6);
             match peer.tunn.update_timers(slot) {
                 TunnResult::WriteToNetwork(packet) => {

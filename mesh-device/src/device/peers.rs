@@ -9,6 +9,10 @@ pub(super) struct PeerEntry {
     pub(super) tunn: Tunn,
     pub(super) endpoint: Option<SocketAddr>,
     pub(super) allowed: Vec<Ipv4Net>,
+    /// A new peer with a persistent keepalive: greeted with a handshake at the next tick, as
+    /// the kernel's WireGuard sends a keepalive once the interval is set, so that a peer
+    /// behind NAT is reachable before its first packet (not 25 s later).
+    pub(super) greet: bool,
 }
 
 /// The peers and the keys, shared by the loop and the configuring thread.
@@ -85,6 +89,7 @@ impl State {
                 tunn,
                 endpoint: section.endpoint,
                 allowed,
+                greet: true,
             },
         );
         self.by_key.insert(section.public_key, index);
