@@ -169,13 +169,7 @@ impl Boot {
             modules::load_threads(),
             (end - waited_from).max(0.0)
         );
-        let times = modules::take_load_times();
-        if !times.is_empty() {
-            info!(
-                "kernel module load times (ms, slowest first): {}",
-                modules::describe_load_times(&times)
-            );
-        }
+        log_load_times();
         self.keep_warnings(kernel_modules.skipped.iter().map(ToString::to_string));
         Ok(())
     }
@@ -197,13 +191,7 @@ impl Boot {
             })
             .await??;
         info!("{kernel_modules} (for the {phase}, on demand)");
-        let times = modules::take_load_times();
-        if !times.is_empty() {
-            info!(
-                "kernel module load times (ms, slowest first): {}",
-                modules::describe_load_times(&times)
-            );
-        }
+        log_load_times();
         self.keep_warnings(kernel_modules.skipped.iter().map(ToString::to_string));
         Ok(())
     }
@@ -450,6 +438,17 @@ fn needed(module: &KernelModule, config: &CmdlineConfig) -> bool {
         Use::Rootfs => config.root_hash.is_some(),
         // Loaded on demand (Stage::OnDemand), when the join or the state disk says so.
         Use::Mesh => false,
+    }
+}
+
+/// Logs the `finit_module` times recorded since the last call, slowest first (none: nothing).
+fn log_load_times() {
+    let times = modules::take_load_times();
+    if !times.is_empty() {
+        info!(
+            "kernel module load times (ms, slowest first): {}",
+            modules::describe_load_times(&times)
+        );
     }
 }
 
