@@ -300,7 +300,7 @@ pub fn load_concurrently(
             let path = dir.join(&planned.path);
             let result = match skipped_dependency {
                 Some(dependency) => judge_skipped_dependency(planned, &dependency),
-                None => judge(planned, &path, timed_load(sys, &planned.name, &path)),
+                None => load_once(sys, planned, &path),
             };
             guard = match state.lock() {
                 Ok(guard) => guard,
@@ -341,6 +341,20 @@ pub fn load_concurrently(
 /// How long each `finit_module(2)` took since the last [`take_load_times`], in load order:
 /// the kernel's signature check, relocation and the module's init, for the boot log.
 static LOAD_TIMES: Mutex<Vec<(String, Duration)>> = Mutex::new(Vec::new());
+
+/// Loads `planned` from `path` unless the kernel already has it live: a module two stages
+/// need (`dm_mod`, under dm-crypt and dm-verity) is loaded by the first, and a second
+/// `finit_module(2)` would cost its whole signature check (85 ms under TCG) before EEXIST.
+fn load_once(
+    sys: &dyn Syscalls,
+    planned: &PlannedModule<'_>,
+    path: &Path,
+) -> Result<ModuleOutcome, ModuleError> {
+    if sys.module_live(&planned.name) {
+        return Ok(ModuleOutcome::AlreadyLoaded);
+    }
+    judge(planned, path, timed_load(sys, &planned.name, path))
+}
 
 /// [`Syscalls::load_module`], timed into [`LOAD_TIMES`].
 fn timed_load(sys: &dyn Syscalls, name: &str, path: &Path) -> io::Result<()> {
@@ -401,7 +415,7 @@ pub fn load_all(
             .find(|dependency| skipped.contains(*dependency));
         let outcome = match skipped_dependency {
             Some(dependency) => judge_skipped_dependency(planned, dependency)?,
-            None => judge(planned, &path, timed_load(sys, &planned.name, &path))?,
+            None => load_once(sys, planned, &path)?,
         };
         if let ModuleOutcome::Skipped(skip) = &outcome {
             tracing::warn!("{skip}");

@@ -153,6 +153,39 @@ fn already_loaded_is_fine() {
     );
 }
 
+/// Two stages that share a dependency (dm-crypt's and dm-verity's `dm_mod`): the second
+/// finds it live and does not call `finit_module(2)` on it again, one thread or several.
+#[test]
+fn a_module_an_earlier_stage_loaded_is_not_loaded_again() {
+    let index = ModuleIndex::parse(TRIXIE_BOOT_DEP, None).unwrap();
+    let crypt = [required("dm_crypt")];
+    let verity = [required("dm_verity")];
+    for threads in [1, 2] {
+        let sys = RecordingSyscalls::new();
+        let first = plan(&index, &dir(), &crypt).unwrap();
+        load_concurrently(&sys, &dir(), &first, threads).unwrap();
+        let second = plan(&index, &dir(), &verity).unwrap();
+        let outcomes = load_concurrently(&sys, &dir(), &second, threads).unwrap();
+        assert!(
+            outcomes.contains(&("dm_mod".to_owned(), ModuleOutcome::AlreadyLoaded)),
+            "{outcomes:?}"
+        );
+        let mut files: Vec<_> = loaded(&sys).into_iter().map(|(path, _)| path).collect();
+        let calls = files.len();
+        files.sort();
+        files.dedup();
+        assert_eq!(
+            calls,
+            files.len(),
+            "a file loaded twice ({threads} threads)"
+        );
+        assert_eq!(
+            calls, 5,
+            "dm_mod, dm_crypt, reed_solomon, dm_bufio, dm_verity"
+        );
+    }
+}
+
 #[test]
 fn a_missing_module_file_is_an_error_naming_the_module() {
     let index = ModuleIndex::parse(DEP, None).unwrap();

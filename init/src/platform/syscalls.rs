@@ -130,6 +130,11 @@ pub trait Syscalls: Send + Sync {
     fn unmount(&self, target: &Path, flags: MntFlags) -> io::Result<()>;
     /// Opens `path` and calls finit_module(2) on it; `compressed` asks the kernel to decompress.
     fn load_module(&self, path: &Path, compressed: bool) -> io::Result<()>;
+    /// Whether the module `name` (normalized, `dm_mod`) is loaded and initialised (its
+    /// `/sys/module/NAME/initstate` reads `live`): loading it again would only cost the
+    /// kernel's signature check before its EEXIST. A module still initialising (`coming`) is
+    /// not live: a module that needs it must wait, which `finit_module(2)` does.
+    fn module_live(&self, name: &str) -> bool;
     /// kill(-1, signal): every process except PID 1 itself (and kernel threads).
     fn kill_all(&self, signal: Signal) -> io::Result<()>;
     /// sync(2).
@@ -193,6 +198,11 @@ impl Syscalls for LinuxSyscalls {
             ModuleInitFlags::empty()
         };
         nix::kmod::finit_module(&file, c"", flags).map_err(io::Error::from)
+    }
+
+    fn module_live(&self, name: &str) -> bool {
+        let initstate = Path::new("/sys/module").join(name).join("initstate");
+        std::fs::read(initstate).is_ok_and(|state| state.trim_ascii() == b"live")
     }
 
     fn kill_all(&self, signal: Signal) -> io::Result<()> {
@@ -398,6 +408,8 @@ pub enum Call {
 pub struct RecordingSyscalls {
     calls: Mutex<Vec<Call>>,
     failures: Mutex<Vec<(Call, Errno)>>,
+    /// The modules a recorded `load_module` loaded (normalized names), for `module_live`.
+    live: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl RecordingSyscalls {
@@ -451,7 +463,14 @@ impl Syscalls for RecordingSyscalls {
         self.record(Call::LoadModule {
             path: path.to_owned(),
             compressed,
-        })
+        })?;
+        let name = hawser_kmod::normalize_name(&path.to_string_lossy());
+        lock(&self.live).insert(name);
+        Ok(())
+    }
+
+    fn module_live(&self, name: &str) -> bool {
+        lock(&self.live).contains(name)
     }
 
     fn kill_all(&self, signal: Signal) -> io::Result<()> {
