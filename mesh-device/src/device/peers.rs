@@ -9,9 +9,9 @@ pub(super) struct PeerEntry {
     pub(super) tunn: Tunn,
     pub(super) endpoint: Option<SocketAddr>,
     pub(super) allowed: Vec<Ipv4Net>,
-    /// A new peer with a persistent keepalive: greeted with a handshake at the next tick, as
-    /// the kernel's WireGuard sends a keepalive once the interval is set, so that a peer
-    /// behind NAT is reachable before its first packet (not 25 s later).
+    /// A new peer, greeted with a handshake at the next tick if it has an endpoint (as the
+    /// kernel's WireGuard sends a keepalive once the interval is set), so that a peer behind
+    /// NAT is reachable before its first packet (not 25 s later).
     pub(super) greet: bool,
 }
 
