@@ -80,6 +80,31 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
     String::from_utf8(output.stdout).context("kubectl's output is not UTF-8")
 }
 
+/// What kubectl prints for an API server that could not finish a request in time, or could not
+/// be reached for a moment (a control plane under TCG restarting a component, or its etcd
+/// slow): the same request may succeed when tried again. Anything else (a refused object, a
+/// missing resource, a failed `exec`) is not.
+const TRANSIENT: &[&str] = &[
+    // The ResourceQuota admission plugin's 10 s limit (an API server short of CPU).
+    "resource quota evaluation timed out",
+    "etcdserver: request timed out",
+    "etcdserver: leader changed",
+    "the server was unable to return a response in the time allotted",
+    "Timeout: request did not complete within",
+    "the server is currently unable to handle the request",
+    "net/http: TLS handshake timeout",
+    "connect: connection refused",
+    // kubectl's own words for a refused connection (it drops the dial error).
+    "was refused - did you specify the right host or port?",
+    "http2: client connection lost",
+];
+
+/// Whether kubectl's `stderr` says the API server failed for a moment, not for good
+/// ([`TRANSIENT`]): a client that keeps state idempotent (`apply`, `get`, `wait`) tries again.
+pub fn is_transient(stderr: &str) -> bool {
+    TRANSIENT.iter().any(|t| stderr.contains(t))
+}
+
 /// Writes `out`: the admin kubeconfig `admin_conf`, its cluster's server set to
 /// `https://127.0.0.1:<port>`.
 pub fn write_host_kubeconfig(admin_conf: &Path, port: u16, out: &Path) -> anyhow::Result<()> {
@@ -214,6 +239,28 @@ mod tests {
         );
         assert!(!nodes[2].ready);
         assert_eq!(nodes[2].kubelet_version, "");
+    }
+
+    #[test]
+    fn a_server_short_of_time_is_tried_again_a_refused_object_is_not() {
+        for stderr in [
+            "Error from server (InternalError): error when creating \"client.json\": Internal \
+             error occurred: resource quota evaluation timed out",
+            "Error from server: etcdserver: request timed out",
+            "Unable to connect to the server: net/http: TLS handshake timeout",
+            "The connection to the server 127.0.0.1:6443 was refused - did you specify the right \
+             host or port?",
+        ] {
+            assert!(is_transient(stderr), "{stderr}");
+        }
+        for stderr in [
+            "The Pod \"web\" is invalid: spec.containers[0].image: Required value",
+            "Error from server (NotFound): pods \"web\" not found",
+            "Error from server (Forbidden): pods is forbidden: User \"x\" cannot create",
+            "command terminated with exit code 1",
+        ] {
+            assert!(!is_transient(stderr), "{stderr}");
+        }
     }
 
     #[test]

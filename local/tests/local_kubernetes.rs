@@ -54,27 +54,47 @@ fn console_tails() -> String {
     out
 }
 
+/// How often a request the API server failed for a moment ([`hawser_local::kubectl::is_transient`])
+/// is made again, and how long apart: under TCG a control plane short of CPU may answer
+/// "resource quota evaluation timed out" while the worker's pods start.
+const TRIES: u32 = 6;
+const AGAIN_AFTER: Duration = Duration::from_secs(10);
+
 /// Debian's kubectl with the host kubeconfig `local up` wrote; its stdout, or the test fails.
+/// Every request here is idempotent (`apply`, `get`, `wait`, an `exec` that fetches a page), so
+/// one the API server failed for a moment is made again, up to [`TRIES`] times, saying so.
 fn kubectl(args: &[&str]) -> String {
     let kubeconfig = test_dir().join("local/cluster/admin/kubeconfig");
-    let output = Command::new(hawser_local::kubectl::program())
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .arg("--request-timeout=60s")
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("kubectl: {e} (install Debian's kubernetes-client: scripts/setup-host)")
-        });
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "kubectl {} failed: {}{}",
-        args.join(" "),
-        String::from_utf8_lossy(&output.stderr),
-        stdout
-    );
-    stdout
+    let mut attempt = 1;
+    loop {
+        let output = Command::new(hawser_local::kubectl::program())
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--request-timeout=60s")
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("kubectl: {e} (install Debian's kubernetes-client: scripts/setup-host)")
+            });
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        if output.status.success() {
+            return stdout;
+        }
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if attempt < TRIES && hawser_local::kubectl::is_transient(&stderr) {
+            eprintln!(
+                "kubectl {}: the API server failed for a moment ({}); again in {} s \
+                 ({attempt}/{TRIES})",
+                args.join(" "),
+                stderr.trim(),
+                AGAIN_AFTER.as_secs()
+            );
+            std::thread::sleep(AGAIN_AFTER);
+            attempt += 1;
+            continue;
+        }
+        panic!("kubectl {} failed: {stderr}{stdout}", args.join(" "));
+    }
 }
 
 /// `local up` in the background; killed (its VMs with it) if the test fails.
