@@ -42,8 +42,13 @@ pub fn image_cargo_command() -> String {
 }
 
 /// `cargo build --locked --profile image -p …` of [`IMAGE_PACKAGES`]: `SOURCE_DATE_EPOCH` set,
-/// and the workspace, cargo home and target directory remapped so no build-host path ends up
-/// in a binary. The binaries land in `<target_dir>/image/`.
+/// and the cargo home and target directory remapped so no build-host path ends up in a binary.
+/// The workspace's own sources need no remapping: cargo runs rustc in the workspace root and
+/// names them relative to it (`init/src/main.rs`). Nor may the flags name the workspace: they
+/// are part of every crate's fingerprint, so a clone in another directory (every CI run) would
+/// recompile every dependency, 10 minutes of fat LTO builds, where it shares them now. The
+/// suite's reproducibility stage builds in another directory and compares the bytes. The
+/// binaries land in `<target_dir>/image/`.
 pub fn image_cargo_build(workspace: &Path, target_dir: &Path, epoch: u64) -> Command {
     let cargo_home = std::env::var_os("CARGO_HOME").map_or_else(
         || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cargo"),
@@ -51,7 +56,6 @@ pub fn image_cargo_build(workspace: &Path, target_dir: &Path, epoch: u64) -> Com
     );
     let absolute = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned());
     let rustflags = [
-        (absolute(workspace), "/hawser"),
         (absolute(&cargo_home), "/cargo"),
         (absolute(target_dir), "/target"),
     ]

@@ -7,8 +7,8 @@
 //! `qemu`, adds nothing.
 //!
 //! Reproducibility of the init binary: it is compiled with the `image` profile (one codegen
-//! unit, fat LTO, stripped) and every build-machine path that could end up in it is remapped
-//! (`--remap-path-prefix`) — the workspace, the cargo home and the target directory — so two
+//! unit, fat LTO, stripped), the cargo home and the target directory are remapped
+//! (`--remap-path-prefix`) and the workspace's sources reach rustc relative to it, so two
 //! checkouts in different directories produce the same bytes. `SOURCE_DATE_EPOCH` defaults to the
 //! epoch pinned in `inputs.lock`, never to the wall clock or the commit time (either would change
 //! the measurements of an unchanged image).
