@@ -51,12 +51,17 @@ pub fn program() -> PathBuf {
     }
 }
 
-/// Runs kubectl with `kubeconfig` and `args`; its stdout, or an error with its stderr.
-pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let output = Command::new(program())
+/// Runs kubectl with `kubeconfig`, `--request-timeout=<request_timeout>` and `args`; what it
+/// printed and how it ended, or an error naming the package to install when it is missing.
+pub fn output(
+    kubeconfig: &Path,
+    request_timeout: &str,
+    args: &[&str],
+) -> anyhow::Result<std::process::Output> {
+    Command::new(program())
         .arg("--kubeconfig")
         .arg(kubeconfig)
-        .arg(format!("--request-timeout={REQUEST_TIMEOUT}"))
+        .arg(format!("--request-timeout={request_timeout}"))
         .args(args)
         .output()
         .map_err(|e| {
@@ -68,7 +73,12 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
             } else {
                 anyhow::Error::new(e).context(format!("running {KUBECTL}"))
             }
-        })?;
+        })
+}
+
+/// Runs kubectl with `kubeconfig` and `args`; its stdout, or an error with its stderr.
+pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let output = output(kubeconfig, REQUEST_TIMEOUT, args)?;
     if !output.status.success() {
         bail!(
             "{KUBECTL} {} failed ({}): {}",

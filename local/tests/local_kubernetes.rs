@@ -67,15 +67,8 @@ fn kubectl(args: &[&str]) -> String {
     let kubeconfig = test_dir().join("local/cluster/admin/kubeconfig");
     let mut attempt = 1;
     loop {
-        let output = Command::new(hawser_local::kubectl::program())
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--request-timeout=60s")
-            .args(args)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!("kubectl: {e} (install Debian's kubernetes-client: scripts/setup-host)")
-            });
+        let output = hawser_local::kubectl::output(&kubeconfig, "60s", args)
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         if output.status.success() {
             return stdout;
